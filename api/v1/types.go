@@ -1,0 +1,245 @@
+// Package v1 holds the JSON wire types of molt's REST API, version 1.
+//
+// The API grows by addition only: fields are never removed or renamed, and
+// a client must ignore fields it does not know. Standard library only, so
+// any Go program can import it without pulling in molt's internals.
+package v1
+
+import "time"
+
+// Sandbox states.
+const (
+	StateCreating   = "creating"
+	StateRunning    = "running"
+	StateStopped    = "stopped"
+	StateHibernated = "hibernated"
+	// StateLost: molt's record exists but the sandbox's processes are gone
+	// for a reason molt did not cause (host reboot, init killed). Reason
+	// says why; the sandbox can be started again or removed.
+	StateLost = "lost"
+)
+
+// Checkpoint kinds.
+const (
+	KindFS   = "fs"
+	KindFull = "full"
+	KindAuto = "auto"
+)
+
+// Rollback tiers.
+const (
+	TierHot  = "hot"
+	TierWarm = "warm"
+	TierCold = "cold"
+	// TierRestart: files were rolled back and the processes restarted
+	// (the checkpoint holds no process state).
+	TierRestart = "restart"
+)
+
+// Error is the body of every non-2xx response.
+type Error struct {
+	// Kind is one of not_found, already_exists, invalid_argument,
+	// failed_precondition, unavailable, not_supported, internal.
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+}
+
+// Host describes the host and what molt can and cannot do on it.
+type Host struct {
+	Version   string    `json:"version"`
+	Kernel    string    `json:"kernel"`
+	Root      string    `json:"root"`
+	Pool      Pool      `json:"pool"`
+	Cgroup    string    `json:"cgroup"`
+	Features  []Feature `json:"features"`
+	Sandboxes int       `json:"sandboxes"`
+	Started   time.Time `json:"started"`
+}
+
+// Pool describes the btrfs storage pool.
+type Pool struct {
+	Dir       string `json:"dir"`
+	Loop      bool   `json:"loop"`
+	Backing   string `json:"backing,omitempty"`
+	Device    string `json:"device,omitempty"`
+	SizeBytes uint64 `json:"size_bytes"`
+	FreeBytes uint64 `json:"free_bytes"`
+}
+
+// Feature is one probed capability. When Supported is false, Reason says why.
+type Feature struct {
+	Name      string `json:"name"`
+	Supported bool   `json:"supported"`
+	Detail    string `json:"detail,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+}
+
+// Image is a read-only root filesystem.
+type Image struct {
+	Name      string    `json:"name"`
+	Source    string    `json:"source"`
+	Created   time.Time `json:"created"`
+	SizeBytes int64     `json:"size_bytes,omitempty"`
+}
+
+// ImageBuildRequest asks for a Debian image made with debootstrap.
+type ImageBuildRequest struct {
+	Name     string   `json:"name"`
+	Suite    string   `json:"suite,omitempty"`
+	Packages []string `json:"packages,omitempty"`
+	Mirror   string   `json:"mirror,omitempty"`
+	// Force rebuilds even if the image exists (it is replaced).
+	Force bool `json:"force,omitempty"`
+}
+
+// ImageImportRequest imports a directory or tarball that is readable by
+// the daemon at Path.
+type ImageImportRequest struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+}
+
+// Progress is one line of a streamed long operation (NDJSON): either a
+// progress message, or the final result, or the final error.
+type Progress struct {
+	Message string `json:"message,omitempty"`
+	Image   *Image `json:"image,omitempty"`
+	Error   *Error `json:"error,omitempty"`
+}
+
+// Resources limits a sandbox.
+type Resources struct {
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	Pids        int64 `json:"pids,omitempty"`
+}
+
+// SandboxCreateRequest creates a sandbox from an image.
+type SandboxCreateRequest struct {
+	Image     string            `json:"image"`
+	Name      string            `json:"name,omitempty"`
+	Hostname  string            `json:"hostname,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Resources Resources         `json:"resources,omitempty"`
+}
+
+// Sandbox is a sandbox as the API reports it.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name,omitempty"`
+	Image     string            `json:"image"`
+	Hostname  string            `json:"hostname"`
+	State     string            `json:"state"`
+	Reason    string            `json:"reason,omitempty"`
+	Created   time.Time         `json:"created"`
+	Pid       int               `json:"pid,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Resources Resources         `json:"resources,omitempty"`
+	// Head is the checkpoint the sandbox last rolled back to or was
+	// created from; new checkpoints get it as parent.
+	Head string `json:"head,omitempty"`
+	// ForkedFrom is the checkpoint a forked sandbox started from.
+	ForkedFrom  string    `json:"forked_from,omitempty"`
+	Sessions    []Session `json:"sessions,omitempty"`
+	MemoryBytes int64     `json:"memory_bytes,omitempty"`
+	Processes   int       `json:"processes,omitempty"`
+}
+
+// Session is a persistent shell inside a sandbox.
+type Session struct {
+	Name  string `json:"name"`
+	Pid   int    `json:"pid"`
+	Alive bool   `json:"alive"`
+}
+
+// ExecRequest starts a command in a sandbox. The HTTP request upgrades to
+// a framed stream (see stream.go) unless Detach is set.
+type ExecRequest struct {
+	Args []string          `json:"args"`
+	Env  map[string]string `json:"env,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	// User is a name or uid[:gid] inside the sandbox; default root.
+	User string `json:"user,omitempty"`
+	// TimeoutMS kills the command after this long; 0 = none.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Detach leaves the command running in the background; output goes to
+	// /dev/null and the call returns its PID at once.
+	Detach bool `json:"detach,omitempty"`
+	// Stdin, when false, gives the command /dev/null as stdin.
+	Stdin bool `json:"stdin,omitempty"`
+}
+
+// ExecDetached is the response to a detached exec.
+type ExecDetached struct {
+	Pid int `json:"pid"`
+}
+
+// SessionRunRequest runs shell text in a persistent session.
+type SessionRunRequest struct {
+	Command   string `json:"command"`
+	TimeoutMS int64  `json:"timeout_ms,omitempty"`
+}
+
+// SessionRunResult is the outcome of one session call.
+type SessionRunResult struct {
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	ExitCode int    `json:"exit_code"`
+	// TimedOut: the command was killed at its timeout.
+	TimedOut bool `json:"timed_out,omitempty"`
+	// Truncated: output beyond the per-call limit was dropped.
+	Truncated  bool  `json:"truncated,omitempty"`
+	DurationMS int64 `json:"duration_ms"`
+}
+
+// CheckpointRequest takes a checkpoint of a sandbox.
+type CheckpointRequest struct {
+	Kind  string `json:"kind,omitempty"`
+	Label string `json:"label,omitempty"`
+}
+
+// Checkpoint is one node of a sandbox's checkpoint tree.
+type Checkpoint struct {
+	ID      string    `json:"id"`
+	Sandbox string    `json:"sandbox"`
+	Parent  string    `json:"parent,omitempty"`
+	Kind    string    `json:"kind"`
+	Label   string    `json:"label,omitempty"`
+	Created time.Time `json:"created"`
+	// StallMS is how long the sandbox was frozen.
+	StallMS    float64 `json:"stall_ms"`
+	DurationMS float64 `json:"duration_ms"`
+	// BytesWritten is what the checkpoint added to storage at creation
+	// (an fs checkpoint shares all data copy-on-write: metadata only).
+	BytesWritten int64 `json:"bytes_written"`
+}
+
+// RollbackRequest moves a sandbox to a checkpoint.
+type RollbackRequest struct {
+	Checkpoint string `json:"checkpoint"`
+}
+
+// RollbackResult reports how the rollback was done.
+type RollbackResult struct {
+	Sandbox    string  `json:"sandbox"`
+	Checkpoint string  `json:"checkpoint"`
+	Tier       string  `json:"tier"`
+	DurationMS float64 `json:"duration_ms"`
+	// ProcessesRestarted: the checkpoint held no process state, so the
+	// sandbox's processes were stopped and its init started afresh.
+	ProcessesRestarted bool   `json:"processes_restarted"`
+	Note               string `json:"note,omitempty"`
+}
+
+// ForkRequest creates N sandboxes from a checkpoint. When forking a
+// sandbox without a checkpoint, an fs checkpoint is taken first.
+type ForkRequest struct {
+	Checkpoint string `json:"checkpoint,omitempty"`
+	N          int    `json:"n,omitempty"`
+}
+
+// ForkResult lists the new sandboxes.
+type ForkResult struct {
+	Checkpoint string    `json:"checkpoint"`
+	Sandboxes  []Sandbox `json:"sandboxes"`
+	DurationMS float64   `json:"duration_ms"`
+}

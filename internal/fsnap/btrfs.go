@@ -1,0 +1,324 @@
+package fsnap
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/errdefs"
+)
+
+// Kernel ABI from <linux/btrfs.h>; x/sys/unix does not define the btrfs
+// ioctls. The request numbers encode the 4096-byte argument size.
+const (
+	iocSubvolCreate  = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
+	iocSnapDestroy   = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
+	iocSnapCreateV2  = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
+	iocSubvolGetflag = 0x80089419 // _IOR(0x94, 25, __u64)
+	iocSubvolSetflag = 0x4008941a // _IOW(0x94, 26, __u64)
+	iocSnapDestroyV2 = 0x5000943f // _IOW(0x94, 63, struct btrfs_ioctl_vol_args_v2)
+
+	subvolReadonly = 1 << 1 // BTRFS_SUBVOL_RDONLY
+	firstFreeIno   = 256    // BTRFS_FIRST_FREE_OBJECTID: the root inode of every subvolume
+	volNameMax     = 255    // BTRFS_VOL_NAME_MAX
+)
+
+// struct btrfs_ioctl_vol_args
+type volArgs struct {
+	fd   int64
+	name [4088]byte
+}
+
+// struct btrfs_ioctl_vol_args_v2, with the qgroup union left zero.
+type volArgsV2 struct {
+	fd      int64
+	transid uint64
+	flags   uint64
+	unused  [4]uint64
+	name    [4040]byte
+}
+
+// Both structs must be exactly 4096 bytes, as the request numbers say.
+var (
+	_ [unsafe.Sizeof(volArgs{}) - 4096]struct{}
+	_ [4096 - unsafe.Sizeof(volArgs{})]struct{}
+	_ [unsafe.Sizeof(volArgsV2{}) - 4096]struct{}
+	_ [4096 - unsafe.Sizeof(volArgsV2{})]struct{}
+)
+
+// deleteBusyTimeout bounds the EBUSY retries of DeleteSubvolume: a mount
+// namespace of a container that was just killed can pin the subvolume for
+// a moment while the kernel tears it down.
+const deleteBusyTimeout = 2 * time.Second
+
+func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(arg)); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// IsBtrfs reports whether path is on a btrfs filesystem.
+func IsBtrfs(path string) (bool, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	return st.Type == unix.BTRFS_SUPER_MAGIC, nil
+}
+
+// IsSubvolume reports whether path is the root directory of a btrfs
+// subvolume. A symlink is not followed and reports false.
+func IsSubvolume(path string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return false, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Ino != firstFreeIno {
+		return false, nil
+	}
+	return IsBtrfs(path)
+}
+
+// CreateSubvolume creates an empty subvolume at path.
+//
+// Preconditions: the parent directory exists on btrfs; path does not exist.
+func CreateSubvolume(path string) error {
+	parent, name, err := openParent(path)
+	if err != nil {
+		return fmt.Errorf("create subvolume %s: %w", path, err)
+	}
+	defer unix.Close(parent)
+	var args volArgs
+	copy(args.name[:], name)
+	if err := ioctl(parent, iocSubvolCreate, unsafe.Pointer(&args)); err != nil {
+		return fmt.Errorf("create subvolume %s: %w", path, err)
+	}
+	return nil
+}
+
+// Snapshot creates dst as a copy-on-write snapshot of the subvolume src,
+// read-only when readonly is set.
+//
+// Preconditions: src is a subvolume; dst does not exist and its parent is
+// on the same btrfs filesystem as src.
+func Snapshot(src, dst string, readonly bool) error {
+	fail := func(err error) error { return fmt.Errorf("snapshot %s to %s: %w", src, dst, err) }
+	sfd, err := openDir(src)
+	if err != nil {
+		return fail(err)
+	}
+	defer unix.Close(sfd)
+	if err := checkSubvolume(sfd); err != nil {
+		return fail(err)
+	}
+	parent, name, err := openParent(dst)
+	if err != nil {
+		return fail(err)
+	}
+	defer unix.Close(parent)
+	args := volArgsV2{fd: int64(sfd)}
+	if readonly {
+		args.flags = subvolReadonly
+	}
+	copy(args.name[:], name)
+	if err := ioctl(parent, iocSnapCreateV2, unsafe.Pointer(&args)); err != nil {
+		return fail(err)
+	}
+	return nil
+}
+
+// DeleteSubvolume deletes the subvolume at path and everything in it,
+// read-only or not. It retries for up to two seconds while the subvolume
+// is busy. It fails with ENOTEMPTY if path holds nested subvolumes.
+func DeleteSubvolume(path string) error {
+	fail := func(err error) error { return fmt.Errorf("delete subvolume %s: %w", path, err) }
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return fail(err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fail(fmt.Errorf("not a directory: %w", errdefs.ErrInvalidArgument))
+	}
+	parent, name, err := openParent(path)
+	if err != nil {
+		return fail(err)
+	}
+	defer unix.Close(parent)
+	deadline := time.Now().Add(deleteBusyTimeout)
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		err := destroy(parent, name)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return fail(err)
+		}
+		time.Sleep(wait)
+	}
+}
+
+func destroy(parent int, name string) error {
+	args := volArgsV2{}
+	copy(args.name[:], name)
+	err := ioctl(parent, iocSnapDestroyV2, unsafe.Pointer(&args))
+	if !errors.Is(err, unix.ENOTTY) {
+		return err
+	}
+	// Kernels before 5.7 lack the v2 ioctl.
+	var v1 volArgs
+	copy(v1.name[:], name)
+	return ioctl(parent, iocSnapDestroy, unsafe.Pointer(&v1))
+}
+
+// SetReadonly sets or clears the read-only flag of the subvolume at path.
+func SetReadonly(path string, ro bool) error {
+	fd, flags, err := getFlags(path)
+	if err != nil {
+		return fmt.Errorf("set readonly %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	want := flags &^ subvolReadonly
+	if ro {
+		want |= subvolReadonly
+	}
+	if want == flags {
+		return nil
+	}
+	if err := ioctl(fd, iocSubvolSetflag, unsafe.Pointer(&want)); err != nil {
+		return fmt.Errorf("set readonly %s: %w", path, err)
+	}
+	return nil
+}
+
+// Readonly reports whether the subvolume at path is read-only.
+func Readonly(path string) (bool, error) {
+	fd, flags, err := getFlags(path)
+	if err != nil {
+		return false, fmt.Errorf("get readonly %s: %w", path, err)
+	}
+	unix.Close(fd)
+	return flags&subvolReadonly != 0, nil
+}
+
+// getFlags returns an open fd of the subvolume at path and its flags.
+func getFlags(path string) (int, uint64, error) {
+	fd, err := openDir(path)
+	if err != nil {
+		return -1, 0, err
+	}
+	var flags uint64
+	if err := checkSubvolume(fd); err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	if err := ioctl(fd, iocSubvolGetflag, unsafe.Pointer(&flags)); err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	return fd, flags, nil
+}
+
+// SyncFS flushes the whole filesystem that holds path (syncfs(2)).
+func SyncFS(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("syncfs %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("syncfs %s: %w", path, err)
+	}
+	return nil
+}
+
+func openDir(path string) (int, error) {
+	return unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+}
+
+// openParent opens the parent directory of path and returns it with the
+// last path component, which the btrfs ioctls take as a bare name.
+func openParent(path string) (int, string, error) {
+	dir, name := filepath.Split(filepath.Clean(path))
+	switch {
+	case name == "" || name == "." || name == "..":
+		return -1, "", fmt.Errorf("no name in path %q: %w", path, errdefs.ErrInvalidArgument)
+	case len(name) > volNameMax:
+		return -1, "", fmt.Errorf("name of %d bytes: %w", len(name), unix.ENAMETOOLONG)
+	}
+	if dir == "" {
+		dir = "."
+	}
+	fd, err := openDir(dir)
+	if err != nil {
+		return -1, "", err
+	}
+	return fd, name, nil
+}
+
+// checkSubvolume returns an error unless fd is the root of a btrfs subvolume.
+func checkSubvolume(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err != nil {
+		return err
+	}
+	if sfs.Type != unix.BTRFS_SUPER_MAGIC || st.Ino != firstFreeIno {
+		return fmt.Errorf("not a btrfs subvolume: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Reflink creates dst with mode perm as a copy-on-write clone of the regular
+// file src (FICLONE). Where cloning is not possible (another filesystem, or
+// one without reflinks) it copies the bytes instead. dst must not exist; on
+// failure it is removed.
+func Reflink(src, dst string, perm os.FileMode) (err error) {
+	fail := func(err error) error { return fmt.Errorf("reflink %s to %s: %w", src, dst, err) }
+	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fail(err)
+	}
+	defer in.Close()
+	if fi, err := in.Stat(); err != nil {
+		return fail(err)
+	} else if !fi.Mode().IsRegular() {
+		return fail(fmt.Errorf("not a regular file: %w", errdefs.ErrInvalidArgument))
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, perm)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil && cerr != nil {
+			err = fail(cerr)
+		}
+		if err != nil {
+			os.Remove(dst)
+		}
+	}()
+	// The umask applied at creation must not narrow perm.
+	if err := out.Chmod(perm); err != nil {
+		return fail(err)
+	}
+	err = unix.IoctlFileClone(int(out.Fd()), int(in.Fd()))
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EXDEV), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EINVAL):
+		if _, err := out.ReadFrom(in); err != nil {
+			return fail(err)
+		}
+		return nil
+	default:
+		return fail(err)
+	}
+}

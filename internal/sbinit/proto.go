@@ -1,0 +1,66 @@
+package sbinit
+
+// SocketName is the abstract unix socket init listens on, in the
+// sandbox's network namespace (which is always private to the sandbox).
+const SocketName = "@molt-init"
+
+// Config is what the daemon sends stage 1 on the sync socket.
+type Config struct {
+	// Root is the host path of the sandbox root.
+	Root      string            `json:"root"`
+	Hostname  string            `json:"hostname"`
+	MachineID string            `json:"machine_id"`
+	Env       map[string]string `json:"env,omitempty"`
+}
+
+// Request is the first frame of every daemon connection.
+type Request struct {
+	Op string `json:"op"` // exec, session-run, session-close, status
+
+	// exec
+	Args      []string          `json:"args,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	User      string            `json:"user,omitempty"`
+	TimeoutMS int64             `json:"timeout_ms,omitempty"`
+	Detach    bool              `json:"detach,omitempty"`
+	Stdin     bool              `json:"stdin,omitempty"`
+
+	// session-run, session-close
+	Session string `json:"session,omitempty"`
+	Command string `json:"command,omitempty"`
+}
+
+// Response answers non-streaming requests.
+type Response struct {
+	Error string `json:"error,omitempty"`
+	// ErrorKind is "not_found" or "invalid_argument" when it applies.
+	ErrorKind string `json:"error_kind,omitempty"`
+
+	Pid int `json:"pid,omitempty"`
+
+	Stdout     string `json:"stdout,omitempty"`
+	Stderr     string `json:"stderr,omitempty"`
+	ExitCode   int    `json:"exit_code"`
+	TimedOut   bool   `json:"timed_out,omitempty"`
+	Truncated  bool   `json:"truncated,omitempty"`
+	DurationMS int64  `json:"duration_ms,omitempty"`
+
+	Sessions []SessionInfo `json:"sessions,omitempty"`
+}
+
+// SessionInfo describes a live session.
+type SessionInfo struct {
+	Name string `json:"name"`
+	Pid  int    `json:"pid"`
+}
+
+// Arg1 and Arg2 are the argv[1] values that select the init stages in the
+// molt binary.
+const (
+	Arg1 = "__molt_init1"
+	Arg2 = "__molt_init2"
+)
+
+// InitPath is where the init binary lives inside a sandbox root.
+const InitPath = "/.molt/init"

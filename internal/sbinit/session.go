@@ -1,0 +1,348 @@
+package sbinit
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A session is a bash process that reads NUL-terminated requests from a
+// private pipe and evaluates each one in the same shell, so cwd,
+// variables, functions and aliases persist between calls. After each
+// request it prints a marker carrying a per-call nonce and the exit
+// status on stdout, and the nonce on stderr; init cuts the call's output
+// at the markers. Commands get /dev/null as stdin so that a command that
+// reads stdin cannot swallow later requests.
+const sessionLoop = `exec 62<&3 3<&-
+shopt -s expand_aliases
+while IFS= read -r -d '' __molt_req <&62; do
+__molt_n=${__molt_req%% *}
+eval "${__molt_req#* }" </dev/null
+__molt_rc=$?
+printf '\036%s %d\036' "$__molt_n" "$__molt_rc"
+printf '\036%s\036' "$__molt_n" >&2
+done
+`
+
+// maxSessionOutput bounds what one call returns per stream.
+const maxSessionOutput = 8 << 20
+
+type session struct {
+	name string
+	pid  int
+	ctl  *os.File
+
+	call sync.Mutex // one request at a time
+
+	mu         sync.Mutex
+	out, err   bytes.Buffer
+	outT, errT bool // truncated
+	notify     chan struct{}
+	exited     chan struct{}
+	status     unix.WaitStatus
+}
+
+func (s *server) sessionList() []SessionInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var l []SessionInfo
+	for _, ss := range s.sessions {
+		l = append(l, SessionInfo{Name: ss.name, Pid: ss.pid})
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i].Name < l[j].Name })
+	return l
+}
+
+func (s *server) session(name string) (*session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ss, ok := s.sessions[name]; ok {
+		select {
+		case <-ss.exited:
+			delete(s.sessions, name)
+		default:
+			return ss, nil
+		}
+	}
+	ss, err := s.startSession(name)
+	if err != nil {
+		return nil, err
+	}
+	s.sessions[name] = ss
+	return ss, nil
+}
+
+func (s *server) startSession(name string) (*session, error) {
+	ps, err := resolve(Request{Args: []string{"bash", "--noprofile", "--norc", "-c", sessionLoop}})
+	if err != nil {
+		return nil, fmt.Errorf("start session: %w (sessions need bash in the image)", err)
+	}
+	null, err := devNull()
+	if err != nil {
+		return nil, err
+	}
+	defer null.Close()
+	ctl, ctlChild, err := pipe(false)
+	if err != nil {
+		return nil, err
+	}
+	outR, outW, err := pipe(true)
+	if err != nil {
+		ctl.Close()
+		ctlChild.Close()
+		return nil, err
+	}
+	errR, errW, err := pipe(true)
+	if err != nil {
+		ctl.Close()
+		ctlChild.Close()
+		outR.Close()
+		outW.Close()
+		return nil, err
+	}
+	pid, waitc, err := s.reaper.start(ps.path, ps.argv, &syscall.ProcAttr{
+		Dir: ps.dir, Env: ps.env,
+		Files: []uintptr{null.Fd(), outW.Fd(), errW.Fd(), ctlChild.Fd()},
+		Sys:   &syscall.SysProcAttr{Setsid: true},
+	}, true)
+	ctlChild.Close()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		ctl.Close()
+		outR.Close()
+		errR.Close()
+		return nil, fmt.Errorf("start session: %w", err)
+	}
+	ss := &session{name: name, pid: pid, ctl: ctl, notify: make(chan struct{}, 1), exited: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go ss.collect(outR, &ss.out, &ss.outT, &wg)
+	go ss.collect(errR, &ss.err, &ss.errT, &wg)
+	go func() {
+		ws := <-waitc
+		ss.ctl.Close()
+		// Output written before the exit still belongs to the last call.
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(outputGrace):
+			outR.SetReadDeadline(time.Now())
+			errR.SetReadDeadline(time.Now())
+			<-done
+		}
+		ss.mu.Lock()
+		ss.status = ws
+		ss.mu.Unlock()
+		close(ss.exited)
+	}()
+	return ss, nil
+}
+
+func (ss *session) collect(r *os.File, buf *bytes.Buffer, trunc *bool, wg *sync.WaitGroup) {
+	defer wg.Done()
+	defer r.Close()
+	b := make([]byte, 64<<10)
+	for {
+		n, err := r.Read(b)
+		if n > 0 {
+			ss.mu.Lock()
+			buf.Write(b[:n])
+			// Keep the head for the caller and a tail for marker detection.
+			if buf.Len() > maxSessionOutput+4096 {
+				keep := append([]byte(nil), buf.Bytes()[:maxSessionOutput]...)
+				tail := append([]byte(nil), buf.Bytes()[buf.Len()-4096:]...)
+				buf.Reset()
+				buf.Write(keep)
+				buf.Write(tail)
+				*trunc = true
+			}
+			ss.mu.Unlock()
+			select {
+			case ss.notify <- struct{}{}:
+			default:
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// findMarker returns where the marker "\x1e<nonce>[ rc]\x1e" starts and
+// ends in b, and the rc text, or start -1.
+func findMarker(b []byte, nonce string) (start, end int, rc string) {
+	head := []byte("\x1e" + nonce)
+	i := bytes.Index(b, head)
+	if i < 0 {
+		return -1, 0, ""
+	}
+	rest := b[i+len(head):]
+	j := bytes.IndexByte(rest, '\x1e')
+	if j < 0 {
+		return -1, 0, ""
+	}
+	return i, i + len(head) + j + 1, strings.TrimSpace(string(rest[:j]))
+}
+
+func (s *server) sessionRun(req Request) Response {
+	if req.Session == "" {
+		return Response{Error: "session name is empty", ErrorKind: "invalid_argument"}
+	}
+	if strings.IndexByte(req.Command, 0) >= 0 {
+		return Response{Error: "command contains a NUL byte", ErrorKind: "invalid_argument"}
+	}
+	ss, err := s.session(req.Session)
+	if err != nil {
+		return Response{Error: err.Error()}
+	}
+	ss.call.Lock()
+	defer ss.call.Unlock()
+
+	start := time.Now()
+	var nb [8]byte
+	_, _ = rand.Read(nb[:])
+	nonce := "molt" + hex.EncodeToString(nb[:])
+	if _, err := ss.ctl.Write([]byte(nonce + " " + req.Command + "\x00")); err != nil {
+		return s.sessionEnded(ss, start, false)
+	}
+	var timeout <-chan time.Time
+	if req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	timedOut := false
+	var killBash <-chan time.Time
+	for {
+		ss.mu.Lock()
+		oStart, oEnd, rc := findMarker(ss.out.Bytes(), nonce)
+		eStart, eEnd, _ := findMarker(ss.err.Bytes(), nonce)
+		if oStart >= 0 && eStart >= 0 {
+			r := Response{
+				Stdout: string(ss.out.Bytes()[:oStart]), Stderr: string(ss.err.Bytes()[:eStart]),
+				Truncated: ss.outT || ss.errT, TimedOut: timedOut,
+				DurationMS: time.Since(start).Milliseconds(),
+			}
+			r.ExitCode, _ = strconv.Atoi(rc)
+			if timedOut {
+				r.ExitCode = 124
+			}
+			// Whatever followed the markers (output of background jobs)
+			// stays for the next call.
+			restOut := append([]byte(nil), ss.out.Bytes()[oEnd:]...)
+			restErr := append([]byte(nil), ss.err.Bytes()[eEnd:]...)
+			ss.out.Reset()
+			ss.out.Write(restOut)
+			ss.err.Reset()
+			ss.err.Write(restErr)
+			ss.outT, ss.errT = false, false
+			ss.mu.Unlock()
+			return r
+		}
+		ss.mu.Unlock()
+		select {
+		case <-ss.notify:
+		case <-ss.exited:
+			return s.sessionEnded(ss, start, timedOut)
+		case <-timeout:
+			// Kill what the command started; the shell then prints its
+			// marker. A shell busy in a builtin loop is killed after a
+			// grace period, which ends the session.
+			timedOut = true
+			timeout = nil
+			killDescendants(ss.pid)
+			killBash = time.After(2 * time.Second)
+		case <-killBash:
+			_ = unix.Kill(ss.pid, unix.SIGKILL)
+			killBash = nil
+		}
+	}
+}
+
+// sessionEnded reports a call during which the session's shell exited
+// (the command ran `exit`, or the shell was killed) and forgets it.
+func (s *server) sessionEnded(ss *session, start time.Time, timedOut bool) Response {
+	<-ss.exited
+	s.mu.Lock()
+	if s.sessions[ss.name] == ss {
+		delete(s.sessions, ss.name)
+	}
+	s.mu.Unlock()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	r := Response{
+		Stdout: ss.out.String(), Stderr: ss.err.String(), Truncated: ss.outT || ss.errT,
+		ExitCode: ss.status.ExitStatus(), TimedOut: timedOut, DurationMS: time.Since(start).Milliseconds(),
+	}
+	if ss.status.Signaled() {
+		r.ExitCode = 128 + int(ss.status.Signal())
+	}
+	if timedOut {
+		r.ExitCode = 124
+	}
+	r.Stderr += fmt.Sprintf("molt: session %q ended (exit status %d)\n", ss.name, r.ExitCode)
+	return r
+}
+
+func (s *server) sessionClose(name string) Response {
+	s.mu.Lock()
+	ss, ok := s.sessions[name]
+	delete(s.sessions, name)
+	s.mu.Unlock()
+	if !ok {
+		return Response{Error: fmt.Sprintf("session %q not found", name), ErrorKind: "not_found"}
+	}
+	killDescendants(ss.pid)
+	_ = unix.Kill(ss.pid, unix.SIGKILL)
+	<-ss.exited
+	return Response{}
+}
+
+// killDescendants SIGKILLs every process below pid (not pid itself).
+func killDescendants(pid int) {
+	children := map[int][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// The command name may hold spaces and parentheses: parse after
+		// the last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		pp, _ := strconv.Atoi(f[1])
+		children[pp] = append(children[pp], p)
+	}
+	var walk func(int)
+	walk = func(p int) {
+		for _, c := range children[p] {
+			_ = unix.Kill(c, unix.SIGKILL)
+			walk(c)
+		}
+	}
+	walk(pid)
+}
+

@@ -1,0 +1,337 @@
+package sbinit
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// syncFD is the socket shared with the daemon during start-up.
+const syncFD = 3
+
+// DefaultCaps is the capability set sandbox processes keep: the common
+// container default without CAP_MKNOD (molt provides the device nodes, and
+// a process able to create them could reach host devices).
+var DefaultCaps = []uintptr{
+	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FOWNER, unix.CAP_FSETID,
+	unix.CAP_KILL, unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_SETPCAP,
+	unix.CAP_NET_BIND_SERVICE, unix.CAP_NET_RAW, unix.CAP_SYS_CHROOT,
+	unix.CAP_AUDIT_WRITE, unix.CAP_SETFCAP,
+}
+
+// Stage1 sets up the sandbox and executes stage 2. It runs with the
+// sandbox root as its working directory, in the new namespaces, and only
+// returns on error (after reporting it on the sync socket).
+func Stage1() {
+	sync := os.NewFile(syncFD, "sync")
+	err := stage1(sync)
+	fmt.Fprintf(sync, "error: %v\n", err)
+	os.Exit(1)
+}
+
+func stage1(sync *os.File) error {
+	line, err := bufio.NewReader(sync).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	var cfg Config
+	if err := json.Unmarshal([]byte(line), &cfg); err != nil {
+		return fmt.Errorf("decode config: %w", err)
+	}
+	if err := setupRoot(cfg.Root); err != nil {
+		return err
+	}
+	if err := setupDev(); err != nil {
+		return err
+	}
+	if err := mountSpecial(); err != nil {
+		return err
+	}
+	if err := writeIdentity(cfg); err != nil {
+		return err
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
+	if err := stdioToDevNull(); err != nil {
+		return err
+	}
+	if err := unix.CloseRange(syncFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return fmt.Errorf("close inherited fds: %w", err)
+	}
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	for k, v := range cfg.Env {
+		env = append(env, k+"="+v)
+	}
+	// The bounding and inheritable sets are per thread: drop them on the
+	// thread that executes stage 2, so every thread of stage 2, and every
+	// process it starts, inherits the reduced sets.
+	runtime.LockOSThread()
+	if err := dropCaps(); err != nil {
+		return err
+	}
+	err = unix.Exec(InitPath, []string{InitPath, Arg2}, env)
+	return fmt.Errorf("exec %s: %w", InitPath, err)
+}
+
+// setupRoot makes root (a host path chosen by the daemon) the root of this
+// mount namespace. Nothing under the sandbox root is touched before
+// pivot_root, so symlinks planted in it cannot point setup at host paths.
+func setupRoot(root string) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind sandbox root: %w", err)
+	}
+	// pivot_root(".", ".") stacks the old root on top of the new one; the
+	// detach then removes it, without needing a directory for it.
+	if err := unix.Chdir(root); err != nil {
+		return err
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+type devNode struct {
+	name         string
+	major, minor uint32
+}
+
+var devNodes = []devNode{
+	{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7},
+	{"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
+}
+
+// setupDev gives the sandbox a minimal /dev made of real nodes in its own
+// filesystem (a tmpfs would cost every CRIU dump and restore an archive).
+func setupDev() error {
+	for _, d := range []string{"/dev", "/dev/pts", "/dev/shm", "/proc", "/sys", "/tmp"} {
+		if err := ensureDir(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod("/dev/shm", 0o1777|os.ModeSticky); err != nil {
+		return err
+	}
+	for _, n := range devNodes {
+		p := "/dev/" + n.name
+		dev := unix.Mkdev(n.major, n.minor)
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == dev {
+				continue
+			}
+			if err := os.RemoveAll(p); err != nil {
+				return err
+			}
+		}
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(dev)); err != nil {
+			return fmt.Errorf("mknod %s: %w", p, err)
+		}
+		if err := os.Chmod(p, 0o666); err != nil {
+			return err
+		}
+	}
+	links := map[string]string{
+		"/dev/fd": "/proc/self/fd", "/dev/stdin": "/proc/self/fd/0",
+		"/dev/stdout": "/proc/self/fd/1", "/dev/stderr": "/proc/self/fd/2",
+		"/dev/ptmx": "pts/ptmx", "/dev/core": "/proc/kcore",
+	}
+	for name, target := range links {
+		if cur, err := os.Readlink(name); err == nil && cur == target {
+			continue
+		}
+		_ = os.RemoveAll(name)
+		if err := os.Symlink(target, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func ensureDir(p string, mode os.FileMode) error {
+	fi, err := os.Lstat(p)
+	if err == nil && fi.IsDir() {
+		return nil
+	}
+	if err == nil {
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("replace %s with a directory: %w", p, err)
+		}
+	}
+	if err := os.Mkdir(p, mode); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return nil
+}
+
+// maskedPaths hide host information; readonlyPaths keep kernel knobs out
+// of reach. Both follow the usual container defaults.
+var (
+	maskedPaths   = []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats"}
+	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+)
+
+func mountSpecial() error {
+	const std = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := unix.Mount("proc", "/proc", "proc", std, ""); err != nil {
+		return fmt.Errorf("mount /proc: %w", err)
+	}
+	if err := unix.Mount("sysfs", "/sys", "sysfs", std|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("mount /sys: %w", err)
+	}
+	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
+		return fmt.Errorf("mount /dev/pts: %w", err)
+	}
+	for _, p := range maskedPaths {
+		if err := unix.Mount("/dev/null", p, "", unix.MS_BIND, ""); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+	}
+	for _, p := range readonlyPaths {
+		if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return fmt.Errorf("bind %s: %w", p, err)
+		}
+		if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_REC|std, ""); err != nil {
+			return fmt.Errorf("make %s read-only: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// writeIdentity gives the sandbox its hostname and machine-id. It runs
+// after pivot_root, so the paths resolve inside the sandbox.
+func writeIdentity(cfg Config) error {
+	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+		return fmt.Errorf("sethostname: %w", err)
+	}
+	if err := ensureDir("/etc", 0o755); err != nil {
+		return err
+	}
+	if err := replaceFile("/etc/hostname", cfg.Hostname+"\n"); err != nil {
+		return err
+	}
+	if cfg.MachineID != "" {
+		if err := replaceFile("/etc/machine-id", cfg.MachineID+"\n"); err != nil {
+			return err
+		}
+	}
+	hosts, _ := os.ReadFile("/etc/hosts")
+	want := "127.0.1.1\t" + cfg.Hostname
+	if !strings.Contains(string(hosts), want+"\n") {
+		var b strings.Builder
+		if len(hosts) == 0 {
+			b.WriteString("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+		}
+		for _, l := range strings.SplitAfter(string(hosts), "\n") {
+			if !strings.HasPrefix(l, "127.0.1.1") {
+				b.WriteString(l)
+			}
+		}
+		b.WriteString(want + "\n")
+		if err := replaceFile("/etc/hosts", b.String()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func replaceFile(p, content string) error {
+	tmp := p + ".molt-tmp"
+	_ = os.Remove(tmp)
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}
+
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback up: %w", err)
+	}
+	return nil
+}
+
+func stdioToDevNull() error {
+	fd, err := unix.Open("/dev/null", unix.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open /dev/null: %w", err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := unix.Dup3(fd, i, 0); err != nil {
+			return err
+		}
+	}
+	if fd > 2 {
+		unix.Close(fd)
+	}
+	return nil
+}
+
+// dropCaps reduces the calling thread's bounding and inheritable sets to
+// DefaultCaps. Clearing the inheritable set matters as much as the
+// bounding set: a file with inheritable file capabilities would otherwise
+// grant capabilities outside the bounding set.
+func dropCaps() error {
+	keep := map[uintptr]bool{}
+	var mask [2]uint32
+	for _, c := range DefaultCaps {
+		keep[c] = true
+		mask[c/32] |= 1 << (c % 32)
+	}
+	last := uintptr(unix.CAP_LAST_CAP)
+	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			last = uintptr(n)
+		}
+	}
+	for c := uintptr(0); c <= last; c++ {
+		if keep[c] {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("drop capability %d: %w", c, err)
+		}
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	for i := range data {
+		data[i].Inheritable = mask[i]
+	}
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
+	}
+	return nil
+}
