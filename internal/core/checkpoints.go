@@ -1,0 +1,448 @@
+package core
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/revert"
+	"github.com/molt-sh/molt/internal/store"
+)
+
+type checkpointRec struct {
+	v1.Checkpoint
+	Image string `json:"image"`
+}
+
+// manifest is written next to a checkpoint's files. It is
+// self-describing and holds no host paths, so a checkpoint can move to
+// another host later.
+type manifest struct {
+	Format  int       `json:"format"`
+	ID      string    `json:"id"`
+	Sandbox string    `json:"sandbox"`
+	Parent  string    `json:"parent,omitempty"`
+	Kind    string    `json:"kind"`
+	Label   string    `json:"label,omitempty"`
+	Image   string    `json:"image"`
+	Created time.Time `json:"created"`
+	Molt    string    `json:"molt"`
+	Kernel  string    `json:"kernel"`
+}
+
+func (m *Manager) ckDir(id string) string { return m.path("checkpoints", id) }
+func (m *Manager) ckFS(id string) string  { return m.path("checkpoints", id, "fs") }
+
+// Checkpoint takes a checkpoint of a sandbox. Only kind fs exists in
+// this version: the sandbox is frozen, its root snapshotted read-only,
+// and thawed. The checkpoint is listed only once its manifest is on disk.
+func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error) {
+	switch req.Kind {
+	case "", v1.KindFS:
+	case v1.KindFull, v1.KindAuto:
+		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind %q: process checkpoints (CRIU) are not part of this version: %w", req.Kind, errdefs.ErrNotSupported)
+	default:
+		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind %q: want fs, full or auto: %w", req.Kind, errdefs.ErrInvalidArgument)
+	}
+	if req.Label != "" {
+		if err := validName("checkpoint label", req.Label); err != nil {
+			return v1.Checkpoint{}, err
+		}
+	}
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	// Re-read under the lock: a rollback may have moved the head.
+	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
+		return v1.Checkpoint{}, notFound("sandbox", ref)
+	}
+	ck, err := m.checkpointLocked(ctx, rec, req.Label)
+	if err != nil {
+		return v1.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", rec.ID, err)
+	}
+	return ck, nil
+}
+
+func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, label string) (v1.Checkpoint, error) {
+	start := time.Now()
+	id := newID()
+	root := m.sbRoot(rec.ID)
+	r := revert.New()
+	defer r.Fail()
+
+	staging := m.path("tmp", "ck-"+id)
+	if err := os.Mkdir(staging, 0o700); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	r.Add(func() error { return removeTree(staging) })
+
+	// Flush dirty data before freezing, so the snapshot inside the frozen
+	// window has little left to write.
+	if err := fsnap.SyncFS(root); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	var cg *cgroup.Cgroup
+	if m.report(rec).State == v1.StateRunning {
+		c, err := cgroup.Load(cgroupName(rec.ID))
+		if err != nil {
+			return v1.Checkpoint{}, err
+		}
+		cg = c
+	}
+	freezeStart := time.Now()
+	if cg != nil {
+		if err := cg.Freeze(ctx); err != nil {
+			return v1.Checkpoint{}, err
+		}
+	}
+	snapErr := fsnap.Snapshot(root, filepath.Join(staging, "fs"), true)
+	if snapErr == nil {
+		snapErr = m.fail("checkpoint:frozen")
+	}
+	if cg != nil {
+		if err := cg.Thaw(); err != nil {
+			return v1.Checkpoint{}, errors.Join(snapErr, fmt.Errorf("thaw: %w", err))
+		}
+	}
+	stall := time.Since(freezeStart)
+	if snapErr != nil {
+		return v1.Checkpoint{}, snapErr
+	}
+
+	ck := checkpointRec{Checkpoint: v1.Checkpoint{
+		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFS, Label: label,
+		Created: time.Now().UTC(),
+	}, Image: rec.Image}
+	mb, err := json.MarshalIndent(manifest{
+		Format: 1, ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFS, Label: label,
+		Image: rec.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.Host().Kernel,
+	}, "", "  ")
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	if err := writeFileSync(filepath.Join(staging, "manifest.json"), mb); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	if err := m.fail("checkpoint:manifest"); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	dst := m.ckDir(id)
+	if err := os.Rename(staging, dst); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	r.Add(func() error { return removeTree(dst) })
+	if err := syncDir(m.path("checkpoints")); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	ck.StallMS = ms(stall)
+	ck.BytesWritten = int64(len(mb))
+	ck.DurationMS = ms(time.Since(start))
+	if err := m.fail("checkpoint:record"); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	if err := m.db.Put(store.Checkpoints, id, ck); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	r.Add(func() error { return m.db.Delete(store.Checkpoints, id) })
+	rec.Head = id
+	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	r.Success()
+	return ck.Checkpoint, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func writeFileSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func syncDir(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func (m *Manager) checkpointsOf(sandboxID string) ([]checkpointRec, error) {
+	all, err := store.List[checkpointRec](m.db, store.Checkpoints)
+	if err != nil {
+		return nil, err
+	}
+	var out []checkpointRec
+	for _, c := range all {
+		if c.Sandbox == sandboxID {
+			out = append(out, c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
+}
+
+// Checkpoints lists a sandbox's checkpoints, oldest first.
+func (m *Manager) Checkpoints(ref string) ([]v1.Checkpoint, error) {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return nil, err
+	}
+	cks, err := m.checkpointsOf(rec.ID)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]v1.Checkpoint, 0, len(cks))
+	for _, c := range cks {
+		out = append(out, c.Checkpoint)
+	}
+	return out, nil
+}
+
+// lookupCheckpoint finds a checkpoint by ID, unique ID prefix, or label.
+// Labels are looked up among the checkpoints of sandboxID first (when
+// given), then among all.
+func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error) {
+	var rec checkpointRec
+	ref = strings.TrimSpace(ref)
+	if ref == "" {
+		return rec, fmt.Errorf("empty checkpoint reference: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := m.db.Get(store.Checkpoints, ref, &rec); err == nil {
+		return rec, nil
+	}
+	all, err := store.List[checkpointRec](m.db, store.Checkpoints)
+	if err != nil {
+		return rec, err
+	}
+	var own, labelled, prefixed []checkpointRec
+	for _, c := range all {
+		if c.Label == ref {
+			labelled = append(labelled, c)
+			if c.Sandbox == sandboxID {
+				own = append(own, c)
+			}
+		}
+		if len(ref) >= 4 && strings.HasPrefix(c.ID, ref) {
+			prefixed = append(prefixed, c)
+		}
+	}
+	for _, set := range [][]checkpointRec{own, labelled, prefixed} {
+		switch len(set) {
+		case 0:
+			continue
+		case 1:
+			return set[0], nil
+		}
+		// Several checkpoints share the label: the newest wins, as a
+		// moving tag would.
+		sort.Slice(set, func(i, j int) bool { return set[i].Created.After(set[j].Created) })
+		if set[0].Label == ref {
+			return set[0], nil
+		}
+		return rec, fmt.Errorf("checkpoint %q is ambiguous (%d matches): %w", ref, len(set), errdefs.ErrInvalidArgument)
+	}
+	return rec, notFound("checkpoint", ref)
+}
+
+// CheckpointInfo returns one checkpoint.
+func (m *Manager) CheckpointInfo(ref string) (v1.Checkpoint, error) {
+	c, err := m.lookupCheckpoint(ref, "")
+	return c.Checkpoint, err
+}
+
+// DeleteCheckpoint deletes a checkpoint; its children are re-parented to
+// its parent, so the tree stays connected.
+func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
+	ck, err := m.lookupCheckpoint(ref, "")
+	if err != nil {
+		return err
+	}
+	unlock := m.lock(ck.Sandbox)
+	defer unlock()
+	return m.deleteCheckpoint(ck)
+}
+
+func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
+	all, err := store.List[checkpointRec](m.db, store.Checkpoints)
+	if err != nil {
+		return err
+	}
+	for _, c := range all {
+		if c.Parent == ck.ID {
+			c.Parent = ck.Parent
+			if err := m.db.Put(store.Checkpoints, c.ID, c); err != nil {
+				return err
+			}
+		}
+	}
+	var sb sandboxRec
+	if err := m.db.Get(store.Sandboxes, ck.Sandbox, &sb); err == nil && sb.Head == ck.ID {
+		sb.Head = ck.Parent
+		if err := m.db.Put(store.Sandboxes, sb.ID, sb); err != nil {
+			return err
+		}
+	}
+	if err := m.db.Delete(store.Checkpoints, ck.ID); err != nil {
+		return err
+	}
+	return removeTree(m.ckDir(ck.ID))
+}
+
+// Rollback returns a sandbox to a checkpoint. For an fs checkpoint the
+// root is switched to a writable snapshot of the checkpoint and the
+// sandbox's processes are restarted (there is no process state to
+// restore); the result says so.
+func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackResult, error) {
+	start := time.Now()
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return v1.RollbackResult{}, err
+	}
+	ck, err := m.lookupCheckpoint(ckRef, rec.ID)
+	if err != nil {
+		return v1.RollbackResult{}, err
+	}
+	if ck.Sandbox != rec.ID && ck.ID != rec.ForkedFrom {
+		return v1.RollbackResult{}, fmt.Errorf("rollback %s: checkpoint %s belongs to sandbox %s (fork it instead): %w", rec.ID, ck.ID, ck.Sandbox, errdefs.ErrInvalidArgument)
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
+		return v1.RollbackResult{}, notFound("sandbox", ref)
+	}
+	wasRunning := m.report(rec).State == v1.StateRunning
+	if err := m.switchRoot(ctx, rec, ck); err != nil {
+		return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
+	}
+	rec.Head = ck.ID
+	res := v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierRestart}
+	if wasRunning || rec.State == v1.StateLost {
+		if err := m.restart(ctx, &rec); err != nil {
+			return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: files restored, but the sandbox did not start: %w", rec.ID, ck.ID, err)
+		}
+		res.ProcessesRestarted = true
+		res.Note = "fs checkpoint: files restored; processes were restarted (the checkpoint holds no process state)"
+	} else {
+		res.Note = "fs checkpoint: files restored; the sandbox stays " + rec.State
+		if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
+			return v1.RollbackResult{}, err
+		}
+	}
+	res.DurationMS = ms(time.Since(start))
+	return res, nil
+}
+
+// switchRoot replaces the sandbox's root by a writable snapshot of the
+// checkpoint. The snapshot is made first, so a failure there leaves the
+// sandbox untouched; then the processes are killed and the directories
+// swapped by rename.
+func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointRec) error {
+	next := filepath.Join(m.sbDir(rec.ID), "root.next")
+	if err := removeTree(next); err != nil {
+		return err
+	}
+	if err := fsnap.Snapshot(m.ckFS(ck.ID), next, false); err != nil {
+		return err
+	}
+	if err := m.fail("rollback:snapshot"); err != nil {
+		_ = removeTree(next)
+		return err
+	}
+	if err := m.killProcesses(ctx, rec); err != nil {
+		_ = removeTree(next)
+		return err
+	}
+	old := filepath.Join(m.sbDir(rec.ID), "root.old")
+	if err := removeTree(old); err != nil {
+		return err
+	}
+	if err := os.Rename(m.sbRoot(rec.ID), old); err != nil {
+		return err
+	}
+	if err := os.Rename(next, m.sbRoot(rec.ID)); err != nil {
+		_ = os.Rename(old, m.sbRoot(rec.ID))
+		return err
+	}
+	return removeTree(old)
+}
+
+// Fork creates n sandboxes from a checkpoint, or from a sandbox (an fs
+// checkpoint of it is taken first). Each fork has its own ID, hostname,
+// machine-id and writable root. If any fork fails, the ones already made
+// are removed.
+func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.ForkResult, error) {
+	start := time.Now()
+	n := req.N
+	if n == 0 {
+		n = 1
+	}
+	if n < 0 || n > 1000 {
+		return v1.ForkResult{}, fmt.Errorf("fork: n=%d: want 1..1000: %w", n, errdefs.ErrInvalidArgument)
+	}
+	ckRef := req.Checkpoint
+	sbID := ""
+	if ckRef == "" {
+		sb, err := m.lookupSandbox(ref)
+		if err == nil {
+			sbID = sb.ID
+			ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFS})
+			if err != nil {
+				return v1.ForkResult{}, fmt.Errorf("fork: %w", err)
+			}
+			ckRef = ck.ID
+		} else if errors.Is(err, errdefs.ErrNotFound) {
+			ckRef = ref
+		} else {
+			return v1.ForkResult{}, err
+		}
+	}
+	ck, err := m.lookupCheckpoint(ckRef, sbID)
+	if err != nil {
+		return v1.ForkResult{}, fmt.Errorf("fork: %w", err)
+	}
+	var src sandboxRec
+	_ = m.db.Get(store.Sandboxes, ck.Sandbox, &src)
+	res := v1.ForkResult{Checkpoint: ck.ID}
+	for i := 0; i < n; i++ {
+		rec := sandboxRec{Sandbox: v1.Sandbox{
+			ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
+			Head: ck.ID, ForkedFrom: ck.ID,
+		}, MachineID: newMachineID()}
+		sb, err := m.createFrom(ctx, rec, m.ckFS(ck.ID))
+		if err != nil {
+			for _, made := range res.Sandboxes {
+				_ = m.Remove(context.Background(), made.ID)
+			}
+			return v1.ForkResult{}, fmt.Errorf("fork %s (%d of %d): %w", ck.ID, i+1, n, err)
+		}
+		res.Sandboxes = append(res.Sandboxes, sb)
+	}
+	res.DurationMS = ms(time.Since(start))
+	return res, nil
+}

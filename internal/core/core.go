@@ -1,0 +1,329 @@
+package core
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/pool"
+	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/store"
+	"golang.org/x/sys/unix"
+)
+
+// Config configures a Manager.
+type Config struct {
+	// Root is the state root (metadata, pool).
+	Root string
+	// PoolSize is the size of the loop file when Root is not on btrfs.
+	PoolSize int64
+	// CacheDir caches debootstrap trees between pools.
+	CacheDir string
+	// InitBinary is the host binary holding molt's init stages; default
+	// the running executable.
+	InitBinary string
+	// Version is reported by Host.
+	Version string
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Manager owns the pool, the metadata and every sandbox of one root.
+type Manager struct {
+	cfg      Config
+	pool     *pool.Pool
+	db       *store.DB
+	launcher *sandbox.Launcher
+	initBin  string // pool copy of the init binary
+	log      *slog.Logger
+	started  time.Time
+
+	mu    sync.Mutex // guards locks and name uniqueness checks
+	locks map[string]*sync.Mutex
+
+	// failpoint, when set (by tests), is called at named steps of
+	// multi-step operations; a non-nil error makes that step fail.
+	failpoint func(step string) error
+}
+
+var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+func validName(kind, name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("%s name %q: want 1-63 characters of letters, digits, '.', '_', '-', starting with a letter or digit: %w", kind, name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func newID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Open opens the state root: mounts the pool, opens the metadata, and
+// reconciles what is on disk with what is recorded.
+func Open(ctx context.Context, cfg Config) (*Manager, error) {
+	if cfg.Root == "" {
+		return nil, fmt.Errorf("state root not set: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = "/var/cache/molt"
+	}
+	if cfg.InitBinary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find own binary: %w", err)
+		}
+		cfg.InitBinary = exe
+	}
+	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
+		return nil, err
+	}
+	db, err := store.Open(filepath.Join(cfg.Root, "molt.db"))
+	if err != nil {
+		return nil, err
+	}
+	p, err := pool.Open(ctx, pool.Config{Root: cfg.Root, Size: cfg.PoolSize})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	m := &Manager{
+		cfg: cfg, pool: p, db: db, log: cfg.Logger, started: time.Now(),
+		launcher: &sandbox.Launcher{Binary: cfg.InitBinary},
+		locks:    map[string]*sync.Mutex{},
+	}
+	for _, d := range []string{"images", "sandboxes", "checkpoints", "tmp", "bin"} {
+		if err := os.MkdirAll(m.path(d), 0o700); err != nil {
+			m.Close()
+			return nil, err
+		}
+	}
+	if m.initBin, err = m.installInitBinary(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if err := m.reconcile(ctx); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	return m, nil
+}
+
+// Close releases the metadata store. Sandboxes keep running, and the
+// pool stays mounted for them.
+func (m *Manager) Close() error { return m.db.Close() }
+
+// Pool returns the storage pool.
+func (m *Manager) Pool() *pool.Pool { return m.pool }
+
+func (m *Manager) path(elem ...string) string {
+	return filepath.Join(append([]string{m.pool.Dir}, elem...)...)
+}
+
+func (m *Manager) fail(step string) error {
+	if m.failpoint != nil {
+		return m.failpoint(step)
+	}
+	return nil
+}
+
+// lock serializes lifecycle operations on one object.
+func (m *Manager) lock(id string) func() {
+	m.mu.Lock()
+	l, ok := m.locks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		m.locks[id] = l
+	}
+	m.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// installInitBinary copies the init binary into the pool once per
+// distinct binary, so sandbox roots get it by reflink.
+func (m *Manager) installInitBinary() (string, error) {
+	f, err := os.Open(m.cfg.InitBinary)
+	if err != nil {
+		return "", fmt.Errorf("init binary: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("init binary: %w", err)
+	}
+	dst := m.path("bin", "init-"+hex.EncodeToString(h.Sum(nil))[:16])
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	tmp := dst + ".tmp"
+	_ = os.Remove(tmp)
+	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
+	if err != nil {
+		return "", err
+	}
+	if _, err := f.Seek(0, 0); err != nil {
+		out.Close()
+		return "", err
+	}
+	if _, err := io.Copy(out, f); err != nil {
+		out.Close()
+		return "", err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return "", err
+	}
+	out.Close()
+	return dst, os.Rename(tmp, dst)
+}
+
+// removeTree deletes path, which may be a subvolume, a directory holding
+// subvolumes, or missing.
+func removeTree(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		if sub, _ := fsnap.IsSubvolume(path); sub {
+			if err := fsnap.DeleteSubvolume(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			return nil
+		}
+		ents, err := os.ReadDir(path)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			if err := removeTree(filepath.Join(path, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return os.Remove(path)
+}
+
+// reconcile makes disk and metadata agree after a crash or restart.
+func (m *Manager) reconcile(ctx context.Context) error {
+	ents, _ := os.ReadDir(m.path("tmp"))
+	for _, e := range ents {
+		if err := removeTree(m.path("tmp", e.Name())); err != nil {
+			return fmt.Errorf("clean staging %s: %w", e.Name(), err)
+		}
+	}
+	cks, err := store.List[checkpointRec](m.db, store.Checkpoints)
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, c := range cks {
+		known[c.ID] = true
+		if _, err := os.Stat(m.ckFS(c.ID)); err != nil {
+			m.log.Warn("checkpoint lost its files; dropping record", "checkpoint", c.ID, "err", err)
+			if err := m.db.Delete(store.Checkpoints, c.ID); err != nil {
+				return err
+			}
+		}
+	}
+	ents, _ = os.ReadDir(m.path("checkpoints"))
+	for _, e := range ents {
+		if !known[e.Name()] {
+			m.log.Warn("removing unlisted checkpoint directory", "dir", e.Name())
+			if err := removeTree(m.path("checkpoints", e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	sbs, err := store.List[sandboxRec](m.db, store.Sandboxes)
+	if err != nil {
+		return err
+	}
+	known = map[string]bool{}
+	for _, s := range sbs {
+		known[s.ID] = true
+	}
+	ents, _ = os.ReadDir(m.path("sandboxes"))
+	for _, e := range ents {
+		if !known[e.Name()] {
+			m.log.Warn("removing unlisted sandbox directory", "sandbox", e.Name())
+			if cg, err := cgroup.Load(cgroupName(e.Name())); err == nil {
+				_ = cg.Destroy(ctx)
+			}
+			if err := removeTree(m.path("sandboxes", e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Host reports the host, the pool and the features molt has here.
+func (m *Manager) Host() v1.Host {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	h := v1.Host{
+		Version: m.cfg.Version,
+		Kernel:  unix.ByteSliceToString(uts.Release[:]),
+		Root:    m.cfg.Root,
+		Pool:    v1.Pool{Dir: m.pool.Dir, Loop: m.pool.Loop, Backing: m.pool.Backing, Device: m.pool.Device},
+		Cgroup:  cgroup.Mode(),
+		Started: m.started,
+	}
+	var st unix.Statfs_t
+	if unix.Statfs(m.pool.Dir, &st) == nil {
+		h.Pool.SizeBytes = st.Blocks * uint64(st.Bsize)
+		h.Pool.FreeBytes = st.Bavail * uint64(st.Bsize)
+	}
+	if sbs, err := store.List[sandboxRec](m.db, store.Sandboxes); err == nil {
+		h.Sandboxes = len(sbs)
+	}
+	h.Features = []v1.Feature{
+		{Name: "btrfs-pool", Supported: true, Detail: poolDetail(m.pool)},
+		{Name: "fs-checkpoint", Supported: true, Detail: "btrfs snapshot ioctl under a cgroup freeze"},
+		{Name: "cgroup", Supported: true, Detail: cgroup.Mode()},
+		{Name: "full-checkpoint", Supported: false, Reason: "process checkpoints (CRIU) are not part of this version"},
+		{Name: "inspector", Supported: false, Reason: "the eBPF turn inspector is not part of this version"},
+		{Name: "arch", Supported: true, Detail: runtime.GOARCH},
+	}
+	return h
+}
+
+func poolDetail(p *pool.Pool) string {
+	if p.Loop {
+		return "loop file " + p.Backing + " on " + p.Device
+	}
+	return "state root is on btrfs"
+}
+
+func notFound(kind, ref string) error {
+	return fmt.Errorf("%s %q: %w", kind, ref, errdefs.ErrNotFound)
+}
+
+func trimID(s string) string { return strings.TrimSpace(s) }

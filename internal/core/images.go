@@ -1,0 +1,132 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/image"
+	"github.com/molt-sh/molt/internal/revert"
+	"github.com/molt-sh/molt/internal/store"
+)
+
+func (m *Manager) imageDir(name string) string { return m.path("images", name) }
+
+// BuildImage makes a Debian image with debootstrap (or from the cache).
+// An existing image of that name is returned as is unless req.Force.
+func (m *Manager) BuildImage(ctx context.Context, req v1.ImageBuildRequest, log io.Writer) (v1.Image, error) {
+	if req.Suite == "" {
+		req.Suite = "bookworm"
+	}
+	src := "debootstrap:" + req.Suite
+	if len(req.Packages) > 0 {
+		src += fmt.Sprintf("+%v", req.Packages)
+	}
+	return m.makeImage(ctx, req.Name, src, req.Force, true, func(dst string) error {
+		return image.Build(ctx, image.BuildOptions{
+			Suite: req.Suite, Packages: req.Packages, Mirror: req.Mirror,
+			CacheDir: m.cfg.CacheDir, Log: log,
+		}, dst)
+	})
+}
+
+// ImportImage imports a directory or tarball as an image.
+func (m *Manager) ImportImage(ctx context.Context, req v1.ImageImportRequest) (v1.Image, error) {
+	if _, err := os.Stat(req.Path); err != nil {
+		return v1.Image{}, fmt.Errorf("image import: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return m.makeImage(ctx, req.Name, "import:"+req.Path, false, false, func(dst string) error {
+		return image.Import(ctx, req.Path, dst)
+	})
+}
+
+// makeImage fills a staging subvolume with fill, makes it read-only and
+// moves it into place; the record is written last. An existing image is
+// replaced when force is set, returned when reuse is set (a build is
+// idempotent), and an error otherwise.
+func (m *Manager) makeImage(ctx context.Context, name, source string, force, reuse bool, fill func(dst string) error) (v1.Image, error) {
+	if err := validName("image", name); err != nil {
+		return v1.Image{}, err
+	}
+	unlock := m.lock("image/" + name)
+	defer unlock()
+	var existing v1.Image
+	err := m.db.Get(store.Images, name, &existing)
+	switch {
+	case err == nil && !force && reuse:
+		return existing, nil
+	case err == nil && !force:
+		return v1.Image{}, fmt.Errorf("image %q: %w (remove it first)", name, errdefs.ErrAlreadyExists)
+	case err != nil && !errors.Is(err, errdefs.ErrNotFound):
+		return v1.Image{}, err
+	}
+	r := revert.New()
+	defer r.Fail()
+	staging := m.path("tmp", "image-"+newID())
+	if err := fsnap.CreateSubvolume(staging); err != nil {
+		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
+	}
+	r.Add(func() error { return removeTree(staging) })
+	if err := fill(staging); err != nil {
+		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
+	}
+	if err := fsnap.SetReadonly(staging, true); err != nil {
+		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
+	}
+	dst := m.imageDir(name)
+	if force {
+		if err := m.db.Delete(store.Images, name); err != nil {
+			return v1.Image{}, err
+		}
+		if err := removeTree(dst); err != nil {
+			return v1.Image{}, fmt.Errorf("image %s: remove old: %w", name, err)
+		}
+	}
+	if err := os.Rename(staging, dst); err != nil {
+		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
+	}
+	r.Add(func() error { return removeTree(dst) })
+	img := v1.Image{Name: name, Source: source, Created: time.Now().UTC()}
+	if err := m.db.Put(store.Images, name, img); err != nil {
+		return v1.Image{}, err
+	}
+	r.Success()
+	return img, nil
+}
+
+// Images lists images by name.
+func (m *Manager) Images() ([]v1.Image, error) {
+	l, err := store.List[v1.Image](m.db, store.Images)
+	sort.Slice(l, func(i, j int) bool { return l[i].Name < l[j].Name })
+	return l, err
+}
+
+// Image returns one image.
+func (m *Manager) Image(name string) (v1.Image, error) {
+	var img v1.Image
+	if err := m.db.Get(store.Images, name, &img); err != nil {
+		return v1.Image{}, notFound("image", name)
+	}
+	return img, nil
+}
+
+// RemoveImage deletes an image. Sandboxes made from it are unaffected:
+// their roots are independent snapshots.
+func (m *Manager) RemoveImage(ctx context.Context, name string) error {
+	unlock := m.lock("image/" + name)
+	defer unlock()
+	if _, err := m.Image(name); err != nil {
+		return err
+	}
+	if err := m.db.Delete(store.Images, name); err != nil {
+		return err
+	}
+	return removeTree(m.imageDir(name))
+}

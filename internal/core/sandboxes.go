@@ -1,0 +1,411 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/revert"
+	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/sbinit"
+	"github.com/molt-sh/molt/internal/store"
+)
+
+// sandboxRec is a sandbox's metadata record. State is the state molt
+// last put it in; the reported state also checks that init still runs.
+type sandboxRec struct {
+	v1.Sandbox
+	Init      sandbox.Init `json:"init"`
+	MachineID string       `json:"machine_id"`
+}
+
+func cgroupName(id string) string { return "molt/" + id }
+
+func (m *Manager) sbDir(id string) string  { return m.path("sandboxes", id) }
+func (m *Manager) sbRoot(id string) string { return m.path("sandboxes", id, "root") }
+
+func newMachineID() string { return newID() + newID() + newID()[:8] }
+
+// Create makes a sandbox from an image and starts it.
+func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.Sandbox, error) {
+	if _, err := m.Image(req.Image); err != nil {
+		return v1.Sandbox{}, err
+	}
+	rec := sandboxRec{Sandbox: v1.Sandbox{
+		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
+		Env: req.Env, Resources: req.Resources,
+	}, MachineID: newMachineID()}
+	sb, err := m.createFrom(ctx, rec, m.imageDir(req.Image))
+	if err != nil {
+		return v1.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	return sb, nil
+}
+
+// createFrom makes the sandbox described by rec with a writable snapshot
+// of src as its root, starts it, and records it. On failure nothing is
+// left behind.
+func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string) (v1.Sandbox, error) {
+	if rec.Name != "" {
+		if err := validName("sandbox", rec.Name); err != nil {
+			return v1.Sandbox{}, err
+		}
+	}
+	if rec.Hostname == "" {
+		rec.Hostname = rec.Name
+		if rec.Hostname == "" {
+			rec.Hostname = "molt-" + rec.ID
+		}
+	}
+	if err := validHostname(rec.Hostname); err != nil {
+		return v1.Sandbox{}, err
+	}
+	// Name uniqueness is checked and claimed under m.mu via the record
+	// lock of the name.
+	if rec.Name != "" {
+		unlock := m.lock("name/" + rec.Name)
+		defer unlock()
+		if _, err := m.lookupSandbox(rec.Name); err == nil {
+			return v1.Sandbox{}, fmt.Errorf("sandbox name %q: %w", rec.Name, errdefs.ErrAlreadyExists)
+		}
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+
+	r := revert.New()
+	defer r.Fail()
+	dir := m.sbDir(rec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return v1.Sandbox{}, err
+	}
+	r.Add(func() error { return removeTree(dir) })
+	if err := fsnap.Snapshot(src, m.sbRoot(rec.ID), false); err != nil {
+		return v1.Sandbox{}, err
+	}
+	if err := m.fail("create:snapshot"); err != nil {
+		return v1.Sandbox{}, err
+	}
+	cg, err := cgroup.New(cgroupName(rec.ID), cgroup.Resources{MemoryMax: rec.Resources.MemoryBytes, PidsMax: rec.Resources.Pids})
+	if err != nil {
+		return v1.Sandbox{}, err
+	}
+	r.Add(func() error { return cg.Destroy(context.Background()) })
+	if err := m.fail("create:cgroup"); err != nil {
+		return v1.Sandbox{}, err
+	}
+	init, err := m.startInit(ctx, &rec, cg)
+	if err != nil {
+		return v1.Sandbox{}, err
+	}
+	if err := m.fail("create:started"); err != nil {
+		return v1.Sandbox{}, err
+	}
+	rec.Init = init
+	rec.State = v1.StateRunning
+	rec.Reason = ""
+	rec.Created = time.Now().UTC()
+	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
+		return v1.Sandbox{}, err
+	}
+	r.Success()
+	return m.report(rec), nil
+}
+
+func validHostname(h string) error {
+	if len(h) == 0 || len(h) > 63 || strings.Trim(h, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.") != "" {
+		return fmt.Errorf("hostname %q: want 1-63 letters, digits, '-' or '.': %w", h, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// startInit installs the current init binary into the sandbox root and
+// starts init in cg.
+func (m *Manager) startInit(ctx context.Context, rec *sandboxRec, cg *cgroup.Cgroup) (sandbox.Init, error) {
+	root := m.sbRoot(rec.ID)
+	if err := sandbox.InstallInit(root, m.initBin); err != nil {
+		return sandbox.Init{}, err
+	}
+	return m.launcher.Start(ctx, root, sbinit.Config{
+		Hostname: rec.Hostname, MachineID: rec.MachineID, Env: rec.Env,
+	}, cg.Add)
+}
+
+// lookupSandbox finds a sandbox by ID, name or unique ID prefix.
+func (m *Manager) lookupSandbox(ref string) (sandboxRec, error) {
+	var rec sandboxRec
+	ref = strings.TrimSpace(ref)
+	if ref == "" {
+		return rec, fmt.Errorf("empty sandbox reference: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := m.db.Get(store.Sandboxes, ref, &rec); err == nil {
+		return rec, nil
+	}
+	all, err := store.List[sandboxRec](m.db, store.Sandboxes)
+	if err != nil {
+		return rec, err
+	}
+	var matches []sandboxRec
+	for _, s := range all {
+		if s.Name == ref {
+			return s, nil
+		}
+		if len(ref) >= 4 && strings.HasPrefix(s.ID, ref) {
+			matches = append(matches, s)
+		}
+	}
+	switch len(matches) {
+	case 0:
+		return rec, notFound("sandbox", ref)
+	case 1:
+		return matches[0], nil
+	}
+	return rec, fmt.Errorf("sandbox %q is ambiguous (%d matches): %w", ref, len(matches), errdefs.ErrInvalidArgument)
+}
+
+// report turns a record into what the API shows, checking that a
+// running sandbox's init is still there.
+func (m *Manager) report(rec sandboxRec) v1.Sandbox {
+	sb := rec.Sandbox
+	if sb.State == v1.StateRunning {
+		if rec.Init.Alive() {
+			sb.Pid = rec.Init.Pid
+		} else {
+			sb.State = v1.StateLost
+			sb.Reason = fmt.Sprintf("init (pid %d) is gone: the host restarted or the process was killed; start or remove the sandbox", rec.Init.Pid)
+		}
+	}
+	return sb
+}
+
+// Sandbox returns one sandbox, with live details (sessions, memory).
+func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return v1.Sandbox{}, err
+	}
+	sb := m.report(rec)
+	if sb.State == v1.StateRunning {
+		if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+			if st, err := cg.Stats(); err == nil {
+				sb.MemoryBytes, sb.Processes = st.MemoryBytes, st.Pids
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if resp, err := rec.Init.Call(cctx, sbinit.Request{Op: "status"}); err == nil {
+			for _, s := range resp.Sessions {
+				sb.Sessions = append(sb.Sessions, v1.Session{Name: s.Name, Pid: s.Pid, Alive: true})
+			}
+		}
+	}
+	return sb, nil
+}
+
+// Sandboxes lists all sandboxes, oldest first.
+func (m *Manager) Sandboxes() ([]v1.Sandbox, error) {
+	recs, err := store.List[sandboxRec](m.db, store.Sandboxes)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]v1.Sandbox, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, m.report(r))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
+}
+
+// loadCgroup opens the sandbox's cgroup, creating it again if it is gone
+// (after a host reboot).
+func (m *Manager) loadCgroup(rec sandboxRec) (*cgroup.Cgroup, error) {
+	cg, err := cgroup.Load(cgroupName(rec.ID))
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return cgroup.New(cgroupName(rec.ID), cgroup.Resources{MemoryMax: rec.Resources.MemoryBytes, PidsMax: rec.Resources.Pids})
+	}
+	return cg, err
+}
+
+// Stop kills every process of the sandbox. Its files stay.
+func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return v1.Sandbox{}, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if err := m.killProcesses(ctx, rec); err != nil {
+		return v1.Sandbox{}, fmt.Errorf("stop %s: %w", rec.ID, err)
+	}
+	rec.State, rec.Reason, rec.Init = v1.StateStopped, "", sandbox.Init{}
+	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
+		return v1.Sandbox{}, err
+	}
+	return m.report(rec), nil
+}
+
+func (m *Manager) killProcesses(ctx context.Context, rec sandboxRec) error {
+	cg, err := cgroup.Load(cgroupName(rec.ID))
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return cg.Kill(ctx)
+}
+
+// Start starts a stopped or lost sandbox's init (a fresh process tree on
+// its current files).
+func (m *Manager) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return v1.Sandbox{}, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if rec.State == v1.StateRunning && rec.Init.Alive() {
+		return m.report(rec), nil
+	}
+	if err := m.restart(ctx, &rec); err != nil {
+		return v1.Sandbox{}, fmt.Errorf("start %s: %w", rec.ID, err)
+	}
+	return m.report(rec), nil
+}
+
+// restart kills whatever runs in the sandbox and starts a fresh init,
+// recording the result. Caller holds the sandbox lock.
+func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
+	cg, err := m.loadCgroup(*rec)
+	if err != nil {
+		return err
+	}
+	if err := cg.Kill(ctx); err != nil {
+		return err
+	}
+	init, err := m.startInit(ctx, rec, cg)
+	if err != nil {
+		rec.State, rec.Reason, rec.Init = v1.StateStopped, "start failed: "+err.Error(), sandbox.Init{}
+		_ = m.db.Put(store.Sandboxes, rec.ID, *rec)
+		return err
+	}
+	rec.State, rec.Reason, rec.Init = v1.StateRunning, "", init
+	return m.db.Put(store.Sandboxes, rec.ID, *rec)
+}
+
+// Remove deletes a sandbox: its processes, cgroup, root and checkpoints.
+func (m *Manager) Remove(ctx context.Context, ref string) error {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+		if err := cg.Destroy(ctx); err != nil {
+			return fmt.Errorf("remove %s: %w", rec.ID, err)
+		}
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return fmt.Errorf("remove %s: %w", rec.ID, err)
+	}
+	// The record goes first: from here on the sandbox is not listed, and
+	// a crash leaves only unlisted directories, which start-up removes.
+	if err := m.db.Delete(store.Sandboxes, rec.ID); err != nil {
+		return err
+	}
+	cks, err := m.checkpointsOf(rec.ID)
+	if err != nil {
+		return err
+	}
+	for _, c := range cks {
+		if err := m.deleteCheckpoint(c); err != nil {
+			return fmt.Errorf("remove %s: %w", rec.ID, err)
+		}
+	}
+	if err := removeTree(m.sbDir(rec.ID)); err != nil {
+		return fmt.Errorf("remove %s: %w", rec.ID, err)
+	}
+	return nil
+}
+
+// running returns the record of a sandbox whose init runs.
+func (m *Manager) running(ref string) (sandboxRec, error) {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return rec, err
+	}
+	if sb := m.report(rec); sb.State != v1.StateRunning {
+		return rec, fmt.Errorf("sandbox %s is %s: %w", rec.ID, sb.State, errdefs.ErrFailedPrecondition)
+	}
+	return rec, nil
+}
+
+// Exec starts a command. For a detached command it returns the PID and a
+// nil connection; otherwise it returns the connection to init, on which
+// the exec stream (see api/v1 stream framing) follows.
+func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int, net.Conn, error) {
+	if len(req.Args) == 0 {
+		return 0, nil, fmt.Errorf("exec: no command: %w", errdefs.ErrInvalidArgument)
+	}
+	rec, err := m.running(ref)
+	if err != nil {
+		return 0, nil, err
+	}
+	ireq := sbinit.Request{
+		Op: "exec", Args: req.Args, Env: req.Env, Cwd: req.Cwd, User: req.User,
+		TimeoutMS: req.TimeoutMS, Detach: req.Detach, Stdin: req.Stdin,
+	}
+	if req.Detach {
+		resp, err := rec.Init.Call(ctx, ireq)
+		if err != nil {
+			return 0, nil, fmt.Errorf("exec: %w", err)
+		}
+		return resp.Pid, nil, nil
+	}
+	c, err := rec.Init.Dial(context.Background())
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := sandbox.SendRequest(c, ireq); err != nil {
+		c.Close()
+		return 0, nil, err
+	}
+	return 0, c, nil
+}
+
+// SessionRun runs shell text in the named persistent session.
+func (m *Manager) SessionRun(ctx context.Context, ref, session string, req v1.SessionRunRequest) (v1.SessionRunResult, error) {
+	if err := validName("session", session); err != nil {
+		return v1.SessionRunResult{}, err
+	}
+	rec, err := m.running(ref)
+	if err != nil {
+		return v1.SessionRunResult{}, err
+	}
+	resp, err := rec.Init.Call(ctx, sbinit.Request{Op: "session-run", Session: session, Command: req.Command, TimeoutMS: req.TimeoutMS})
+	if err != nil {
+		return v1.SessionRunResult{}, fmt.Errorf("session %s: %w", session, err)
+	}
+	return v1.SessionRunResult{
+		Stdout: resp.Stdout, Stderr: resp.Stderr, ExitCode: resp.ExitCode,
+		TimedOut: resp.TimedOut, Truncated: resp.Truncated, DurationMS: resp.DurationMS,
+	}, nil
+}
+
+// SessionClose ends a session.
+func (m *Manager) SessionClose(ctx context.Context, ref, session string) error {
+	rec, err := m.running(ref)
+	if err != nil {
+		return err
+	}
+	_, err = rec.Init.Call(ctx, sbinit.Request{Op: "session-close", Session: session})
+	return err
+}

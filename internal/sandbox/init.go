@@ -1,0 +1,256 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/sbinit"
+	"golang.org/x/sys/unix"
+)
+
+// Init identifies a sandbox's running init process.
+type Init struct {
+	Pid   int    `json:"pid"`
+	Start uint64 `json:"start"` // field 22 of /proc/PID/stat
+}
+
+// Launcher starts sandbox inits from a host binary that contains molt's
+// init stages (the molt binary itself).
+type Launcher struct {
+	// Binary is the host path of the binary run as stage 1.
+	Binary string
+}
+
+// StartTimeout bounds how long init may take to come up.
+const StartTimeout = 30 * time.Second
+
+// Start launches init for the sandbox whose root is root. Before init
+// runs any setup it is placed into the cgroup by join (called with its
+// host PID). On any failure the process is killed and reaped.
+func (l *Launcher) Start(ctx context.Context, root string, cfg sbinit.Config, join func(pid int) error) (Init, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return Init{}, fmt.Errorf("start init: %w", err)
+	}
+	parent := os.NewFile(uintptr(fds[0]), "sync")
+	child := os.NewFile(uintptr(fds[1]), "sync-child")
+	defer parent.Close()
+
+	cmd := exec.Command(l.Binary, sbinit.Arg1)
+	cmd.Dir = "/"
+	cmd.Env = []string{}
+	cmd.ExtraFiles = []*os.File{child}
+	cmd.SysProcAttr = &unix.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
+		Setsid:     true,
+	}
+	if err := cmd.Start(); err != nil {
+		child.Close()
+		return Init{}, fmt.Errorf("start init: %w", err)
+	}
+	child.Close()
+	pid := cmd.Process.Pid
+	// The daemon reaps the init it started; after a daemon restart the
+	// host's init does.
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	fail := func(err error) (Init, error) {
+		_ = cmd.Process.Kill()
+		<-exited
+		return Init{}, err
+	}
+	if err := join(pid); err != nil {
+		return fail(fmt.Errorf("start init: join cgroup: %w", err))
+	}
+	cfg.Root = root
+	b, _ := json.Marshal(cfg)
+	if _, err := parent.Write(append(b, '\n')); err != nil {
+		return fail(fmt.Errorf("start init: send config: %w", err))
+	}
+	deadline := time.Now().Add(StartTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = parent.SetReadDeadline(deadline)
+	line, err := bufio.NewReader(parent).ReadString('\n')
+	line = strings.TrimSpace(line)
+	switch {
+	case line == "ok":
+	case strings.HasPrefix(line, "error: "):
+		return fail(fmt.Errorf("sandbox init: %s", strings.TrimPrefix(line, "error: ")))
+	default:
+		return fail(fmt.Errorf("sandbox init did not start: %v", err))
+	}
+	start, err := procStart(pid)
+	if err != nil {
+		return fail(fmt.Errorf("start init: %w", err))
+	}
+	return Init{Pid: pid, Start: start}, nil
+}
+
+// procStart reads the start time of pid (clock ticks since boot).
+func procStart(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); start time is field 22.
+	if len(f) < 20 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// Alive reports whether the init process still runs.
+func (i Init) Alive() bool {
+	if i.Pid <= 0 {
+		return false
+	}
+	st, err := procStart(i.Pid)
+	return err == nil && st == i.Start
+}
+
+// Dial connects to init's socket in the sandbox's network namespace and
+// checks that the listener is init itself, not a process of the sandbox
+// that took the name.
+func (i Init) Dial(ctx context.Context) (net.Conn, error) {
+	if !i.Alive() {
+		return nil, fmt.Errorf("sandbox init (pid %d) is not running: %w", i.Pid, errdefs.ErrFailedPrecondition)
+	}
+	fd, err := socketInNetns(i.Pid)
+	if err != nil {
+		return nil, fmt.Errorf("dial init: %w", err)
+	}
+	sa := &unix.SockaddrUnix{Name: sbinit.SocketName}
+	if err := unix.Connect(fd, sa); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("dial init: connect: %w", err)
+	}
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil || int(cred.Pid) != i.Pid {
+		unix.Close(fd)
+		return nil, fmt.Errorf("dial init: socket is not served by init (pid %d): %w", i.Pid, errdefs.ErrUnavailable)
+	}
+	f := os.NewFile(uintptr(fd), "init")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("dial init: %w", err)
+	}
+	if d, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(d)
+	}
+	return c, nil
+}
+
+// socketInNetns creates a unix socket in the network namespace of pid. An
+// abstract socket name is resolved in the namespace the socket was created
+// in. The work runs on a dedicated, locked thread; if that thread cannot
+// return to the daemon's namespace it is left locked and dies with its
+// goroutine, never reused.
+func socketInNetns(pid int) (int, error) {
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		target, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{-1, err}
+			return
+		}
+		defer unix.Close(target)
+		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{-1, err}
+			return
+		}
+		defer unix.Close(orig)
+		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{-1, fmt.Errorf("setns: %w", err)}
+			return
+		}
+		fd, serr := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			if serr == nil {
+				unix.Close(fd)
+			}
+			ch <- result{-1, fmt.Errorf("return to host netns: %w", err)}
+			return // thread stays locked and is discarded
+		}
+		runtime.UnlockOSThread()
+		ch <- result{fd, serr}
+	}()
+	r := <-ch
+	return r.fd, r.err
+}
+
+// Call sends one non-streaming request to init and returns its response.
+func (i Init) Call(ctx context.Context, req sbinit.Request) (sbinit.Response, error) {
+	c, err := i.Dial(ctx)
+	if err != nil {
+		return sbinit.Response{}, err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	if err := SendRequest(c, req); err != nil {
+		return sbinit.Response{}, err
+	}
+	typ, payload, err := v1.ReadFrame(c)
+	if err != nil {
+		if ctx.Err() != nil {
+			return sbinit.Response{}, ctx.Err()
+		}
+		return sbinit.Response{}, fmt.Errorf("init %s: %w", req.Op, err)
+	}
+	if typ != v1.FrameResponse {
+		return sbinit.Response{}, fmt.Errorf("init %s: unexpected frame %q", req.Op, typ)
+	}
+	var resp sbinit.Response
+	if err := json.Unmarshal(payload, &resp); err != nil {
+		return sbinit.Response{}, fmt.Errorf("init %s: %w", req.Op, err)
+	}
+	if resp.Error != "" {
+		kind := errdefs.ErrFailedPrecondition
+		switch resp.ErrorKind {
+		case "not_found":
+			kind = errdefs.ErrNotFound
+		case "invalid_argument":
+			kind = errdefs.ErrInvalidArgument
+		}
+		return resp, fmt.Errorf("%s: %w", resp.Error, kind)
+	}
+	return resp, nil
+}
+
+// SendRequest writes the request frame that opens a connection to init.
+func SendRequest(c net.Conn, req sbinit.Request) error {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	return v1.NewFrameWriter(c).WriteFrame(v1.FrameRequest, b)
+}
+

@@ -1,0 +1,103 @@
+// Package store keeps molt's metadata in an embedded bbolt database.
+//
+// Records are JSON documents in one bucket per kind, keyed by ID. Each
+// Put is one bbolt transaction, fsynced before it returns, so a record
+// that was reported written survives a crash of the daemon. The store
+// knows nothing about what the records mean: invariants between records
+// (a checkpoint's sandbox exists, a name is unique) are kept by the
+// caller, under its own locks.
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/molt-sh/molt/internal/errdefs"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Buckets.
+const (
+	Images      = "images"
+	Sandboxes   = "sandboxes"
+	Checkpoints = "checkpoints"
+)
+
+// DB is an open metadata database.
+type DB struct{ db *bolt.DB }
+
+// Open opens (creating if needed) the database at path. It fails fast if
+// another process holds it.
+func Open(path string) (*DB, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("open %s: locked by another process (is a molt daemon already running on this root?): %w", path, errdefs.ErrUnavailable)
+		}
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range []string{Images, Sandboxes, Checkpoints} {
+			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init %s: %w", path, err)
+	}
+	return &DB{db: db}, nil
+}
+
+// Close closes the database.
+func (d *DB) Close() error { return d.db.Close() }
+
+// Put stores v under key in bucket.
+func (d *DB) Put(bucket, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return d.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(bucket)).Put([]byte(key), b)
+	})
+}
+
+// Get loads key from bucket into v; errdefs.ErrNotFound if missing.
+func (d *DB) Get(bucket, key string, v any) error {
+	return d.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(bucket)).Get([]byte(key))
+		if b == nil {
+			return fmt.Errorf("%s %q: %w", bucket, key, errdefs.ErrNotFound)
+		}
+		return json.Unmarshal(b, v)
+	})
+}
+
+// Delete removes key from bucket; a missing key is not an error.
+func (d *DB) Delete(bucket, key string) error {
+	return d.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(bucket)).Delete([]byte(key))
+	})
+}
+
+// List calls fn with every record of bucket, in key order, decoding each
+// into a fresh T.
+func List[T any](d *DB, bucket string) ([]T, error) {
+	var out []T
+	err := d.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(bucket)).ForEach(func(k, b []byte) error {
+			var v T
+			if err := json.Unmarshal(b, &v); err != nil {
+				return fmt.Errorf("%s %q: %w", bucket, k, err)
+			}
+			out = append(out, v)
+			return nil
+		})
+	})
+	return out, err
+}
