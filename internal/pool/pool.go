@@ -71,20 +71,19 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open pool %s: %w", root, err)
 	}
+	var mounted bool // by this call, so undone if Open fails
 	if !btrfs {
-		mounted, err := p.mount(ctx, filepath.Join(root, "pool.img"), size)
-		if err != nil {
+		if mounted, err = p.mount(ctx, filepath.Join(root, "pool.img"), size); err != nil {
 			return nil, fmt.Errorf("open pool %s: %w", root, err)
-		}
-		if !mounted {
-			if ok, err := fsnap.IsBtrfs(p.Dir); err != nil || !ok {
-				return nil, fmt.Errorf("open pool %s: %s is not btrfs (%v): %w", root, p.Dir, err, errdefs.ErrFailedPrecondition)
-			}
 		}
 	}
 	for _, d := range subdirs {
 		if err := os.Mkdir(filepath.Join(p.Dir, d), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-			return nil, errors.Join(fmt.Errorf("open pool %s: %w", root, err), p.Unmount())
+			err = fmt.Errorf("open pool %s: %w", root, err)
+			if mounted {
+				err = errors.Join(err, p.Unmount())
+			}
+			return nil, err
 		}
 	}
 	return p, nil
@@ -116,9 +115,9 @@ func (p *Pool) Unmount() error {
 	return nil
 }
 
-// mount makes p.Dir a btrfs mount of img, creating the image if needed. It
-// reports false when something other than a loop device of ours was
-// already mounted there and was left alone.
+// mount makes p.Dir a btrfs mount of img, creating and formatting the image
+// if needed, or reuses the btrfs already mounted there. It reports whether
+// it mounted p.Dir itself.
 func (p *Pool) mount(ctx context.Context, img string, size int64) (bool, error) {
 	fstype, source, ok, err := mountAt(p.Dir)
 	if err != nil {
@@ -131,7 +130,7 @@ func (p *Pool) mount(ctx context.Context, img string, size int64) (bool, error) 
 		if backing := attachedTo(source); backing != "" {
 			p.Loop, p.Device, p.Backing = true, source, backing
 		}
-		return p.Loop, p.private()
+		return false, p.private()
 	}
 
 	if _, err := os.Stat(img); errors.Is(err, fs.ErrNotExist) {

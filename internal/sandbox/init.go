@@ -253,4 +253,3 @@ func SendRequest(c net.Conn, req sbinit.Request) error {
 	}
 	return v1.NewFrameWriter(c).WriteFrame(v1.FrameRequest, b)
 }
-

@@ -345,4 +345,3 @@ func killDescendants(pid int) {
 	}
 	walk(pid)
 }
-
