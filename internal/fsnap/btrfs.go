@@ -16,12 +16,12 @@ import (
 // Kernel ABI from <linux/btrfs.h>; x/sys/unix does not define the btrfs
 // ioctls. The request numbers encode the 4096-byte argument size.
 const (
-	iocSubvolCreate  = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
-	iocSnapDestroy   = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
-	iocSnapCreateV2  = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
-	iocSubvolGetflag = 0x80089419 // _IOR(0x94, 25, __u64)
-	iocSubvolSetflag = 0x4008941a // _IOW(0x94, 26, __u64)
-	iocSnapDestroyV2 = 0x5000943f // _IOW(0x94, 63, struct btrfs_ioctl_vol_args_v2)
+	iocSubvolCreate   = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
+	iocSnapDestroy    = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
+	iocSnapCreateV2   = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
+	iocSubvolGetflags = 0x80089419 // _IOR(0x94, 25, __u64)
+	iocSubvolSetflags = 0x4008941a // _IOW(0x94, 26, __u64)
+	iocSnapDestroyV2  = 0x5000943f // _IOW(0x94, 63, struct btrfs_ioctl_vol_args_v2)
 
 	subvolReadonly = 1 << 1 // BTRFS_SUBVOL_RDONLY
 	firstFreeIno   = 256    // BTRFS_FIRST_FREE_OBJECTID: the root inode of every subvolume
@@ -113,14 +113,11 @@ func CreateSubvolume(path string) error {
 // on the same btrfs filesystem as src.
 func Snapshot(src, dst string, readonly bool) error {
 	fail := func(err error) error { return fmt.Errorf("snapshot %s to %s: %w", src, dst, err) }
-	sfd, err := openDir(src)
+	sfd, err := openSubvolume(src)
 	if err != nil {
 		return fail(err)
 	}
 	defer unix.Close(sfd)
-	if err := checkSubvolume(sfd); err != nil {
-		return fail(err)
-	}
 	parent, name, err := openParent(dst)
 	if err != nil {
 		return fail(err)
@@ -185,11 +182,15 @@ func destroyIoctl(parent int, name string) error {
 
 // SetReadonly sets or clears the read-only flag of the subvolume at path.
 func SetReadonly(path string, ro bool) error {
-	fd, flags, err := getFlags(path)
+	fd, err := openSubvolume(path)
 	if err != nil {
 		return fmt.Errorf("set readonly %s: %w", path, err)
 	}
 	defer unix.Close(fd)
+	var flags uint64
+	if err := ioctl(fd, iocSubvolGetflags, unsafe.Pointer(&flags)); err != nil {
+		return fmt.Errorf("set readonly %s: %w", path, err)
+	}
 	want := flags &^ subvolReadonly
 	if ro {
 		want |= subvolReadonly
@@ -197,7 +198,7 @@ func SetReadonly(path string, ro bool) error {
 	if want == flags {
 		return nil
 	}
-	if err := ioctl(fd, iocSubvolSetflag, unsafe.Pointer(&want)); err != nil {
+	if err := ioctl(fd, iocSubvolSetflags, unsafe.Pointer(&want)); err != nil {
 		return fmt.Errorf("set readonly %s: %w", path, err)
 	}
 	return nil
@@ -205,30 +206,16 @@ func SetReadonly(path string, ro bool) error {
 
 // Readonly reports whether the subvolume at path is read-only.
 func Readonly(path string) (bool, error) {
-	fd, flags, err := getFlags(path)
+	fd, err := openSubvolume(path)
 	if err != nil {
 		return false, fmt.Errorf("get readonly %s: %w", path, err)
 	}
-	unix.Close(fd)
-	return flags&subvolReadonly != 0, nil
-}
-
-// getFlags returns an open fd of the subvolume at path and its flags.
-func getFlags(path string) (int, uint64, error) {
-	fd, err := openDir(path)
-	if err != nil {
-		return -1, 0, err
-	}
+	defer unix.Close(fd)
 	var flags uint64
-	if err := checkSubvolume(fd); err != nil {
-		unix.Close(fd)
-		return -1, 0, err
+	if err := ioctl(fd, iocSubvolGetflags, unsafe.Pointer(&flags)); err != nil {
+		return false, fmt.Errorf("get readonly %s: %w", path, err)
 	}
-	if err := ioctl(fd, iocSubvolGetflag, unsafe.Pointer(&flags)); err != nil {
-		unix.Close(fd)
-		return -1, 0, err
-	}
-	return fd, flags, nil
+	return flags&subvolReadonly != 0, nil
 }
 
 // SyncFS flushes the whole filesystem that holds path (syncfs(2)).
@@ -268,24 +255,30 @@ func openParent(path string) (int, string, error) {
 	return fd, name, nil
 }
 
-// checkSubvolume returns an error unless fd is the root of a btrfs subvolume.
-func checkSubvolume(fd int) error {
+// openSubvolume opens path, failing unless it is the root of a btrfs
+// subvolume.
+func openSubvolume(path string) (int, error) {
+	fd, err := openDir(path)
+	if err != nil {
+		return -1, err
+	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return err
-	}
 	var sfs unix.Statfs_t
-	if err := unix.Fstatfs(fd, &sfs); err != nil {
-		return err
+	if err = unix.Fstat(fd, &st); err == nil {
+		err = unix.Fstatfs(fd, &sfs)
 	}
-	if sfs.Type != unix.BTRFS_SUPER_MAGIC || st.Ino != firstFreeIno {
-		return fmt.Errorf("not a btrfs subvolume: %w", errdefs.ErrInvalidArgument)
+	if err == nil && (sfs.Type != unix.BTRFS_SUPER_MAGIC || st.Ino != firstFreeIno) {
+		err = fmt.Errorf("not a btrfs subvolume: %w", errdefs.ErrInvalidArgument)
 	}
-	return nil
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }
 
 // Reflink creates dst with mode perm as a copy-on-write clone of the regular
-// file src (FICLONE). Where cloning is not possible (another filesystem, or
+// file src (FICLONE); src must not be a symlink. Where cloning is not possible (another filesystem, or
 // one without reflinks) it copies the bytes instead. dst must not exist; on
 // failure it is removed.
 func Reflink(src, dst string, perm os.FileMode) (err error) {
@@ -300,7 +293,7 @@ func Reflink(src, dst string, perm os.FileMode) (err error) {
 	} else if !fi.Mode().IsRegular() {
 		return fail(fmt.Errorf("not a regular file: %w", errdefs.ErrInvalidArgument))
 	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, perm)
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
 		return fail(err)
 	}

@@ -57,6 +57,10 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 	if err := os.MkdirAll(root, 0o711); err != nil {
 		return nil, fmt.Errorf("open pool %s: %w", root, err)
 	}
+	// The kernel reports resolved paths (mountinfo, the loop backing file).
+	if root, err = filepath.EvalSymlinks(root); err != nil {
+		return nil, fmt.Errorf("open pool %s: %w", cfg.Root, err)
+	}
 	unlock, err := lock(root)
 	if err != nil {
 		return nil, fmt.Errorf("open pool %s: %w", root, err)

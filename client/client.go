@@ -1,0 +1,302 @@
+// Package client is the Go client of molt's REST API. Every method takes
+// a context first. The zero Client talks to the default socket
+// ($MOLT_SOCKET, else /run/molt/molt.sock).
+//
+// Errors from the daemon are *APIError values; errors.Is(err, ErrNotFound)
+// and the other kind sentinels work on them.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+)
+
+// DefaultSocket is the daemon's socket unless MOLT_SOCKET says otherwise.
+const DefaultSocket = "/run/molt/molt.sock"
+
+// Error kinds, matched with errors.Is against errors the client returns.
+var (
+	ErrNotFound           = errors.New("not found")
+	ErrAlreadyExists      = errors.New("already exists")
+	ErrInvalidArgument    = errors.New("invalid argument")
+	ErrFailedPrecondition = errors.New("failed precondition")
+	ErrUnavailable        = errors.New("unavailable")
+	ErrNotSupported       = errors.New("not supported")
+)
+
+var kinds = map[string]error{
+	"not_found": ErrNotFound, "already_exists": ErrAlreadyExists,
+	"invalid_argument": ErrInvalidArgument, "failed_precondition": ErrFailedPrecondition,
+	"unavailable": ErrUnavailable, "not_supported": ErrNotSupported,
+}
+
+// APIError is an error reported by the daemon.
+type APIError struct {
+	Status  int
+	Kind    string
+	Message string
+}
+
+func (e *APIError) Error() string { return e.Message }
+
+// Unwrap returns the kind sentinel, so errors.Is works.
+func (e *APIError) Unwrap() error { return kinds[e.Kind] }
+
+// Client talks to one daemon. Its zero value is ready to use.
+type Client struct {
+	// Socket is the daemon's unix socket; "" means the default.
+	Socket string
+
+	once sync.Once
+	hc   *http.Client
+}
+
+// New returns a client for the daemon at socket ("" for the default).
+func New(socket string) *Client { return &Client{Socket: socket} }
+
+func (c *Client) socket() string {
+	if c.Socket != "" {
+		return c.Socket
+	}
+	if s := os.Getenv("MOLT_SOCKET"); s != "" {
+		return s
+	}
+	return DefaultSocket
+}
+
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.socket())
+	if err != nil {
+		return nil, fmt.Errorf("connect to molt daemon at %s (is `molt daemon` running?): %w", c.socket(), err)
+	}
+	return conn, nil
+}
+
+func (c *Client) http() *http.Client {
+	c.once.Do(func() {
+		c.hc = &http.Client{Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) },
+		}}
+	})
+	return c.hc
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	resp, err := c.send(ctx, method, path, in)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode response: %w", method, path, err)
+	}
+	return nil
+}
+
+// send performs a request and returns the response if its status is 2xx.
+func (c *Client) send(ctx context.Context, method, path string, in any) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://molt"+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http().Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+func decodeError(resp *http.Response) error {
+	var e v1.Error
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if json.Unmarshal(b, &e) != nil || e.Message == "" {
+		return &APIError{Status: resp.StatusCode, Kind: "internal", Message: fmt.Sprintf("daemon answered %s: %s", resp.Status, strings.TrimSpace(string(b)))}
+	}
+	return &APIError{Status: resp.StatusCode, Kind: e.Kind, Message: e.Message}
+}
+
+func esc(s string) string { return url.PathEscape(s) }
+
+// Host reports the host and its features.
+func (c *Client) Host(ctx context.Context) (v1.Host, error) {
+	var h v1.Host
+	return h, c.do(ctx, "GET", "/v1/host", nil, &h)
+}
+
+// Images lists images.
+func (c *Client) Images(ctx context.Context) ([]v1.Image, error) {
+	var l []v1.Image
+	return l, c.do(ctx, "GET", "/v1/images", nil, &l)
+}
+
+// BuildImage builds a Debian image; progress lines go to progress (may be nil).
+func (c *Client) BuildImage(ctx context.Context, req v1.ImageBuildRequest, progress func(string)) (v1.Image, error) {
+	resp, err := c.send(ctx, "POST", "/v1/images/build", req)
+	if err != nil {
+		return v1.Image{}, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		var p v1.Progress
+		if err := json.Unmarshal(sc.Bytes(), &p); err != nil {
+			return v1.Image{}, fmt.Errorf("image build: decode progress: %w", err)
+		}
+		switch {
+		case p.Error != nil:
+			return v1.Image{}, &APIError{Status: 200, Kind: p.Error.Kind, Message: p.Error.Message}
+		case p.Image != nil:
+			return *p.Image, nil
+		case progress != nil:
+			progress(p.Message)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return v1.Image{}, fmt.Errorf("image build: %w", err)
+	}
+	return v1.Image{}, errors.New("image build: the daemon closed the stream without a result")
+}
+
+// ImportImage imports a directory or tarball readable by the daemon.
+func (c *Client) ImportImage(ctx context.Context, req v1.ImageImportRequest) (v1.Image, error) {
+	var img v1.Image
+	return img, c.do(ctx, "POST", "/v1/images/import", req, &img)
+}
+
+// RemoveImage deletes an image.
+func (c *Client) RemoveImage(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/images/"+esc(name), nil, nil)
+}
+
+// Create creates and starts a sandbox.
+func (c *Client) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.Sandbox, error) {
+	var sb v1.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes", req, &sb)
+}
+
+// Sandboxes lists sandboxes.
+func (c *Client) Sandboxes(ctx context.Context) ([]v1.Sandbox, error) {
+	var l []v1.Sandbox
+	return l, c.do(ctx, "GET", "/v1/sandboxes", nil, &l)
+}
+
+// Sandbox inspects one sandbox by ID or name.
+func (c *Client) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
+	var sb v1.Sandbox
+	return sb, c.do(ctx, "GET", "/v1/sandboxes/"+esc(ref), nil, &sb)
+}
+
+// Remove deletes a sandbox and its checkpoints.
+func (c *Client) Remove(ctx context.Context, ref string) error {
+	return c.do(ctx, "DELETE", "/v1/sandboxes/"+esc(ref), nil, nil)
+}
+
+// Stop kills a sandbox's processes.
+func (c *Client) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
+	var sb v1.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/stop", nil, &sb)
+}
+
+// Start starts a stopped or lost sandbox.
+func (c *Client) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
+	var sb v1.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/start", nil, &sb)
+}
+
+// SessionRun runs shell text in a persistent session.
+func (c *Client) SessionRun(ctx context.Context, ref, session string, req v1.SessionRunRequest) (v1.SessionRunResult, error) {
+	var res v1.SessionRunResult
+	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/sessions/"+esc(session)+"/run", req, &res)
+}
+
+// SessionClose ends a session.
+func (c *Client) SessionClose(ctx context.Context, ref, session string) error {
+	return c.do(ctx, "DELETE", "/v1/sandboxes/"+esc(ref)+"/sessions/"+esc(session), nil, nil)
+}
+
+// Checkpoint takes a checkpoint.
+func (c *Client) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error) {
+	var ck v1.Checkpoint
+	return ck, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/checkpoints", req, &ck)
+}
+
+// Checkpoints lists a sandbox's checkpoints.
+func (c *Client) Checkpoints(ctx context.Context, ref string) ([]v1.Checkpoint, error) {
+	var l []v1.Checkpoint
+	return l, c.do(ctx, "GET", "/v1/sandboxes/"+esc(ref)+"/checkpoints", nil, &l)
+}
+
+// CheckpointInfo returns one checkpoint.
+func (c *Client) CheckpointInfo(ctx context.Context, ref string) (v1.Checkpoint, error) {
+	var ck v1.Checkpoint
+	return ck, c.do(ctx, "GET", "/v1/checkpoints/"+esc(ref), nil, &ck)
+}
+
+// DeleteCheckpoint deletes a checkpoint.
+func (c *Client) DeleteCheckpoint(ctx context.Context, ref string) error {
+	return c.do(ctx, "DELETE", "/v1/checkpoints/"+esc(ref), nil, nil)
+}
+
+// Rollback returns a sandbox to a checkpoint.
+func (c *Client) Rollback(ctx context.Context, ref, checkpoint string) (v1.RollbackResult, error) {
+	var res v1.RollbackResult
+	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/rollback", v1.RollbackRequest{Checkpoint: checkpoint}, &res)
+}
+
+// Fork creates sandboxes from a sandbox (via a new fs checkpoint).
+func (c *Client) Fork(ctx context.Context, ref string, n int) (v1.ForkResult, error) {
+	var res v1.ForkResult
+	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/fork", v1.ForkRequest{N: n}, &res)
+}
+
+// ForkCheckpoint creates sandboxes from a checkpoint.
+func (c *Client) ForkCheckpoint(ctx context.Context, checkpoint string, n int) (v1.ForkResult, error) {
+	var res v1.ForkResult
+	return res, c.do(ctx, "POST", "/v1/checkpoints/"+esc(checkpoint)+"/fork", v1.ForkRequest{N: n}, &res)
+}
+
+// Hibernate checkpoints a sandbox and stops it.
+func (c *Client) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error) {
+	var sb v1.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/hibernate", nil, &sb)
+}
+
+// Resume restores a hibernated sandbox.
+func (c *Client) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
+	var sb v1.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/resume", nil, &sb)
+}

@@ -1,0 +1,686 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/client"
+	"github.com/molt-sh/molt/internal/core"
+	"github.com/molt-sh/molt/internal/daemon"
+	"github.com/spf13/cobra"
+)
+
+type globals struct {
+	root   string
+	socket string
+	json   bool
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func newRootCmd() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "molt",
+		Short:         "Checkpoint, rollback and fork for AI-agent sandboxes",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version,
+	}
+	root.PersistentFlags().StringVar(&g.root, "root", envOr("MOLT_ROOT", "/var/lib/molt"), "state root (env MOLT_ROOT)")
+	root.PersistentFlags().StringVar(&g.socket, "socket", envOr("MOLT_SOCKET", client.DefaultSocket), "daemon socket (env MOLT_SOCKET)")
+	root.PersistentFlags().BoolVar(&g.json, "json", false, "print one JSON document on stdout")
+	root.AddCommand(
+		daemonCmd(g), hostCmd(g), imageCmd(g), createCmd(g), lsCmd(g), inspectCmd(g), rmCmd(g),
+		stopCmd(g), startCmd(g), execCmd(g), checkpointCmd(g), checkpointsCmd(g), rollbackCmd(g),
+		forkCmd(g), hibernateCmd(g), resumeCmd(g), benchCmd(g), demoCmd(g),
+	)
+	return root
+}
+
+func (g *globals) client() *client.Client { return client.New(g.socket) }
+
+// print writes v as JSON with --json, or calls human otherwise.
+func (g *globals) print(v any, human func()) error {
+	if g.json {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	human()
+	return nil
+}
+
+func ctx() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(strings.ToUpper(s))
+	mult := int64(1)
+	for _, u := range []struct {
+		suf string
+		m   int64
+	}{{"TIB", 1 << 40}, {"GIB", 1 << 30}, {"MIB", 1 << 20}, {"KIB", 1 << 10}, {"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+		if strings.HasSuffix(s, u.suf) {
+			s, mult = strings.TrimSuffix(s, u.suf), u.m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("bad size %q: want a number with an optional K, M, G or T suffix", s)
+	}
+	return n * mult, nil
+}
+
+func daemonCmd(g *globals) *cobra.Command {
+	var poolSize, cacheDir string
+	c := &cobra.Command{
+		Use:   "daemon",
+		Short: "Run the molt daemon in the foreground",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			size, err := parseSize(poolSize)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := ctx()
+			defer cancel()
+			return daemon.Run(ctx, daemon.Config{
+				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version},
+				Socket: g.socket,
+			})
+		},
+	}
+	c.Flags().StringVar(&poolSize, "pool-size", "32G", "size of the btrfs loop file when the root is not on btrfs")
+	c.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "cache for debootstrap trees (env MOLT_CACHE_DIR)")
+	return c
+}
+
+func hostCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "host", Short: "Show the host, its storage pool and what molt can do here", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			h, err := g.client().Host(ctx)
+			if err != nil {
+				return err
+			}
+			return g.print(h, func() {
+				fmt.Printf("molt %s on Linux %s, cgroup %s\n", h.Version, h.Kernel, h.Cgroup)
+				fmt.Printf("root %s, pool %s (%s free of %s)", h.Root, h.Pool.Dir, human(int64(h.Pool.FreeBytes)), human(int64(h.Pool.SizeBytes)))
+				if h.Pool.Loop {
+					fmt.Printf(", loop file %s on %s", h.Pool.Backing, h.Pool.Device)
+				}
+				fmt.Printf("\n%d sandboxes\n", h.Sandboxes)
+				for _, f := range h.Features {
+					if f.Supported {
+						fmt.Printf("  + %-16s %s\n", f.Name, f.Detail)
+					} else {
+						fmt.Printf("  - %-16s %s\n", f.Name, f.Reason)
+					}
+				}
+			})
+		},
+	}
+}
+
+func human(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func imageCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "image", Short: "Build, import, list and remove images"}
+	var suite, mirror string
+	var packages []string
+	var force bool
+	build := &cobra.Command{
+		Use: "build NAME", Short: "Build a Debian image with debootstrap (cached)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			start := time.Now()
+			img, err := g.client().BuildImage(ctx, v1.ImageBuildRequest{Name: args[0], Suite: suite, Packages: packages, Mirror: mirror, Force: force},
+				func(line string) { fmt.Fprintln(os.Stderr, line) })
+			if err != nil {
+				return err
+			}
+			return g.print(img, func() {
+				fmt.Printf("%s\t(%s, %.1fs)\n", img.Name, img.Source, time.Since(start).Seconds())
+			})
+		},
+	}
+	build.Flags().StringVar(&suite, "suite", "bookworm", "Debian suite")
+	build.Flags().StringSliceVar(&packages, "packages", nil, "extra packages, comma separated")
+	build.Flags().StringVar(&mirror, "mirror", "", "Debian mirror URL")
+	build.Flags().BoolVar(&force, "force", false, "rebuild and replace an existing image")
+	imp := &cobra.Command{
+		Use: "import NAME PATH", Short: "Import a directory or a tarball (.tar, .tar.gz) as an image", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			p, err := filepath.Abs(args[1])
+			if err != nil {
+				return err
+			}
+			img, err := g.client().ImportImage(ctx, v1.ImageImportRequest{Name: args[0], Path: p})
+			if err != nil {
+				return err
+			}
+			return g.print(img, func() { fmt.Println(img.Name) })
+		},
+	}
+	ls := &cobra.Command{
+		Use: "ls", Short: "List images", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			l, err := g.client().Images(ctx)
+			if err != nil {
+				return err
+			}
+			return g.print(l, func() {
+				tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tSOURCE\tCREATED")
+				for _, i := range l {
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", i.Name, i.Source, i.Created.Local().Format(time.DateTime))
+				}
+				tw.Flush()
+			})
+		},
+	}
+	rm := &cobra.Command{
+		Use: "rm NAME", Short: "Remove an image (sandboxes made from it are unaffected)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			if err := g.client().RemoveImage(ctx, args[0]); err != nil {
+				return err
+			}
+			return g.print(map[string]string{"removed": args[0]}, func() { fmt.Println(args[0]) })
+		},
+	}
+	c.AddCommand(build, imp, ls, rm)
+	return c
+}
+
+func parseEnv(kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	env := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("bad environment variable %q: want KEY=VALUE", kv)
+		}
+		env[k] = v
+	}
+	return env, nil
+}
+
+func createCmd(g *globals) *cobra.Command {
+	var name, hostname, memory string
+	var env []string
+	var pids int64
+	c := &cobra.Command{
+		Use: "create IMAGE", Short: "Create and start a sandbox; prints its ID", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			e, err := parseEnv(env)
+			if err != nil {
+				return err
+			}
+			var mem int64
+			if memory != "" {
+				if mem, err = parseSize(memory); err != nil {
+					return err
+				}
+			}
+			sb, err := g.client().Create(ctx, v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
+				Resources: v1.Resources{MemoryBytes: mem, Pids: pids}})
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() { fmt.Println(sb.ID) })
+		},
+	}
+	c.Flags().StringVar(&name, "name", "", "sandbox name")
+	c.Flags().StringVar(&hostname, "hostname", "", "hostname (default: the name, or molt-ID)")
+	c.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE for every command (repeatable)")
+	c.Flags().StringVar(&memory, "memory", "", "memory limit (e.g. 2G)")
+	c.Flags().Int64Var(&pids, "pids", 0, "process limit")
+	return c
+}
+
+func lsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "ls", Short: "List sandboxes", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			l, err := g.client().Sandboxes(ctx)
+			if err != nil {
+				return err
+			}
+			return g.print(l, func() {
+				tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tHEAD\tCREATED")
+				for _, s := range l {
+					state := s.State
+					if s.Reason != "" {
+						state += " (" + s.Reason + ")"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, dash(s.Name), s.Image, state, dash(s.Head), s.Created.Local().Format(time.DateTime))
+				}
+				tw.Flush()
+			})
+		},
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func inspectCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "inspect SANDBOX", Short: "Show a sandbox", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			sb, err := g.client().Sandbox(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() {
+				fmt.Printf("id:        %s\nname:      %s\nimage:     %s\nhostname:  %s\nstate:     %s\n", sb.ID, dash(sb.Name), sb.Image, sb.Hostname, sb.State)
+				if sb.Reason != "" {
+					fmt.Printf("reason:    %s\n", sb.Reason)
+				}
+				fmt.Printf("head:      %s\ncreated:   %s\n", dash(sb.Head), sb.Created.Local().Format(time.RFC3339))
+				if sb.ForkedFrom != "" {
+					fmt.Printf("forked:    from checkpoint %s\n", sb.ForkedFrom)
+				}
+				if sb.State == v1.StateRunning {
+					fmt.Printf("init pid:  %d\nprocesses: %d\nmemory:    %s\n", sb.Pid, sb.Processes, human(sb.MemoryBytes))
+				}
+				for _, s := range sb.Sessions {
+					fmt.Printf("session:   %s (pid %d)\n", s.Name, s.Pid)
+				}
+			})
+		},
+	}
+}
+
+func rmCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "rm SANDBOX...", Short: "Remove sandboxes with their processes and checkpoints", Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			var removed []string
+			for _, a := range args {
+				if err := g.client().Remove(ctx, a); err != nil {
+					return err
+				}
+				removed = append(removed, a)
+			}
+			return g.print(map[string][]string{"removed": removed}, func() {
+				for _, r := range removed {
+					fmt.Println(r)
+				}
+			})
+		},
+	}
+}
+
+func stopCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "stop SANDBOX", Short: "Kill a sandbox's processes; its files stay", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			sb, err := g.client().Stop(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() { fmt.Println(sb.ID, sb.State) })
+		},
+	}
+}
+
+func startCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "start SANDBOX", Short: "Start a stopped or lost sandbox", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			sb, err := g.client().Start(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() { fmt.Println(sb.ID, sb.State) })
+		},
+	}
+}
+
+func execCmd(g *globals) *cobra.Command {
+	var session, cwd, user string
+	var env []string
+	var detach, noStdin bool
+	var timeout time.Duration
+	c := &cobra.Command{
+		Use:   "exec SANDBOX [--session S] [--detach] -- CMD...",
+		Short: "Run a command in a sandbox (exit code = the command's)",
+		Long: "Run a command in a sandbox. Output is streamed, stdin is passed (unless --no-stdin), and molt exits with the command's exit code.\n" +
+			"With --session S the arguments are shell text run in the persistent bash session S (created on first use): cwd, variables and functions persist between calls.\n" +
+			"A command killed at --timeout exits with 124.",
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			e, err := parseEnv(env)
+			if err != nil {
+				return err
+			}
+			cl := g.client()
+			ref, argv := args[0], args[1:]
+			if session != "" {
+				if detach || len(env) > 0 || cwd != "" || user != "" {
+					return fmt.Errorf("--session cannot be combined with --detach, --env, --cwd or --user (use shell text: cd, export)")
+				}
+				sctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+				defer stop()
+				res, err := cl.SessionRun(sctx, ref, session, v1.SessionRunRequest{Command: strings.Join(argv, " "), TimeoutMS: timeout.Milliseconds()})
+				if err != nil {
+					return err
+				}
+				if g.json {
+					if err := g.print(res, nil); err != nil {
+						return err
+					}
+				} else {
+					io.WriteString(os.Stdout, res.Stdout)
+					io.WriteString(os.Stderr, res.Stderr)
+				}
+				if res.ExitCode != 0 {
+					return &exitError{code: res.ExitCode}
+				}
+				return nil
+			}
+			req := v1.ExecRequest{Args: argv, Env: e, Cwd: cwd, User: user, TimeoutMS: timeout.Milliseconds()}
+			if detach {
+				pid, err := cl.ExecDetached(ctx, ref, req)
+				if err != nil {
+					return err
+				}
+				return g.print(v1.ExecDetached{Pid: pid}, func() { fmt.Println(pid) })
+			}
+			eio := client.ExecIO{Stdout: os.Stdout, Stderr: os.Stderr}
+			var out, errb strings.Builder
+			if g.json {
+				eio.Stdout, eio.Stderr = &out, &errb
+			}
+			if !noStdin {
+				eio.Stdin = os.Stdin
+			}
+			sigs := make(chan os.Signal, 4)
+			nums := make(chan int, 4)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+			defer signal.Stop(sigs)
+			go func() {
+				for s := range sigs {
+					nums <- int(s.(syscall.Signal))
+				}
+			}()
+			eio.Signals = nums
+			st, err := cl.Exec(ctx, ref, req, eio)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				if err := g.print(map[string]any{"exit_code": st.ExitCode, "signal": st.Signal, "timed_out": st.TimedOut, "stdout": out.String(), "stderr": errb.String()}, nil); err != nil {
+					return err
+				}
+			}
+			if st.ExitCode != 0 {
+				return &exitError{code: st.ExitCode}
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&session, "session", "", "run the text in this persistent bash session")
+	c.Flags().BoolVarP(&detach, "detach", "d", false, "leave the command running in the background; prints its PID")
+	c.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	c.Flags().StringVarP(&cwd, "cwd", "w", "", "working directory inside the sandbox")
+	c.Flags().StringVarP(&user, "user", "u", "", "user name or uid[:gid] inside the sandbox (default root)")
+	c.Flags().DurationVar(&timeout, "timeout", 0, "kill the command after this long (exit code 124)")
+	c.Flags().BoolVarP(&noStdin, "no-stdin", "n", false, "give the command /dev/null as stdin")
+	return c
+}
+
+func checkpointCmd(g *globals) *cobra.Command {
+	var kind, label string
+	c := &cobra.Command{
+		Use: "checkpoint SANDBOX", Short: "Take a checkpoint; prints its ID", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			ck, err := g.client().Checkpoint(ctx, args[0], v1.CheckpointRequest{Kind: kind, Label: label})
+			if err != nil {
+				return err
+			}
+			return g.print(ck, func() { fmt.Println(ck.ID) })
+		},
+	}
+	c.Flags().StringVar(&kind, "kind", "fs", "fs, full or auto")
+	c.Flags().StringVar(&label, "label", "", "label to refer to the checkpoint by")
+	rm := &cobra.Command{
+		Use: "rm CHECKPOINT...", Short: "Delete checkpoints (their children move to their parent)", Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			for _, a := range args {
+				if err := g.client().DeleteCheckpoint(ctx, a); err != nil {
+					return err
+				}
+			}
+			return g.print(map[string][]string{"removed": args}, func() {
+				for _, a := range args {
+					fmt.Println(a)
+				}
+			})
+		},
+	}
+	inspect := &cobra.Command{
+		Use: "inspect CHECKPOINT", Short: "Show a checkpoint", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			ck, err := g.client().CheckpointInfo(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(ck, func() {
+				fmt.Printf("id:       %s\nsandbox:  %s\nparent:   %s\nkind:     %s\nlabel:    %s\ncreated:  %s\nstall:    %.2f ms\nduration: %.2f ms\n",
+					ck.ID, ck.Sandbox, dash(ck.Parent), ck.Kind, dash(ck.Label), ck.Created.Local().Format(time.RFC3339), ck.StallMS, ck.DurationMS)
+			})
+		},
+	}
+	c.AddCommand(rm, inspect)
+	return c
+}
+
+func checkpointsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "checkpoints SANDBOX", Short: "Print a sandbox's checkpoint tree", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			cl := g.client()
+			l, err := cl.Checkpoints(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			sb, err := cl.Sandbox(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if l == nil {
+				l = []v1.Checkpoint{}
+			}
+			return g.print(l, func() { printTree(os.Stdout, l, sb.Head) })
+		},
+	}
+}
+
+// printTree prints checkpoints as a tree; roots are those whose parent is
+// not in the list (or empty). head is marked.
+func printTree(w io.Writer, l []v1.Checkpoint, head string) {
+	byID := map[string]bool{}
+	children := map[string][]v1.Checkpoint{}
+	for _, c := range l {
+		byID[c.ID] = true
+	}
+	var roots []v1.Checkpoint
+	for _, c := range l {
+		if c.Parent == "" || !byID[c.Parent] {
+			roots = append(roots, c)
+		} else {
+			children[c.Parent] = append(children[c.Parent], c)
+		}
+	}
+	var walk func(c v1.Checkpoint, prefix string, last bool, top bool)
+	walk = func(c v1.Checkpoint, prefix string, last, top bool) {
+		branch, next := "├── ", prefix+"│   "
+		if last {
+			branch, next = "└── ", prefix+"    "
+		}
+		if top {
+			branch, next = "", prefix
+		}
+		line := fmt.Sprintf("%s%s%s  %s  %s", prefix, branch, c.ID, c.Kind, c.Created.Local().Format("15:04:05"))
+		if c.Label != "" {
+			line += "  [" + c.Label + "]"
+		}
+		if top && c.Parent != "" {
+			line += "  (from " + c.Parent + ")"
+		}
+		if c.ID == head {
+			line += "  <- head"
+		}
+		fmt.Fprintln(w, line)
+		kids := children[c.ID]
+		sort.Slice(kids, func(i, j int) bool { return kids[i].Created.Before(kids[j].Created) })
+		for i, k := range kids {
+			walk(k, next, i == len(kids)-1, false)
+		}
+	}
+	for _, r := range roots {
+		walk(r, "", true, true)
+	}
+}
+
+func rollbackCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "rollback SANDBOX CHECKPOINT", Short: "Return a sandbox to a checkpoint", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			res, err := g.client().Rollback(ctx, args[0], args[1])
+			if err != nil {
+				return err
+			}
+			return g.print(res, func() {
+				fmt.Printf("%s rolled back to %s in %.1f ms (%s)\n", res.Sandbox, res.Checkpoint, res.DurationMS, res.Tier)
+				if res.Note != "" {
+					fmt.Println(res.Note)
+				}
+			})
+		},
+	}
+}
+
+func forkCmd(g *globals) *cobra.Command {
+	var n int
+	c := &cobra.Command{
+		Use: "fork SANDBOX|CHECKPOINT", Short: "Create sandboxes from a checkpoint (or from a sandbox's current state); prints their IDs", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			res, err := g.client().Fork(ctx, args[0], n)
+			if err != nil {
+				return err
+			}
+			return g.print(res, func() {
+				for _, s := range res.Sandboxes {
+					fmt.Println(s.ID)
+				}
+			})
+		},
+	}
+	c.Flags().IntVarP(&n, "n", "n", 1, "number of sandboxes")
+	return c
+}
+
+func hibernateCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "hibernate SANDBOX", Short: "Checkpoint a sandbox fully and stop it", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			sb, err := g.client().Hibernate(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() { fmt.Println(sb.ID, sb.State) })
+		},
+	}
+}
+
+func resumeCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "resume SANDBOX", Short: "Resume a hibernated sandbox", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			sb, err := g.client().Resume(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() { fmt.Println(sb.ID, sb.State) })
+		},
+	}
+}

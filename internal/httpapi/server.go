@@ -1,0 +1,359 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/core"
+	"github.com/molt-sh/molt/internal/errdefs"
+)
+
+// Handler returns the API handler for m.
+func Handler(m *core.Manager, log *slog.Logger) http.Handler {
+	s := &server{m: m, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/host", s.host)
+	mux.HandleFunc("GET /v1/images", s.images)
+	mux.HandleFunc("POST /v1/images/build", s.imageBuild)
+	mux.HandleFunc("POST /v1/images/import", s.imageImport)
+	mux.HandleFunc("GET /v1/images/{name}", s.image)
+	mux.HandleFunc("DELETE /v1/images/{name}", s.imageRemove)
+	mux.HandleFunc("GET /v1/sandboxes", s.sandboxes)
+	mux.HandleFunc("POST /v1/sandboxes", s.create)
+	mux.HandleFunc("GET /v1/sandboxes/{id}", s.sandbox)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.remove)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/stop", s.stop)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/start", s.start)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", s.exec)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/sessions/{name}/run", s.sessionRun)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/sessions/{name}", s.sessionClose)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/checkpoints", s.checkpoints)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/checkpoints", s.checkpoint)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/rollback", s.rollback)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.notSupported("hibernate needs process checkpoints (CRIU), which are not part of this version"))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.notSupported("resume needs process checkpoints (CRIU), which are not part of this version"))
+	mux.HandleFunc("GET /v1/checkpoints/{id}", s.checkpointInfo)
+	mux.HandleFunc("DELETE /v1/checkpoints/{id}", s.checkpointDelete)
+	mux.HandleFunc("POST /v1/checkpoints/{id}/fork", s.forkCheckpoint)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, fmt.Errorf("%s %s: no such endpoint: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
+	})
+	return mux
+}
+
+type server struct {
+	m   *core.Manager
+	log *slog.Logger
+}
+
+// Status maps an error kind to its HTTP status and wire name.
+func Status(err error) (int, string) {
+	switch errdefs.Kind(err) {
+	case errdefs.ErrNotFound:
+		return http.StatusNotFound, "not_found"
+	case errdefs.ErrAlreadyExists:
+		return http.StatusConflict, "already_exists"
+	case errdefs.ErrInvalidArgument:
+		return http.StatusBadRequest, "invalid_argument"
+	case errdefs.ErrFailedPrecondition:
+		return http.StatusPreconditionFailed, "failed_precondition"
+	case errdefs.ErrUnavailable:
+		return http.StatusServiceUnavailable, "unavailable"
+	case errdefs.ErrNotSupported:
+		return http.StatusNotImplemented, "not_supported"
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return http.StatusServiceUnavailable, "unavailable"
+	}
+	return http.StatusInternalServerError, "internal"
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code, kind := Status(err)
+	writeJSON(w, code, v1.Error{Kind: kind, Message: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// decode reads a JSON body into v; an empty body leaves v as is.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("decode request body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// reply writes v with status 200, or the error.
+func reply[T any](w http.ResponseWriter, v T, err error) {
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (s *server) notSupported(msg string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, fmt.Errorf("%s: %w", msg, errdefs.ErrNotSupported))
+	}
+}
+
+func (s *server) host(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.m.Host())
+}
+
+func (s *server) images(w http.ResponseWriter, r *http.Request) {
+	l, err := s.m.Images()
+	reply(w, l, err)
+}
+
+func (s *server) image(w http.ResponseWriter, r *http.Request) {
+	img, err := s.m.Image(r.PathValue("name"))
+	reply(w, img, err)
+}
+
+func (s *server) imageRemove(w http.ResponseWriter, r *http.Request) {
+	reply(w, struct{}{}, s.m.RemoveImage(r.Context(), r.PathValue("name")))
+}
+
+// progressWriter turns written text into NDJSON progress lines.
+type progressWriter struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+	f   http.Flusher
+	buf []byte
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.buf = append(p.buf, b...)
+	for {
+		i := strings.IndexByte(string(p.buf), '\n')
+		if i < 0 {
+			break
+		}
+		line := strings.TrimRight(string(p.buf[:i]), "\r")
+		p.buf = p.buf[i+1:]
+		if line != "" {
+			_ = p.enc.Encode(v1.Progress{Message: line})
+		}
+	}
+	if p.f != nil {
+		p.f.Flush()
+	}
+	return len(b), nil
+}
+
+func (p *progressWriter) final(v v1.Progress) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_ = p.enc.Encode(v)
+	if p.f != nil {
+		p.f.Flush()
+	}
+}
+
+func (s *server) imageBuild(w http.ResponseWriter, r *http.Request) {
+	var req v1.ImageBuildRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	f, _ := w.(http.Flusher)
+	pw := &progressWriter{enc: json.NewEncoder(w), f: f}
+	img, err := s.m.BuildImage(r.Context(), req, pw)
+	if err != nil {
+		_, kind := Status(err)
+		pw.final(v1.Progress{Error: &v1.Error{Kind: kind, Message: err.Error()}})
+		return
+	}
+	pw.final(v1.Progress{Image: &img})
+}
+
+func (s *server) imageImport(w http.ResponseWriter, r *http.Request) {
+	var req v1.ImageImportRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	img, err := s.m.ImportImage(r.Context(), req)
+	reply(w, img, err)
+}
+
+func (s *server) sandboxes(w http.ResponseWriter, r *http.Request) {
+	l, err := s.m.Sandboxes()
+	reply(w, l, err)
+}
+
+func (s *server) create(w http.ResponseWriter, r *http.Request) {
+	var req v1.SandboxCreateRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := s.m.Create(r.Context(), req)
+	reply(w, sb, err)
+}
+
+func (s *server) sandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Sandbox(r.Context(), r.PathValue("id"))
+	reply(w, sb, err)
+}
+
+func (s *server) remove(w http.ResponseWriter, r *http.Request) {
+	reply(w, struct{}{}, s.m.Remove(r.Context(), r.PathValue("id")))
+}
+
+func (s *server) stop(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Stop(r.Context(), r.PathValue("id"))
+	reply(w, sb, err)
+}
+
+func (s *server) start(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Start(r.Context(), r.PathValue("id"))
+	reply(w, sb, err)
+}
+
+// exec runs a command. A detached exec answers with JSON. Otherwise the
+// request must ask to upgrade to molt-exec/1; after "101 Switching
+// Protocols" the connection carries frames both ways (api/v1 stream.go),
+// relayed unchanged between the client and the sandbox's init.
+func (s *server) exec(w http.ResponseWriter, r *http.Request) {
+	var req v1.ExecRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if !req.Detach && !strings.EqualFold(r.Header.Get("Upgrade"), v1.UpgradeProtocol) {
+		writeError(w, fmt.Errorf("exec without detach needs the header Upgrade: %s: %w", v1.UpgradeProtocol, errdefs.ErrInvalidArgument))
+		return
+	}
+	pid, ic, err := s.m.Exec(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Detach {
+		writeJSON(w, http.StatusOK, v1.ExecDetached{Pid: pid})
+		return
+	}
+	defer ic.Close()
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		writeError(w, errors.New("connection cannot be upgraded"))
+		return
+	}
+	cc, rw, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	defer cc.Close()
+	_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + v1.UpgradeProtocol + "\r\n\r\n")
+	if err := rw.Flush(); err != nil {
+		return
+	}
+	relay(cc, rw.Reader, ic)
+}
+
+// relay copies frames until init closes its side (the command ended) or
+// the client goes away (then init kills the command).
+func relay(cc net.Conn, cr *bufio.Reader, ic net.Conn) {
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(ic, cr)
+		ic.Close()
+		close(done)
+	}()
+	_, _ = io.Copy(cc, ic)
+	cc.Close()
+	<-done
+}
+
+func (s *server) sessionRun(w http.ResponseWriter, r *http.Request) {
+	var req v1.SessionRunRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	res, err := s.m.SessionRun(r.Context(), r.PathValue("id"), r.PathValue("name"), req)
+	reply(w, res, err)
+}
+
+func (s *server) sessionClose(w http.ResponseWriter, r *http.Request) {
+	reply(w, struct{}{}, s.m.SessionClose(r.Context(), r.PathValue("id"), r.PathValue("name")))
+}
+
+func (s *server) checkpoints(w http.ResponseWriter, r *http.Request) {
+	l, err := s.m.Checkpoints(r.PathValue("id"))
+	reply(w, l, err)
+}
+
+func (s *server) checkpoint(w http.ResponseWriter, r *http.Request) {
+	var req v1.CheckpointRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	ck, err := s.m.Checkpoint(r.Context(), r.PathValue("id"), req)
+	reply(w, ck, err)
+}
+
+func (s *server) checkpointInfo(w http.ResponseWriter, r *http.Request) {
+	ck, err := s.m.CheckpointInfo(r.PathValue("id"))
+	reply(w, ck, err)
+}
+
+func (s *server) checkpointDelete(w http.ResponseWriter, r *http.Request) {
+	reply(w, struct{}{}, s.m.DeleteCheckpoint(r.Context(), r.PathValue("id")))
+}
+
+func (s *server) rollback(w http.ResponseWriter, r *http.Request) {
+	var req v1.RollbackRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	res, err := s.m.Rollback(r.Context(), r.PathValue("id"), req.Checkpoint)
+	reply(w, res, err)
+}
+
+func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request) {
+	var req v1.ForkRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	res, err := s.m.Fork(r.Context(), r.PathValue("id"), req)
+	reply(w, res, err)
+}
+
+func (s *server) forkCheckpoint(w http.ResponseWriter, r *http.Request) {
+	var req v1.ForkRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	req.Checkpoint = r.PathValue("id")
+	res, err := s.m.Fork(r.Context(), "", req)
+	reply(w, res, err)
+}
