@@ -77,9 +77,6 @@ func (m *Manager) makeImage(ctx context.Context, name, source string, force, reu
 	if err := fill(staging); err != nil {
 		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
 	}
-	if err := fsnap.SetReadonly(staging, true); err != nil {
-		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
-	}
 	dst := m.imageDir(name)
 	if force {
 		if err := m.db.Delete(store.Images, name); err != nil {
@@ -89,10 +86,16 @@ func (m *Manager) makeImage(ctx context.Context, name, source string, force, reu
 			return v1.Image{}, fmt.Errorf("image %s: remove old: %w", name, err)
 		}
 	}
-	if err := os.Rename(staging, dst); err != nil {
+	// A read-only subvolume cannot be renamed (its ".." would change):
+	// the image appears in place as a read-only snapshot of the staging
+	// subvolume, which then goes.
+	if err := fsnap.Snapshot(staging, dst, true); err != nil {
 		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
 	}
 	r.Add(func() error { return removeTree(dst) })
+	if err := removeTree(staging); err != nil {
+		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
+	}
 	img := v1.Image{Name: name, Source: source, Created: time.Now().UTC()}
 	if err := m.db.Put(store.Images, name, img); err != nil {
 		return v1.Image{}, err

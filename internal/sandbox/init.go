@@ -99,7 +99,8 @@ func (l *Launcher) Start(ctx context.Context, root string, cfg sbinit.Config, jo
 	return Init{Pid: pid, Start: start}, nil
 }
 
-// procStart reads the start time of pid (clock ticks since boot).
+// procStart reads the start time of pid (clock ticks since boot); a
+// process that has exited (a zombie not yet reaped) is an error.
 func procStart(pid int) (uint64, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
@@ -113,6 +114,9 @@ func procStart(pid int) (uint64, error) {
 	// f[0] is field 3 (state); start time is field 22.
 	if len(f) < 20 {
 		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return 0, fmt.Errorf("process %d has exited", pid)
 	}
 	return strconv.ParseUint(f[19], 10, 64)
 }
