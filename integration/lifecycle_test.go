@@ -1,0 +1,131 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type sandboxInfo struct {
+	ID       string `json:"id"`
+	State    string `json:"state"`
+	Reason   string `json:"reason"`
+	Pid      int    `json:"pid"`
+	Sessions []struct {
+		Name string `json:"name"`
+	} `json:"sessions"`
+}
+
+func inspect(t *testing.T, sb string) sandboxInfo {
+	t.Helper()
+	var s sandboxInfo
+	mustJSON(t, &s, "inspect", sb)
+	return s
+}
+
+func TestDaemonRestart(t *testing.T) {
+	sb := newSandbox(t, "--name", "survivor")
+	stopped := newSandbox(t)
+	must(t, "exec", sb, "--session", "main", "--", "export X=42; cd /tmp")
+	sh(t, sb, "mkdir /work; echo v1 > /work/f")
+	ck := strings.TrimSpace(must(t, "checkpoint", sb))
+	must(t, "stop", stopped)
+
+	killDaemon()
+	if err := startDaemon(); err != nil {
+		t.Fatal(err)
+	}
+	// Records survived; the running sandbox is still running, with its
+	// session intact; the stopped one is reported stopped.
+	s := inspect(t, "survivor")
+	if s.State != "running" || len(s.Sessions) != 1 || s.Sessions[0].Name != "main" {
+		t.Fatalf("after restart: %+v", s)
+	}
+	if r := must(t, "exec", sb, "--session", "main", "--", "echo $X; pwd"); r != "42\n/tmp\n" {
+		t.Fatalf("session after daemon restart: %q", r)
+	}
+	if st := inspect(t, stopped).State; st != "stopped" {
+		t.Fatalf("stopped sandbox reported %q", st)
+	}
+	// The checkpoint is still listed and usable.
+	sh(t, sb, "echo v2 > /work/f")
+	must(t, "rollback", sb, ck)
+	if got := sh(t, sb, "cat /work/f"); got != "v1\n" {
+		t.Fatalf("rollback after restart: %q", got)
+	}
+	// An init killed behind molt's back is reported lost, with a reason,
+	// and the sandbox can be started again.
+	s = inspect(t, sb)
+	if err := syscall.Kill(s.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s = inspect(t, sb); s.State != "lost" && time.Now().Before(deadline); s = inspect(t, sb) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if s.State != "lost" || !strings.Contains(s.Reason, "gone") {
+		t.Fatalf("killed init: %+v", s)
+	}
+	if r := molt(t, "exec", sb, "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "lost") {
+		t.Fatalf("exec in a lost sandbox: exit %d %q", r.code, r.stderr)
+	}
+	must(t, "start", sb)
+	if got := sh(t, sb, "cat /work/f"); got != "v1\n" {
+		t.Fatalf("files after start: %q", got)
+	}
+	must(t, "start", stopped)
+	if st := inspect(t, stopped).State; st != "running" {
+		t.Fatalf("started sandbox is %q", st)
+	}
+}
+
+// TestNoLeaksAfterRemove removes sandboxes with sessions, detached
+// processes, checkpoints and forks, and checks that nothing of them is
+// left: processes, cgroups, mounts, subvolumes, records.
+func TestNoLeaksAfterRemove(t *testing.T) {
+	sb := strings.TrimSpace(must(t, "create", image))
+	must(t, "exec", sb, "--session", "s", "--", "sleep 1000 &")
+	must(t, "exec", "--detach", sb, "--", "sleep", "1000")
+	ck := strings.TrimSpace(must(t, "checkpoint", sb))
+	var fork struct{ Sandboxes []struct{ ID string } }
+	mustJSON(t, &fork, "fork", ck, "-n", "2")
+	ids := []string{sb, fork.Sandboxes[0].ID, fork.Sandboxes[1].ID}
+	var pids []int
+	for _, id := range ids {
+		s := inspect(t, id)
+		pids = append(pids, s.Pid)
+	}
+	must(t, append([]string{"rm"}, ids...)...)
+
+	for _, id := range ids {
+		if r := molt(t, "inspect", id); r.code == 0 {
+			t.Errorf("%s still listed", id)
+		}
+		for _, h := range []string{"freezer", "memory", "pids", "unified"} {
+			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", h, "molt", id)); err == nil {
+				t.Errorf("%s: cgroup %s left behind", id, h)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(env.root, "pool", "sandboxes", id)); err == nil {
+			t.Errorf("%s: sandbox directory left behind", id)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(env.root, "pool", "checkpoints", ck)); err == nil {
+		t.Errorf("checkpoint %s left behind", ck)
+	}
+	for _, p := range pids {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(p)); err == nil {
+			t.Errorf("init %d still running", p)
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, id := range ids {
+		if strings.Contains(string(mounts), id) {
+			t.Errorf("mount of %s left behind", id)
+		}
+	}
+}
