@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -326,4 +325,3 @@ func notFound(kind, ref string) error {
 	return fmt.Errorf("%s %q: %w", kind, ref, errdefs.ErrNotFound)
 }
 
-func trimID(s string) string { return strings.TrimSpace(s) }

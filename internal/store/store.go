@@ -16,6 +16,7 @@ import (
 
 	"github.com/molt-sh/molt/internal/errdefs"
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Buckets.
@@ -33,7 +34,7 @@ type DB struct{ db *bolt.DB }
 func Open(path string) (*DB, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("open %s: locked by another process (is a molt daemon already running on this root?): %w", path, errdefs.ErrUnavailable)
 		}
 		return nil, fmt.Errorf("open %s: %w", path, err)

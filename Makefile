@@ -1,0 +1,37 @@
+# molt: the two commands of the README are `make demo` and `make test`.
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin
+GO ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: all deps build demo test lint bench-fs clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+build: deps
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/molt ./cmd/molt
+
+# Runs a scripted agent session on a temporary root and cleans up.
+demo: build
+	bin/molt demo
+
+# Root tests never skip here: a missing capability fails the run.
+# Packages run one at a time: they share the debootstrap cache and the
+# machine's two cores.
+test: build lint
+	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting" >&2; exit 1; }
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+bench-fs: build
+	bin/molt bench fs
+
+clean:
+	rm -rf bin

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what molt needs on a Debian 12 host, idempotently: btrfs-progs
+# (mkfs.btrfs for the loop pool) and debootstrap (images). Needs root.
+set -euo pipefail
+
+need=()
+for pkg in btrfs-progs debootstrap ca-certificates; do
+	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if ((${#need[@]})); then
+	if [[ $EUID -ne 0 ]]; then
+		echo "deps: need root to install ${need[*]}" >&2
+		exit 1
+	fi
+	echo "deps: installing ${need[*]}" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+	if [[ -x /usr/local/go/bin/go ]]; then
+		echo "deps: go is at /usr/local/go/bin; add it to PATH" >&2
+	else
+		echo "deps: Go 1.26 or newer is required (https://go.dev/dl/)" >&2
+	fi
+	exit 1
+fi
