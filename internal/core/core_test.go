@@ -1,0 +1,293 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/sbinit"
+	"github.com/molt-sh/molt/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+// The test binary doubles as the sandbox init, as the molt binary does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case sbinit.Arg1:
+			sbinit.Stage1()
+		case sbinit.Arg2:
+			sbinit.Stage2()
+		}
+	}
+	os.Exit(m.Run())
+}
+
+const testImage = "debian"
+
+// openManager opens a Manager on a fresh root with the Debian image
+// (from the debootstrap cache after the first build on this host).
+func openManager(t *testing.T) *Manager {
+	t.Helper()
+	testutil.RequireRoot(t)
+	root := t.TempDir()
+	ctx := context.Background()
+	m, err := Open(ctx, Config{Root: root, PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sbs, _ := m.Sandboxes()
+		for _, s := range sbs {
+			if err := m.Remove(ctx, s.ID); err != nil {
+				t.Errorf("remove %s: %v", s.ID, err)
+			}
+		}
+		m.Close()
+		if err := m.pool.Unmount(); err != nil {
+			t.Errorf("unmount pool: %v", err)
+		}
+	})
+	if _, err := m.BuildImage(ctx, v1.ImageBuildRequest{Name: testImage}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func run(t *testing.T, m *Manager, sb, cmd string) v1.SessionRunResult {
+	t.Helper()
+	res, err := m.SessionRun(context.Background(), sb, "t", v1.SessionRunRequest{Command: cmd})
+	if err != nil {
+		t.Fatalf("run %q: %v", cmd, err)
+	}
+	return res
+}
+
+func entries(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+var errInjected = errors.New("injected failure")
+
+func failAt(m *Manager, step string) {
+	m.failpoint = func(s string) error {
+		if s == step {
+			return fmt.Errorf("%s: %w", s, errInjected)
+		}
+		return nil
+	}
+}
+
+func cgroupDirs(t *testing.T) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, h := range []string{"freezer", "memory", "pids", "unified"} {
+		ents, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup", h, "molt"))
+		for _, e := range ents {
+			if e.IsDir() {
+				out[h+"/"+e.Name()] = true
+			}
+		}
+	}
+	return out
+}
+
+func TestCreateFailureLeavesNothing(t *testing.T) {
+	m := openManager(t)
+	ctx := context.Background()
+	for _, step := range []string{"create:snapshot", "create:cgroup", "create:started"} {
+		t.Run(step, func(t *testing.T) {
+			cgBefore := cgroupDirs(t)
+			failAt(m, step)
+			_, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Name: "doomed"})
+			m.failpoint = nil
+			if !errors.Is(err, errInjected) {
+				t.Fatalf("create: %v; want the injected failure", err)
+			}
+			if sbs, _ := m.Sandboxes(); len(sbs) != 0 {
+				t.Fatalf("failed create is listed: %+v", sbs)
+			}
+			if e := entries(t, m.path("sandboxes")); len(e) != 0 {
+				t.Fatalf("failed create left %v", e)
+			}
+			for d := range cgroupDirs(t) {
+				if !cgBefore[d] {
+					t.Fatalf("failed create left cgroup %s", d)
+				}
+			}
+			// The name is free again.
+			sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Name: "doomed"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Remove(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestCheckpointFailureLeavesSandboxRunning(t *testing.T) {
+	m := openManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "echo 1 > /root/n; x=7")
+	good, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []string{"checkpoint:frozen", "checkpoint:manifest", "checkpoint:record"} {
+		t.Run(step, func(t *testing.T) {
+			failAt(m, step)
+			_, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Label: "doomed"})
+			m.failpoint = nil
+			if !errors.Is(err, errInjected) {
+				t.Fatalf("checkpoint: %v; want the injected failure", err)
+			}
+			cks, _ := m.Checkpoints(sb.ID)
+			if len(cks) != 1 || cks[0].ID != good.ID {
+				t.Fatalf("after a failed checkpoint the list is %+v", cks)
+			}
+			if e := entries(t, m.path("checkpoints")); len(e) != 1 || e[0] != good.ID {
+				t.Fatalf("failed checkpoint left %v", e)
+			}
+			if e := entries(t, m.path("tmp")); len(e) != 0 {
+				t.Fatalf("failed checkpoint left staging %v", e)
+			}
+			// The sandbox runs, thawed, with its processes and state.
+			got, _ := m.Sandbox(ctx, sb.ID)
+			if got.State != v1.StateRunning || got.Pid != sb.Pid {
+				t.Fatalf("sandbox after failed checkpoint: %+v", got)
+			}
+			if r := run(t, m, sb.ID, "echo $x; cat /root/n"); r.Stdout != "7\n1\n" {
+				t.Fatalf("session after failed checkpoint: %+v", r)
+			}
+			if rec, _ := m.lookupSandbox(sb.ID); rec.Head != good.ID {
+				t.Fatalf("head moved to %q", rec.Head)
+			}
+		})
+	}
+}
+
+func TestRollbackFailureKeepsSandbox(t *testing.T) {
+	m := openManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "echo old > /root/f")
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "echo new > /root/f; y=9")
+	failAt(m, "rollback:snapshot")
+	_, err = m.Rollback(ctx, sb.ID, ck.ID)
+	m.failpoint = nil
+	if !errors.Is(err, errInjected) {
+		t.Fatalf("rollback: %v", err)
+	}
+	if r := run(t, m, sb.ID, "cat /root/f; echo $y"); r.Stdout != "new\n9\n" {
+		t.Fatalf("failed rollback changed the sandbox: %q", r.Stdout)
+	}
+	if e := entries(t, m.sbDir(sb.ID)); strings.Join(e, ",") != "root" {
+		t.Fatalf("failed rollback left %v", e)
+	}
+	res, err := m.Rollback(ctx, sb.ID, ck.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.ProcessesRestarted || res.Tier != v1.TierRestart {
+		t.Fatalf("rollback result %+v", res)
+	}
+	if r := run(t, m, sb.ID, "cat /root/f; echo \"[$y]\""); r.Stdout != "old\n[]\n" {
+		t.Fatalf("after rollback: %q", r.Stdout)
+	}
+}
+
+// TestReconcile: debris of a crash (staging directories, directories of
+// checkpoints and sandboxes without records) is removed at start.
+func TestReconcile(t *testing.T) {
+	m := openManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A crash between snapshot and commit, and a crash during create.
+	if err := os.MkdirAll(m.path("tmp", "ck-dead", "fs"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(m.path("checkpoints", "deadbeef0000", "fs"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(m.path("sandboxes", "deadbeef0001", "root"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e := entries(t, m.path("tmp")); len(e) != 0 {
+		t.Fatalf("staging left: %v", e)
+	}
+	if e := entries(t, m.path("checkpoints")); len(e) != 1 || e[0] != ck.ID {
+		t.Fatalf("checkpoints: %v", e)
+	}
+	if e := entries(t, m.path("sandboxes")); len(e) != 1 || e[0] != sb.ID {
+		t.Fatalf("sandboxes: %v", e)
+	}
+	if got, _ := m.Sandbox(ctx, sb.ID); got.State != v1.StateRunning {
+		t.Fatalf("reconcile disturbed a live sandbox: %+v", got)
+	}
+}
+
+// TestInitBinaryWriteStaysInRoot: a sandbox that replaces /.molt by a
+// symlink to a host directory cannot make molt write there.
+func TestInitBinaryWriteStaysInRoot(t *testing.T) {
+	m := openManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := t.TempDir()
+	run(t, m, sb.ID, fmt.Sprintf("rm -rf /.molt.bak; mv /.molt /.molt.bak; ln -s %s /.molt", host))
+	if _, err := m.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Start(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if e := entries(t, host); len(e) != 0 {
+		t.Fatalf("init binary written through a sandbox symlink into the host: %v", e)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(m.sbRoot(sb.ID), ".molt", "init"), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		t.Fatalf("init not reinstalled in the root: %v", err)
+	}
+	if r := run(t, m, sb.ID, "echo ok"); r.Stdout != "ok\n" {
+		t.Fatalf("sandbox after restart: %+v", r)
+	}
+}
