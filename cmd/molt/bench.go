@@ -1,0 +1,68 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/bench"
+	"github.com/molt-sh/molt/internal/daemon"
+	"github.com/spf13/cobra"
+)
+
+func benchCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "bench", Short: "Benchmarks that print molt next to baselines from one run"}
+	var iters, baseIters, files int
+	var sizes []string
+	var dir, cacheDir string
+	fs := &cobra.Command{
+		Use:   "fs",
+		Short: "Filesystem checkpoint and rollback latency vs cp -a and tar",
+		Long: "Starts a daemon on a temporary root (under --dir), builds the default image (cached), fills a sandbox\n" +
+			"with each data size in --files files, and measures molt's fs checkpoint and rollback with one file\n" +
+			"changed between iterations, next to a full copy (cp -a --reflink=never) and a tar archive of the same root.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			var bs []int64
+			for _, s := range sizes {
+				n, err := parseSize(s)
+				if err != nil {
+					return err
+				}
+				bs = append(bs, n)
+			}
+			e, err := daemon.StartEphemeral(ctx, dir, cacheDir, version)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				if err := e.Close(); err != nil {
+					fmt.Fprintln(os.Stderr, "molt: cleanup:", err)
+				}
+			}()
+			fmt.Fprintln(os.Stderr, "bench: building the default image (cached after the first build)")
+			if _, err := e.Client.BuildImage(ctx, v1.ImageBuildRequest{Name: "default"}, nil); err != nil {
+				return err
+			}
+			res, err := bench.RunFS(ctx, e, bench.FSConfig{Image: "default", Sizes: bs, Files: files,
+				Iterations: iters, BaselineIterations: baseIters, Progress: os.Stderr})
+			if err != nil {
+				return err
+			}
+			return g.print(res, func() {
+				fmt.Printf("molt bench fs: %d files per sandbox, one file changed between checkpoints; kernel %s\n\n", files, res.Kernel)
+				bench.PrintFS(os.Stdout, res)
+			})
+		},
+	}
+	fs.Flags().IntVar(&iters, "iterations", 30, "checkpoints and rollbacks per size")
+	fs.Flags().IntVar(&baseIters, "baseline-iterations", 3, "runs of each baseline per size")
+	fs.Flags().IntVar(&files, "files", 10000, "files per sandbox")
+	fs.Flags().StringSliceVar(&sizes, "sizes", []string{"10M", "1G"}, "data sizes")
+	fs.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
+	fs.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
+	c.AddCommand(fs)
+	return c
+}

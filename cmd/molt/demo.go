@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/client"
+	"github.com/molt-sh/molt/internal/daemon"
+	"github.com/spf13/cobra"
+)
+
+func demoCmd(g *globals) *cobra.Command {
+	var dir, cacheDir string
+	c := &cobra.Command{
+		Use:   "demo",
+		Short: "Run a scripted agent session on a temporary root, with timings, and clean up",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			return runDemo(ctx, dir, cacheDir)
+		},
+	}
+	c.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
+	c.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
+	return c
+}
+
+type demo struct {
+	ctx context.Context
+	c   *client.Client
+}
+
+func step(what string, f func() (string, error)) error {
+	t0 := time.Now()
+	out, err := f()
+	d := time.Since(t0)
+	if err != nil {
+		fmt.Printf("  %-52s FAILED after %v: %v\n", what, d.Round(time.Microsecond), err)
+		return err
+	}
+	fmt.Printf("  %-52s %9.2f ms  %s\n", what, float64(d.Microseconds())/1000, out)
+	return nil
+}
+
+func (d demo) session(sb, text string) (string, error) {
+	r, err := d.c.SessionRun(d.ctx, sb, "agent", v1.SessionRunRequest{Command: text})
+	if err != nil {
+		return "", err
+	}
+	out := strings.TrimSpace(r.Stdout + r.Stderr)
+	if r.ExitCode != 0 {
+		return "", fmt.Errorf("exit %d: %s", r.ExitCode, out)
+	}
+	return strings.ReplaceAll(out, "\n", " | "), nil
+}
+
+func runDemo(ctx context.Context, dir, cacheDir string) error {
+	fmt.Println("molt demo: a daemon on a temporary root, a Debian sandbox, an agent's shell session,")
+	fmt.Println("filesystem checkpoints, rollback and fork. Everything is removed at the end.")
+	fmt.Println()
+	e, err := daemon.StartEphemeral(ctx, dir, cacheDir, version)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		t0 := time.Now()
+		if err := e.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "molt: cleanup:", err)
+			return
+		}
+		fmt.Printf("\ncleaned up (sandboxes, checkpoints, pool and loop device) in %v\n", time.Since(t0).Round(time.Millisecond))
+	}()
+	h, err := e.Client.Host(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("daemon on %s, pool %s (loop file: %v), cgroup %s\n\n", e.Root, h.Pool.Dir, h.Pool.Loop, h.Cgroup)
+	d := demo{ctx: ctx, c: e.Client}
+	var sb, ck1, ck2 string
+	steps := []struct {
+		what string
+		f    func() (string, error)
+	}{
+		{"image build default (debootstrap, cached)", func() (string, error) {
+			img, err := d.c.BuildImage(ctx, v1.ImageBuildRequest{Name: "default"}, func(l string) {})
+			return img.Source, err
+		}},
+		{"create sandbox", func() (string, error) {
+			s, err := d.c.Create(ctx, v1.SandboxCreateRequest{Image: "default", Name: "agent"})
+			sb = s.ID
+			return "id " + s.ID + ", hostname " + s.Hostname, err
+		}},
+		{"agent: set up a project", func() (string, error) {
+			return d.session(sb, `mkdir -p /work/app && cd /work/app && export STAGE=setup && printf 'print("v1")\n' > main.py && python3 main.py`)
+		}},
+		{"checkpoint --kind fs (label: v1)", func() (string, error) {
+			ck, err := d.c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFS, Label: "v1"})
+			ck1 = ck.ID
+			return fmt.Sprintf("%s, stall %.2f ms", ck.ID, ck.StallMS), err
+		}},
+		{"agent: session state persists", func() (string, error) { return d.session(sb, `echo "cwd=$(pwd) STAGE=$STAGE"`) }},
+		{"agent: edit, delete, install (a bad turn)", func() (string, error) {
+			return d.session(sb, `printf 'print("v2: broken")\n' > main.py && rm -rf /usr/share/doc && touch junk && python3 main.py`)
+		}},
+		{"checkpoint --kind fs (label: v2)", func() (string, error) {
+			ck, err := d.c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFS, Label: "v2"})
+			ck2 = ck.ID
+			return fmt.Sprintf("%s, stall %.2f ms", ck.ID, ck.StallMS), err
+		}},
+		{"rollback to v1", func() (string, error) {
+			r, err := d.c.Rollback(ctx, sb, ck1)
+			return fmt.Sprintf("tier %s, processes restarted: %v", r.Tier, r.ProcessesRestarted), err
+		}},
+		{"agent: files are back", func() (string, error) {
+			return d.session(sb, `cd /work/app && python3 main.py && ls && ls /usr/share/doc | wc -l`)
+		}},
+		{"fork v2 -n 3", func() (string, error) {
+			r, err := d.c.ForkCheckpoint(ctx, ck2, 3)
+			var ids []string
+			for _, s := range r.Sandboxes {
+				ids = append(ids, s.ID)
+			}
+			return strings.Join(ids, " "), err
+		}},
+		{"forks are independent", func() (string, error) {
+			l, err := d.c.Sandboxes(ctx)
+			if err != nil {
+				return "", err
+			}
+			var outs []string
+			for i, s := range l {
+				if s.ID == sb {
+					continue
+				}
+				o, err := d.session(s.ID, fmt.Sprintf(`echo fork%d > /work/app/who; hostname; cat /work/app/who`, i))
+				if err != nil {
+					return "", err
+				}
+				outs = append(outs, o)
+			}
+			return strings.Join(outs, "; "), nil
+		}},
+		{"checkpoint tree of the sandbox", func() (string, error) {
+			l, err := d.c.Checkpoints(ctx, sb)
+			var s []string
+			for _, c := range l {
+				s = append(s, fmt.Sprintf("%s[%s]<-%s", c.ID, c.Label, dash(c.Parent)))
+			}
+			return strings.Join(s, " "), err
+		}},
+	}
+	for _, s := range steps {
+		if err := step(s.what, s.f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
