@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"encoding/json"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -51,6 +52,7 @@ type Manager struct {
 	db       *store.DB
 	launcher *sandbox.Launcher
 	initBin  string // pool copy of the init binary
+	kernel   string // kernel release, recorded in manifests
 	log      *slog.Logger
 	started  time.Time
 
@@ -112,6 +114,10 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg: cfg, pool: p, db: db, log: cfg.Logger, started: time.Now(),
 		launcher: &sandbox.Launcher{Binary: cfg.InitBinary},
 		locks:    map[string]*sync.Mutex{},
+	}
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err == nil {
+		m.kernel = unix.ByteSliceToString(uts.Release[:])
 	}
 	for _, d := range []string{"images", "sandboxes", "checkpoints", "tmp", "bin"} {
 		if err := os.MkdirAll(m.path(d), 0o700); err != nil {
@@ -249,6 +255,14 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			if err := m.db.Delete(store.Checkpoints, c.ID); err != nil {
 				return err
 			}
+			continue
+		}
+		var mf manifest
+		if b, err := os.ReadFile(filepath.Join(m.ckDir(c.ID), "manifest.json")); err != nil || json.Unmarshal(b, &mf) != nil || mf.ID != c.ID {
+			m.log.Warn("rewriting lost manifest", "checkpoint", c.ID)
+			if _, err := m.writeManifest(c); err != nil {
+				return err
+			}
 		}
 	}
 	ents, _ = os.ReadDir(m.path("checkpoints"))
@@ -285,11 +299,9 @@ func (m *Manager) reconcile(ctx context.Context) error {
 
 // Host reports the host, the pool and the features molt has here.
 func (m *Manager) Host() v1.Host {
-	var uts unix.Utsname
-	_ = unix.Uname(&uts)
 	h := v1.Host{
 		Version: m.cfg.Version,
-		Kernel:  unix.ByteSliceToString(uts.Release[:]),
+		Kernel:  m.kernel,
 		Root:    m.cfg.Root,
 		Pool:    v1.Pool{Dir: m.pool.Dir, Loop: m.pool.Loop, Backing: m.pool.Backing, Device: m.pool.Device},
 		Cgroup:  cgroup.Mode(),

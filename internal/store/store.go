@@ -59,13 +59,7 @@ func (d *DB) Close() error { return d.db.Close() }
 
 // Put stores v under key in bucket.
 func (d *DB) Put(bucket, key string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return d.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte(bucket)).Put([]byte(key), b)
-	})
+	return d.Update(func(tx *Tx) error { return tx.Put(bucket, key, v) })
 }
 
 // Get loads key from bucket into v; errdefs.ErrNotFound if missing.
@@ -81,9 +75,7 @@ func (d *DB) Get(bucket, key string, v any) error {
 
 // Delete removes key from bucket; a missing key is not an error.
 func (d *DB) Delete(bucket, key string) error {
-	return d.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte(bucket)).Delete([]byte(key))
-	})
+	return d.Update(func(tx *Tx) error { return tx.Delete(bucket, key) })
 }
 
 // List calls fn with every record of bucket, in key order, decoding each
@@ -101,4 +93,28 @@ func List[T any](d *DB, bucket string) ([]T, error) {
 		})
 	})
 	return out, err
+}
+
+// Tx is a read-write transaction: its changes commit together or not at
+// all.
+type Tx struct{ tx *bolt.Tx }
+
+// Update runs fn in one transaction, committed (and fsynced) if fn
+// returns nil.
+func (d *DB) Update(fn func(*Tx) error) error {
+	return d.db.Update(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx}) })
+}
+
+// Put stores v under key in bucket.
+func (t *Tx) Put(bucket, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return t.tx.Bucket([]byte(bucket)).Put([]byte(key), b)
+}
+
+// Delete removes key from bucket.
+func (t *Tx) Delete(bucket, key string) error {
+	return t.tx.Bucket([]byte(bucket)).Delete([]byte(key))
 }

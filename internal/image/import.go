@@ -1,0 +1,169 @@
+package image
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/molt-sh/molt/internal/errdefs"
+)
+
+var gzipMagic = []byte{0x1f, 0x8b}
+
+// ImportTar extracts a tar stream (plain, or gzip-compressed: detected by
+// its magic bytes) into dst, an existing empty directory. See the package
+// documentation for what is refused.
+func ImportTar(ctx context.Context, r io.Reader, dst string) error {
+	x, err := newExtractor(dst)
+	if err != nil {
+		return err
+	}
+	defer x.close()
+	br := bufio.NewReaderSize(r, 1<<20)
+	var src io.Reader = br
+	if magic, _ := br.Peek(len(gzipMagic)); bytes.Equal(magic, gzipMagic) {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return archiveError(err)
+		}
+		defer zr.Close()
+		src = zr
+	}
+	end := &endReader{r: src}
+	tr := tar.NewReader(end)
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("image import: %w", err)
+		}
+		h, err := tr.Next()
+		if err == io.EOF {
+			if end.zeros < 2*512 {
+				return fmt.Errorf("image import: read archive: truncated (no end-of-archive marker): %w", errdefs.ErrInvalidArgument)
+			}
+			break
+		}
+		// With GODEBUG=tarinsecurepath=0 the reader flags names that the
+		// rules in put refuse anyway, with a better message.
+		if err != nil && !(errors.Is(err, tar.ErrInsecurePath) && h != nil) {
+			return archiveError(err)
+		}
+		if h.Typeflag == tar.TypeXGlobalHeader { // archive-wide comments (git archive)
+			continue
+		}
+		if err := x.put(h, tr); err != nil {
+			return err
+		}
+	}
+	return x.finish()
+}
+
+// endReader counts the zero bytes that end what has been read. An archive
+// ends with two zero blocks; archive/tar also reports io.EOF for a stream
+// cut before a header or in a file's padding, which would import a
+// truncated archive as a smaller tree.
+type endReader struct {
+	r     io.Reader
+	zeros int
+}
+
+func (e *endReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	i := n - 1
+	for i >= 0 && p[i] == 0 {
+		i--
+	}
+	if i < 0 {
+		e.zeros += n
+	} else {
+		e.zeros = n - 1 - i
+	}
+	return n, err
+}
+
+func archiveError(err error) error {
+	if badArchive(err) {
+		return fmt.Errorf("image import: read archive: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return fmt.Errorf("image import: read archive: %w", err)
+}
+
+// ImportDir copies the tree at src into dst, an existing empty directory,
+// under the same rules as ImportTar. Hard-linked files in src stay linked.
+func ImportDir(ctx context.Context, src, dst string) error {
+	if err := checkNotInside(src, dst); err != nil {
+		return err
+	}
+	x, err := newExtractor(dst)
+	if err != nil {
+		return err
+	}
+	defer x.close()
+	if err := walkTree(ctx, "image import", src, x.put); err != nil {
+		return err
+	}
+	return x.finish()
+}
+
+// checkNotInside refuses a dst inside src, which would copy the tree into
+// itself without end.
+func checkNotInside(src, dst string) error {
+	s, err := realPath(src)
+	if err != nil {
+		return err
+	}
+	d, err := realPath(dst)
+	if err != nil {
+		return err
+	}
+	if rel, err := filepath.Rel(s, d); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+		return fmt.Errorf("image import: destination %s is inside the source %s: %w", dst, src, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func realPath(p string) (string, error) {
+	p, err := filepath.EvalSymlinks(p)
+	if err == nil {
+		p, err = filepath.Abs(p)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("image import: %w: %w", err, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("image import: %w", err)
+	}
+	return p, nil
+}
+
+// Import imports path into dst: with ImportDir if it is a directory, with
+// ImportTar if it is a regular file.
+func Import(ctx context.Context, path, dst string) error {
+	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("image import: %w: %w", err, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("image import: %w", err)
+	}
+	if fi.IsDir() {
+		return ImportDir(ctx, path, dst)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("image import: %s is neither a directory nor a tar file: %w", path, errdefs.ErrInvalidArgument)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("image import: %w", err)
+	}
+	defer f.Close()
+	return ImportTar(ctx, f, dst)
+}
