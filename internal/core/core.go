@@ -2,10 +2,10 @@ package core
 
 import (
 	"context"
-	"encoding/json"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -336,4 +336,3 @@ func poolDetail(p *pool.Pool) string {
 func notFound(kind, ref string) error {
 	return fmt.Errorf("%s %q: %w", kind, ref, errdefs.ErrNotFound)
 }
-
