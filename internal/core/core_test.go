@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/testutil"
 	"golang.org/x/sys/unix"
@@ -35,13 +36,22 @@ const testImage = "debian"
 func openManager(t *testing.T) *Manager {
 	t.Helper()
 	testutil.RequireRoot(t)
-	root := t.TempDir()
-	ctx := context.Background()
-	m, err := Open(ctx, Config{Root: root, PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR")})
+	m, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR")})
 	if err != nil {
 		t.Fatal(err)
 	}
+	closeManager(t, m)
+	if _, err := m.BuildImage(context.Background(), v1.ImageBuildRequest{Name: testImage}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// closeManager removes m's sandboxes and unmounts its pool when the test
+// ends.
+func closeManager(t *testing.T, m *Manager) {
 	t.Cleanup(func() {
+		ctx := context.Background()
 		sbs, _ := m.Sandboxes()
 		for _, s := range sbs {
 			if err := m.Remove(ctx, s.ID); err != nil {
@@ -53,10 +63,6 @@ func openManager(t *testing.T) *Manager {
 			t.Errorf("unmount pool: %v", err)
 		}
 	})
-	if _, err := m.BuildImage(ctx, v1.ImageBuildRequest{Name: testImage}, nil); err != nil {
-		t.Fatal(err)
-	}
-	return m
 }
 
 func run(t *testing.T, m *Manager, sb, cmd string) v1.SessionRunResult {
@@ -289,5 +295,64 @@ func TestInitBinaryWriteStaysInRoot(t *testing.T) {
 	}
 	if r := run(t, m, sb.ID, "echo ok"); r.Stdout != "ok\n" {
 		t.Fatalf("sandbox after restart: %+v", r)
+	}
+}
+
+// TestReopenAfterHostRestart simulates a host reboot: every sandbox
+// process dies and the pool is unmounted. Reopening remounts the pool,
+// reports the sandbox lost with a reason, keeps its checkpoints, and the
+// sandbox can be started and rolled back.
+func TestReopenAfterHostRestart(t *testing.T) {
+	m := openManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Name: "phoenix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "echo before > /root/f")
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Label: "before"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "echo after > /root/f")
+
+	rec, _ := m.lookupSandbox(sb.ID)
+	if err := m.killProcesses(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	if err := m.pool.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	m, err = Open(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeManager(t, m)
+	got, err := m.Sandbox(ctx, "phoenix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != v1.StateLost || !strings.Contains(got.Reason, "gone") {
+		t.Fatalf("after host restart: %+v", got)
+	}
+	if _, err := m.SessionRun(ctx, sb.ID, "t", v1.SessionRunRequest{Command: "true"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("exec in a lost sandbox: %v", err)
+	}
+	cks, err := m.Checkpoints(sb.ID)
+	if err != nil || len(cks) != 1 || cks[0].ID != ck.ID {
+		t.Fatalf("checkpoints after host restart: %+v %v", cks, err)
+	}
+	if _, err := m.Start(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, m, sb.ID, "cat /root/f"); r.Stdout != "after\n" {
+		t.Fatalf("files after start: %q", r.Stdout)
+	}
+	if _, err := m.Rollback(ctx, sb.ID, "before"); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, m, sb.ID, "cat /root/f"); r.Stdout != "before\n" {
+		t.Fatalf("files after rollback: %q", r.Stdout)
 	}
 }
