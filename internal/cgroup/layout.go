@@ -30,10 +30,6 @@ type hierarchy struct {
 	controllers []string // v1 only: the controllers of v1Controllers bound here
 }
 
-func (h hierarchy) has(controller string) bool {
-	return slices.Contains(h.controllers, controller)
-}
-
 // layout is the set of hierarchies a sandbox cgroup lives in.
 type layout struct {
 	mode  string
