@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -413,7 +414,9 @@ func (s *server) exec(br *bufio.Reader, fw *v1.FrameWriter, req Request) {
 		}()
 	}
 	// Frames from the daemon: stdin, signals. A broken connection means
-	// the caller is gone: the command is killed.
+	// the caller is gone: the command is killed, unless it was already
+	// reaped (its PID may then belong to another process).
+	var reaped atomic.Bool
 	go func() {
 		stdin := parents[0]
 		defer func() {
@@ -424,8 +427,10 @@ func (s *server) exec(br *bufio.Reader, fw *v1.FrameWriter, req Request) {
 		for {
 			typ, payload, err := v1.ReadFrame(br)
 			if err != nil {
-				_ = unix.Kill(-pid, unix.SIGKILL)
-				_ = unix.Kill(pid, unix.SIGKILL)
+				if !reaped.Load() {
+					_ = unix.Kill(-pid, unix.SIGKILL)
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
 				return
 			}
 			switch typ {
@@ -442,7 +447,7 @@ func (s *server) exec(br *bufio.Reader, fw *v1.FrameWriter, req Request) {
 					stdin = nil
 				}
 			case v1.FrameSignal:
-				if n, err := strconv.Atoi(string(payload)); err == nil && n > 0 && n < 65 {
+				if n, err := strconv.Atoi(string(payload)); err == nil && n > 0 && n < 65 && !reaped.Load() {
 					_ = unix.Kill(-pid, unix.Signal(n))
 				}
 			}
@@ -460,6 +465,7 @@ func (s *server) exec(br *bufio.Reader, fw *v1.FrameWriter, req Request) {
 	for done := false; !done; {
 		select {
 		case ws = <-waitc:
+			reaped.Store(true)
 			done = true
 		case <-timeout:
 			timedOut = true
