@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -104,8 +105,13 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			ctx, cancel := ctx()
 			defer cancel()
+			// With --json the daemon logs JSON lines on stderr.
+			var log *slog.Logger
+			if g.json {
+				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version},
+				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version, Logger: log},
 				Socket: g.socket,
 			})
 		},

@@ -22,7 +22,7 @@ func demoCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
-			return runDemo(ctx, dir, cacheDir)
+			return runDemo(ctx, g, dir, cacheDir)
 		},
 	}
 	c.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
@@ -35,16 +35,19 @@ type demo struct {
 	c   *client.Client
 }
 
-func step(what string, f func() (string, error)) error {
-	t0 := time.Now()
-	out, err := f()
-	d := time.Since(t0)
-	if err != nil {
-		fmt.Printf("  %-52s FAILED after %v: %v\n", what, d.Round(time.Microsecond), err)
-		return err
+// demoStep is one line of the demo's report.
+type demoStep struct {
+	Step   string  `json:"step"`
+	MS     float64 `json:"ms"`
+	Output string  `json:"output,omitempty"`
+	Error  string  `json:"error,omitempty"`
+}
+
+// say prints human text unless --json asked for one JSON document.
+func say(g *globals, format string, a ...any) {
+	if !g.json {
+		fmt.Printf(format, a...)
 	}
-	fmt.Printf("  %-52s %9.2f ms  %s\n", what, float64(d.Microseconds())/1000, out)
-	return nil
 }
 
 func (d demo) session(sb, text string) (string, error) {
@@ -59,27 +62,34 @@ func (d demo) session(sb, text string) (string, error) {
 	return strings.ReplaceAll(out, "\n", " | "), nil
 }
 
-func runDemo(ctx context.Context, dir, cacheDir string) error {
-	fmt.Println("molt demo: a daemon on a temporary root, a Debian sandbox, an agent's shell session,")
-	fmt.Println("filesystem checkpoints, rollback and fork. Everything is removed at the end.")
-	fmt.Println()
+func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) {
+	say(g, "molt demo: a daemon on a temporary root, a Debian sandbox, an agent's shell session,\n")
+	say(g, "filesystem checkpoints, rollback and fork. Everything is removed at the end.\n\n")
 	e, err := daemon.StartEphemeral(ctx, dir, cacheDir, version)
 	if err != nil {
 		return err
 	}
+	var report []demoStep
 	defer func() {
 		t0 := time.Now()
-		if err := e.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, "molt: cleanup:", err)
-			return
+		cerr := e.Close()
+		if cerr != nil {
+			fmt.Fprintln(os.Stderr, "molt: cleanup:", cerr)
+		} else {
+			say(g, "\ncleaned up (sandboxes, checkpoints, pool and loop device) in %v\n", time.Since(t0).Round(time.Millisecond))
 		}
-		fmt.Printf("\ncleaned up (sandboxes, checkpoints, pool and loop device) in %v\n", time.Since(t0).Round(time.Millisecond))
+		if g.json {
+			_ = g.print(report, nil)
+		}
+		if err == nil {
+			err = cerr
+		}
 	}()
 	h, err := e.Client.Host(ctx)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("daemon on %s, pool %s (loop file: %v), cgroup %s\n\n", e.Root, h.Pool.Dir, h.Pool.Loop, h.Cgroup)
+	say(g, "daemon on %s, pool %s (loop file: %v), cgroup %s\n\n", e.Root, h.Pool.Dir, h.Pool.Loop, h.Cgroup)
 	d := demo{ctx: ctx, c: e.Client}
 	var sb, ck1, ck2 string
 	steps := []struct {
@@ -155,9 +165,17 @@ func runDemo(ctx context.Context, dir, cacheDir string) error {
 		}},
 	}
 	for _, s := range steps {
-		if err := step(s.what, s.f); err != nil {
+		t0 := time.Now()
+		out, err := s.f()
+		st := demoStep{Step: s.what, MS: float64(time.Since(t0).Microseconds()) / 1000, Output: out}
+		if err != nil {
+			st.Error = err.Error()
+			report = append(report, st)
+			say(g, "  %-52s FAILED after %.2f ms: %v\n", st.Step, st.MS, err)
 			return err
 		}
+		report = append(report, st)
+		say(g, "  %-52s %9.2f ms  %s\n", st.Step, st.MS, out)
 	}
 	return nil
 }
