@@ -120,3 +120,12 @@ func TestHostileImportRefused(t *testing.T) {
 		t.Fatalf("import over an existing image: exit %d %q", r.code, r.stderr)
 	}
 }
+
+func TestImageBuildIsIdempotentPerOptions(t *testing.T) {
+	// Same name and options: the cached image is returned at once.
+	must(t, "image", "build", image)
+	// Same name, other options: refused rather than silently reused.
+	if r := molt(t, "image", "build", image, "--packages", "git"); r.code == 0 || !strings.Contains(r.stderr, "--force") {
+		t.Fatalf("build with other options over an existing image: exit %d %q", r.code, r.stderr)
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -27,7 +29,12 @@ func (m *Manager) BuildImage(ctx context.Context, req v1.ImageBuildRequest, log 
 	}
 	src := "debootstrap:" + req.Suite
 	if len(req.Packages) > 0 {
-		src += fmt.Sprintf("+%v", req.Packages)
+		pk := slices.Clone(req.Packages)
+		slices.Sort(pk)
+		src += "+" + strings.Join(pk, ",")
+	}
+	if req.Mirror != "" {
+		src += "@" + req.Mirror
 	}
 	return m.makeImage(ctx, req.Name, src, req.Force, true, func(dst string) error {
 		return image.Build(ctx, image.BuildOptions{
@@ -49,8 +56,8 @@ func (m *Manager) ImportImage(ctx context.Context, req v1.ImageImportRequest) (v
 
 // makeImage fills a staging subvolume with fill, makes it read-only and
 // moves it into place; the record is written last. An existing image is
-// replaced when force is set, returned when reuse is set (a build is
-// idempotent), and an error otherwise.
+// replaced when force is set, returned when reuse is set and it came from
+// the same source (a build is idempotent), and an error otherwise.
 func (m *Manager) makeImage(ctx context.Context, name, source string, force, reuse bool, fill func(dst string) error) (v1.Image, error) {
 	if err := validName("image", name); err != nil {
 		return v1.Image{}, err
@@ -60,8 +67,10 @@ func (m *Manager) makeImage(ctx context.Context, name, source string, force, reu
 	var existing v1.Image
 	err := m.db.Get(store.Images, name, &existing)
 	switch {
-	case err == nil && !force && reuse:
+	case err == nil && !force && reuse && existing.Source == source:
 		return existing, nil
+	case err == nil && !force && reuse:
+		return v1.Image{}, fmt.Errorf("image %q exists, built from %s: %w (rebuild with --force)", name, existing.Source, errdefs.ErrAlreadyExists)
 	case err == nil && !force:
 		return v1.Image{}, fmt.Errorf("image %q: %w (remove it first)", name, errdefs.ErrAlreadyExists)
 	case err != nil && !errors.Is(err, errdefs.ErrNotFound):
