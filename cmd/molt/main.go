@@ -15,14 +15,7 @@ var version = "dev"
 
 func main() {
 	// The same binary is the sandbox's init: the daemon re-executes it.
-	if len(os.Args) > 1 {
-		switch os.Args[1] {
-		case sbinit.Arg1:
-			sbinit.Stage1()
-		case sbinit.Arg2:
-			sbinit.Stage2()
-		}
-	}
+	sbinit.RunIfInit()
 	cmd := newRootCmd()
 	if err := cmd.Execute(); err != nil {
 		var ee *exitError

@@ -18,14 +18,7 @@ import (
 
 // The test binary doubles as the sandbox init, as the molt binary does.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 {
-		switch os.Args[1] {
-		case sbinit.Arg1:
-			sbinit.Stage1()
-		case sbinit.Arg2:
-			sbinit.Stage2()
-		}
-	}
+	sbinit.RunIfInit()
 	os.Exit(m.Run())
 }
 

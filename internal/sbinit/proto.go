@@ -1,5 +1,7 @@
 package sbinit
 
+import "os"
+
 // SocketName is the abstract unix socket init listens on, in the
 // sandbox's network namespace (which is always private to the sandbox).
 const SocketName = "@molt-init"
@@ -64,3 +66,19 @@ const (
 
 // InitPath is where the init binary lives inside a sandbox root.
 const InitPath = "/.molt/init"
+
+// RunIfInit runs the init stage that os.Args selects and never returns;
+// it returns at once when the process is not a sandbox init. A binary
+// that starts sandboxes (molt, or a test binary) calls it first thing in
+// main or TestMain.
+func RunIfInit() {
+	if len(os.Args) < 2 {
+		return
+	}
+	switch os.Args[1] {
+	case Arg1:
+		Stage1()
+	case Arg2:
+		Stage2()
+	}
+}
