@@ -117,7 +117,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, label st
 	}
 	// The snapshot flushes the sandbox's dirty data inside the frozen
 	// window. When there is much of it, flush it before freezing instead.
-	if cg == nil || cg.DirtyBytes() < 0 || cg.DirtyBytes() > syncBeforeFreeze {
+	if cg == nil || flushFirst(cg.DirtyBytes()) {
 		if err := fsnap.SyncFS(root); err != nil {
 			return v1.Checkpoint{}, err
 		}
@@ -167,6 +167,10 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, label st
 // little is dirty) rather than inside the frozen window (the snapshot
 // flushes at about 3 ms per MiB on a loop pool).
 const syncBeforeFreeze = 1 << 20
+
+// flushFirst reports whether dirty bytes (-1: unknown) call for a flush
+// before freezing.
+func flushFirst(dirty int64) bool { return dirty < 0 || dirty > syncBeforeFreeze }
 
 // writeManifest writes the checkpoint's manifest into its directory. It
 // is not fsynced: the snapshot that follows commits it (see
