@@ -1,0 +1,210 @@
+// Package pagestore stores CRIU page images by content on btrfs.
+//
+// Consecutive checkpoints of a sandbox differ in few memory pages, but
+// CRIU writes every page on every dump (this kernel has no soft-dirty
+// tracking, so CRIU's own incremental dumps do not work). Store copies a
+// freshly dumped page image from staging into the pool page by page
+// (4 KiB): a page whose SHA-256 an Index already knows is shared by
+// reflink (FICLONERANGE) with the file that holds it; only new pages are
+// written. The result is an ordinary CRIU page image, so restore reads it
+// as it is, with no reassembly.
+//
+// Sharing is btrfs extent sharing: deleting a checkpoint's files releases
+// exactly the pages no other checkpoint shares (btrfs counts extent
+// references). An Index only speeds up finding copies; it is rebuilt from
+// the per-image hash files and never needs to be kept consistent with
+// deletions beyond dropping the files of a deleted checkpoint.
+package pagestore
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// PageSize is the unit of sharing; CRIU page images are made of pages of
+// this size, and btrfs shares extents at this granularity.
+const PageSize = 4096
+
+// HashSize is the size of one page hash in a hash file.
+const HashSize = sha256.Size
+
+type loc struct {
+	file int32
+	page int64
+}
+
+// Index maps page hashes to a file and page that hold that content.
+type Index struct {
+	files []string
+	pages map[[HashSize]byte]loc
+}
+
+// NewIndex returns an empty index.
+func NewIndex() *Index { return &Index{pages: map[[HashSize]byte]loc{}} }
+
+// Len returns the number of distinct pages indexed.
+func (x *Index) Len() int { return len(x.pages) }
+
+// Add indexes the pages of file, whose page hashes (HashSize bytes per
+// page, in order) are hashes.
+func (x *Index) Add(file string, hashes []byte) {
+	fi := int32(len(x.files))
+	x.files = append(x.files, file)
+	for i := 0; i+HashSize <= len(hashes); i += HashSize {
+		var h [HashSize]byte
+		copy(h[:], hashes[i:])
+		if _, ok := x.pages[h]; !ok {
+			x.pages[h] = loc{file: fi, page: int64(i / HashSize)}
+		}
+	}
+}
+
+// AddHashFile indexes the pages of file from its hash file.
+func (x *Index) AddHashFile(file, hashFile string) error {
+	b, err := os.ReadFile(hashFile)
+	if err != nil {
+		return err
+	}
+	if len(b)%HashSize != 0 {
+		return fmt.Errorf("hash file %s: size %d is not a multiple of %d", hashFile, len(b), HashSize)
+	}
+	x.Add(file, b)
+	return nil
+}
+
+// Result reports one Store.
+type Result struct {
+	Pages    int   // pages in the image
+	Shared   int   // pages shared with indexed files
+	Written  int64 // bytes written (new pages, and a partial last page)
+	Hashes   []byte
+	Reflinks int // FICLONERANGE calls
+}
+
+// Store copies the page image src to dst (a new file on the same btrfs
+// filesystem as the indexed files), sharing known pages and writing new
+// ones, and adds dst's pages to the index. It returns the page hashes of
+// dst, to be kept in a hash file for later indexes.
+func Store(src, dst string, x *Index) (Result, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return Result{}, err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return Result{}, err
+	}
+	ok := false
+	defer func() {
+		out.Close()
+		if !ok {
+			os.Remove(dst)
+		}
+	}()
+	st, err := in.Stat()
+	if err != nil {
+		return Result{}, err
+	}
+	size := st.Size()
+	var res Result
+	res.Hashes = make([]byte, 0, (size+PageSize-1)/PageSize*HashSize)
+
+	// A run of consecutive pages shared from consecutive pages of one
+	// file becomes one FICLONERANGE.
+	var run struct {
+		on      bool
+		file    int32
+		srcPage int64
+		dstPage int64
+		pages   int64
+	}
+	srcFiles := map[int32]*os.File{}
+	defer func() {
+		for _, f := range srcFiles {
+			f.Close()
+		}
+	}()
+	flush := func() error {
+		if !run.on {
+			return nil
+		}
+		run.on = false
+		f, ok := srcFiles[run.file]
+		if !ok {
+			var err error
+			if f, err = os.Open(x.files[run.file]); err != nil {
+				return err
+			}
+			srcFiles[run.file] = f
+		}
+		err := unix.IoctlFileCloneRange(int(out.Fd()), &unix.FileCloneRange{
+			Src_fd: int64(f.Fd()), Src_offset: uint64(run.srcPage * PageSize),
+			Src_length: uint64(run.pages * PageSize), Dest_offset: uint64(run.dstPage * PageSize),
+		})
+		if err != nil {
+			return fmt.Errorf("reflink %d pages from %s: %w", run.pages, x.files[run.file], err)
+		}
+		res.Reflinks++
+		return nil
+	}
+	// Pages repeated within the image itself (zero-filled pages, often)
+	// are shared with their first copy, through dst's own descriptor.
+	self := int32(len(x.files))
+	x.files = append(x.files, dst)
+	srcFiles[self] = out
+	defer delete(srcFiles, self)
+
+	buf := make([]byte, PageSize)
+	for page := int64(0); ; page++ {
+		n, err := io.ReadFull(in, buf)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+			return Result{}, err
+		}
+		h := sha256.Sum256(buf[:n])
+		res.Hashes = append(res.Hashes, h[:]...)
+		res.Pages++
+		l, known := x.pages[h]
+		if n == PageSize && known {
+			if run.on && run.file == l.file && run.srcPage+run.pages == l.page && run.dstPage+run.pages == page {
+				run.pages++
+			} else {
+				if err := flush(); err != nil {
+					return Result{}, err
+				}
+				run.on, run.file, run.srcPage, run.dstPage, run.pages = true, l.file, l.page, page, 1
+			}
+			res.Shared++
+			continue
+		}
+		if err := flush(); err != nil {
+			return Result{}, err
+		}
+		if _, err := out.WriteAt(buf[:n], page*PageSize); err != nil {
+			return Result{}, err
+		}
+		res.Written += int64(n)
+		if n == PageSize && !known {
+			x.pages[h] = loc{file: self, page: page}
+		}
+		if n < PageSize {
+			break
+		}
+	}
+	if err := flush(); err != nil {
+		return Result{}, err
+	}
+	if err := out.Truncate(size); err != nil {
+		return Result{}, err
+	}
+	ok = true
+	return res, out.Close()
+}
