@@ -11,6 +11,7 @@ all: build
 
 deps:
 	@scripts/deps.sh
+	@scripts/criu.sh >/dev/null
 
 build: deps
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/molt ./cmd/molt

@@ -271,6 +271,13 @@ func (c *Client) DeleteCheckpoint(ctx context.Context, ref string) error {
 	return c.do(ctx, "DELETE", "/v1/checkpoints/"+esc(ref), nil, nil)
 }
 
+// VerifyCheckpoint checks every stored object of a checkpoint against
+// its manifest, as a restore does first.
+func (c *Client) VerifyCheckpoint(ctx context.Context, ref string) (v1.Checkpoint, error) {
+	var ck v1.Checkpoint
+	return ck, c.do(ctx, "POST", "/v1/checkpoints/"+esc(ref)+"/verify", nil, &ck)
+}
+
 // Rollback returns a sandbox to a checkpoint.
 func (c *Client) Rollback(ctx context.Context, ref, checkpoint string) (v1.RollbackResult, error) {
 	var res v1.RollbackResult

@@ -25,11 +25,12 @@ func TestErrors(t *testing.T) {
 		{[]string{"checkpoint", "rm", "nosuchcheckpoint"}, "not found"},
 		{[]string{"rollback", sb, otherCk}, "belongs to sandbox"},
 		{[]string{"checkpoint", sb, "--kind", "bogus"}, "want fs"},
-		{[]string{"checkpoint", sb, "--kind", "full"}, "not part of this version"},
+		{[]string{"checkpoint", sb, "--kind", "auto"}, "inspector"},
 		{[]string{"checkpoint", sb, "--label", "bad label"}, "label"},
 		{[]string{"create", "nosuchimage"}, "not found"},
 		{[]string{"create", image, "--name", "bad/name"}, "name"},
-		{[]string{"hibernate", sb}, "not part of this version"},
+		{[]string{"resume", sb}, "not hibernated"},
+		{[]string{"checkpoint", "verify", "nosuchcheckpoint"}, "not found"},
 		{[]string{"fork", sb, "-n", "0"}, ""},
 	}
 	for _, c := range cases {

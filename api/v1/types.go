@@ -209,8 +209,13 @@ type Checkpoint struct {
 	StallMS    float64 `json:"stall_ms"`
 	DurationMS float64 `json:"duration_ms"`
 	// BytesWritten is what the checkpoint added to storage at creation
-	// (an fs checkpoint shares all data copy-on-write: metadata only).
+	// (an fs checkpoint shares all data copy-on-write: metadata only; a
+	// full checkpoint writes the memory pages no earlier checkpoint of
+	// its lineage holds, plus CRIU's other images).
 	BytesWritten int64 `json:"bytes_written"`
+	// ImageBytes is the size of a full checkpoint's process images as
+	// CRIU wrote them (what a plain dump would store).
+	ImageBytes int64 `json:"image_bytes,omitempty"`
 }
 
 // RollbackRequest moves a sandbox to a checkpoint.

@@ -511,7 +511,7 @@ func checkpointCmd(g *globals) *cobra.Command {
 			return g.print(ck, func() { fmt.Println(ck.ID) })
 		},
 	}
-	c.Flags().StringVar(&kind, "kind", "fs", "fs, full or auto")
+	c.Flags().StringVar(&kind, "kind", "fs", "fs (files) or full (files and processes)")
 	c.Flags().StringVar(&label, "label", "", "label to refer to the checkpoint by")
 	rm := &cobra.Command{
 		Use: "rm CHECKPOINT...", Short: "Delete checkpoints (their children move to their parent)", Args: cobra.MinimumNArgs(1),
@@ -545,7 +545,19 @@ func checkpointCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	c.AddCommand(rm, inspect)
+	verify := &cobra.Command{
+		Use: "verify CHECKPOINT", Short: "Check a checkpoint's stored objects against its manifest", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			ck, err := g.client().VerifyCheckpoint(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(ck, func() { fmt.Printf("%s: ok\n", ck.ID) })
+		},
+	}
+	c.AddCommand(rm, inspect, verify)
 	return c
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -22,6 +23,11 @@ import (
 type checkpointRec struct {
 	v1.Checkpoint
 	Image string `json:"image"`
+	// Objects lists the stored files of a full checkpoint (process
+	// images) with their hashes; restore verifies them first.
+	Objects []object `json:"objects,omitempty"`
+	// CRIU is the version of CRIU that wrote the images.
+	CRIU string `json:"criu,omitempty"`
 }
 
 // manifest is written next to a checkpoint's files. It is
@@ -38,6 +44,9 @@ type manifest struct {
 	Created time.Time `json:"created"`
 	Molt    string    `json:"molt"`
 	Kernel  string    `json:"kernel"`
+	Arch    string    `json:"arch"`
+	CRIU    string    `json:"criu,omitempty"`
+	Objects []object  `json:"objects,omitempty"`
 }
 
 func (m *Manager) ckDir(id string) string { return m.path("checkpoints", id) }
@@ -48,9 +57,9 @@ func (m *Manager) ckFS(id string) string  { return m.path("checkpoints", id, "fs
 // and thawed. The checkpoint is listed only once its manifest is on disk.
 func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error) {
 	switch req.Kind {
-	case "", v1.KindFS:
-	case v1.KindFull, v1.KindAuto:
-		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind %q: process checkpoints (CRIU) are not part of this version: %w", req.Kind, errdefs.ErrNotSupported)
+	case "", v1.KindFS, v1.KindFull:
+	case v1.KindAuto:
+		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind auto needs the turn inspector, which is not part of this version: %w", errdefs.ErrNotSupported)
 	default:
 		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind %q: want fs, full or auto: %w", req.Kind, errdefs.ErrInvalidArgument)
 	}
@@ -69,7 +78,12 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
 		return v1.Checkpoint{}, notFound("sandbox", ref)
 	}
-	ck, err := m.checkpointLocked(ctx, rec, req.Label)
+	var ck v1.Checkpoint
+	if req.Kind == v1.KindFull {
+		ck, err = m.fullCheckpointLocked(ctx, rec, req.Label)
+	} else {
+		ck, err = m.checkpointLocked(ctx, rec, req.Label)
+	}
 	if err != nil {
 		return v1.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", rec.ID, err)
 	}
@@ -179,6 +193,7 @@ func (m *Manager) writeManifest(ck checkpointRec) ([]byte, error) {
 	mb, err := json.MarshalIndent(manifest{
 		Format: 1, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
 		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
+		Arch: runtime.GOARCH, CRIU: ck.CRIU, Objects: ck.Objects,
 	}, "", "  ")
 	if err != nil {
 		return nil, err
@@ -332,18 +347,31 @@ func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackR
 	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
 		return v1.RollbackResult{}, notFound("sandbox", ref)
 	}
+	if procs, ok := m.processSource(ck); ok {
+		res, err := m.rollbackProcesses(ctx, &rec, ck, procs)
+		if err == nil || ck.Kind == v1.KindFull {
+			if err != nil {
+				return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
+			}
+			res.DurationMS = ms(time.Since(start))
+			return res, nil
+		}
+		// The processes of the full ancestor do not fit this checkpoint's
+		// files (CRIU refuses changed open files): restart instead.
+		m.log.Info("restoring the full ancestor's processes failed; restarting", "sandbox", rec.ID, "checkpoint", ck.ID, "ancestor", procs.ID, "err", err)
+	}
 	wasRunning := m.report(rec).State == v1.StateRunning
 	if err := m.switchRoot(ctx, rec, ck); err != nil {
 		return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
 	}
 	rec.Head = ck.ID
 	res := v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierRestart}
-	if wasRunning || rec.State == v1.StateLost {
+	if wasRunning || rec.State == v1.StateLost || rec.State == v1.StateHibernated {
 		if err := m.restart(ctx, &rec); err != nil {
 			return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: files restored, but the sandbox did not start: %w", rec.ID, ck.ID, err)
 		}
 		res.ProcessesRestarted = true
-		res.Note = "fs checkpoint: files restored; processes were restarted (the checkpoint holds no process state)"
+		res.Note = "fs checkpoint: files restored; processes were restarted (neither it nor an ancestor holds usable process state)"
 	} else {
 		res.Note = "fs checkpoint: files restored; the sandbox stays " + rec.State
 		if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
@@ -374,15 +402,20 @@ func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointR
 		_ = removeTree(next)
 		return err
 	}
-	old := filepath.Join(m.sbDir(rec.ID), "root.old")
+	return m.swapRoot(rec.ID, next)
+}
+
+// swapRoot makes next the sandbox's root and deletes the old one.
+func (m *Manager) swapRoot(id, next string) error {
+	old := filepath.Join(m.sbDir(id), "root.old")
 	if err := removeTree(old); err != nil {
 		return err
 	}
-	if err := os.Rename(m.sbRoot(rec.ID), old); err != nil {
+	if err := os.Rename(m.sbRoot(id), old); err != nil {
 		return err
 	}
-	if err := os.Rename(next, m.sbRoot(rec.ID)); err != nil {
-		_ = os.Rename(old, m.sbRoot(rec.ID))
+	if err := os.Rename(next, m.sbRoot(id)); err != nil {
+		_ = os.Rename(old, m.sbRoot(id))
 		return err
 	}
 	return removeTree(old)
@@ -424,13 +457,22 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 	}
 	var src sandboxRec
 	_ = m.db.Get(store.Sandboxes, ck.Sandbox, &src)
+	var procs *checkpointRec
+	// An fs checkpoint's forks take its full ancestor's processes when
+	// CRIU can restore them, and start afresh otherwise.
+	if p, ok := m.processSource(ck); ok && (ck.Kind == v1.KindFull || m.criu != nil) {
+		if err := m.verify(p); err != nil {
+			return v1.ForkResult{}, fmt.Errorf("fork: %w", err)
+		}
+		procs = &p
+	}
 	res := v1.ForkResult{Checkpoint: ck.ID}
 	for i := 0; i < n; i++ {
 		rec := sandboxRec{Sandbox: v1.Sandbox{
 			ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
 			Head: ck.ID, ForkedFrom: ck.ID,
 		}, MachineID: newMachineID()}
-		sb, err := m.createFrom(ctx, rec, m.ckFS(ck.ID))
+		sb, err := m.createFrom(ctx, rec, m.ckFS(ck.ID), procs)
 		if err != nil {
 			for _, made := range res.Sandboxes {
 				_ = m.Remove(context.Background(), made.ID)

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -20,6 +21,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/pool"
@@ -39,6 +41,10 @@ type Config struct {
 	// InitBinary is the host binary holding molt's init stages; default
 	// the running executable.
 	InitBinary string
+	// CriuPath is the criu command; "" finds the one scripts/criu.sh
+	// installs (/opt/molt/criu/bin/criu), then criu on PATH. Without
+	// one, full checkpoints are reported unsupported.
+	CriuPath string
 	// Version is reported by Host.
 	Version string
 	// Logger; default slog.Default().
@@ -53,6 +59,7 @@ type Manager struct {
 	launcher *sandbox.Launcher
 	initBin  string // pool copy of the init binary
 	kernel   string // kernel release, recorded in manifests
+	criu     *criu.Tool
 	log      *slog.Logger
 	started  time.Time
 
@@ -123,6 +130,14 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		if err := os.MkdirAll(m.path(d), 0o700); err != nil {
 			m.Close()
 			return nil, err
+		}
+	}
+	if p := findCriu(cfg.CriuPath); p != "" {
+		m.criu = criu.New(p)
+		// Probe now (memoized): the self-test proves CRIU works here
+		// before the first checkpoint needs it.
+		if f := m.criu.Probe(ctx); criuProblem(f) != "" {
+			m.log.Warn("full checkpoints unavailable", "criu", p, "reason", criuProblem(f))
 		}
 	}
 	if m.initBin, err = m.installInitBinary(); err != nil {
@@ -243,6 +258,14 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			return fmt.Errorf("clean staging %s: %w", e.Name(), err)
 		}
 	}
+	// Dump staging of a crashed daemon (any root's: a live dump never
+	// takes minutes).
+	stale, _ := filepath.Glob("/dev/shm/molt-dump-*")
+	for _, d := range stale {
+		if fi, err := os.Stat(d); err == nil && time.Since(fi.ModTime()) > 10*time.Minute {
+			_ = os.RemoveAll(d)
+		}
+	}
 	cks, err := store.List[checkpointRec](m.db, store.Checkpoints)
 	if err != nil {
 		return err
@@ -319,11 +342,39 @@ func (m *Manager) Host() v1.Host {
 		{Name: "btrfs-pool", Supported: true, Detail: poolDetail(m.pool)},
 		{Name: "fs-checkpoint", Supported: true, Detail: "btrfs snapshot ioctl under a cgroup freeze"},
 		{Name: "cgroup", Supported: true, Detail: cgroup.Mode()},
-		{Name: "full-checkpoint", Supported: false, Reason: "process checkpoints (CRIU) are not part of this version"},
+		m.criuFeature(),
 		{Name: "inspector", Supported: false, Reason: "the eBPF turn inspector is not part of this version"},
 		{Name: "arch", Supported: true, Detail: runtime.GOARCH},
 	}
 	return h
+}
+
+// DefaultCriuPath is where scripts/criu.sh installs criu.
+const DefaultCriuPath = "/opt/molt/criu/bin/criu"
+
+func findCriu(p string) string {
+	if p != "" {
+		return p
+	}
+	if _, err := os.Stat(DefaultCriuPath); err == nil {
+		return DefaultCriuPath
+	}
+	if p, err := exec.LookPath("criu"); err == nil {
+		return p
+	}
+	return ""
+}
+
+func (m *Manager) criuFeature() v1.Feature {
+	if m.criu == nil {
+		return v1.Feature{Name: "full-checkpoint", Reason: "no criu found: run scripts/criu.sh"}
+	}
+	f := m.criu.Probe(context.Background())
+	if p := criuProblem(f); p != "" {
+		return v1.Feature{Name: "full-checkpoint", Reason: p}
+	}
+	d := fmt.Sprintf("CRIU %s at %s; self-test %.0f ms; lazy pages %v; dirty tracking %v", f.Version, m.criu.Path(), f.SelfTestMS, f.LazyPages, f.DirtyTrack)
+	return v1.Feature{Name: "full-checkpoint", Supported: true, Detail: d}
 }
 
 func poolDetail(p *pool.Pool) string {

@@ -44,7 +44,7 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
 		Env: req.Env, Resources: req.Resources,
 	}, MachineID: newMachineID()}
-	sb, err := m.createFrom(ctx, rec, m.imageDir(req.Image))
+	sb, err := m.createFrom(ctx, rec, m.imageDir(req.Image), nil)
 	if err != nil {
 		return v1.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -52,9 +52,10 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 }
 
 // createFrom makes the sandbox described by rec with a writable snapshot
-// of src as its root, starts it, and records it. On failure nothing is
-// left behind.
-func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string) (v1.Sandbox, error) {
+// of src as its root, starts it (a fresh init, or the processes of the
+// full checkpoint procs), and records it. On failure nothing is left
+// behind.
+func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, procs *checkpointRec) (v1.Sandbox, error) {
 	if rec.Name != "" {
 		if err := validName("sandbox", rec.Name); err != nil {
 			return v1.Sandbox{}, err
@@ -102,7 +103,12 @@ func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string) (v
 	if err := m.fail("create:cgroup"); err != nil {
 		return v1.Sandbox{}, err
 	}
-	init, err := m.startInit(ctx, &rec, cg)
+	var init sandbox.Init
+	if procs != nil {
+		init, err = m.restoreProcesses(ctx, &rec, *procs, m.sbRoot(rec.ID))
+	} else {
+		init, err = m.startInit(ctx, &rec, cg)
+	}
 	if err != nil {
 		return v1.Sandbox{}, err
 	}
@@ -274,6 +280,9 @@ func (m *Manager) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
 	defer unlock()
 	if rec.State == v1.StateRunning && rec.Init.Alive() {
 		return m.report(rec), nil
+	}
+	if rec.State == v1.StateHibernated {
+		return v1.Sandbox{}, fmt.Errorf("start %s: the sandbox is hibernated; resume it (start would discard its processes): %w", rec.ID, errdefs.ErrFailedPrecondition)
 	}
 	if err := m.restart(ctx, &rec); err != nil {
 		return v1.Sandbox{}, fmt.Errorf("start %s: %w", rec.ID, err)

@@ -41,10 +41,11 @@ func Handler(m *core.Manager, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/checkpoints", s.checkpoint)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/rollback", s.rollback)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.notSupported("hibernate needs process checkpoints (CRIU), which are not part of this version"))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.notSupported("resume needs process checkpoints (CRIU), which are not part of this version"))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.hibernate)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("GET /v1/checkpoints/{id}", s.checkpointInfo)
 	mux.HandleFunc("DELETE /v1/checkpoints/{id}", s.checkpointDelete)
+	mux.HandleFunc("POST /v1/checkpoints/{id}/verify", s.checkpointVerify)
 	mux.HandleFunc("POST /v1/checkpoints/{id}/fork", s.forkCheckpoint)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%s %s: no such endpoint: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
@@ -107,12 +108,6 @@ func reply[T any](w http.ResponseWriter, v T, err error) {
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
-}
-
-func (s *server) notSupported(msg string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, fmt.Errorf("%s: %w", msg, errdefs.ErrNotSupported))
-	}
 }
 
 func (s *server) host(w http.ResponseWriter, r *http.Request) {
@@ -356,4 +351,19 @@ func (s *server) forkCheckpoint(w http.ResponseWriter, r *http.Request) {
 	req.Checkpoint = r.PathValue("id")
 	res, err := s.m.Fork(r.Context(), "", req)
 	reply(w, res, err)
+}
+
+func (s *server) hibernate(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Hibernate(r.Context(), r.PathValue("id"))
+	reply(w, sb, err)
+}
+
+func (s *server) resume(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Resume(r.Context(), r.PathValue("id"))
+	reply(w, sb, err)
+}
+
+func (s *server) checkpointVerify(w http.ResponseWriter, r *http.Request) {
+	ck, err := s.m.VerifyCheckpoint(r.PathValue("id"))
+	reply(w, ck, err)
 }

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -121,6 +120,16 @@ func procStart(pid int) (uint64, error) {
 	return strconv.ParseUint(f[19], 10, 64)
 }
 
+// InitOf identifies the running process pid as a sandbox init (after a
+// restore, where CRIU, not the Launcher, started it).
+func InitOf(pid int) (Init, error) {
+	start, err := procStart(pid)
+	if err != nil {
+		return Init{}, err
+	}
+	return Init{Pid: pid, Start: start}, nil
+}
+
 // Alive reports whether the init process still runs.
 func (i Init) Alive() bool {
 	if i.Pid <= 0 {
@@ -163,51 +172,21 @@ func (i Init) Dial(ctx context.Context) (net.Conn, error) {
 	return c, nil
 }
 
-// socketInNetns creates a unix socket in the network namespace of pid. An
-// abstract socket name is resolved in the namespace the socket was created
-// in. The work runs on a dedicated, locked thread; if that thread cannot
-// return to the daemon's namespace it is left locked and dies with its
-// goroutine, never reused.
+// socketInNetns creates a unix socket in the network namespace of pid:
+// an abstract socket name is resolved in the namespace the socket was
+// created in.
 func socketInNetns(pid int) (int, error) {
-	type result struct {
-		fd  int
-		err error
+	fd := -1
+	err := inNamespace(pid, unix.CLONE_NEWNET, func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		return err
+	})
+	if err != nil && fd >= 0 {
+		unix.Close(fd)
+		fd = -1
 	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		target, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{-1, err}
-			return
-		}
-		defer unix.Close(target)
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{-1, err}
-			return
-		}
-		defer unix.Close(orig)
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{-1, fmt.Errorf("setns: %w", err)}
-			return
-		}
-		fd, serr := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			if serr == nil {
-				unix.Close(fd)
-			}
-			ch <- result{-1, fmt.Errorf("return to host netns: %w", err)}
-			return // thread stays locked and is discarded
-		}
-		runtime.UnlockOSThread()
-		ch <- result{fd, serr}
-	}()
-	r := <-ch
-	return r.fd, r.err
+	return fd, err
 }
 
 // Call sends one non-streaming request to init and returns its response.

@@ -1,0 +1,227 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// counterScript counts in memory and writes "PID COUNT" to /tmp/count
+// every 100 ms: after a restore it must go on from its value at the
+// checkpoint.
+const counterScript = `
+import os, time
+n = 0
+while True:
+    n += 1
+    with open('/tmp/count.tmp', 'w') as f:
+        f.write('%d %d' % (os.getpid(), n))
+    os.rename('/tmp/count.tmp', '/tmp/count')
+    time.sleep(0.1)
+`
+
+func readCounter(t *testing.T, sb string) (pid, n int) {
+	t.Helper()
+	f := strings.Fields(sh(t, sb, "cat /tmp/count"))
+	if len(f) != 2 {
+		t.Fatalf("counter file: %q", f)
+	}
+	pid, _ = strconv.Atoi(f[0])
+	n, _ = strconv.Atoi(f[1])
+	return pid, n
+}
+
+// fullScenario sets up a session and a counter, takes a full checkpoint,
+// changes everything, and returns the checkpoint and the counter's
+// state at the checkpoint.
+func fullScenario(t *testing.T, sb string) (ck string, pid, count int) {
+	t.Helper()
+	must(t, "exec", sb, "--session", "main", "--", "export X=42; cd /tmp; mkdir -p /work; echo keep > /work/f")
+	must(t, "exec", "--detach", sb, "--", "python3", "-c", counterScript)
+	time.Sleep(500 * time.Millisecond)
+	var res struct {
+		ID           string  `json:"id"`
+		Kind         string  `json:"kind"`
+		StallMS      float64 `json:"stall_ms"`
+		BytesWritten int64   `json:"bytes_written"`
+	}
+	mustJSON(t, &res, "checkpoint", sb, "--kind", "full")
+	if res.Kind != "full" || res.StallMS <= 0 || res.BytesWritten <= 0 {
+		t.Fatalf("full checkpoint: %+v", res)
+	}
+	pid, count = readCounter(t, sb)
+	// Change everything the checkpoint holds.
+	time.Sleep(1500 * time.Millisecond)
+	must(t, "exec", sb, "--session", "main", "--", "export X=99; cd /; rm /work/f; echo new > /work/g")
+	sh(t, sb, "kill "+strconv.Itoa(pid))
+	return res.ID, pid, count
+}
+
+// checkRestored checks the state fullScenario checkpointed.
+func checkRestored(t *testing.T, sb string, pid, count int) {
+	t.Helper()
+	if got := must(t, "exec", sb, "--session", "main", "--", "echo $X; pwd"); got != "42\n/tmp\n" {
+		t.Fatalf("session after restore: %q; want X=42 and cwd /tmp", got)
+	}
+	if got := sh(t, sb, "cat /work/f; ls /work"); got != "keep\nf\n" {
+		t.Fatalf("files after restore: %q", got)
+	}
+	time.Sleep(600 * time.Millisecond)
+	p, n := readCounter(t, sb)
+	// The counter went on from its value at the checkpoint: ahead of it,
+	// but well behind where it was (count+15) when it was killed.
+	if p != pid || n <= count || n > count+12 {
+		t.Fatalf("counter after restore: pid %d count %d; want pid %d counting on from %d", p, n, pid, count)
+	}
+}
+
+func requireCRIU(t *testing.T) {
+	t.Helper()
+	var host struct {
+		Features []struct {
+			Name      string
+			Supported bool
+			Reason    string
+		}
+	}
+	mustJSON(t, &host, "host")
+	for _, f := range host.Features {
+		if f.Name == "full-checkpoint" && !f.Supported {
+			t.Fatalf("full checkpoints unsupported here: %s", f.Reason)
+		}
+	}
+}
+
+func TestFullCheckpointRollback(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	ck, pid, count := fullScenario(t, sb)
+	var rb struct {
+		Tier string `json:"tier"`
+	}
+	mustJSON(t, &rb, "rollback", sb, ck)
+	if rb.Tier != "warm" {
+		t.Fatalf("rollback tier %q", rb.Tier)
+	}
+	checkRestored(t, sb, pid, count)
+	// Twice: a checkpoint is not consumed by a rollback.
+	must(t, "exec", sb, "--session", "main", "--", "export X=7")
+	must(t, "rollback", sb, ck)
+	checkRestored(t, sb, pid, count+0)
+}
+
+func TestFullCheckpointFork(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	ck, pid, count := fullScenario(t, sb)
+	var res struct {
+		Sandboxes []struct{ ID, Hostname string }
+	}
+	mustJSON(t, &res, "fork", ck, "-n", "2")
+	for _, f := range res.Sandboxes {
+		t.Cleanup(func() { molt(t, "rm", f.ID) })
+		checkRestored(t, f.ID, pid, count)
+		if h := strings.TrimSpace(sh(t, f.ID, "hostname")); h != f.Hostname {
+			t.Fatalf("fork hostname %q, want %q", h, f.Hostname)
+		}
+	}
+	// Independent: a change in one fork is not seen by the other.
+	a, b := res.Sandboxes[0].ID, res.Sandboxes[1].ID
+	must(t, "exec", a, "--session", "main", "--", "export X=1; echo a > /work/f")
+	if got := must(t, "exec", b, "--session", "main", "--", "echo $X; cat /work/f"); got != "42\nkeep\n" {
+		t.Fatalf("forks share state: %q", got)
+	}
+}
+
+func TestHibernateResume(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	must(t, "exec", sb, "--session", "main", "--", "export X=42; cd /tmp; mkdir -p /work; echo keep > /work/f")
+	must(t, "exec", "--detach", sb, "--", "python3", "-c", counterScript)
+	time.Sleep(500 * time.Millisecond)
+	must(t, "hibernate", sb)
+	s := inspect(t, sb)
+	if s.State != "hibernated" || s.Pid != 0 {
+		t.Fatalf("after hibernate: %+v", s)
+	}
+	_, count := func() (int, int) {
+		b, err := os.ReadFile(filepath.Join(env.root, "pool", "sandboxes", s.ID, "root", "tmp", "count"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(b))
+		p, _ := strconv.Atoi(f[0])
+		n, _ := strconv.Atoi(f[1])
+		return p, n
+	}()
+	// A daemon crash while hibernated loses nothing.
+	killDaemon()
+	if err := startDaemon(); err != nil {
+		t.Fatal(err)
+	}
+	if st := inspect(t, sb).State; st != "hibernated" {
+		t.Fatalf("after daemon restart: %s", st)
+	}
+	must(t, "resume", sb)
+	if got := must(t, "exec", sb, "--session", "main", "--", "echo $X; pwd"); got != "42\n/tmp\n" {
+		t.Fatalf("session after resume: %q", got)
+	}
+	time.Sleep(400 * time.Millisecond)
+	_, n := readCounter(t, sb)
+	if n <= count || n > count+10 {
+		t.Fatalf("counter after resume: %d; want going on from %d", n, count)
+	}
+}
+
+func TestFullCheckpointSurvivesDaemonKill(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	ck, pid, count := fullScenario(t, sb)
+	killDaemon()
+	if err := startDaemon(); err != nil {
+		t.Fatal(err)
+	}
+	must(t, "checkpoint", "verify", ck)
+	must(t, "rollback", sb, ck)
+	checkRestored(t, sb, pid, count)
+}
+
+func TestCorruptCheckpointRefused(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	must(t, "exec", sb, "--session", "main", "--", "export X=42")
+	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "full"))
+	must(t, "exec", sb, "--session", "main", "--", "export X=99")
+	pages, _ := filepath.Glob(filepath.Join(env.root, "pool", "checkpoints", ck, "images", "pages-*.img"))
+	if len(pages) == 0 {
+		t.Fatal("no page images in the checkpoint")
+	}
+	f, err := os.OpenFile(pages[0], os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("corrupt!"), 100); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	for _, args := range [][]string{{"rollback", sb, ck}, {"checkpoint", "verify", ck}, {"fork", ck}} {
+		r := molt(t, args...)
+		if r.code == 0 || !strings.Contains(r.stderr, "corrupted") || !strings.Contains(r.stderr, filepath.Base(pages[0])) {
+			t.Fatalf("molt %v with a corrupted image: exit %d %q", args, r.code, r.stderr)
+		}
+	}
+	// The sandbox runs on, untouched.
+	if got := must(t, "exec", sb, "--session", "main", "--", "echo $X"); got != "99\n" {
+		t.Fatalf("sandbox after refused rollback: %q", got)
+	}
+	// Truncation is named as such.
+	if err := os.Truncate(pages[0], 4096); err != nil {
+		t.Fatal(err)
+	}
+	if r := molt(t, "checkpoint", "verify", ck); r.code == 0 || !strings.Contains(r.stderr, "truncated") {
+		t.Fatalf("truncated image: exit %d %q", r.code, r.stderr)
+	}
+}

@@ -1,0 +1,249 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/criu"
+	"github.com/molt-sh/molt/internal/daemon"
+	"golang.org/x/sys/unix"
+)
+
+// CRConfig configures the process checkpoint benchmark.
+type CRConfig struct {
+	Image      string
+	CriuPath   string // for the plain-CRIU baseline
+	Iterations int
+	HeapMiB    int
+	Progress   io.Writer
+}
+
+// CRRow is one workload's result.
+type CRRow struct {
+	Workload string `json:"workload"`
+	// molt full checkpoints and rollbacks
+	Stall      Stats `json:"stall"`
+	Checkpoint Stats `json:"checkpoint"`
+	Rollback   Stats `json:"rollback"`
+	// FirstBytes is what the first full checkpoint wrote; SecondBytes
+	// what the next one wrote after a small change; ImageBytes the size
+	// of the images CRIU produced (a plain full dump).
+	FirstBytes  int64 `json:"first_bytes"`
+	SecondBytes int64 `json:"second_bytes"`
+	ImageBytes  int64 `json:"image_bytes"`
+	// Baseline: plain criu dump (full images, leave running) plus a full
+	// copy of the root; restore = criu restore from them.
+	BaseStall    Stats `json:"baseline_stall"`
+	BaseDump     Stats `json:"baseline_checkpoint"`
+	BaseRestore  Stats `json:"baseline_rollback"`
+	BaseBytes    int64 `json:"baseline_bytes"`
+}
+
+// CRResult is the outcome of RunCR.
+type CRResult struct {
+	Rows []CRRow `json:"rows"`
+}
+
+// heapScript holds HeapMiB of random data and, whenever /tmp/poke
+// appears, rewrites 64 KiB of it (a small change).
+const heapScript = `
+import os, sys, time
+heap = bytearray(os.urandom(%d << 20))
+i = 0
+while True:
+    if os.path.exists('/tmp/poke'):
+        os.remove('/tmp/poke')
+        off = (i * 65536) %% len(heap)
+        heap[off:off + 65536] = os.urandom(65536)
+        i += 1
+    time.sleep(0.02)
+`
+
+// RunCR measures molt's full checkpoint and rollback for an idle bash
+// session and a Python process holding a heap, next to a plain CRIU dump
+// and restore of the same tree with full images and a full root copy.
+func RunCR(ctx context.Context, e *daemon.Ephemeral, cfg CRConfig) (CRResult, error) {
+	c := e.Client
+	progress := func(format string, a ...any) {
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, format+"\n", a...)
+		}
+	}
+	h, err := c.Host(ctx)
+	if err != nil {
+		return CRResult{}, err
+	}
+	var res CRResult
+	for _, w := range []struct {
+		name  string
+		setup func(sb string) error
+	}{
+		{"idle bash session", func(sb string) error { return nil }},
+		{fmt.Sprintf("python, %d MiB heap", cfg.HeapMiB), func(sb string) error {
+			if _, err := c.ExecDetached(ctx, sb, v1.ExecRequest{Args: []string{"python3", "-c", fmt.Sprintf(heapScript, cfg.HeapMiB)}}); err != nil {
+				return err
+			}
+			// Wait until the heap is filled (its RSS is there).
+			deadline := time.Now().Add(60 * time.Second)
+			for time.Now().Before(deadline) {
+				s, err := c.Sandbox(ctx, sb)
+				if err != nil {
+					return err
+				}
+				if s.MemoryBytes > int64(cfg.HeapMiB)<<20 {
+					return nil
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			return fmt.Errorf("heap not filled within a minute")
+		}},
+	} {
+		progress("cr: %s", w.name)
+		sb, err := c.Create(ctx, v1.SandboxCreateRequest{Image: cfg.Image})
+		if err != nil {
+			return res, err
+		}
+		if _, err := c.SessionRun(ctx, sb.ID, "main", v1.SessionRunRequest{Command: "export X=42; cd /tmp"}); err != nil {
+			return res, err
+		}
+		if err := w.setup(sb.ID); err != nil {
+			return res, err
+		}
+		row := CRRow{Workload: w.name}
+		var stall, ckS, rbS Sample
+		var first string
+		for i := 0; i < cfg.Iterations; i++ {
+			if i > 0 {
+				// A small change: a session command and, for the heap
+				// workload, 64 KiB of rewritten heap.
+				if _, err := c.SessionRun(ctx, sb.ID, "main", v1.SessionRunRequest{Command: fmt.Sprintf("export N=%d; touch /tmp/poke", i)}); err != nil {
+					return res, err
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t0 := time.Now()
+			ck, err := c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+			if err != nil {
+				return res, err
+			}
+			ckS = append(ckS, time.Since(t0))
+			stall = append(stall, msDur(ck.StallMS))
+			switch i {
+			case 0:
+				row.FirstBytes, row.ImageBytes, first = ck.BytesWritten, ck.ImageBytes, ck.ID
+			case 1:
+				row.SecondBytes = ck.BytesWritten
+			}
+		}
+		for i := 0; i < cfg.Iterations; i++ {
+			t0 := time.Now()
+			if _, err := c.Rollback(ctx, sb.ID, first); err != nil {
+				return res, err
+			}
+			rbS = append(rbS, time.Since(t0))
+		}
+		row.Stall, row.Checkpoint, row.Rollback = stall.Stats(), ckS.Stats(), rbS.Stats()
+
+		progress("cr: %s: baseline plain criu dump/restore + cp -a", w.name)
+		s, err := c.Sandbox(ctx, sb.ID)
+		if err != nil {
+			return res, err
+		}
+		root := filepath.Join(h.Pool.Dir, "sandboxes", sb.ID, "root")
+		var bStall, bDump, bRest Sample
+		for i := 0; i < max(1, cfg.Iterations/2); i++ {
+			dir := filepath.Join(h.Pool.Dir, "tmp", fmt.Sprintf("bench-cr-%s-%d", sb.ID, i))
+			if err := os.MkdirAll(filepath.Join(dir, "images"), 0o700); err != nil {
+				return res, err
+			}
+			t0 := time.Now()
+			if out, err := exec.Command(cfg.CriuPath, "dump", "-t", strconv.Itoa(s.Pid), "-D", filepath.Join(dir, "images"),
+				"-o", "dump.log", "--leave-running", "--tcp-established", "--file-locks", "--network-lock", "nftables").CombinedOutput(); err != nil {
+				return res, fmt.Errorf("criu dump: %v: %s", err, out)
+			}
+			if out, err := exec.Command("cp", "-a", "--reflink=never", root, filepath.Join(dir, "root")).CombinedOutput(); err != nil {
+				return res, fmt.Errorf("cp: %v: %s", err, out)
+			}
+			bDump = append(bDump, time.Since(t0))
+			if st, err := criu.ReadDumpStats(filepath.Join(dir, "images")); err == nil {
+				bStall = append(bStall, msDur(st.FreezingMS+st.FrozenMS))
+			}
+			if i == 0 {
+				row.BaseBytes = dirSize(filepath.Join(dir, "images")) + dirSize(filepath.Join(dir, "root"))
+			}
+			// Restore a copy of the tree next to the sandbox, then kill it.
+			t0 = time.Now()
+			pidfile := filepath.Join(dir, "pid")
+			if out, err := exec.Command(cfg.CriuPath, "restore", "-D", filepath.Join(dir, "images"), "-W", dir, "-o", "restore.log",
+				"--root", filepath.Join(dir, "root"), "--restore-detached", "--pidfile", pidfile,
+				"--tcp-established", "--file-locks", "--network-lock", "nftables").CombinedOutput(); err != nil {
+				return res, fmt.Errorf("criu restore: %v: %s", err, out)
+			}
+			bRest = append(bRest, time.Since(t0))
+			if b, err := os.ReadFile(pidfile); err == nil {
+				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+					_ = unix.Kill(pid, unix.SIGKILL)
+					for unix.Kill(pid, 0) == nil {
+						time.Sleep(time.Millisecond)
+					}
+				}
+			}
+			_ = os.RemoveAll(dir)
+		}
+		row.BaseStall, row.BaseDump, row.BaseRestore = bStall.Stats(), bDump.Stats(), bRest.Stats()
+		res.Rows = append(res.Rows, row)
+		if err := c.Remove(ctx, sb.ID); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+func msDur(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
+
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+// PrintCR writes the result as a table with the targets checked.
+func PrintCR(w io.Writer, r CRResult) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tmethod\tstall p50\tcheckpoint p50\tp95\trollback p50\tp95\tbytes (2nd checkpoint)\t")
+	for _, row := range r.Rows {
+		fmt.Fprintf(tw, "%s\tmolt full\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f ms\t%s (first %s)\t\n", row.Workload,
+			row.Stall.P50, row.Checkpoint.P50, row.Checkpoint.P95, row.Rollback.P50, row.Rollback.P95, human(row.SecondBytes), human(row.FirstBytes))
+		fmt.Fprintf(tw, "%s\tcriu dump + cp -a\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f ms\t%s\t\n", row.Workload,
+			row.BaseStall.P50, row.BaseDump.P50, row.BaseDump.P95, row.BaseRestore.P50, row.BaseRestore.P95, human(row.BaseBytes))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, row := range r.Rows {
+		pct := 100 * float64(row.SecondBytes) / float64(max(row.ImageBytes, 1))
+		ok := "met"
+		if pct > 13 {
+			ok = "MISSED"
+		}
+		fmt.Fprintf(w, "%s: second checkpoint wrote %s = %.1f%% of a full dump (%s); target <= 13%%: %s\n", row.Workload, human(row.SecondBytes), pct, human(row.ImageBytes), ok)
+		ok = "met"
+		if row.Stall.P50 > row.BaseStall.P50 {
+			ok = "MISSED"
+		}
+		fmt.Fprintf(w, "%s: stall p50 %.1f ms vs CRIU's own dump %.1f ms; target no longer: %s\n", row.Workload, row.Stall.P50, row.BaseStall.P50, ok)
+	}
+}

@@ -1,0 +1,480 @@
+package core
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/criu"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/pagestore"
+	"github.com/molt-sh/molt/internal/revert"
+	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/store"
+	"golang.org/x/sys/unix"
+)
+
+// object is one stored file of a checkpoint, with its size and hash, as
+// the manifest records it. Paths are relative to the checkpoint
+// directory.
+type object struct {
+	Path   string `json:"path"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+func (m *Manager) ckImages(id string) string { return m.path("checkpoints", id, "images") }
+
+// networkLock is how CRIU keeps a sandbox's TCP connections quiet during
+// a dump: nftables through the library CRIU links, where the default
+// (iptables) would need iptables programs on the host.
+const networkLock = "nftables"
+
+// criuReady returns the CRIU tool, or why full checkpoints cannot be
+// taken here.
+func (m *Manager) criuReady(ctx context.Context) (*criu.Tool, error) {
+	if m.criu == nil {
+		return nil, fmt.Errorf("process checkpoints need CRIU >= 4.2 (run scripts/criu.sh): %w", errdefs.ErrNotSupported)
+	}
+	f := m.criu.Probe(ctx)
+	if !f.VersionOK || !f.Check || f.SelfTest != nil {
+		return nil, fmt.Errorf("process checkpoints are unavailable: %s: %w", criuProblem(f), errdefs.ErrNotSupported)
+	}
+	return m.criu, nil
+}
+
+func criuProblem(f criu.Features) string {
+	switch {
+	case !f.VersionOK:
+		return fmt.Sprintf("CRIU %s is older than 4.2 (run scripts/criu.sh)", f.Version)
+	case !f.Check:
+		return "criu check failed: " + f.CheckOutput
+	case f.SelfTest != nil:
+		return "CRIU self-test failed: " + f.SelfTest.Error()
+	}
+	return ""
+}
+
+// fullCheckpointLocked takes a full checkpoint: files and every process
+// of the sandbox at one instant. CRIU stops the tree (ptrace; a cgroup2
+// freeze would make CRIU hang), dumps it leaving it running, and while the
+// tree is still stopped, after the dump, the root is snapshotted; then
+// CRIU resumes the tree. The image files are hashed into the manifest and
+// the checkpoint is committed like an fs checkpoint.
+func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, label string) (v1.Checkpoint, error) {
+	start := time.Now()
+	tool, err := m.criuReady(ctx)
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	if m.report(rec).State != v1.StateRunning {
+		return v1.Checkpoint{}, fmt.Errorf("a full checkpoint needs a running sandbox (it is %s; take an fs checkpoint): %w", m.report(rec).State, errdefs.ErrFailedPrecondition)
+	}
+	id := newID()
+	root := m.sbRoot(rec.ID)
+	r := revert.New()
+	defer r.Fail()
+	dir := m.ckDir(id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	r.Add(func() error { return removeTree(dir) })
+	images := m.ckImages(id)
+	if err := os.Mkdir(images, 0o700); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	work := m.path("tmp", "dump-"+id)
+	if err := os.Mkdir(work, 0o700); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	defer os.RemoveAll(work)
+	staging, err := stagingDir(work)
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	defer os.RemoveAll(staging)
+	if err := fsnap.SyncFS(root); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	var snapped time.Time
+	stats, err := tool.Dump(ctx, criu.DumpOptions{
+		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
+		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
+		PostDump: func() error {
+			// The tree is still stopped: this snapshot is of the same
+			// instant as the process images.
+			if err := fsnap.Snapshot(root, m.ckFS(id), true); err != nil {
+				return err
+			}
+			snapped = time.Now()
+			return m.fail("full:snapshot")
+		},
+	})
+	if err != nil {
+		return v1.Checkpoint{}, fmt.Errorf("dump: %w", err)
+	}
+	if snapped.IsZero() {
+		return v1.Checkpoint{}, errors.New("dump: CRIU finished without the post-dump notification; no consistent snapshot")
+	}
+	ck := checkpointRec{Checkpoint: v1.Checkpoint{
+		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
+		Created: time.Now().UTC(), StallMS: stats.FreezingMS + stats.FrozenMS,
+	}, Image: rec.Image}
+	// Off the frozen window: move the images from staging into the pool,
+	// writing only the pages no earlier checkpoint of this lineage holds.
+	written, err := m.storeImages(ck, rec, staging)
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	objs, _, err := hashObjects(dir, "images", "pagehash")
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	ck.Objects = objs
+	ck.CRIU = tool.Probe(ctx).Version
+	mb, err := m.writeManifest(ck)
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	// One commit of the pool makes images, manifest and snapshot durable.
+	if err := fsnap.SyncFS(dir); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	if err := m.fail("full:record"); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	ck.BytesWritten = written + int64(len(mb))
+	ck.ImageBytes = imageBytes(objs)
+	ck.DurationMS = ms(time.Since(start))
+	rec.Head = id
+	err = m.db.Update(func(tx *store.Tx) error {
+		if err := tx.Put(store.Checkpoints, id, ck); err != nil {
+			return err
+		}
+		return tx.Put(store.Sandboxes, rec.ID, rec)
+	})
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	r.Success()
+	return ck.Checkpoint, nil
+}
+
+// hashObjects hashes every regular file under the subdirectories subs
+// of dir.
+func hashObjects(dir string, subs ...string) ([]object, int64, error) {
+	var objs []object
+	var total int64
+	for _, sub := range subs {
+		if err := hashTree(dir, sub, &objs, &total); err != nil {
+			return nil, 0, err
+		}
+	}
+	sort.Slice(objs, func(i, j int) bool { return objs[i].Path < objs[j].Path })
+	return objs, total, nil
+}
+
+func hashTree(dir, sub string, objs *[]object, total *int64) error {
+	return filepath.WalkDir(filepath.Join(dir, sub), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return fmt.Errorf("%s: not a regular file", p)
+		}
+		sum, n, err := hashFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		*objs = append(*objs, object{Path: rel, Size: n, SHA256: sum})
+		*total += n
+		return nil
+	})
+}
+
+func imageBytes(objs []object) int64 {
+	var n int64
+	for _, o := range objs {
+		if strings.HasPrefix(o.Path, "images/") {
+			n += o.Size
+		}
+	}
+	return n
+}
+
+// stagingDir returns a fresh directory for CRIU to dump into: on the
+// host's /dev/shm tmpfs when there is one (a dump to memory, then only
+// new pages reach the pool), else under fallback.
+func stagingDir(fallback string) (string, error) {
+	var st unix.Statfs_t
+	if unix.Statfs("/dev/shm", &st) == nil && st.Type == unix.TMPFS_MAGIC {
+		if d, err := os.MkdirTemp("/dev/shm", "molt-dump-"); err == nil {
+			return d, nil
+		}
+	}
+	d := filepath.Join(fallback, "images")
+	return d, os.Mkdir(d, 0o700)
+}
+
+// lineageIndexDepth bounds how many earlier full checkpoints of a
+// sandbox's lineage a new checkpoint's pages are matched against.
+const lineageIndexDepth = 4
+
+// pageIndex indexes the pages of the nearest full checkpoints up the
+// lineage of a sandbox whose head is head (parents, then the checkpoint
+// a fork came from, and so on).
+func (m *Manager) pageIndex(head string) *pagestore.Index {
+	x := pagestore.NewIndex()
+	found := 0
+	seen := map[string]bool{}
+	for id := head; id != "" && !seen[id] && found < lineageIndexDepth; {
+		seen[id] = true
+		var c checkpointRec
+		if err := m.db.Get(store.Checkpoints, id, &c); err != nil {
+			break
+		}
+		if c.Kind == v1.KindFull {
+			hashes, _ := filepath.Glob(filepath.Join(m.ckDir(c.ID), "pagehash", "*"))
+			for _, h := range hashes {
+				if x.AddHashFile(filepath.Join(m.ckImages(c.ID), filepath.Base(h)), h) == nil {
+					found++
+				}
+			}
+		}
+		id = c.Parent
+	}
+	return x
+}
+
+// storeImages moves CRIU's images from staging into the checkpoint:
+// page images through the page store (known pages shared by reflink),
+// with a hash file per page image for later indexes; other images are
+// copied. It returns the bytes written.
+func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) (int64, error) {
+	images, hashes := m.ckImages(ck.ID), filepath.Join(m.ckDir(ck.ID), "pagehash")
+	if err := os.Mkdir(hashes, 0o700); err != nil {
+		return 0, err
+	}
+	ents, err := os.ReadDir(staging)
+	if err != nil {
+		return 0, err
+	}
+	x := m.pageIndex(rec.Head)
+	var written int64
+	for _, e := range ents {
+		src, dst := filepath.Join(staging, e.Name()), filepath.Join(images, e.Name())
+		if strings.HasPrefix(e.Name(), "pages-") && strings.HasSuffix(e.Name(), ".img") {
+			res, err := pagestore.Store(src, dst, x)
+			if err != nil {
+				return 0, fmt.Errorf("store %s: %w", e.Name(), err)
+			}
+			if err := os.WriteFile(filepath.Join(hashes, e.Name()), res.Hashes, 0o600); err != nil {
+				return 0, err
+			}
+			written += res.Written + int64(len(res.Hashes))
+			continue
+		}
+		n, err := copyFile(src, dst)
+		if err != nil {
+			return 0, err
+		}
+		written += n
+	}
+	return written, nil
+}
+
+func copyFile(src, dst string) (int64, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return n, err
+}
+
+func hashFile(p string) (string, int64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// verify checks every object the checkpoint's record lists: present,
+// same size, same hash. Nothing is restored from a checkpoint that fails.
+func (m *Manager) verify(ck checkpointRec) error {
+	dir := m.ckDir(ck.ID)
+	if _, err := os.Stat(m.ckFS(ck.ID)); err != nil {
+		return fmt.Errorf("checkpoint %s: file snapshot missing: %w", ck.ID, errdefs.ErrFailedPrecondition)
+	}
+	var bad []string
+	for _, o := range ck.Objects {
+		p := filepath.Join(dir, o.Path)
+		sum, n, err := hashFile(p)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			bad = append(bad, o.Path+": missing")
+		case err != nil:
+			bad = append(bad, o.Path+": "+err.Error())
+		case n != o.Size:
+			bad = append(bad, fmt.Sprintf("%s: %d bytes, want %d (truncated or extended)", o.Path, n, o.Size))
+		case sum != o.SHA256:
+			bad = append(bad, fmt.Sprintf("%s: content hash %s..., want %s... (corrupted)", o.Path, sum[:12], o.SHA256[:12]))
+		}
+	}
+	if len(bad) > 0 {
+		if len(bad) > 5 {
+			bad = append(bad[:5], fmt.Sprintf("and %d more", len(bad)-5))
+		}
+		return fmt.Errorf("checkpoint %s failed verification: %v: %w", ck.ID, bad, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// VerifyCheckpoint runs the verification a restore runs.
+func (m *Manager) VerifyCheckpoint(ref string) (v1.Checkpoint, error) {
+	ck, err := m.lookupCheckpoint(ref, "")
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	return ck.Checkpoint, m.verify(ck)
+}
+
+// processSource returns the checkpoint whose processes a rollback to ck
+// restores: ck itself if it is full, else its nearest full ancestor.
+func (m *Manager) processSource(ck checkpointRec) (checkpointRec, bool) {
+	seen := map[string]bool{}
+	for c := ck; ; {
+		if c.Kind == v1.KindFull {
+			return c, true
+		}
+		if c.Parent == "" || seen[c.Parent] {
+			return checkpointRec{}, false
+		}
+		seen[c.ID] = true
+		var p checkpointRec
+		if err := m.db.Get(store.Checkpoints, c.Parent, &p); err != nil {
+			return checkpointRec{}, false
+		}
+		c = p
+	}
+}
+
+// rollbackProcesses moves the sandbox to the files of ck and the
+// processes of procs (ck itself, or its full ancestor). The new tree is
+// restored next to the live one, into a fresh writable snapshot; only
+// once it runs is the old tree killed and the root switched. Any failure
+// before that leaves the sandbox as it was.
+func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, procs checkpointRec) (v1.RollbackResult, error) {
+	if err := m.verify(procs); err != nil {
+		return v1.RollbackResult{}, err
+	}
+	next := filepath.Join(m.sbDir(rec.ID), "root.next")
+	if err := removeTree(next); err != nil {
+		return v1.RollbackResult{}, err
+	}
+	if err := fsnap.Snapshot(m.ckFS(ck.ID), next, false); err != nil {
+		return v1.RollbackResult{}, err
+	}
+	init, err := m.restoreProcesses(ctx, rec, procs, next)
+	if err != nil {
+		_ = removeTree(next)
+		return v1.RollbackResult{}, err
+	}
+	old := rec.Init
+	if old.Alive() {
+		// Killing a PID namespace's init kills every process in it.
+		_ = unix.Kill(old.Pid, unix.SIGKILL)
+		waitGone(old, 5*time.Second)
+	}
+	if err := m.swapRoot(rec.ID, next); err != nil {
+		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		return v1.RollbackResult{}, fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
+	}
+	rec.Init, rec.State, rec.Reason, rec.Head = init, v1.StateRunning, "", ck.ID
+	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
+		return v1.RollbackResult{}, err
+	}
+	res := v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierWarm}
+	if procs.ID != ck.ID {
+		res.Note = fmt.Sprintf("fs checkpoint: files restored, with the processes of its full ancestor %s", procs.ID)
+	}
+	return res, nil
+}
+
+// waitGone waits until init has exited (its PID namespace torn down).
+func waitGone(init sandbox.Init, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for init.Alive() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// restoreProcesses restores the process tree of full checkpoint ck into
+// the sandbox rec, on root (which holds the checkpoint's files). The
+// restored tree joins the sandbox's cgroup and gets the sandbox's
+// hostname (a fork's differs from the dumped one). On failure nothing of
+// the new tree remains; processes already in the cgroup are untouched.
+func (m *Manager) restoreProcesses(ctx context.Context, rec *sandboxRec, ck checkpointRec, root string) (sandbox.Init, error) {
+	tool, err := m.criuReady(ctx)
+	if err != nil {
+		return sandbox.Init{}, err
+	}
+	cg, err := m.loadCgroup(*rec)
+	if err != nil {
+		return sandbox.Init{}, err
+	}
+	work := m.path("tmp", "restore-"+newID())
+	if err := os.Mkdir(work, 0o700); err != nil {
+		return sandbox.Init{}, err
+	}
+	defer os.RemoveAll(work)
+	res, err := tool.Restore(ctx, criu.RestoreOptions{
+		ImagesDir: m.ckImages(ck.ID), WorkDir: work, Root: root,
+		RstSibling: true, TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
+		// CRIU runs in the sandbox's cgroup and leaves cgroups alone:
+		// the tree it forks lands there, whatever cgroups it was dumped
+		// from (a fork's are another sandbox's).
+		CgroupMode: "ignore", Started: cg.Add,
+	})
+	if err != nil {
+		return sandbox.Init{}, fmt.Errorf("restore: %w", err)
+	}
+	init, err := sandbox.Adopt(res.Pid)
+	if err == nil {
+		err = sandbox.SetHostname(init.Pid, rec.Hostname)
+	}
+	if err == nil {
+		err = m.fail("restore:adopted")
+	}
+	if err != nil {
+		_ = unix.Kill(res.Pid, unix.SIGKILL)
+		return sandbox.Init{}, fmt.Errorf("restore: %w", err)
+	}
+	return init, nil
+}

@@ -1,0 +1,65 @@
+package core
+
+import (
+	"context"
+	"fmt"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/store"
+)
+
+// Hibernate takes a full checkpoint of a running sandbox, then stops its
+// processes, which frees their memory. The sandbox is "hibernated" at
+// that checkpoint until Resume, also across daemon and host restarts.
+func (m *Manager) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error) {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return v1.Sandbox{}, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
+		return v1.Sandbox{}, notFound("sandbox", ref)
+	}
+	ck, err := m.fullCheckpointLocked(ctx, rec, "")
+	if err != nil {
+		return v1.Sandbox{}, fmt.Errorf("hibernate %s: %w", rec.ID, err)
+	}
+	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
+		return v1.Sandbox{}, err
+	}
+	if err := m.killProcesses(ctx, rec); err != nil {
+		return v1.Sandbox{}, fmt.Errorf("hibernate %s: checkpoint %s taken, but stopping failed: %w", rec.ID, ck.ID, err)
+	}
+	rec.State, rec.Reason, rec.Init = v1.StateHibernated, "hibernated at checkpoint "+ck.ID, sandbox.Init{}
+	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
+		return v1.Sandbox{}, err
+	}
+	return m.report(rec), nil
+}
+
+// Resume restores a hibernated sandbox from its checkpoint.
+func (m *Manager) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return v1.Sandbox{}, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
+		return v1.Sandbox{}, notFound("sandbox", ref)
+	}
+	if rec.State != v1.StateHibernated {
+		return v1.Sandbox{}, fmt.Errorf("resume %s: the sandbox is %s, not hibernated: %w", rec.ID, m.report(rec).State, errdefs.ErrFailedPrecondition)
+	}
+	var ck checkpointRec
+	if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil {
+		return v1.Sandbox{}, fmt.Errorf("resume %s: its checkpoint %s is gone: %w", rec.ID, rec.Head, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := m.rollbackProcesses(ctx, &rec, ck, ck); err != nil {
+		return v1.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
+	}
+	return m.report(rec), nil
+}
