@@ -6,6 +6,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/bench"
+	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/daemon"
 	"github.com/spf13/cobra"
 )
@@ -63,6 +64,46 @@ func benchCmd(g *globals) *cobra.Command {
 	fs.Flags().StringSliceVar(&sizes, "sizes", []string{"10M", "1G"}, "data sizes")
 	fs.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	fs.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
-	c.AddCommand(fs)
+	var crIters, heap int
+	var criuPath string
+	cr := &cobra.Command{
+		Use:   "cr",
+		Short: "Full (process) checkpoint and rollback vs plain criu dump/restore with a full root copy",
+		Long: "Starts a daemon on a temporary root and measures, for an idle bash session and a Python process\n" +
+			"holding --heap MiB: stall, checkpoint and rollback latency, and the bytes a second checkpoint writes\n" +
+			"after a small change, next to a plain criu dump/restore of the same tree with full images and a\n" +
+			"full copy of the root.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			e, err := daemon.StartEphemeral(ctx, dir, cacheDir, version)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				if err := e.Close(); err != nil {
+					fmt.Fprintln(os.Stderr, "molt: cleanup:", err)
+				}
+			}()
+			if _, err := e.Client.BuildImage(ctx, v1.ImageBuildRequest{Name: "default"}, nil); err != nil {
+				return err
+			}
+			res, err := bench.RunCR(ctx, e, bench.CRConfig{Image: "default", CriuPath: criuPath, Iterations: crIters, HeapMiB: heap, Progress: os.Stderr})
+			if err != nil {
+				return err
+			}
+			return g.print(res, func() {
+				fmt.Printf("molt bench cr: %d checkpoints and rollbacks per workload (baseline: half as many)\n\n", crIters)
+				bench.PrintCR(os.Stdout, res)
+			})
+		},
+	}
+	cr.Flags().IntVar(&crIters, "iterations", 10, "checkpoints and rollbacks per workload")
+	cr.Flags().IntVar(&heap, "heap", 100, "heap of the Python workload, MiB")
+	cr.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
+	cr.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
+	cr.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
+	c.AddCommand(fs, cr)
 	return c
 }

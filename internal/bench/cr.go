@@ -58,6 +58,7 @@ type CRResult struct {
 const heapScript = `
 import os, sys, time
 heap = bytearray(os.urandom(%d << 20))
+open('/tmp/heap-ready', 'w').close()
 i = 0
 while True:
     if os.path.exists('/tmp/poke'):
@@ -92,14 +93,14 @@ func RunCR(ctx context.Context, e *daemon.Ephemeral, cfg CRConfig) (CRResult, er
 			if _, err := c.ExecDetached(ctx, sb, v1.ExecRequest{Args: []string{"python3", "-c", fmt.Sprintf(heapScript, cfg.HeapMiB)}}); err != nil {
 				return err
 			}
-			// Wait until the heap is filled (its RSS is there).
+			// Wait until the heap is filled.
 			deadline := time.Now().Add(60 * time.Second)
 			for time.Now().Before(deadline) {
-				s, err := c.Sandbox(ctx, sb)
+				r, err := c.SessionRun(ctx, sb, "probe", v1.SessionRunRequest{Command: "test -e /tmp/heap-ready"})
 				if err != nil {
 					return err
 				}
-				if s.MemoryBytes > int64(cfg.HeapMiB)<<20 {
+				if r.ExitCode == 0 {
 					return nil
 				}
 				time.Sleep(100 * time.Millisecond)

@@ -193,12 +193,16 @@ func run(ctx context.Context, c *client.Client, sb string, args ...string) error
 
 func human(n int64) string {
 	switch {
-	case n >= 1<<30:
+	case n >= 1<<30 && n%(1<<30) == 0:
 		return fmt.Sprintf("%d GiB", n>>30)
-	case n >= 1<<20:
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20 && n%(1<<20) == 0:
 		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 	}
-	return fmt.Sprintf("%d KiB", n>>10)
+	return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 }
 
 // PrintFS writes the result as a table with the targets checked.

@@ -247,20 +247,20 @@ func (m *Manager) pageIndex(head string) *pagestore.Index {
 		if c.Kind == v1.KindFull {
 			hashes, _ := filepath.Glob(filepath.Join(m.ckDir(c.ID), "pagehash", "*"))
 			for _, h := range hashes {
-				if x.AddHashFile(filepath.Join(m.ckImages(c.ID), filepath.Base(h)), h) == nil {
-					found++
-				}
+				// A hash file that cannot be read only costs sharing.
+				_ = x.AddHashFile(filepath.Join(m.ckImages(c.ID), filepath.Base(h)), h)
 			}
+			found++
 		}
 		id = c.Parent
 	}
 	return x
 }
 
-// storeImages moves CRIU's images from staging into the checkpoint:
-// page images through the page store (known pages shared by reflink),
-// with a hash file per page image for later indexes; other images are
-// copied. It returns the bytes written.
+// storeImages moves CRIU's images from staging into the checkpoint
+// through the page store (known pages shared by reflink), with a hash
+// file per multi-page image for later indexes. It returns the bytes
+// written.
 func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) (int64, error) {
 	images, hashes := m.ckImages(ck.ID), filepath.Join(m.ckDir(ck.ID), "pagehash")
 	if err := os.Mkdir(hashes, 0o700); err != nil {
@@ -273,43 +273,25 @@ func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) 
 	x := m.pageIndex(rec.Head)
 	var written int64
 	for _, e := range ents {
+		// Every image goes through the page store: memory pages above
+		// all, but the larger metadata images (mm, pagemap, core) of an
+		// unchanged process repeat whole pages too.
 		src, dst := filepath.Join(staging, e.Name()), filepath.Join(images, e.Name())
-		if strings.HasPrefix(e.Name(), "pages-") && strings.HasSuffix(e.Name(), ".img") {
-			res, err := pagestore.Store(src, dst, x)
-			if err != nil {
-				return 0, fmt.Errorf("store %s: %w", e.Name(), err)
-			}
+		res, err := pagestore.Store(src, dst, x)
+		if err != nil {
+			return 0, fmt.Errorf("store %s: %w", e.Name(), err)
+		}
+		written += res.Written
+		if res.Pages > 1 {
 			if err := os.WriteFile(filepath.Join(hashes, e.Name()), res.Hashes, 0o600); err != nil {
 				return 0, err
 			}
-			written += res.Written + int64(len(res.Hashes))
-			continue
+			written += int64(len(res.Hashes))
 		}
-		n, err := copyFile(src, dst)
-		if err != nil {
-			return 0, err
-		}
-		written += n
 	}
 	return written, nil
 }
 
-func copyFile(src, dst string) (int64, error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return 0, err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return 0, err
-	}
-	n, err := io.Copy(out, in)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	return n, err
-}
 
 func hashFile(p string) (string, int64, error) {
 	f, err := os.Open(p)

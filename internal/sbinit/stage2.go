@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -24,6 +25,10 @@ import (
 
 // Stage2 is PID 1 of the sandbox. It never returns.
 func Stage2() {
+	// Init's memory is dumped with every full checkpoint, and every page
+	// it dirties between two checkpoints is stored again. One P keeps the
+	// runtime's per-P caches and threads to one set.
+	runtime.GOMAXPROCS(1)
 	s := &server{reaper: newReaper(), sessions: map[string]*session{}}
 	go s.reaper.loop()
 	ln, err := net.Listen("unix", SocketName)
@@ -119,14 +124,12 @@ func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr, wait
 }
 
 func (r *reaper) loop() {
+	// Each SIGCHLD (signals coalesce, so one may stand for several
+	// exits) drains every exited child. No timer: a sleeping init
+	// dirties no memory between checkpoints.
 	sigs := make(chan os.Signal, 32)
 	signal.Notify(sigs, unix.SIGCHLD)
-	tick := time.NewTicker(time.Second) // a lost wake-up costs at most this
-	for {
-		select {
-		case <-sigs:
-		case <-tick.C:
-		}
+	for range sigs {
 		for {
 			var ws unix.WaitStatus
 			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
