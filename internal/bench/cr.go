@@ -42,10 +42,10 @@ type CRRow struct {
 	ImageBytes  int64 `json:"image_bytes"`
 	// Baseline: plain criu dump (full images, leave running) plus a full
 	// copy of the root; restore = criu restore from them.
-	BaseStall    Stats `json:"baseline_stall"`
-	BaseDump     Stats `json:"baseline_checkpoint"`
-	BaseRestore  Stats `json:"baseline_rollback"`
-	BaseBytes    int64 `json:"baseline_bytes"`
+	BaseStall   Stats `json:"baseline_stall"`
+	BaseDump    Stats `json:"baseline_checkpoint"`
+	BaseRestore Stats `json:"baseline_rollback"`
+	BaseBytes   int64 `json:"baseline_bytes"`
 }
 
 // CRResult is the outcome of RunCR.

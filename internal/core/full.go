@@ -292,7 +292,6 @@ func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) 
 	return written, nil
 }
 
-
 func hashFile(p string) (string, int64, error) {
 	f, err := os.Open(p)
 	if err != nil {
