@@ -203,3 +203,14 @@ func (c *Cgroup) thawIf(frozen bool) error {
 	}
 	return c.Thaw()
 }
+
+// FreezerDir returns the directory through which Freeze freezes the
+// cgroup (cgroup2 when it has cgroup.freeze, else the v1 freezer), for
+// tools such as CRIU that freeze through a cgroup themselves; "" if the
+// host has no freezer.
+func (c *Cgroup) FreezerDir() string {
+	if c.unified != "" && c.hasFreeze2 {
+		return c.unified
+	}
+	return c.freezer
+}

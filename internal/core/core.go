@@ -134,6 +134,11 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	if p := findCriu(cfg.CriuPath); p != "" {
 		m.criu = criu.New(p)
+		// CRIU re-probes the kernel on every call (30-40 ms) unless it
+		// finds its cache at /run/criu.kdat; keep one on a small tmpfs.
+		if err := m.criu.CacheKerndat(ctx, KerndatDir); err != nil {
+			m.log.Warn("criu kernel-probe cache unavailable; every CRIU call probes the kernel", "err", err)
+		}
 		// Probe now (memoized): the self-test proves CRIU works here
 		// before the first checkpoint needs it.
 		if f := m.criu.Probe(ctx); criuProblem(f) != "" {
@@ -348,6 +353,10 @@ func (m *Manager) Host() v1.Host {
 	}
 	return h
 }
+
+// KerndatDir holds CRIU's kernel-probe cache, on a 1 MiB tmpfs that a
+// reboot clears (/run/criu.kdat links to it).
+const KerndatDir = "/run/molt/criu-kdat"
 
 // DefaultCriuPath is where scripts/criu.sh installs criu.
 const DefaultCriuPath = "/opt/molt/criu/bin/criu"

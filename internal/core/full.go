@@ -14,6 +14,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
@@ -66,11 +67,10 @@ func criuProblem(f criu.Features) string {
 }
 
 // fullCheckpointLocked takes a full checkpoint: files and every process
-// of the sandbox at one instant. CRIU stops the tree (ptrace; a cgroup2
-// freeze would make CRIU hang), dumps it leaving it running, and while the
-// tree is still stopped, after the dump, the root is snapshotted; then
-// CRIU resumes the tree. The image files are hashed into the manifest and
-// the checkpoint is committed like an fs checkpoint.
+// of the sandbox at one instant (one freeze of its cgroup). CRIU dumps to
+// a staging directory in memory; after the thaw, off the frozen window,
+// the images go into the pool through the page store, are hashed into
+// the manifest, and the checkpoint is committed like an fs checkpoint.
 func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, label string) (v1.Checkpoint, error) {
 	start := time.Now()
 	tool, err := m.criuReady(ctx)
@@ -106,29 +106,49 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, labe
 	if err := fsnap.SyncFS(root); err != nil {
 		return v1.Checkpoint{}, err
 	}
-	var snapped time.Time
-	stats, err := tool.Dump(ctx, criu.DumpOptions{
+	// One instant for files and processes: freeze the cgroup (cgroup2,
+	// about a millisecond), snapshot the root, let CRIU dump the frozen
+	// tree (it freezes through the same cgroup, so it does not stop each
+	// task with ptrace), thaw. Stall: freeze to thaw.
+	cg, err := cgroup.Load(cgroupName(rec.ID))
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	// CRIU starts (tens of milliseconds) before the freeze: the freeze
+	// and the snapshot run at its pre-dump notification.
+	var freezeStart time.Time
+	_, err = tool.Dump(ctx, criu.DumpOptions{
 		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
 		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
-		PostDump: func() error {
-			// The tree is still stopped: this snapshot is of the same
-			// instant as the process images.
+		FreezeCgroup: cg.FreezerDir(),
+		PreDump: func() error {
+			freezeStart = time.Now()
+			if err := cg.Freeze(ctx); err != nil {
+				return err
+			}
 			if err := fsnap.Snapshot(root, m.ckFS(id), true); err != nil {
 				return err
 			}
-			snapped = time.Now()
 			return m.fail("full:snapshot")
 		},
 	})
 	if err != nil {
-		return v1.Checkpoint{}, fmt.Errorf("dump: %w", err)
+		err = fmt.Errorf("dump: %w", err)
 	}
-	if snapped.IsZero() {
-		return v1.Checkpoint{}, errors.New("dump: CRIU finished without the post-dump notification; no consistent snapshot")
+	if freezeStart.IsZero() {
+		freezeStart = time.Now()
+	}
+	// CRIU leaves a cgroup it froze frozen; so does a failed dump.
+	if terr := cg.Thaw(); terr != nil {
+		return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
+	}
+	stall := time.Since(freezeStart)
+	if err != nil {
+		return v1.Checkpoint{}, err
 	}
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
-		Created: time.Now().UTC(), StallMS: stats.FreezingMS + stats.FrozenMS,
+		Created: time.Now().UTC(), StallMS: ms(stall),
 	}, Image: rec.Image}
 	// Off the frozen window: move the images from staging into the pool,
 	// writing only the pages no earlier checkpoint of this lineage holds.

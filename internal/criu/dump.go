@@ -49,10 +49,13 @@ func (t *Tool) Dump(ctx context.Context, o DumpOptions) (DumpStats, error) {
 	logPath := filepath.Join(dirs.workPath, dumpLog)
 	start := time.Now()
 	var notify func(string) error
-	if o.PostDump != nil {
+	if o.PreDump != nil || o.PostDump != nil {
 		opts.NotifyScripts = proto.Bool(true)
 		notify = func(script string) error {
-			if script == "post-dump" {
+			switch {
+			case script == "pre-dump" && o.PreDump != nil:
+				return o.PreDump()
+			case script == "post-dump" && o.PostDump != nil:
 				return o.PostDump()
 			}
 			return nil

@@ -57,6 +57,11 @@ type DumpOptions struct {
 	GhostLimit uint32 // largest deleted file kept in the images, bytes; 0 is CRIU's default (1 MiB)
 	LogLevel   int    // 0 means DefaultLogLevel
 
+	// PreDump, if set, runs when CRIU is ready to dump and before it
+	// stops the tree (CRIU's pre-dump notification): a caller freezing
+	// the tree through FreezeCgroup itself can do it here, so that CRIU's
+	// start-up is outside the frozen window. An error aborts the dump.
+	PreDump func() error
 	// PostDump, if set, runs when the images are complete and the tree is
 	// still stopped (CRIU's post-dump notification), before CRIU resumes
 	// the tree (LeaveRunning) or kills it: the moment to snapshot the
