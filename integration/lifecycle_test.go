@@ -129,3 +129,18 @@ func TestNoLeaksAfterRemove(t *testing.T) {
 		}
 	}
 }
+
+// hasSysResource reports whether this process holds CAP_SYS_RESOURCE.
+func hasSysResource() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && n&(1<<24) != 0
+		}
+	}
+	return false
+}

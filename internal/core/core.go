@@ -66,6 +66,8 @@ type Manager struct {
 	mu    sync.Mutex // guards locks and name uniqueness checks
 	locks map[string]*sync.Mutex
 
+	inflight inflight // open daemon connections to each sandbox's init
+
 	// failpoint, when set (by tests), is called at named steps of
 	// multi-step operations; a non-nil error makes that step fail.
 	failpoint func(step string) error

@@ -114,6 +114,12 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, labe
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
+	if err := checkDumpable(cg); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	if err := m.quiet(rec.ID, time.Second); err != nil {
+		return v1.Checkpoint{}, err
+	}
 	// CRIU starts (tens of milliseconds) before the freeze: the freeze
 	// and the snapshot run at its pre-dump notification.
 	var freezeStart time.Time

@@ -207,7 +207,7 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if resp, err := rec.Init.Call(cctx, sbinit.Request{Op: "status"}); err == nil {
+		if resp, err := m.call(cctx, rec, sbinit.Request{Op: "status"}); err == nil {
 			for _, s := range resp.Sessions {
 				sb.Sessions = append(sb.Sessions, v1.Session{Name: s.Name, Pid: s.Pid, Alive: true})
 			}
@@ -373,13 +373,13 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 		TimeoutMS: req.TimeoutMS, Detach: req.Detach, Stdin: req.Stdin,
 	}
 	if req.Detach {
-		resp, err := rec.Init.Call(ctx, ireq)
+		resp, err := m.call(ctx, rec, ireq)
 		if err != nil {
 			return 0, nil, fmt.Errorf("exec: %w", err)
 		}
 		return resp.Pid, nil, nil
 	}
-	c, err := rec.Init.Dial(context.Background())
+	c, err := m.dial(context.Background(), rec)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -399,7 +399,7 @@ func (m *Manager) SessionRun(ctx context.Context, ref, session string, req v1.Se
 	if err != nil {
 		return v1.SessionRunResult{}, err
 	}
-	resp, err := rec.Init.Call(ctx, sbinit.Request{Op: "session-run", Session: session, Command: req.Command, TimeoutMS: req.TimeoutMS})
+	resp, err := m.call(ctx, rec, sbinit.Request{Op: "session-run", Session: session, Command: req.Command, TimeoutMS: req.TimeoutMS})
 	if err != nil {
 		return v1.SessionRunResult{}, fmt.Errorf("session %s: %w", session, err)
 	}
@@ -415,6 +415,6 @@ func (m *Manager) SessionClose(ctx context.Context, ref, session string) error {
 	if err != nil {
 		return err
 	}
-	_, err = rec.Init.Call(ctx, sbinit.Request{Op: "session-close", Session: session})
+	_, err = m.call(ctx, rec, sbinit.Request{Op: "session-close", Session: session})
 	return err
 }
