@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -64,7 +65,7 @@ func (d demo) session(sb, text string) (string, error) {
 
 func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) {
 	say(g, "molt demo: a daemon on a temporary root, a Debian sandbox, an agent's shell session,\n")
-	say(g, "filesystem checkpoints, rollback and fork. Everything is removed at the end.\n\n")
+	say(g, "filesystem and full (process) checkpoints, rollback and fork. Everything is removed at the end.\n\n")
 	e, err := daemon.StartEphemeral(ctx, dir, cacheDir, version)
 	if err != nil {
 		return err
@@ -91,7 +92,7 @@ func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) 
 	}
 	say(g, "daemon on %s, pool %s (loop file: %v), cgroup %s\n\n", e.Root, h.Pool.Dir, h.Pool.Loop, h.Cgroup)
 	d := demo{ctx: ctx, c: e.Client}
-	var sb, ck1, ck2 string
+	var sb, ck1, ck2, ckFull string
 	steps := []struct {
 		what string
 		f    func() (string, error)
@@ -154,6 +155,44 @@ func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) 
 				outs = append(outs, o)
 			}
 			return strings.Join(outs, "; "), nil
+		}},
+		{"agent: start a counter in the background", func() (string, error) {
+			_, err := d.c.ExecDetached(ctx, sb, v1.ExecRequest{Args: []string{"python3", "-c",
+				"import time\nn = 0\nwhile True:\n    n += 1\n    open('/tmp/count', 'w').write(str(n))\n    time.sleep(0.1)"}})
+			if err != nil {
+				return "", err
+			}
+			time.Sleep(500 * time.Millisecond)
+			return d.session(sb, `export MOOD=calm; echo "count $(cat /tmp/count)"`)
+		}},
+		{"checkpoint --kind full (label: live)", func() (string, error) {
+			ck, err := d.c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Label: "live"})
+			if err != nil {
+				if errors.Is(err, client.ErrNotSupported) {
+					return "skipped: " + err.Error(), nil
+				}
+				return "", err
+			}
+			ckFull = ck.ID
+			return fmt.Sprintf("%s, stall %.1f ms, %s written", ck.ID, ck.StallMS, human(ck.BytesWritten)), nil
+		}},
+		{"agent: 1 s later, kill the counter, change the shell", func() (string, error) {
+			time.Sleep(time.Second)
+			return d.session(sb, `pkill -f count; export MOOD=angry; echo "count $(cat /tmp/count), MOOD=$MOOD"`)
+		}},
+		{"rollback to live (files and processes)", func() (string, error) {
+			if ckFull == "" {
+				return "skipped", nil
+			}
+			r, err := d.c.Rollback(ctx, sb, ckFull)
+			return fmt.Sprintf("tier %s in %.1f ms", r.Tier, r.DurationMS), err
+		}},
+		{"agent: counter and shell are back", func() (string, error) {
+			if ckFull == "" {
+				return "skipped", nil
+			}
+			time.Sleep(300 * time.Millisecond)
+			return d.session(sb, `echo "count $(cat /tmp/count) and counting, MOOD=$MOOD"`)
 		}},
 		{"checkpoint tree of the sandbox", func() (string, error) {
 			l, err := d.c.Checkpoints(ctx, sb)

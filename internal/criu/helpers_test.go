@@ -116,16 +116,6 @@ func (c *counter) kill() {
 	<-c.exited
 }
 
-// waitExit waits until the original process is reaped.
-func (c *counter) waitExit(t testing.TB) {
-	t.Helper()
-	select {
-	case <-c.exited:
-	case <-time.After(10 * time.Second):
-		t.Fatal("dumped process did not exit")
-	}
-}
-
 // count asks the process listening on port for its count.
 func count(port int) (int, error) {
 	conn, err := net.DialTimeout("tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), 2*time.Second)
