@@ -110,7 +110,7 @@ func TestFullCheckpointRollback(t *testing.T) {
 	// Twice: a checkpoint is not consumed by a rollback.
 	must(t, "exec", sb, "--session", "main", "--", "export X=7")
 	must(t, "rollback", sb, ck)
-	checkRestored(t, sb, pid, count+0)
+	checkRestored(t, sb, pid, count)
 }
 
 func TestFullCheckpointFork(t *testing.T) {
@@ -223,5 +223,29 @@ func TestCorruptCheckpointRefused(t *testing.T) {
 	}
 	if r := molt(t, "checkpoint", "verify", ck); r.code == 0 || !strings.Contains(r.stderr, "truncated") {
 		t.Fatalf("truncated image: exit %d %q", r.code, r.stderr)
+	}
+}
+
+// A rollback to an fs checkpoint whose ancestor is full brings back the
+// fs checkpoint's files with the ancestor's processes.
+func TestFSRollbackTakesFullAncestorProcesses(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	must(t, "exec", sb, "--session", "main", "--", "export X=42; mkdir -p /work; echo one > /work/f")
+	must(t, "checkpoint", sb, "--kind", "full")
+	sh(t, sb, "echo two > /work/f")
+	fsck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "fs"))
+	must(t, "exec", sb, "--session", "main", "--", "export X=99; echo three > /work/f")
+	var rb struct {
+		Tier               string `json:"tier"`
+		ProcessesRestarted bool   `json:"processes_restarted"`
+		Note               string `json:"note"`
+	}
+	mustJSON(t, &rb, "rollback", sb, fsck)
+	if rb.Tier != "warm" || rb.ProcessesRestarted || !strings.Contains(rb.Note, "full ancestor") {
+		t.Fatalf("rollback to an fs checkpoint with a full ancestor: %+v", rb)
+	}
+	if got := must(t, "exec", sb, "--session", "main", "--", "echo $X; cat /work/f"); got != "42\ntwo\n" {
+		t.Fatalf("after rollback: %q; want the ancestor's X=42 with the fs checkpoint's file", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -348,4 +349,169 @@ func TestReopenAfterHostRestart(t *testing.T) {
 	if r := run(t, m, sb.ID, "cat /root/f"); r.Stdout != "before\n" {
 		t.Fatalf("files after rollback: %q", r.Stdout)
 	}
+}
+
+func requireCRIU(t *testing.T, m *Manager) {
+	t.Helper()
+	if _, err := m.criuReady(context.Background()); err != nil {
+		testutil.Unavailable(t, err.Error())
+	}
+}
+
+// TestFullCheckpointFailureLeavesSandboxRunning: a full checkpoint that
+// fails after the freeze and snapshot, or before its record, leaves the
+// sandbox thawed and running and lists nothing.
+func TestFullCheckpointFailureLeavesSandboxRunning(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "x=7")
+	for _, step := range []string{"full:snapshot", "full:record"} {
+		t.Run(step, func(t *testing.T) {
+			failAt(m, step)
+			_, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+			m.failpoint = nil
+			if !errors.Is(err, errInjected) {
+				t.Fatalf("checkpoint: %v; want the injected failure", err)
+			}
+			if cks, _ := m.Checkpoints(sb.ID); len(cks) != 0 {
+				t.Fatalf("failed checkpoint listed: %+v", cks)
+			}
+			if e := entries(t, m.path("checkpoints")); len(e) != 0 {
+				t.Fatalf("failed checkpoint left %v", e)
+			}
+			if r := run(t, m, sb.ID, "echo $x"); r.Stdout != "7\n" {
+				t.Fatalf("sandbox after failed checkpoint: %+v", r)
+			}
+		})
+	}
+	// And one that works, after the failures.
+	if _, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFullRestoreAfterHostRestart: after every process died and the pool
+// was unmounted, a full checkpoint is still listed and restores the
+// session it captured.
+func TestFullRestoreAfterHostRestart(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "export X=42; cd /tmp")
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := m.lookupSandbox(sb.ID)
+	if err := m.killProcesses(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	if err := m.pool.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	m, err = Open(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeManager(t, m)
+	if got, _ := m.Sandbox(ctx, sb.ID); got.State != v1.StateLost {
+		t.Fatalf("after host restart: %+v", got)
+	}
+	if _, err := m.VerifyCheckpoint(ck.ID); err != nil {
+		t.Fatal(err)
+	}
+	res, err := m.Rollback(ctx, sb.ID, ck.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Tier != v1.TierWarm {
+		t.Fatalf("rollback: %+v", res)
+	}
+	if r := run(t, m, sb.ID, "echo $X; pwd"); r.Stdout != "42\n/tmp\n" {
+		t.Fatalf("session after restore: %q", r.Stdout)
+	}
+}
+
+// TestDeletingCheckpointsReleasesSpace: pages shared between full
+// checkpoints stay while one holds them and go with the last.
+func TestDeletingCheckpointsReleasesSpace(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c",
+		"import os, time\nb = bytearray(os.urandom(48 << 20))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)"}}); err != nil {
+		t.Fatal(err)
+	}
+	for run(t, m, sb.ID, "test -e /tmp/ready && echo y").Stdout != "y\n" {
+		time.Sleep(50 * time.Millisecond)
+	}
+	used := func() int64 {
+		var st unix.Statfs_t
+		if err := unix.Syncfs(mustOpen(t, m.pool.Dir)); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Statfs(m.pool.Dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Blocks-st.Bfree) * st.Bsize
+	}
+	before := used()
+	a, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.BytesWritten > a.BytesWritten/5 {
+		t.Fatalf("second checkpoint wrote %d bytes, first %d: pages not shared", b.BytesWritten, a.BytesWritten)
+	}
+	withBoth := used()
+	if err := m.DeleteCheckpoint(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	// b shares a's pages: deleting a frees little.
+	if freed := withBoth - used(); freed > 16<<20 {
+		t.Fatalf("deleting the first checkpoint freed %d bytes that the second shares", freed)
+	}
+	if _, err := m.VerifyCheckpoint(b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.DeleteCheckpoint(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Deleting both releases the pages (btrfs frees unshared extents
+	// asynchronously: give it a moment).
+	deadline := time.Now().Add(10 * time.Second)
+	for used()-before > 24<<20 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if grew := used() - before; grew > 24<<20 {
+		t.Fatalf("after deleting both checkpoints the pool still holds %d more bytes", grew)
+	}
+}
+
+func mustOpen(t *testing.T, p string) int {
+	t.Helper()
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
 }
