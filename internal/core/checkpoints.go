@@ -461,7 +461,7 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 	// An fs checkpoint's forks take its full ancestor's processes when
 	// CRIU can restore them, and start afresh otherwise.
 	if p, ok := m.processSource(ck); ok && (ck.Kind == v1.KindFull || m.criu != nil) {
-		if err := m.verify(p); err != nil {
+		if err := m.verify(p, false); err != nil {
 			return v1.ForkResult{}, fmt.Errorf("fork: %w", err)
 		}
 		procs = &p

@@ -68,6 +68,9 @@ type Manager struct {
 
 	inflight inflight // open daemon connections to each sandbox's init
 
+	stampsMu sync.Mutex
+	stamps   map[string]stamp // objects hashed by this daemon, as they were then
+
 	// failpoint, when set (by tests), is called at named steps of
 	// multi-step operations; a non-nil error makes that step fail.
 	failpoint func(step string) error

@@ -158,11 +158,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, labe
 	}, Image: rec.Image}
 	// Off the frozen window: move the images from staging into the pool,
 	// writing only the pages no earlier checkpoint of this lineage holds.
-	written, err := m.storeImages(ck, rec, staging)
-	if err != nil {
-		return v1.Checkpoint{}, err
-	}
-	objs, _, err := hashObjects(dir, "images", "pagehash")
+	objs, written, err := m.storeImages(ck, rec, staging)
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
@@ -192,41 +188,9 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, labe
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
+	m.remember(id, objs)
 	r.Success()
 	return ck.Checkpoint, nil
-}
-
-// hashObjects hashes every regular file under the subdirectories subs
-// of dir.
-func hashObjects(dir string, subs ...string) ([]object, int64, error) {
-	var objs []object
-	var total int64
-	for _, sub := range subs {
-		if err := hashTree(dir, sub, &objs, &total); err != nil {
-			return nil, 0, err
-		}
-	}
-	sort.Slice(objs, func(i, j int) bool { return objs[i].Path < objs[j].Path })
-	return objs, total, nil
-}
-
-func hashTree(dir, sub string, objs *[]object, total *int64) error {
-	return filepath.WalkDir(filepath.Join(dir, sub), func(p string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		if !d.Type().IsRegular() {
-			return fmt.Errorf("%s: not a regular file", p)
-		}
-		sum, n, err := hashFile(p)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		*objs = append(*objs, object{Path: rel, Size: n, SHA256: sum})
-		*total += n
-		return nil
-	})
 }
 
 func imageBytes(objs []object) int64 {
@@ -285,18 +249,19 @@ func (m *Manager) pageIndex(head string) *pagestore.Index {
 
 // storeImages moves CRIU's images from staging into the checkpoint
 // through the page store (known pages shared by reflink), with a hash
-// file per multi-page image for later indexes. It returns the bytes
-// written.
-func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) (int64, error) {
+// file per multi-page image for later indexes. It returns the stored
+// objects (hashed on the way, not read again) and the bytes written.
+func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) ([]object, int64, error) {
 	images, hashes := m.ckImages(ck.ID), filepath.Join(m.ckDir(ck.ID), "pagehash")
 	if err := os.Mkdir(hashes, 0o700); err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	ents, err := os.ReadDir(staging)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	x := m.pageIndex(rec.Head)
+	var objs []object
 	var written int64
 	for _, e := range ents {
 		// Every image goes through the page store: memory pages above
@@ -305,17 +270,21 @@ func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) 
 		src, dst := filepath.Join(staging, e.Name()), filepath.Join(images, e.Name())
 		res, err := pagestore.Store(src, dst, x)
 		if err != nil {
-			return 0, fmt.Errorf("store %s: %w", e.Name(), err)
+			return nil, 0, fmt.Errorf("store %s: %w", e.Name(), err)
 		}
 		written += res.Written
+		objs = append(objs, object{Path: "images/" + e.Name(), Size: res.Size, SHA256: hex.EncodeToString(res.Sum[:])})
 		if res.Pages > 1 {
 			if err := os.WriteFile(filepath.Join(hashes, e.Name()), res.Hashes, 0o600); err != nil {
-				return 0, err
+				return nil, 0, err
 			}
+			sum := sha256.Sum256(res.Hashes)
+			objs = append(objs, object{Path: "pagehash/" + e.Name(), Size: int64(len(res.Hashes)), SHA256: hex.EncodeToString(sum[:])})
 			written += int64(len(res.Hashes))
 		}
 	}
-	return written, nil
+	sort.Slice(objs, func(i, j int) bool { return objs[i].Path < objs[j].Path })
+	return objs, written, nil
 }
 
 func hashFile(p string) (string, int64, error) {
@@ -332,16 +301,60 @@ func hashFile(p string) (string, int64, error) {
 	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
+// stamp identifies one state of a file: any write through the
+// filesystem changes its ctime.
+type stamp struct {
+	ino, size           int64
+	ctimeSec, ctimeNsec int64
+}
+
+func stampOf(p string) (stamp, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return stamp{}, err
+	}
+	return stamp{ino: int64(st.Ino), size: st.Size, ctimeSec: st.Ctim.Sec, ctimeNsec: st.Ctim.Nsec}, nil
+}
+
+// remember records that the objects of checkpoint id were hashed (as
+// written, or verified) in their current state.
+func (m *Manager) remember(id string, objs []object) {
+	m.stampsMu.Lock()
+	defer m.stampsMu.Unlock()
+	if m.stamps == nil {
+		m.stamps = map[string]stamp{}
+	}
+	for _, o := range objs {
+		p := filepath.Join(m.ckDir(id), o.Path)
+		if st, err := stampOf(p); err == nil {
+			m.stamps[p] = st
+		}
+	}
+}
+
 // verify checks every object the checkpoint's record lists: present,
-// same size, same hash. Nothing is restored from a checkpoint that fails.
-func (m *Manager) verify(ck checkpointRec) error {
+// same size, same hash. Nothing is restored from a checkpoint that
+// fails. Unless thorough, an object this daemon hashed before and that
+// has not changed since (same inode, size and ctime: any write through
+// the filesystem moves the ctime, and btrfs checksums what the disk
+// returns) is not hashed again; `molt checkpoint verify` is thorough.
+func (m *Manager) verify(ck checkpointRec, thorough bool) error {
 	dir := m.ckDir(ck.ID)
 	if _, err := os.Stat(m.ckFS(ck.ID)); err != nil {
 		return fmt.Errorf("checkpoint %s: file snapshot missing: %w", ck.ID, errdefs.ErrFailedPrecondition)
 	}
 	var bad []string
+	var good []object
 	for _, o := range ck.Objects {
 		p := filepath.Join(dir, o.Path)
+		if !thorough {
+			m.stampsMu.Lock()
+			known, ok := m.stamps[p]
+			m.stampsMu.Unlock()
+			if st, err := stampOf(p); ok && err == nil && st == known && st.size == o.Size {
+				continue
+			}
+		}
 		sum, n, err := hashFile(p)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
@@ -352,8 +365,11 @@ func (m *Manager) verify(ck checkpointRec) error {
 			bad = append(bad, fmt.Sprintf("%s: %d bytes, want %d (truncated or extended)", o.Path, n, o.Size))
 		case sum != o.SHA256:
 			bad = append(bad, fmt.Sprintf("%s: content hash %s..., want %s... (corrupted)", o.Path, sum[:12], o.SHA256[:12]))
+		default:
+			good = append(good, o)
 		}
 	}
+	m.remember(ck.ID, good)
 	if len(bad) > 0 {
 		if len(bad) > 5 {
 			bad = append(bad[:5], fmt.Sprintf("and %d more", len(bad)-5))
@@ -369,7 +385,7 @@ func (m *Manager) VerifyCheckpoint(ref string) (v1.Checkpoint, error) {
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
-	return ck.Checkpoint, m.verify(ck)
+	return ck.Checkpoint, m.verify(ck, true)
 }
 
 // processSource returns the checkpoint whose processes a rollback to ck
@@ -398,7 +414,7 @@ func (m *Manager) processSource(ck checkpointRec) (checkpointRec, bool) {
 // once it runs is the old tree killed and the root switched. Any failure
 // before that leaves the sandbox as it was.
 func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, procs checkpointRec) (v1.RollbackResult, error) {
-	if err := m.verify(procs); err != nil {
+	if err := m.verify(procs, false); err != nil {
 		return v1.RollbackResult{}, err
 	}
 	next := filepath.Join(m.sbDir(rec.ID), "root.next")

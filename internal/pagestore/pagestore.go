@@ -79,10 +79,13 @@ func (x *Index) AddHashFile(file, hashFile string) error {
 
 // Result reports one Store.
 type Result struct {
-	Pages    int   // pages in the image
-	Shared   int   // pages shared with indexed files
-	Written  int64 // bytes written (new pages, and a partial last page)
-	Hashes   []byte
+	Size    int64 // bytes in the image
+	Pages   int   // pages in the image
+	Shared  int   // pages shared with indexed files
+	Written int64 // bytes written (new pages, and a partial last page)
+	Hashes  []byte
+	// Sum is the SHA-256 of the whole image, computed on the way.
+	Sum      [sha256.Size]byte
 	Reflinks int // FICLONERANGE calls
 }
 
@@ -160,6 +163,7 @@ func Store(src, dst string, x *Index) (Result, error) {
 	srcFiles[self] = out
 	defer delete(srcFiles, self)
 
+	whole := sha256.New()
 	buf := make([]byte, PageSize)
 	for page := int64(0); ; page++ {
 		n, err := io.ReadFull(in, buf)
@@ -169,6 +173,7 @@ func Store(src, dst string, x *Index) (Result, error) {
 		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
 			return Result{}, err
 		}
+		whole.Write(buf[:n])
 		h := sha256.Sum256(buf[:n])
 		res.Hashes = append(res.Hashes, h[:]...)
 		res.Pages++
@@ -205,6 +210,8 @@ func Store(src, dst string, x *Index) (Result, error) {
 	if err := out.Truncate(size); err != nil {
 		return Result{}, err
 	}
+	copy(res.Sum[:], whole.Sum(nil))
+	res.Size = size
 	ok = true
 	return res, out.Close()
 }
