@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -34,27 +35,16 @@ func benchCmd(g *globals) *cobra.Command {
 				}
 				bs = append(bs, n)
 			}
-			e, err := daemon.StartEphemeral(ctx, dir, cacheDir, version)
-			if err != nil {
-				return err
-			}
-			defer func() {
-				if err := e.Close(); err != nil {
-					fmt.Fprintln(os.Stderr, "molt: cleanup:", err)
+			return withDaemon(ctx, dir, cacheDir, func(e *daemon.Ephemeral) error {
+				res, err := bench.RunFS(ctx, e, bench.FSConfig{Image: "default", Sizes: bs, Files: files,
+					Iterations: iters, BaselineIterations: baseIters, Progress: os.Stderr})
+				if err != nil {
+					return err
 				}
-			}()
-			fmt.Fprintln(os.Stderr, "bench: building the default image (cached after the first build)")
-			if _, err := e.Client.BuildImage(ctx, v1.ImageBuildRequest{Name: "default"}, nil); err != nil {
-				return err
-			}
-			res, err := bench.RunFS(ctx, e, bench.FSConfig{Image: "default", Sizes: bs, Files: files,
-				Iterations: iters, BaselineIterations: baseIters, Progress: os.Stderr})
-			if err != nil {
-				return err
-			}
-			return g.print(res, func() {
-				fmt.Printf("molt bench fs: %d files per sandbox, one file changed between checkpoints; kernel %s\n\n", files, res.Kernel)
-				bench.PrintFS(os.Stdout, res)
+				return g.print(res, func() {
+					fmt.Printf("molt bench fs: %d files per sandbox, one file changed between checkpoints; kernel %s\n\n", files, res.Kernel)
+					bench.PrintFS(os.Stdout, res)
+				})
 			})
 		},
 	}
@@ -77,25 +67,15 @@ func benchCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
-			e, err := daemon.StartEphemeral(ctx, dir, cacheDir, version)
-			if err != nil {
-				return err
-			}
-			defer func() {
-				if err := e.Close(); err != nil {
-					fmt.Fprintln(os.Stderr, "molt: cleanup:", err)
+			return withDaemon(ctx, dir, cacheDir, func(e *daemon.Ephemeral) error {
+				res, err := bench.RunCR(ctx, e, bench.CRConfig{Image: "default", CriuPath: criuPath, Iterations: crIters, HeapMiB: heap, Progress: os.Stderr})
+				if err != nil {
+					return err
 				}
-			}()
-			if _, err := e.Client.BuildImage(ctx, v1.ImageBuildRequest{Name: "default"}, nil); err != nil {
-				return err
-			}
-			res, err := bench.RunCR(ctx, e, bench.CRConfig{Image: "default", CriuPath: criuPath, Iterations: crIters, HeapMiB: heap, Progress: os.Stderr})
-			if err != nil {
-				return err
-			}
-			return g.print(res, func() {
-				fmt.Printf("molt bench cr: %d checkpoints and rollbacks per workload (baseline: half as many)\n\n", crIters)
-				bench.PrintCR(os.Stdout, res)
+				return g.print(res, func() {
+					fmt.Printf("molt bench cr: %d checkpoints and rollbacks per workload (baseline: half as many)\n\n", crIters)
+					bench.PrintCR(os.Stdout, res)
+				})
 			})
 		},
 	}
@@ -106,4 +86,24 @@ func benchCmd(g *globals) *cobra.Command {
 	cr.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
 	c.AddCommand(fs, cr)
 	return c
+}
+
+// withDaemon runs fn against an ephemeral daemon on a temporary root
+// under dir, with the default image built (from the cache after the
+// first build), and removes everything afterwards.
+func withDaemon(ctx context.Context, dir, cacheDir string, fn func(*daemon.Ephemeral) error) error {
+	e, err := daemon.StartEphemeral(ctx, dir, cacheDir, version)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := e.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "molt: cleanup:", err)
+		}
+	}()
+	fmt.Fprintln(os.Stderr, "bench: building the default image (cached after the first build)")
+	if _, err := e.Client.BuildImage(ctx, v1.ImageBuildRequest{Name: "default"}, nil); err != nil {
+		return err
+	}
+	return fn(e)
 }

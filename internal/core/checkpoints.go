@@ -68,16 +68,11 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 			return v1.Checkpoint{}, err
 		}
 	}
-	rec, err := m.lookupSandbox(ref)
+	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
-	// Re-read under the lock: a rollback may have moved the head.
-	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
-		return v1.Checkpoint{}, notFound("sandbox", ref)
-	}
 	var ck v1.Checkpoint
 	if req.Kind == v1.KindFull {
 		ck, err = m.fullCheckpointLocked(ctx, rec, req.Label)
@@ -331,21 +326,17 @@ func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
 // restore); the result says so.
 func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackResult, error) {
 	start := time.Now()
-	rec, err := m.lookupSandbox(ref)
+	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.RollbackResult{}, err
 	}
+	defer unlock()
 	ck, err := m.lookupCheckpoint(ckRef, rec.ID)
 	if err != nil {
 		return v1.RollbackResult{}, err
 	}
 	if ck.Sandbox != rec.ID && ck.ID != rec.ForkedFrom {
 		return v1.RollbackResult{}, fmt.Errorf("rollback %s: checkpoint %s belongs to sandbox %s (fork it instead): %w", rec.ID, ck.ID, ck.Sandbox, errdefs.ErrInvalidArgument)
-	}
-	unlock := m.lock(rec.ID)
-	defer unlock()
-	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
-		return v1.RollbackResult{}, notFound("sandbox", ref)
 	}
 	if procs, ok := m.processSource(ck); ok {
 		res, err := m.rollbackProcesses(ctx, &rec, ck, procs)

@@ -14,15 +14,11 @@ import (
 // processes, which frees their memory. The sandbox is "hibernated" at
 // that checkpoint until Resume, also across daemon and host restarts.
 func (m *Manager) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error) {
-	rec, err := m.lookupSandbox(ref)
+	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.Sandbox{}, err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
-	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
-		return v1.Sandbox{}, notFound("sandbox", ref)
-	}
 	ck, err := m.fullCheckpointLocked(ctx, rec, "")
 	if err != nil {
 		return v1.Sandbox{}, fmt.Errorf("hibernate %s: %w", rec.ID, err)
@@ -42,15 +38,11 @@ func (m *Manager) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error)
 
 // Resume restores a hibernated sandbox from its checkpoint.
 func (m *Manager) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
-	rec, err := m.lookupSandbox(ref)
+	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.Sandbox{}, err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
-	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
-		return v1.Sandbox{}, notFound("sandbox", ref)
-	}
 	if rec.State != v1.StateHibernated {
 		return v1.Sandbox{}, fmt.Errorf("resume %s: the sandbox is %s, not hibernated: %w", rec.ID, m.report(rec).State, errdefs.ErrFailedPrecondition)
 	}

@@ -177,6 +177,22 @@ func (m *Manager) lookupSandbox(ref string) (sandboxRec, error) {
 	return rec, fmt.Errorf("sandbox %q is ambiguous (%d matches): %w", ref, len(matches), errdefs.ErrInvalidArgument)
 }
 
+// lockSandbox finds a sandbox, takes its lock and reads its record again
+// under the lock: another operation may have changed it (moved its head,
+// replaced its init) while this one waited.
+func (m *Manager) lockSandbox(ref string) (sandboxRec, func(), error) {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return rec, nil, err
+	}
+	unlock := m.lock(rec.ID)
+	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
+		unlock()
+		return rec, nil, notFound("sandbox", ref)
+	}
+	return rec, unlock, nil
+}
+
 // report turns a record into what the API shows, checking that a
 // running sandbox's init is still there.
 func (m *Manager) report(rec sandboxRec) v1.Sandbox {
@@ -242,11 +258,10 @@ func (m *Manager) loadCgroup(rec sandboxRec) (*cgroup.Cgroup, error) {
 
 // Stop kills every process of the sandbox. Its files stay.
 func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
-	rec, err := m.lookupSandbox(ref)
+	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.Sandbox{}, err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
 	if err := m.killProcesses(ctx, rec); err != nil {
 		return v1.Sandbox{}, fmt.Errorf("stop %s: %w", rec.ID, err)
@@ -272,11 +287,10 @@ func (m *Manager) killProcesses(ctx context.Context, rec sandboxRec) error {
 // Start starts a stopped or lost sandbox's init (a fresh process tree on
 // its current files).
 func (m *Manager) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
-	rec, err := m.lookupSandbox(ref)
+	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.Sandbox{}, err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
 	if rec.State == v1.StateRunning && rec.Init.Alive() {
 		return m.report(rec), nil
@@ -312,11 +326,10 @@ func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 
 // Remove deletes a sandbox: its processes, cgroup, root and checkpoints.
 func (m *Manager) Remove(ctx context.Context, ref string) error {
-	rec, err := m.lookupSandbox(ref)
+	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
 	if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
 		if err := cg.Destroy(ctx); err != nil {
