@@ -103,7 +103,7 @@ func TestFullCheckpointRollback(t *testing.T) {
 		Tier string `json:"tier"`
 	}
 	mustJSON(t, &rb, "rollback", sb, ck)
-	if rb.Tier != "warm" {
+	if rb.Tier != "warm" && rb.Tier != "hot" {
 		t.Fatalf("rollback tier %q", rb.Tier)
 	}
 	checkRestored(t, sb, pid, count)
@@ -247,5 +247,47 @@ func TestFSRollbackTakesFullAncestorProcesses(t *testing.T) {
 	}
 	if got := must(t, "exec", sb, "--session", "main", "--", "echo $X; cat /work/f"); got != "42\ntwo\n" {
 		t.Fatalf("after rollback: %q; want the ancestor's X=42 with the fs checkpoint's file", got)
+	}
+}
+
+// waitStandby waits until the sandbox has a standby for checkpoint ck.
+func waitStandby(t *testing.T, sb, ck string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var s struct {
+			Standby string `json:"standby"`
+		}
+		mustJSON(t, &s, "inspect", sb)
+		if s.Standby == ck {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no standby for %s within 20 s (standby: %q)", ck, s.Standby)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Rollback to the same checkpoint 20 times, each from the hot tier once
+// the standby pool has refilled: the session's variables and the
+// in-memory counter come back every time.
+func TestHotRollbackRepeated(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	ck, pid, count := fullScenario(t, sb)
+	for i := 0; i < 20; i++ {
+		waitStandby(t, sb, ck)
+		var rb struct {
+			Tier       string  `json:"tier"`
+			DurationMS float64 `json:"duration_ms"`
+		}
+		mustJSON(t, &rb, "rollback", sb, ck)
+		if rb.Tier != "hot" {
+			t.Fatalf("rollback %d: tier %q, want hot", i, rb.Tier)
+		}
+		checkRestored(t, sb, pid, count)
+		// Change things again before the next rollback.
+		must(t, "exec", sb, "--session", "main", "--", "export X=99; cd /; rm -f /work/f")
 	}
 }

@@ -138,7 +138,10 @@ type Sandbox struct {
 	// created from; new checkpoints get it as parent.
 	Head string `json:"head,omitempty"`
 	// ForkedFrom is the checkpoint a forked sandbox started from.
-	ForkedFrom  string    `json:"forked_from,omitempty"`
+	ForkedFrom string `json:"forked_from,omitempty"`
+	// Standby is the checkpoint a pre-restored standby is ready for: a
+	// rollback to it is hot.
+	Standby     string    `json:"standby,omitempty"`
 	Sessions    []Session `json:"sessions,omitempty"`
 	MemoryBytes int64     `json:"memory_bytes,omitempty"`
 	Processes   int       `json:"processes,omitempty"`

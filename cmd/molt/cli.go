@@ -93,13 +93,17 @@ func parseSize(s string) (int64, error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var poolSize, cacheDir string
+	var poolSize, cacheDir, budget string
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the molt daemon in the foreground",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			size, err := parseSize(poolSize)
+			if err != nil {
+				return err
+			}
+			sbyBudget, err := parseSize(budget)
 			if err != nil {
 				return err
 			}
@@ -111,13 +115,14 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version, Logger: log},
+				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget},
 				Socket: g.socket,
 			})
 		},
 	}
 	c.Flags().StringVar(&poolSize, "pool-size", "32G", "size of the btrfs loop file when the root is not on btrfs")
 	c.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "cache for debootstrap trees (env MOLT_CACHE_DIR)")
+	c.Flags().StringVar(&budget, "standby-budget", "2G", "memory for pre-restored standbys (hot rollback) across the host; 0 disables them")
 	return c
 }
 

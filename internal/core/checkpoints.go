@@ -18,6 +18,7 @@ import (
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/store"
+	"golang.org/x/sys/unix"
 )
 
 type checkpointRec struct {
@@ -76,6 +77,9 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 	var ck v1.Checkpoint
 	if req.Kind == v1.KindFull {
 		ck, err = m.fullCheckpointLocked(ctx, rec, req.Label)
+		if err == nil {
+			m.scheduleStandby(rec.ID)
+		}
 	} else {
 		ck, err = m.checkpointLocked(ctx, rec, req.Label)
 	}
@@ -295,6 +299,9 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
 }
 
 func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
+	if s := m.standbyOf(ck.Sandbox); s != nil && s.ck == ck.ID {
+		m.dropStandby(ck.Sandbox, true)
+	}
 	all, err := store.List[checkpointRec](m.db, store.Checkpoints)
 	if err != nil {
 		return err
@@ -338,6 +345,23 @@ func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackR
 	if ck.Sandbox != rec.ID && ck.ID != rec.ForkedFrom {
 		return v1.RollbackResult{}, fmt.Errorf("rollback %s: checkpoint %s belongs to sandbox %s (fork it instead): %w", rec.ID, ck.ID, ck.Sandbox, errdefs.ErrInvalidArgument)
 	}
+	if s := m.takeStandby(rec.ID, ck.ID); s != nil {
+		// A damaged checkpoint is refused even though its standby is
+		// sound: the invariant holds on every tier. (Objects checked at
+		// the standby's preparation are only stat'ed again.)
+		if err := m.verify(ck, false); err != nil {
+			_ = unix.Kill(s.init.Pid, unix.SIGKILL)
+			_ = removeTree(s.root)
+			return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
+		}
+		res, err := m.promote(ctx, &rec, ck, s)
+		if err == nil {
+			res.DurationMS = ms(time.Since(start))
+			m.scheduleStandby(rec.ID)
+			return res, nil
+		}
+		m.log.Info("standby not promoted; restoring instead", "sandbox", rec.ID, "checkpoint", ck.ID, "err", err)
+	}
 	if procs, ok := m.processSource(ck); ok {
 		res, err := m.rollbackProcesses(ctx, &rec, ck, procs)
 		if err == nil || ck.Kind == v1.KindFull {
@@ -345,6 +369,7 @@ func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackR
 				return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
 			}
 			res.DurationMS = ms(time.Since(start))
+			m.scheduleStandby(rec.ID)
 			return res, nil
 		}
 		// The processes of the full ancestor do not fit this checkpoint's

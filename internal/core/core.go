@@ -45,6 +45,10 @@ type Config struct {
 	// installs (/opt/molt/criu/bin/criu), then criu on PATH. Without
 	// one, full checkpoints are reported unsupported.
 	CriuPath string
+	// StandbyBudget bounds the memory of pre-restored standbys (by the
+	// size of their checkpoints' images) across the host; 0 disables
+	// standbys, so every rollback restores with CRIU.
+	StandbyBudget int64
 	// Version is reported by Host.
 	Version string
 	// Logger; default slog.Default().
@@ -67,6 +71,8 @@ type Manager struct {
 	locks map[string]*sync.Mutex
 
 	inflight inflight // open daemon connections to each sandbox's init
+
+	sby standbys
 
 	stampsMu sync.Mutex
 	stamps   map[string]stamp // objects hashed by this daemon, as they were then
@@ -161,9 +167,22 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	return m, nil
 }
 
-// Close releases the metadata store. Sandboxes keep running, and the
+// Close releases the metadata store after standby preparations in
+// flight end, and kills the standbys. Sandboxes keep running, and the
 // pool stays mounted for them.
-func (m *Manager) Close() error { return m.db.Close() }
+func (m *Manager) Close() error {
+	m.sby.wg.Wait()
+	m.sby.mu.Lock()
+	ids := make([]string, 0, len(m.sby.m))
+	for id := range m.sby.m {
+		ids = append(ids, id)
+	}
+	m.sby.mu.Unlock()
+	for _, id := range ids {
+		m.dropStandby(id, true)
+	}
+	return m.db.Close()
+}
 
 // Pool returns the storage pool.
 func (m *Manager) Pool() *pool.Pool { return m.pool }
@@ -314,6 +333,9 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	known = map[string]bool{}
 	for _, s := range sbs {
 		known[s.ID] = true
+	}
+	for _, s := range sbs {
+		m.killStrays(s)
 	}
 	ents, _ = os.ReadDir(m.path("sandboxes"))
 	for _, e := range ents {

@@ -515,3 +515,53 @@ func mustOpen(t *testing.T, p string) int {
 	t.Cleanup(func() { unix.Close(fd) })
 	return fd
 }
+
+// TestStandbyBudget: a standby is made only within the budget; without
+// one a rollback restores with CRIU (warm), with one it promotes (hot),
+// and both give the checkpoint's state.
+func TestStandbyBudget(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "export X=42")
+	for _, c := range []struct {
+		budget int64
+		tier   string
+	}{{1, v1.TierWarm}, {1 << 30, v1.TierHot}} {
+		m.cfg.StandbyBudget = c.budget
+		ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.sby.wg.Wait() // the background preparation has run
+		if s := m.standbyOf(sb.ID); (s != nil) != (c.tier == v1.TierHot) {
+			t.Fatalf("budget %d: standby %+v", c.budget, s)
+		}
+		run(t, m, sb.ID, "export X=99")
+		res, err := m.Rollback(ctx, sb.ID, ck.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Tier != c.tier {
+			t.Fatalf("budget %d: tier %s, want %s", c.budget, res.Tier, c.tier)
+		}
+		if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "42\n" {
+			t.Fatalf("budget %d: after rollback X=%q", c.budget, r.Stdout)
+		}
+		m.sby.wg.Wait()
+	}
+	// A standby dies with its sandbox's processes and leaves no root.
+	if _, err := m.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if s := m.standbyOf(sb.ID); s != nil {
+		t.Fatalf("standby survived stop: %+v", s)
+	}
+	if e := entries(t, m.sbDir(sb.ID)); strings.Join(e, ",") != "root" {
+		t.Fatalf("after stop the sandbox directory holds %v", e)
+	}
+}

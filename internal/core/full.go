@@ -464,6 +464,12 @@ func waitGone(init sandbox.Init, limit time.Duration) {
 // hostname (a fork's differs from the dumped one). On failure nothing of
 // the new tree remains; processes already in the cgroup are untouched.
 func (m *Manager) restoreProcesses(ctx context.Context, rec *sandboxRec, ck checkpointRec, root string) (sandbox.Init, error) {
+	return m.restoreTree(ctx, rec, ck, root, false)
+}
+
+// restoreTree is restoreProcesses, optionally leaving every restored task
+// stopped (a standby).
+func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpointRec, root string, stopped bool) (sandbox.Init, error) {
 	tool, err := m.criuReady(ctx)
 	if err != nil {
 		return sandbox.Init{}, err
@@ -479,7 +485,7 @@ func (m *Manager) restoreProcesses(ctx context.Context, rec *sandboxRec, ck chec
 	defer os.RemoveAll(work)
 	res, err := tool.Restore(ctx, criu.RestoreOptions{
 		ImagesDir: m.ckImages(ck.ID), WorkDir: work, Root: root,
-		RstSibling: true, TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
+		RstSibling: true, LeaveStopped: stopped, TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
 		// CRIU runs in the sandbox's cgroup and leaves cgroups alone:
 		// the tree it forks lands there, whatever cgroups it was dumped
 		// from (a fork's are another sandbox's).

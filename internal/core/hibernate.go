@@ -53,5 +53,6 @@ func (m *Manager) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
 	if _, err := m.rollbackProcesses(ctx, &rec, ck, ck); err != nil {
 		return v1.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
 	}
+	m.scheduleStandby(rec.ID)
 	return m.report(rec), nil
 }

@@ -215,6 +215,9 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
 		return v1.Sandbox{}, err
 	}
 	sb := m.report(rec)
+	if s := m.standbyOf(rec.ID); s != nil {
+		sb.Standby = s.ck
+	}
 	if sb.State == v1.StateRunning {
 		if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
 			if st, err := cg.Stats(); err == nil {
@@ -273,15 +276,19 @@ func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
 	return m.report(rec), nil
 }
 
+// killProcesses kills every process of the sandbox, its standby's too.
 func (m *Manager) killProcesses(ctx context.Context, rec sandboxRec) error {
 	cg, err := cgroup.Load(cgroupName(rec.ID))
 	if errors.Is(err, errdefs.ErrNotFound) {
+		m.dropStandby(rec.ID, false)
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	return cg.Kill(ctx)
+	err = cg.Kill(ctx)
+	m.dropStandby(rec.ID, false)
+	return err
 }
 
 // Start starts a stopped or lost sandbox's init (a fresh process tree on
@@ -314,6 +321,7 @@ func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 	if err := cg.Kill(ctx); err != nil {
 		return err
 	}
+	m.dropStandby(rec.ID, false)
 	init, err := m.startInit(ctx, rec, cg)
 	if err != nil {
 		rec.State, rec.Reason, rec.Init = v1.StateStopped, "start failed: "+err.Error(), sandbox.Init{}
@@ -338,6 +346,7 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("remove %s: %w", rec.ID, err)
 	}
+	m.dropStandby(rec.ID, false)
 	// The record goes first: from here on the sandbox is not listed, and
 	// a crash leaves only unlisted directories, which start-up removes.
 	if err := m.db.Delete(store.Sandboxes, rec.ID); err != nil {

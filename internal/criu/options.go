@@ -96,6 +96,10 @@ type RestoreOptions struct {
 	// init) when CRIU exits.
 	RstSibling bool
 
+	// LeaveStopped leaves every restored task stopped (SIGSTOP) instead
+	// of running: a pre-restored standby that starts with SIGCONT.
+	LeaveStopped bool
+
 	External   []string
 	InheritFDs []InheritFD
 
@@ -211,6 +215,7 @@ func (o *RestoreOptions) rpcOpts(imagesFd, workFd int) (*rpc.CriuOpts, error) {
 		ImagesDirFd:    proto.Int32(int32(imagesFd)),
 		WorkDirFd:      proto.Int32(int32(workFd)),
 		RstSibling:     proto.Bool(o.RstSibling),
+		LeaveStopped:   proto.Bool(o.LeaveStopped),
 		TcpEstablished: proto.Bool(o.TCPEstablished),
 		TcpClose:       proto.Bool(o.TCPClose),
 		FileLocks:      proto.Bool(o.FileLocks),

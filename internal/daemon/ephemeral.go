@@ -38,7 +38,7 @@ func StartEphemeral(ctx context.Context, parent, cacheDir, version string) (*Eph
 		return nil, err
 	}
 	m, err := core.Open(ctx, core.Config{
-		Root: root, PoolSize: 64 << 30, CacheDir: cacheDir, Version: version,
+		Root: root, PoolSize: 64 << 30, CacheDir: cacheDir, Version: version, StandbyBudget: 2 << 30,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

@@ -1,0 +1,217 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/store"
+	"golang.org/x/sys/unix"
+)
+
+// A standby is a sandbox's full checkpoint restored ahead of need: its
+// processes restored by CRIU, stopped, on their own writable snapshot of
+// the checkpoint's files, in the sandbox's cgroup. A rollback to that
+// checkpoint promotes it (kill the live tree, continue the standby,
+// switch the root): the hot tier, with no CRIU on the critical path.
+//
+// Policy: at most one standby per sandbox, for its head when the head is
+// a full checkpoint (the state a rollback most likely returns to), made
+// in the background after each full checkpoint and each rollback; the
+// sum of the standbys' image sizes stays within Config.StandbyBudget.
+// Standbys live only in the daemon: a restarted daemon kills the ones it
+// finds and makes new ones on the next checkpoint or rollback.
+type standby struct {
+	ck    string
+	init  sandbox.Init
+	root  string
+	bytes int64
+}
+
+type standbys struct {
+	mu sync.Mutex
+	m  map[string]*standby // by sandbox ID
+	wg sync.WaitGroup      // preparations in flight
+}
+
+func (m *Manager) standbyOf(id string) *standby {
+	m.sby.mu.Lock()
+	defer m.sby.mu.Unlock()
+	return m.sby.m[id]
+}
+
+// dropStandby forgets the sandbox's standby, killing its processes
+// unless they are already gone, and removes its root.
+func (m *Manager) dropStandby(id string, kill bool) {
+	m.sby.mu.Lock()
+	s := m.sby.m[id]
+	delete(m.sby.m, id)
+	m.sby.mu.Unlock()
+	if s == nil {
+		return
+	}
+	if kill && s.init.Alive() {
+		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
+		waitGone(s.init, 5*time.Second)
+	}
+	_ = removeTree(s.root)
+}
+
+// takeStandby takes the sandbox's standby out of the pool if it is of
+// checkpoint ck.
+func (m *Manager) takeStandby(id, ck string) *standby {
+	m.sby.mu.Lock()
+	defer m.sby.mu.Unlock()
+	s := m.sby.m[id]
+	if s == nil || s.ck != ck {
+		return nil
+	}
+	delete(m.sby.m, id)
+	return s
+}
+
+// scheduleStandby prepares, in the background, a standby of the
+// sandbox's head if it is a full checkpoint that has none and the budget
+// allows.
+func (m *Manager) scheduleStandby(id string) {
+	if m.cfg.StandbyBudget <= 0 || m.criu == nil {
+		return
+	}
+	m.sby.wg.Add(1)
+	go func() {
+		defer m.sby.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := m.prepareStandby(ctx, id); err != nil {
+			m.log.Info("no standby", "sandbox", id, "reason", err)
+		}
+	}()
+}
+
+func (m *Manager) prepareStandby(ctx context.Context, id string) error {
+	rec, unlock, err := m.lockSandbox(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if m.report(rec).State != v1.StateRunning || rec.Head == "" {
+		return nil
+	}
+	var ck checkpointRec
+	if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil || ck.Kind != v1.KindFull {
+		return nil
+	}
+	if s := m.standbyOf(id); s != nil && s.ck == ck.ID && s.init.Alive() {
+		return nil
+	}
+	m.dropStandby(id, true)
+	m.sby.mu.Lock()
+	var used int64
+	for _, s := range m.sby.m {
+		used += s.bytes
+	}
+	m.sby.mu.Unlock()
+	if used+ck.ImageBytes > m.cfg.StandbyBudget {
+		return fmt.Errorf("standby of %s needs %d bytes; %d of the budget of %d are used", ck.ID, ck.ImageBytes, used, m.cfg.StandbyBudget)
+	}
+	if err := m.verify(ck, false); err != nil {
+		return err
+	}
+	root := filepath.Join(m.sbDir(id), "standby-"+ck.ID)
+	if err := removeTree(root); err != nil {
+		return err
+	}
+	if err := fsnap.Snapshot(m.ckFS(ck.ID), root, false); err != nil {
+		return err
+	}
+	init, err := m.restoreTree(ctx, &rec, ck, root, true)
+	if err != nil {
+		_ = removeTree(root)
+		return err
+	}
+	m.sby.mu.Lock()
+	if m.sby.m == nil {
+		m.sby.m = map[string]*standby{}
+	}
+	m.sby.m[id] = &standby{ck: ck.ID, init: init, root: root, bytes: ck.ImageBytes}
+	m.sby.mu.Unlock()
+	return nil
+}
+
+// promote makes the standby s the sandbox's live tree: the old tree is
+// killed, the standby's tasks continue, its root becomes the sandbox's.
+// Caller holds the sandbox lock and has taken s out of the pool.
+func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec, s *standby) (v1.RollbackResult, error) {
+	if !s.init.Alive() {
+		_ = removeTree(s.root)
+		return v1.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
+	}
+	if old := rec.Init; old.Alive() {
+		_ = unix.Kill(old.Pid, unix.SIGKILL)
+		waitGone(old, 5*time.Second)
+	}
+	if err := continueTree(*rec, s.init); err != nil {
+		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
+		return v1.RollbackResult{}, err
+	}
+	if err := m.swapRoot(rec.ID, s.root); err != nil {
+		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
+		return v1.RollbackResult{}, fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
+	}
+	rec.Init, rec.State, rec.Reason, rec.Head = s.init, v1.StateRunning, "", ck.ID
+	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
+		return v1.RollbackResult{}, err
+	}
+	return v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierHot}, nil
+}
+
+// continueTree sends SIGCONT to every process of the sandbox's cgroup
+// that lives in init's PID namespace (the standby's tree).
+func continueTree(rec sandboxRec, init sandbox.Init) error {
+	cg, err := cgroup.Load(cgroupName(rec.ID))
+	if err != nil {
+		return err
+	}
+	pids, err := cg.Pids()
+	if err != nil {
+		return err
+	}
+	ns, err := os.Readlink("/proc/" + strconv.Itoa(init.Pid) + "/ns/pid")
+	if err != nil {
+		return fmt.Errorf("standby init: %w", err)
+	}
+	for _, pid := range pids {
+		if l, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/pid"); err == nil && l == ns {
+			_ = unix.Kill(pid, unix.SIGCONT)
+		}
+	}
+	return nil
+}
+
+// killStrays kills the processes of a sandbox's cgroup that are not in
+// its live init's PID namespace (standbys of a previous daemon) and
+// removes their roots.
+func (m *Manager) killStrays(rec sandboxRec) {
+	dirs, _ := filepath.Glob(filepath.Join(m.sbDir(rec.ID), "standby-*"))
+	cg, err := cgroup.Load(cgroupName(rec.ID))
+	if err == nil && rec.Init.Alive() {
+		ns, _ := os.Readlink("/proc/" + strconv.Itoa(rec.Init.Pid) + "/ns/pid")
+		pids, _ := cg.Pids()
+		for _, pid := range pids {
+			if l, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/pid"); err == nil && l != ns {
+				_ = unix.Kill(pid, unix.SIGKILL)
+			}
+		}
+	}
+	for _, d := range dirs {
+		_ = removeTree(d)
+	}
+}
