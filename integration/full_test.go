@@ -124,9 +124,17 @@ func TestFullCheckpointFork(t *testing.T) {
 	for _, f := range res.Sandboxes {
 		t.Cleanup(func() { molt(t, "rm", f.ID) })
 		checkRestored(t, f.ID, pid, count)
-		if h := strings.TrimSpace(sh(t, f.ID, "hostname")); h != f.Hostname {
-			t.Fatalf("fork hostname %q, want %q", h, f.Hostname)
+		if h := strings.TrimSpace(sh(t, f.ID, "{ hostname; cat /etc/hostname; } | sort -u")); h != f.Hostname {
+			t.Fatalf("fork hostname %q, want %q (uname and /etc/hostname)", h, f.Hostname)
 		}
+	}
+	ids := map[string]bool{strings.TrimSpace(sh(t, sb, "cat /etc/machine-id")): true}
+	for _, f := range res.Sandboxes {
+		id := strings.TrimSpace(sh(t, f.ID, "cat /etc/machine-id"))
+		if ids[id] {
+			t.Fatalf("fork %s shares machine-id %s", f.ID, id)
+		}
+		ids[id] = true
 	}
 	// Independent: a change in one fork is not seen by the other.
 	a, b := res.Sandboxes[0].ID, res.Sandboxes[1].ID

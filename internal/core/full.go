@@ -478,6 +478,11 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	if err != nil {
 		return sandbox.Init{}, err
 	}
+	// The restored processes keep what they read, but the files say who
+	// this sandbox is (a fork's differ from the dumped sandbox's).
+	if err := sandbox.WriteIdentity(root, rec.Hostname, rec.MachineID); err != nil {
+		return sandbox.Init{}, err
+	}
 	work := m.path("tmp", "restore-"+newID())
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return sandbox.Init{}, err
