@@ -280,8 +280,14 @@ func (c *Client) VerifyCheckpoint(ctx context.Context, ref string) (v1.Checkpoin
 
 // Rollback returns a sandbox to a checkpoint.
 func (c *Client) Rollback(ctx context.Context, ref, checkpoint string) (v1.RollbackResult, error) {
+	return c.RollbackWith(ctx, ref, v1.RollbackRequest{Checkpoint: checkpoint})
+}
+
+// RollbackWith returns a sandbox to a checkpoint with the request's
+// options (the tier).
+func (c *Client) RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error) {
 	var res v1.RollbackResult
-	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/rollback", v1.RollbackRequest{Checkpoint: checkpoint}, &res)
+	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/rollback", req, &res)
 }
 
 // Fork creates sandboxes from a sandbox (via a new fs checkpoint).

@@ -224,6 +224,10 @@ type Checkpoint struct {
 // RollbackRequest moves a sandbox to a checkpoint.
 type RollbackRequest struct {
 	Checkpoint string `json:"checkpoint"`
+	// Tier asks for a tier: "" takes the fastest available (hot when a
+	// standby is ready), "warm" restores from the images even when a
+	// standby is ready, "cold" also rehashes every stored object first.
+	Tier string `json:"tier,omitempty"`
 }
 
 // RollbackResult reports how the rollback was done.

@@ -84,7 +84,32 @@ func benchCmd(g *globals) *cobra.Command {
 	cr.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	cr.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	cr.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
-	c.AddCommand(fs, cr)
+	var rbIters int
+	rb := &cobra.Command{
+		Use:   "rollback",
+		Short: "Rollback latency: hot (standby), warm (CRIU restore), cold baseline (root copy + criu restore)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			return withDaemon(ctx, dir, cacheDir, func(e *daemon.Ephemeral) error {
+				res, err := bench.RunRollback(ctx, e, bench.RollbackConfig{Image: "default", CriuPath: criuPath, Iterations: rbIters, HeapMiB: heap, Progress: os.Stderr})
+				if err != nil {
+					return err
+				}
+				return g.print(res, func() {
+					fmt.Printf("molt bench rollback: %d rollbacks per tier and workload to one full checkpoint\n\n", rbIters)
+					bench.PrintRollback(os.Stdout, res)
+				})
+			})
+		},
+	}
+	rb.Flags().IntVar(&rbIters, "iterations", 30, "rollbacks per tier and workload")
+	rb.Flags().IntVar(&heap, "heap", 100, "heap of the Python workload, MiB")
+	rb.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
+	rb.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
+	rb.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
+	c.AddCommand(fs, cr, rb)
 	return c
 }
 

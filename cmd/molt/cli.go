@@ -637,12 +637,13 @@ func printTree(w io.Writer, l []v1.Checkpoint, head string) {
 }
 
 func rollbackCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var tier string
+	c := &cobra.Command{
 		Use: "rollback SANDBOX CHECKPOINT", Short: "Return a sandbox to a checkpoint", Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
-			res, err := g.client().Rollback(ctx, args[0], args[1])
+			res, err := g.client().RollbackWith(ctx, args[0], v1.RollbackRequest{Checkpoint: args[1], Tier: tier})
 			if err != nil {
 				return err
 			}
@@ -654,6 +655,8 @@ func rollbackCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+	c.Flags().StringVar(&tier, "tier", "", "hot, warm (restore from the images even with a standby ready) or cold (also rehash every object first); default the fastest available")
+	return c
 }
 
 func forkCmd(g *globals) *cobra.Command {

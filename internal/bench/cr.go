@@ -13,6 +13,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/client"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/daemon"
 	"golang.org/x/sys/unix"
@@ -69,6 +70,50 @@ while True:
     time.sleep(0.02)
 `
 
+// workload is a sandbox with a bash session and, optionally, more.
+type workload struct {
+	name  string
+	start func(ctx context.Context, image string) (v1.Sandbox, error)
+}
+
+// processWorkloads are the two process-checkpoint workloads: an idle bash
+// session, and a Python process holding heapMiB of random data next to
+// it (pokeable: see heapScript).
+func processWorkloads(ctx context.Context, c *client.Client, heapMiB int) []workload {
+	session := func(ctx context.Context, image string) (v1.Sandbox, error) {
+		sb, err := c.Create(ctx, v1.SandboxCreateRequest{Image: image})
+		if err != nil {
+			return sb, err
+		}
+		_, err = c.SessionRun(ctx, sb.ID, "main", v1.SessionRunRequest{Command: "export X=42; cd /tmp"})
+		return sb, err
+	}
+	return []workload{
+		{"idle bash session", session},
+		{fmt.Sprintf("python, %d MiB heap", heapMiB), func(ctx context.Context, image string) (v1.Sandbox, error) {
+			sb, err := session(ctx, image)
+			if err != nil {
+				return sb, err
+			}
+			if _, err := c.ExecDetached(ctx, sb.ID, v1.ExecRequest{Args: []string{"python3", "-c", fmt.Sprintf(heapScript, heapMiB)}}); err != nil {
+				return sb, err
+			}
+			deadline := time.Now().Add(60 * time.Second)
+			for time.Now().Before(deadline) {
+				r, err := c.SessionRun(ctx, sb.ID, "probe", v1.SessionRunRequest{Command: "test -e /tmp/heap-ready"})
+				if err != nil {
+					return sb, err
+				}
+				if r.ExitCode == 0 {
+					return sb, nil
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			return sb, fmt.Errorf("heap not filled within a minute")
+		}},
+	}
+}
+
 // RunCR measures molt's full checkpoint and rollback for an idle bash
 // session and a Python process holding a heap, next to a plain CRIU dump
 // and restore of the same tree with full images and a full root copy.
@@ -84,39 +129,10 @@ func RunCR(ctx context.Context, e *daemon.Ephemeral, cfg CRConfig) (CRResult, er
 		return CRResult{}, err
 	}
 	var res CRResult
-	for _, w := range []struct {
-		name  string
-		setup func(sb string) error
-	}{
-		{"idle bash session", func(sb string) error { return nil }},
-		{fmt.Sprintf("python, %d MiB heap", cfg.HeapMiB), func(sb string) error {
-			if _, err := c.ExecDetached(ctx, sb, v1.ExecRequest{Args: []string{"python3", "-c", fmt.Sprintf(heapScript, cfg.HeapMiB)}}); err != nil {
-				return err
-			}
-			// Wait until the heap is filled.
-			deadline := time.Now().Add(60 * time.Second)
-			for time.Now().Before(deadline) {
-				r, err := c.SessionRun(ctx, sb, "probe", v1.SessionRunRequest{Command: "test -e /tmp/heap-ready"})
-				if err != nil {
-					return err
-				}
-				if r.ExitCode == 0 {
-					return nil
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			return fmt.Errorf("heap not filled within a minute")
-		}},
-	} {
+	for _, w := range processWorkloads(ctx, c, cfg.HeapMiB) {
 		progress("cr: %s", w.name)
-		sb, err := c.Create(ctx, v1.SandboxCreateRequest{Image: cfg.Image})
+		sb, err := w.start(ctx, cfg.Image)
 		if err != nil {
-			return res, err
-		}
-		if _, err := c.SessionRun(ctx, sb.ID, "main", v1.SessionRunRequest{Command: "export X=42; cd /tmp"}); err != nil {
-			return res, err
-		}
-		if err := w.setup(sb.ID); err != nil {
 			return res, err
 		}
 		row := CRRow{Workload: w.name}
@@ -167,9 +183,8 @@ func RunCR(ctx context.Context, e *daemon.Ephemeral, cfg CRConfig) (CRResult, er
 				return res, err
 			}
 			t0 := time.Now()
-			if out, err := exec.Command(cfg.CriuPath, "dump", "-t", strconv.Itoa(s.Pid), "-D", filepath.Join(dir, "images"),
-				"-o", "dump.log", "--leave-running", "--tcp-established", "--file-locks", "--network-lock", "nftables").CombinedOutput(); err != nil {
-				return res, fmt.Errorf("criu dump: %v: %s", err, out)
+			if err := plainDump(cfg.CriuPath, s.Pid, filepath.Join(dir, "images")); err != nil {
+				return res, err
 			}
 			if out, err := exec.Command("cp", "-a", "--reflink=never", root, filepath.Join(dir, "root")).CombinedOutput(); err != nil {
 				return res, fmt.Errorf("cp: %v: %s", err, out)
@@ -183,21 +198,12 @@ func RunCR(ctx context.Context, e *daemon.Ephemeral, cfg CRConfig) (CRResult, er
 			}
 			// Restore a copy of the tree next to the sandbox, then kill it.
 			t0 = time.Now()
-			pidfile := filepath.Join(dir, "pid")
-			if out, err := exec.Command(cfg.CriuPath, "restore", "-D", filepath.Join(dir, "images"), "-W", dir, "-o", "restore.log",
-				"--root", filepath.Join(dir, "root"), "--restore-detached", "--pidfile", pidfile,
-				"--tcp-established", "--file-locks", "--network-lock", "nftables").CombinedOutput(); err != nil {
-				return res, fmt.Errorf("criu restore: %v: %s", err, out)
+			pid, err := plainRestore(cfg.CriuPath, filepath.Join(dir, "images"), dir, filepath.Join(dir, "root"))
+			if err != nil {
+				return res, err
 			}
 			bRest = append(bRest, time.Since(t0))
-			if b, err := os.ReadFile(pidfile); err == nil {
-				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-					_ = unix.Kill(pid, unix.SIGKILL)
-					for unix.Kill(pid, 0) == nil {
-						time.Sleep(time.Millisecond)
-					}
-				}
-			}
+			killTree(pid)
 			_ = os.RemoveAll(dir)
 		}
 		row.BaseStall, row.BaseDump, row.BaseRestore = bStall.Stats(), bDump.Stats(), bRest.Stats()
@@ -246,5 +252,46 @@ func PrintCR(w io.Writer, r CRResult) {
 			ok = "MISSED"
 		}
 		fmt.Fprintf(w, "%s: stall p50 %.1f ms vs CRIU's own dump %.1f ms; target no longer: %s\n", row.Workload, row.Stall.P50, row.BaseStall.P50, ok)
+	}
+}
+
+// plainDump is the baseline's checkpoint: CRIU's own dump of the tree
+// with full images, leaving it running.
+func plainDump(criuPath string, pid int, images string) error {
+	if err := os.MkdirAll(images, 0o700); err != nil {
+		return err
+	}
+	out, err := exec.Command(criuPath, "dump", "-t", strconv.Itoa(pid), "-D", images, "-o", "dump.log",
+		"--leave-running", "--tcp-established", "--file-locks", "--network-lock", "nftables").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("criu dump: %v: %s", err, out)
+	}
+	return nil
+}
+
+// plainRestore is the baseline's restore: CRIU's own restore of images
+// onto root, detached; it returns the restored root's PID.
+func plainRestore(criuPath, images, work, root string) (int, error) {
+	pidfile := filepath.Join(work, "pid")
+	_ = os.Remove(pidfile)
+	out, err := exec.Command(criuPath, "restore", "-D", images, "-W", work, "-o", "restore.log",
+		"--root", root, "--restore-detached", "--pidfile", pidfile,
+		"--tcp-established", "--file-locks", "--network-lock", "nftables").CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("criu restore: %v: %s", err, out)
+	}
+	b, err := os.ReadFile(pidfile)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+// killTree kills a restored tree's root (a PID namespace's init: all of
+// it dies) and waits for it to go.
+func killTree(pid int) {
+	_ = unix.Kill(pid, unix.SIGKILL)
+	for deadline := time.Now().Add(5 * time.Second); unix.Kill(pid, 0) == nil && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -332,6 +332,19 @@ func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
 // sandbox's processes are restarted (there is no process state to
 // restore); the result says so.
 func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackResult, error) {
+	return m.RollbackWith(ctx, ref, v1.RollbackRequest{Checkpoint: ckRef})
+}
+
+// RollbackWith is Rollback with the request's options: req.Tier "warm"
+// skips a standby and restores from the images, "cold" also rehashes
+// every object first; "" takes the fastest tier available.
+func (m *Manager) RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error) {
+	ckRef := req.Checkpoint
+	switch req.Tier {
+	case "", v1.TierHot, v1.TierWarm, v1.TierCold:
+	default:
+		return v1.RollbackResult{}, fmt.Errorf("rollback tier %q: want hot, warm or cold: %w", req.Tier, errdefs.ErrInvalidArgument)
+	}
 	start := time.Now()
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
@@ -345,7 +358,18 @@ func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackR
 	if ck.Sandbox != rec.ID && ck.ID != rec.ForkedFrom {
 		return v1.RollbackResult{}, fmt.Errorf("rollback %s: checkpoint %s belongs to sandbox %s (fork it instead): %w", rec.ID, ck.ID, ck.Sandbox, errdefs.ErrInvalidArgument)
 	}
-	if s := m.takeStandby(rec.ID, ck.ID); s != nil {
+	if req.Tier == v1.TierCold {
+		if p, ok := m.processSource(ck); ok {
+			if err := m.verify(p, true); err != nil {
+				return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
+			}
+		}
+	}
+	var s *standby
+	if req.Tier == "" || req.Tier == v1.TierHot {
+		s = m.takeStandby(rec.ID, ck.ID)
+	}
+	if s != nil {
 		// A damaged checkpoint is refused even though its standby is
 		// sound: the invariant holds on every tier. (Objects checked at
 		// the standby's preparation are only stat'ed again.)
@@ -367,6 +391,9 @@ func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackR
 		if err == nil || ck.Kind == v1.KindFull {
 			if err != nil {
 				return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
+			}
+			if req.Tier == v1.TierCold {
+				res.Tier = v1.TierCold
 			}
 			res.DurationMS = ms(time.Since(start))
 			m.scheduleStandby(rec.ID)

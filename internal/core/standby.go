@@ -154,18 +154,35 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 		_ = removeTree(s.root)
 		return v1.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
 	}
-	if old := rec.Init; old.Alive() {
-		_ = unix.Kill(old.Pid, unix.SIGKILL)
-		waitGone(old, 5*time.Second)
-	}
+	// The standby runs first; the old tree, in its own namespaces and on
+	// its own root, is killed without waiting, and its root is deleted in
+	// the background once it is gone.
 	if err := continueTree(*rec, s.init); err != nil {
 		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
 		return v1.RollbackResult{}, err
 	}
-	if err := m.swapRoot(rec.ID, s.root); err != nil {
+	old := rec.Init
+	if old.Alive() {
+		_ = unix.Kill(old.Pid, unix.SIGKILL)
+	}
+	retired := filepath.Join(m.sbDir(rec.ID), "root.old-"+newID())
+	if err := os.Rename(m.sbRoot(rec.ID), retired); err != nil {
 		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
 		return v1.RollbackResult{}, fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
 	}
+	if err := os.Rename(s.root, m.sbRoot(rec.ID)); err != nil {
+		_ = os.Rename(retired, m.sbRoot(rec.ID))
+		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
+		return v1.RollbackResult{}, fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
+	}
+	m.sby.wg.Add(1)
+	go func() {
+		defer m.sby.wg.Done()
+		waitGone(old, 10*time.Second)
+		if err := removeTree(retired); err != nil {
+			m.log.Warn("old root not removed; the next start removes it", "sandbox", rec.ID, "err", err)
+		}
+	}()
 	rec.Init, rec.State, rec.Reason, rec.Head = s.init, v1.StateRunning, "", ck.ID
 	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
 		return v1.RollbackResult{}, err
@@ -198,9 +215,11 @@ func continueTree(rec sandboxRec, init sandbox.Init) error {
 
 // killStrays kills the processes of a sandbox's cgroup that are not in
 // its live init's PID namespace (standbys of a previous daemon) and
-// removes their roots.
+// removes their roots and the retired roots a crash left.
 func (m *Manager) killStrays(rec sandboxRec) {
 	dirs, _ := filepath.Glob(filepath.Join(m.sbDir(rec.ID), "standby-*"))
+	retired, _ := filepath.Glob(filepath.Join(m.sbDir(rec.ID), "root.old-*"))
+	dirs = append(dirs, retired...)
 	cg, err := cgroup.Load(cgroupName(rec.ID))
 	if err == nil && rec.Init.Alive() {
 		ns, _ := os.Readlink("/proc/" + strconv.Itoa(rec.Init.Pid) + "/ns/pid")

@@ -328,7 +328,7 @@ func (s *server) rollback(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	res, err := s.m.Rollback(r.Context(), r.PathValue("id"), req.Checkpoint)
+	res, err := s.m.RollbackWith(r.Context(), r.PathValue("id"), req)
 	reply(w, res, err)
 }
 

@@ -1,0 +1,175 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/daemon"
+)
+
+// RollbackConfig configures the rollback benchmark.
+type RollbackConfig struct {
+	Image      string
+	CriuPath   string
+	Iterations int // per tier; the cold baseline runs a third as many
+	HeapMiB    int
+	Progress   io.Writer
+}
+
+// RollbackRow is one workload's result.
+type RollbackRow struct {
+	Workload string `json:"workload"`
+	Stall    Stats  `json:"checkpoint_stall"`
+	Hot      Stats  `json:"hot"`
+	Warm     Stats  `json:"warm"`
+	Cold     Stats  `json:"cold_copy_and_restore"`
+}
+
+// RollbackResult is the outcome of RunRollback.
+type RollbackResult struct {
+	Rows []RollbackRow `json:"rows"`
+}
+
+// RunRollback measures rollback latency to one full checkpoint: hot
+// (promoting a standby), warm (a CRIU restore from molt's images), and a
+// cold baseline (a full copy of the root plus a plain CRIU restore of
+// full images), for the process workloads.
+func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (RollbackResult, error) {
+	c := e.Client
+	progress := func(format string, a ...any) {
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, format+"\n", a...)
+		}
+	}
+	h, err := c.Host(ctx)
+	if err != nil {
+		return RollbackResult{}, err
+	}
+	var res RollbackResult
+	for _, w := range processWorkloads(ctx, c, cfg.HeapMiB) {
+		progress("rollback: %s", w.name)
+		sb, err := w.start(ctx, cfg.Image)
+		if err != nil {
+			return res, err
+		}
+		row := RollbackRow{Workload: w.name}
+		var stall Sample
+		var ck v1.Checkpoint
+		for i := 0; i < 5; i++ {
+			if ck, err = c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull}); err != nil {
+				return res, err
+			}
+			stall = append(stall, msDur(ck.StallMS))
+		}
+		row.Stall = stall.Stats()
+
+		var hot, warm Sample
+		for i := 0; i < cfg.Iterations; i++ {
+			if err := waitStandby(ctx, e, sb.ID, ck.ID); err != nil {
+				return res, err
+			}
+			t0 := time.Now()
+			r, err := c.Rollback(ctx, sb.ID, ck.ID)
+			if err != nil {
+				return res, err
+			}
+			if r.Tier != v1.TierHot {
+				return res, fmt.Errorf("rollback with a standby ready took tier %s", r.Tier)
+			}
+			hot = append(hot, time.Since(t0))
+		}
+		for i := 0; i < cfg.Iterations; i++ {
+			t0 := time.Now()
+			if _, err := c.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
+				return res, err
+			}
+			warm = append(warm, time.Since(t0))
+		}
+		row.Hot, row.Warm = hot.Stats(), warm.Stats()
+
+		progress("rollback: %s: cold baseline (cp -a of the root + criu restore)", w.name)
+		s, err := c.Sandbox(ctx, sb.ID)
+		if err != nil {
+			return res, err
+		}
+		root := filepath.Join(h.Pool.Dir, "sandboxes", sb.ID, "root")
+		dir := filepath.Join(h.Pool.Dir, "tmp", "bench-rb-"+sb.ID)
+		if err := plainDump(cfg.CriuPath, s.Pid, filepath.Join(dir, "images")); err != nil {
+			return res, err
+		}
+		if out, err := exec.Command("cp", "-a", "--reflink=never", root, filepath.Join(dir, "saved")).CombinedOutput(); err != nil {
+			return res, fmt.Errorf("cp: %v: %s", err, out)
+		}
+		var cold Sample
+		for i := 0; i < max(2, cfg.Iterations/3); i++ {
+			copyRoot := filepath.Join(dir, "root")
+			t0 := time.Now()
+			if out, err := exec.Command("cp", "-a", "--reflink=never", filepath.Join(dir, "saved"), copyRoot).CombinedOutput(); err != nil {
+				return res, fmt.Errorf("cp: %v: %s", err, out)
+			}
+			pid, err := plainRestore(cfg.CriuPath, filepath.Join(dir, "images"), dir, copyRoot)
+			if err != nil {
+				return res, err
+			}
+			cold = append(cold, time.Since(t0))
+			killTree(pid)
+			_ = os.RemoveAll(copyRoot)
+		}
+		row.Cold = cold.Stats()
+		_ = os.RemoveAll(dir)
+		res.Rows = append(res.Rows, row)
+		if err := c.Remove(ctx, sb.ID); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// waitStandby waits until the sandbox's standby for ck is ready.
+func waitStandby(ctx context.Context, e *daemon.Ephemeral, sb, ck string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		s, err := e.Client.Sandbox(ctx, sb)
+		if err != nil {
+			return err
+		}
+		if s.Standby == ck {
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return fmt.Errorf("no standby for %s within 30 s", ck)
+}
+
+// PrintRollback writes the result with the targets checked.
+func PrintRollback(w io.Writer, r RollbackResult) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\ttier\tp50\tp95\tp99\tn\t")
+	for _, row := range r.Rows {
+		for _, t := range []struct {
+			name string
+			s    Stats
+		}{{"hot (standby)", row.Hot}, {"warm (CRIU restore)", row.Warm}, {"cold baseline (cp -a + criu restore)", row.Cold}} {
+			fmt.Fprintf(tw, "%s\t%s\t%.1f ms\t%.1f ms\t%.1f ms\t%d\t\n", row.Workload, t.name, t.s.P50, t.s.P95, t.s.P99, t.s.N)
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, row := range r.Rows {
+		check := func(ok bool) string {
+			if ok {
+				return "met"
+			}
+			return "MISSED"
+		}
+		fmt.Fprintf(w, "%s: hot p50 %.1f ms (target <= 5: %s), p99 %.1f ms (target <= 20: %s); checkpoint stall p50 %.1f ms (target <= 15: %s)\n",
+			row.Workload, row.Hot.P50, check(row.Hot.P50 <= 5), row.Hot.P99, check(row.Hot.P99 <= 20), row.Stall.P50, check(row.Stall.P50 <= 15))
+	}
+}
