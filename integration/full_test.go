@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -297,5 +299,41 @@ func TestHotRollbackRepeated(t *testing.T) {
 		checkRestored(t, sb, pid, count)
 		// Change things again before the next rollback.
 		must(t, "exec", sb, "--session", "main", "--", "export X=99; cd /; rm -f /work/f")
+	}
+}
+
+// A daemon killed in the middle of a full checkpoint lists, after its
+// restart, only checkpoints that verify, and the sandbox runs (is not
+// left frozen).
+func TestDaemonKilledDuringCheckpoint(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	must(t, "exec", "--detach", sb, "--", "python3", "-c",
+		"import os, time\nb = bytearray(os.urandom(64 << 20))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)")
+	for sh(t, sb, "test -e /tmp/ready && echo y || true") != "y\n" {
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, delay := range []time.Duration{60 * time.Millisecond, 150 * time.Millisecond, 300 * time.Millisecond} {
+		done := make(chan result, 1)
+		go func() { done <- molt(t, "checkpoint", sb, "--kind", "full") }()
+		time.Sleep(delay)
+		killDaemon()
+		<-done
+		if err := startDaemon(); err != nil {
+			t.Fatal(err)
+		}
+		if got := sh(t, sb, "echo alive"); got != "alive\n" {
+			t.Fatalf("sandbox after a daemon killed %v into a checkpoint: %q", delay, got)
+		}
+		var cks []struct{ ID string }
+		mustJSON(t, &cks, "checkpoints", sb)
+		for _, c := range cks {
+			must(t, "checkpoint", "verify", c.ID)
+		}
+		sum := sha256.Sum256([]byte(env.root))
+		if left, _ := filepath.Glob("/dev/shm/molt-dump-" + hex.EncodeToString(sum[:4]) + "-*"); len(left) > 0 {
+			t.Fatalf("dump staging left in memory after the restart: %v", left)
+		}
+		t.Logf("killed %v in: %d checkpoint(s) listed, all verified", delay, len(cks))
 	}
 }

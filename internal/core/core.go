@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -287,11 +288,13 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			return fmt.Errorf("clean staging %s: %w", e.Name(), err)
 		}
 	}
-	// Dump staging of a crashed daemon (any root's: a live dump never
+	// Dump staging a crashed daemon left: this root's at once (this
+	// daemon holds the root), other roots' once stale (a live dump never
 	// takes minutes).
 	stale, _ := filepath.Glob("/dev/shm/molt-dump-*")
 	for _, d := range stale {
-		if fi, err := os.Stat(d); err == nil && time.Since(fi.ModTime()) > 10*time.Minute {
+		own := strings.HasPrefix(filepath.Base(d), m.stagingPrefix())
+		if fi, err := os.Stat(d); err == nil && (own || time.Since(fi.ModTime()) > 10*time.Minute) {
 			_ = os.RemoveAll(d)
 		}
 	}
@@ -336,6 +339,13 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	}
 	for _, s := range sbs {
 		m.killStrays(s)
+		// A daemon that died inside a checkpoint may have left the
+		// sandbox frozen.
+		if cg, err := cgroup.Load(cgroupName(s.ID)); err == nil {
+			if err := cg.Thaw(); err != nil {
+				m.log.Warn("cannot thaw sandbox", "sandbox", s.ID, "err", err)
+			}
+		}
 	}
 	ents, _ = os.ReadDir(m.path("sandboxes"))
 	for _, e := range ents {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/testutil"
@@ -563,5 +564,35 @@ func TestStandbyBudget(t *testing.T) {
 	}
 	if e := entries(t, m.sbDir(sb.ID)); strings.Join(e, ",") != "root" {
 		t.Fatalf("after stop the sandbox directory holds %v", e)
+	}
+}
+
+// TestReopenThawsFrozenSandbox: a daemon killed inside a checkpoint
+// leaves the sandbox's cgroup frozen; the next daemon thaws it.
+func TestReopenThawsFrozenSandbox(t *testing.T) {
+	m := openManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg, err := cgroup.Load(cgroupName(sb.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	m, err = Open(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeManager(t, m)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	res, err := m.SessionRun(cctx, sb.ID, "t", v1.SessionRunRequest{Command: "echo alive"})
+	if err != nil || res.Stdout != "alive\n" {
+		t.Fatalf("sandbox after reopen: %+v %v", res, err)
 	}
 }

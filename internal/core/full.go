@@ -98,7 +98,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, labe
 		return v1.Checkpoint{}, err
 	}
 	defer os.RemoveAll(work)
-	staging, err := stagingDir(work)
+	staging, err := m.stagingDir(work)
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
@@ -205,16 +205,23 @@ func imageBytes(objs []object) int64 {
 
 // stagingDir returns a fresh directory for CRIU to dump into: on the
 // host's /dev/shm tmpfs when there is one (a dump to memory, then only
-// new pages reach the pool), else under fallback.
-func stagingDir(fallback string) (string, error) {
+// new pages reach the pool), else under fallback. Its name carries the
+// root's tag, so a restarted daemon finds what a crashed one left.
+func (m *Manager) stagingDir(fallback string) (string, error) {
 	var st unix.Statfs_t
 	if unix.Statfs("/dev/shm", &st) == nil && st.Type == unix.TMPFS_MAGIC {
-		if d, err := os.MkdirTemp("/dev/shm", "molt-dump-"); err == nil {
+		if d, err := os.MkdirTemp("/dev/shm", m.stagingPrefix()); err == nil {
 			return d, nil
 		}
 	}
 	d := filepath.Join(fallback, "images")
 	return d, os.Mkdir(d, 0o700)
+}
+
+// stagingPrefix names this root's dump staging directories in /dev/shm.
+func (m *Manager) stagingPrefix() string {
+	sum := sha256.Sum256([]byte(m.cfg.Root))
+	return "molt-dump-" + hex.EncodeToString(sum[:4]) + "-"
 }
 
 // lineageIndexDepth bounds how many earlier full checkpoints of a
