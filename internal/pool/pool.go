@@ -188,7 +188,11 @@ func format(ctx context.Context, img string, size int64) error {
 	}
 	if err == nil {
 		var out []byte
-		if out, err = exec.CommandContext(ctx, mkfs, "-q", tmp).CombinedOutput(); err != nil {
+		// Single metadata, not DUP: a second copy on the same loop file
+		// guards against little, and every transaction commit (every
+		// snapshot: the checkpoint stall) would write metadata twice
+		// (measured: fs checkpoint p50 5.9 ms with DUP, 4.8 ms single).
+		if out, err = exec.CommandContext(ctx, mkfs, "-q", "-m", "single", tmp).CombinedOutput(); err != nil {
 			err = fmt.Errorf("%s -q %s: %w: %s", mkfs, tmp, err, bytes.TrimSpace(out))
 		}
 	}
