@@ -119,11 +119,7 @@ func processWorkloads(ctx context.Context, c *client.Client, heapMiB int) []work
 // and restore of the same tree with full images and a full root copy.
 func RunCR(ctx context.Context, e *daemon.Ephemeral, cfg CRConfig) (CRResult, error) {
 	c := e.Client
-	progress := func(format string, a ...any) {
-		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, format+"\n", a...)
-		}
-	}
+	progress := progressf(cfg.Progress)
 	h, err := c.Host(ctx)
 	if err != nil {
 		return CRResult{}, err

@@ -54,11 +54,7 @@ type FSResult struct {
 // data size, changing one file between iterations.
 func RunFS(ctx context.Context, e *daemon.Ephemeral, cfg FSConfig) (FSResult, error) {
 	c := e.Client
-	progress := func(format string, a ...any) {
-		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, format+"\n", a...)
-		}
-	}
+	progress := progressf(cfg.Progress)
 	h, err := c.Host(ctx)
 	if err != nil {
 		return FSResult{}, err

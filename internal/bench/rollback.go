@@ -43,11 +43,7 @@ type RollbackResult struct {
 // full images), for the process workloads.
 func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (RollbackResult, error) {
 	c := e.Client
-	progress := func(format string, a ...any) {
-		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, format+"\n", a...)
-		}
-	}
+	progress := progressf(cfg.Progress)
 	h, err := c.Host(ctx)
 	if err != nil {
 		return RollbackResult{}, err

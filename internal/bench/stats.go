@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"fmt"
+	"io"
 	"math"
 	"sort"
 	"time"
@@ -32,4 +34,13 @@ type Stats struct {
 func (s Sample) Stats() Stats {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	return Stats{N: len(s), P50: ms(s.Quantile(0.5)), P95: ms(s.Quantile(0.95)), P99: ms(s.Quantile(0.99))}
+}
+
+// progressf returns a printf for progress lines on w (nil: none).
+func progressf(w io.Writer) func(format string, a ...any) {
+	return func(format string, a ...any) {
+		if w != nil {
+			fmt.Fprintf(w, format+"\n", a...)
+		}
+	}
 }
