@@ -50,7 +50,7 @@ func fullScenario(t *testing.T, sb string) (ck string, pid, count int) {
 		StallMS      float64 `json:"stall_ms"`
 		BytesWritten int64   `json:"bytes_written"`
 	}
-	mustJSON(t, &res, "checkpoint", sb, "--kind", "full")
+	mustJSON(t, &res, "checkpoint", sb, "--kind", "full", "--wait")
 	if res.Kind != "full" || res.StallMS <= 0 || res.BytesWritten <= 0 {
 		t.Fatalf("full checkpoint: %+v", res)
 	}
@@ -203,7 +203,7 @@ func TestCorruptCheckpointRefused(t *testing.T) {
 	requireCRIU(t)
 	sb := newSandbox(t)
 	must(t, "exec", sb, "--session", "main", "--", "export X=42")
-	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "full"))
+	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "full", "--wait"))
 	must(t, "exec", sb, "--session", "main", "--", "export X=99")
 	pages, _ := filepath.Glob(filepath.Join(env.root, "pool", "checkpoints", ck, "images", "pages-*.img"))
 	if len(pages) == 0 {
@@ -335,5 +335,40 @@ func TestDaemonKilledDuringCheckpoint(t *testing.T) {
 			t.Fatalf("dump staging left in memory after the restart: %v", left)
 		}
 		t.Logf("killed %v in: %d checkpoint(s) listed, all verified", delay, len(cks))
+	}
+}
+
+// A full checkpoint returns as soon as its instant is captured, pending;
+// it is listed as pending until committed, and a rollback to it waits
+// for the commit.
+func TestPendingCheckpoint(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	must(t, "exec", "--detach", sb, "--", "python3", "-c",
+		"import os, time\nb = bytearray(os.urandom(64 << 20))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)")
+	for sh(t, sb, "test -e /tmp/ready && echo y || true") != "y\n" {
+		time.Sleep(50 * time.Millisecond)
+	}
+	must(t, "exec", sb, "--session", "main", "--", "export X=42")
+	var ck struct {
+		ID      string `json:"id"`
+		Pending bool   `json:"pending"`
+	}
+	mustJSON(t, &ck, "checkpoint", sb, "--kind", "full")
+	if !ck.Pending {
+		t.Log("the checkpoint committed before the call returned (fast machine)")
+	}
+	must(t, "exec", sb, "--session", "main", "--", "export X=99")
+	must(t, "rollback", sb, ck.ID)
+	if got := must(t, "exec", sb, "--session", "main", "--", "echo $X"); got != "42\n" {
+		t.Fatalf("after rollback to a pending checkpoint: %q", got)
+	}
+	var cks []struct {
+		ID      string `json:"id"`
+		Pending bool   `json:"pending"`
+	}
+	mustJSON(t, &cks, "checkpoints", sb)
+	if len(cks) != 1 || cks[0].ID != ck.ID || cks[0].Pending {
+		t.Fatalf("after the rollback the checkpoint must be committed: %+v", cks)
 	}
 }

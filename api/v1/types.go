@@ -198,6 +198,10 @@ type SessionRunResult struct {
 type CheckpointRequest struct {
 	Kind  string `json:"kind,omitempty"`
 	Label string `json:"label,omitempty"`
+	// Wait returns only once the checkpoint is committed (a full
+	// checkpoint is otherwise returned pending, right after its
+	// consistent instant is captured).
+	Wait bool `json:"wait,omitempty"`
 }
 
 // Checkpoint is one node of a sandbox's checkpoint tree.
@@ -219,6 +223,10 @@ type Checkpoint struct {
 	// ImageBytes is the size of a full checkpoint's process images as
 	// CRIU wrote them (what a plain dump would store).
 	ImageBytes int64 `json:"image_bytes,omitempty"`
+	// Pending: the consistent instant is captured but the checkpoint is
+	// not committed yet (its images are being stored). A rollback or
+	// fork to it waits for the commit; a crash before it loses it.
+	Pending bool `json:"pending,omitempty"`
 }
 
 // RollbackRequest moves a sandbox to a checkpoint.

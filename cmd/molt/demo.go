@@ -166,7 +166,7 @@ func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) 
 			return d.session(sb, `export MOOD=calm; echo "count $(cat /tmp/count)"`)
 		}},
 		{"checkpoint --kind full (label: live)", func() (string, error) {
-			ck, err := d.c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Label: "live"})
+			ck, err := d.c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Label: "live", Wait: true})
 			if err != nil {
 				if errors.Is(err, client.ErrNotSupported) {
 					return "skipped: " + err.Error(), nil

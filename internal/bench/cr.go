@@ -144,7 +144,7 @@ func RunCR(ctx context.Context, e *daemon.Ephemeral, cfg CRConfig) (CRResult, er
 				time.Sleep(100 * time.Millisecond)
 			}
 			t0 := time.Now()
-			ck, err := c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+			ck, err := c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 			if err != nil {
 				return res, err
 			}

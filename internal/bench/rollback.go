@@ -59,7 +59,7 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 		var stall Sample
 		var ck v1.Checkpoint
 		for i := 0; i < 5; i++ {
-			if ck, err = c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull}); err != nil {
+			if ck, err = c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}); err != nil {
 				return res, err
 			}
 			stall = append(stall, msDur(ck.StallMS))

@@ -73,20 +73,43 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
-	defer unlock()
 	var ck v1.Checkpoint
 	if req.Kind == v1.KindFull {
 		ck, err = m.fullCheckpointLocked(ctx, rec, req.Label)
-		if err == nil {
-			m.scheduleStandby(rec.ID)
-		}
 	} else {
 		ck, err = m.checkpointLocked(ctx, rec, req.Label)
 	}
+	unlock()
 	if err != nil {
 		return v1.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", rec.ID, err)
 	}
+	if ck.Pending && req.Wait {
+		return m.awaitCheckpoint(ctx, ck.ID)
+	}
 	return ck, nil
+}
+
+// awaitCheckpoint waits until checkpoint id is committed and returns its
+// record, or the error that kept it from committing.
+func (m *Manager) awaitCheckpoint(ctx context.Context, id string) (v1.Checkpoint, error) {
+	for _, j := range m.pipe.matching(id, "") {
+		if j.ck.ID != id {
+			continue
+		}
+		select {
+		case <-j.done:
+		case <-ctx.Done():
+			return v1.Checkpoint{}, ctx.Err()
+		}
+		if j.err != nil {
+			return v1.Checkpoint{}, fmt.Errorf("checkpoint %s was captured but not committed: %w", id, j.err)
+		}
+	}
+	var ck checkpointRec
+	if err := m.db.Get(store.Checkpoints, id, &ck); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	return ck.Checkpoint, nil
 }
 
 // checkpointLocked takes an fs checkpoint. The checkpoint's directory
@@ -231,6 +254,11 @@ func (m *Manager) Checkpoints(ref string) ([]v1.Checkpoint, error) {
 	for _, c := range cks {
 		out = append(out, c.Checkpoint)
 	}
+	for _, c := range m.pipe.pending(rec.ID) {
+		c.Pending = true
+		out = append(out, c.Checkpoint)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
 }
 
@@ -282,6 +310,11 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 
 // CheckpointInfo returns one checkpoint.
 func (m *Manager) CheckpointInfo(ref string) (v1.Checkpoint, error) {
+	for _, j := range m.pipe.matching(ref, "") {
+		ck := j.ck
+		ck.Pending = true
+		return ck.Checkpoint, nil
+	}
 	c, err := m.lookupCheckpoint(ref, "")
 	return c.Checkpoint, err
 }
@@ -289,6 +322,9 @@ func (m *Manager) CheckpointInfo(ref string) (v1.Checkpoint, error) {
 // DeleteCheckpoint deletes a checkpoint; its children are re-parented to
 // its parent, so the tree stays connected.
 func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
+	if err := m.pipe.wait(ctx, ref, ""); err != nil {
+		return err
+	}
 	ck, err := m.lookupCheckpoint(ref, "")
 	if err != nil {
 		return err
@@ -302,6 +338,19 @@ func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
 	if s := m.standbyOf(ck.Sandbox); s != nil && s.ck == ck.ID {
 		m.dropStandby(ck.Sandbox, true)
 	}
+	if err := m.reparent(ck); err != nil {
+		return err
+	}
+	if err := m.db.Delete(store.Checkpoints, ck.ID); err != nil {
+		return err
+	}
+	return removeTree(m.ckDir(ck.ID))
+}
+
+// reparent takes ck out of the tree: its children (committed or
+// pending) and its sandbox's head move to its parent. Caller holds the
+// sandbox lock.
+func (m *Manager) reparent(ck checkpointRec) error {
 	all, err := store.List[checkpointRec](m.db, store.Checkpoints)
 	if err != nil {
 		return err
@@ -314,6 +363,7 @@ func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
 			}
 		}
 	}
+	m.pipe.reparent(ck.ID, ck.Parent)
 	var sb sandboxRec
 	if err := m.db.Get(store.Sandboxes, ck.Sandbox, &sb); err == nil && sb.Head == ck.ID {
 		sb.Head = ck.Parent
@@ -321,10 +371,7 @@ func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
 			return err
 		}
 	}
-	if err := m.db.Delete(store.Checkpoints, ck.ID); err != nil {
-		return err
-	}
-	return removeTree(m.ckDir(ck.ID))
+	return nil
 }
 
 // Rollback returns a sandbox to a checkpoint. For an fs checkpoint the
@@ -346,6 +393,11 @@ func (m *Manager) RollbackWith(ctx context.Context, ref string, req v1.RollbackR
 		return v1.RollbackResult{}, fmt.Errorf("rollback tier %q: want hot, warm or cold: %w", req.Tier, errdefs.ErrInvalidArgument)
 	}
 	start := time.Now()
+	// A pending checkpoint is waited for, outside the sandbox's lock
+	// (its commit may need it).
+	if err := m.pipe.wait(ctx, ckRef, ""); err != nil {
+		return v1.RollbackResult{}, err
+	}
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.RollbackResult{}, err
@@ -493,6 +545,9 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 		} else {
 			return v1.ForkResult{}, err
 		}
+	}
+	if err := m.pipe.wait(ctx, ckRef, ""); err != nil {
+		return v1.ForkResult{}, err
 	}
 	ck, err := m.lookupCheckpoint(ckRef, sbID)
 	if err != nil {

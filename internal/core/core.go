@@ -73,7 +73,8 @@ type Manager struct {
 
 	inflight inflight // open daemon connections to each sandbox's init
 
-	sby standbys
+	sby  standbys
+	pipe pipeline // pending full checkpoints
 
 	stampsMu sync.Mutex
 	stamps   map[string]stamp // objects hashed by this daemon, as they were then
@@ -172,6 +173,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 // flight end, and kills the standbys. Sandboxes keep running, and the
 // pool stays mounted for them.
 func (m *Manager) Close() error {
+	m.pipe.wg.Wait()
 	m.sby.wg.Wait()
 	m.sby.mu.Lock()
 	ids := make([]string, 0, len(m.sby.m))
@@ -338,6 +340,17 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		known[s.ID] = true
 	}
 	for _, s := range sbs {
+		// A head that names a checkpoint a crash kept from committing.
+		if s.Head != "" {
+			var c checkpointRec
+			if err := m.db.Get(store.Checkpoints, s.Head, &c); err != nil {
+				m.log.Warn("head names an uncommitted checkpoint; clearing it", "sandbox", s.ID, "checkpoint", s.Head)
+				s.Head = ""
+				if err := m.db.Put(store.Sandboxes, s.ID, s); err != nil {
+					return err
+				}
+			}
+		}
 		m.killStrays(s)
 		// A daemon that died inside a checkpoint may have left the
 		// sandbox frozen.

@@ -374,7 +374,7 @@ func TestFullCheckpointFailureLeavesSandboxRunning(t *testing.T) {
 	for _, step := range []string{"full:snapshot", "full:record"} {
 		t.Run(step, func(t *testing.T) {
 			failAt(m, step)
-			_, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+			_, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 			m.failpoint = nil
 			if !errors.Is(err, errInjected) {
 				t.Fatalf("checkpoint: %v; want the injected failure", err)
@@ -471,11 +471,11 @@ func TestDeletingCheckpointsReleasesSpace(t *testing.T) {
 		return int64(st.Blocks-st.Bfree) * st.Bsize
 	}
 	before := used()
-	a, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+	a, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+	b, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -534,7 +534,7 @@ func TestStandbyBudget(t *testing.T) {
 		tier   string
 	}{{1, v1.TierWarm}, {1 << 30, v1.TierHot}} {
 		m.cfg.StandbyBudget = c.budget
-		ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+		ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 		if err != nil {
 			t.Fatal(err)
 		}

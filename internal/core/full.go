@@ -97,12 +97,21 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, labe
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return v1.Checkpoint{}, err
 	}
-	defer os.RemoveAll(work)
+	keepStaging := false // handed to the background persist
+	defer func() {
+		if !keepStaging {
+			os.RemoveAll(work)
+		}
+	}()
 	staging, err := m.stagingDir(work)
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
-	defer os.RemoveAll(staging)
+	defer func() {
+		if !keepStaging {
+			os.RemoveAll(staging)
+		}
+	}()
 	if err := fsnap.SyncFS(root); err != nil {
 		return v1.Checkpoint{}, err
 	}
@@ -155,43 +164,85 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, labe
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
 		Created: time.Now().UTC(), StallMS: ms(stall),
-	}, Image: rec.Image}
+	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version}
+	// The consistent instant is captured and the sandbox runs on. The
+	// rest (storing the images, the manifest, the commit) runs in the
+	// background: the checkpoint is pending until committed. The sandbox
+	// moves its head at once, so the next checkpoint is its child.
+	rec.Head = id
+	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	job := m.pipe.add(ck)
+	r.Success()
+	keepStaging = true
+	go m.persist(job, rec, staging, work, start)
+	ck.Pending = true
+	ck.DurationMS = ms(time.Since(start))
+	return ck.Checkpoint, nil
+}
+
+// persist stores a captured full checkpoint (after the previous pending
+// checkpoint of its sandbox, whose pages it may share) and commits it.
+// On failure the checkpoint's directory goes, its children and the
+// sandbox's head move to its parent, and the error is kept for whoever
+// waits on it.
+func (m *Manager) persist(job *pendingJob, rec sandboxRec, staging, work string, start time.Time) {
+	defer os.RemoveAll(work)
+	defer os.RemoveAll(staging)
+	job.waitPrevious()
+	ck := job.ck
+	err := m.persistImages(&ck, rec, staging, start)
+	if err != nil {
+		_ = removeTree(m.ckDir(ck.ID))
+		m.unlinkFailed(ck)
+		m.log.Warn("checkpoint not committed", "sandbox", ck.Sandbox, "checkpoint", ck.ID, "err", err)
+	}
+	if err == nil {
+		// Before the waiters are released: one that waits for the
+		// commit can then also wait for the standby.
+		m.scheduleStandby(ck.Sandbox)
+	}
+	m.pipe.done(job, ck, err)
+}
+
+func (m *Manager) persistImages(ck *checkpointRec, rec sandboxRec, staging string, start time.Time) error {
 	// Off the frozen window: move the images from staging into the pool,
 	// writing only the pages no earlier checkpoint of this lineage holds.
-	objs, written, err := m.storeImages(ck, rec, staging)
+	objs, written, err := m.storeImages(*ck, rec, staging)
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return err
 	}
 	ck.Objects = objs
-	ck.CRIU = tool.Probe(ctx).Version
-	mb, err := m.writeManifest(ck)
+	mb, err := m.writeManifest(*ck)
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return err
 	}
 	// One commit of the pool makes images, manifest and snapshot durable.
-	if err := fsnap.SyncFS(dir); err != nil {
-		return v1.Checkpoint{}, err
+	if err := fsnap.SyncFS(m.ckDir(ck.ID)); err != nil {
+		return err
 	}
 	if err := m.fail("full:record"); err != nil {
-		return v1.Checkpoint{}, err
+		return err
 	}
 	ck.BytesWritten = written + int64(len(mb))
 	ck.ImageBytes = imageBytes(objs)
 	ck.DurationMS = ms(time.Since(start))
-	rec.Head = id
-	err = m.db.Update(func(tx *store.Tx) error {
-		if err := tx.Put(store.Checkpoints, id, ck); err != nil {
-			return err
-		}
-		return tx.Put(store.Sandboxes, rec.ID, rec)
-	})
-	if err != nil {
-		return v1.Checkpoint{}, err
+	if err := m.db.Put(store.Checkpoints, ck.ID, *ck); err != nil {
+		return err
 	}
-	m.remember(id, objs)
-	r.Success()
-	return ck.Checkpoint, nil
+	m.remember(ck.ID, objs)
+	return nil
 }
+
+// unlinkFailed takes a checkpoint that will never exist out of the tree:
+// its children and its sandbox's head move to its parent.
+func (m *Manager) unlinkFailed(ck checkpointRec) {
+	unlock := m.lock(ck.Sandbox)
+	defer unlock()
+	m.reparent(ck)
+}
+
 
 func imageBytes(objs []object) int64 {
 	var n int64
@@ -267,7 +318,7 @@ func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) 
 	if err != nil {
 		return nil, 0, err
 	}
-	x := m.pageIndex(rec.Head)
+	x := m.pageIndex(ck.Parent)
 	var objs []object
 	var written int64
 	for _, e := range ents {
@@ -388,6 +439,9 @@ func (m *Manager) verify(ck checkpointRec, thorough bool) error {
 
 // VerifyCheckpoint runs the verification a restore runs.
 func (m *Manager) VerifyCheckpoint(ref string) (v1.Checkpoint, error) {
+	if err := m.pipe.wait(context.Background(), ref, ""); err != nil {
+		return v1.Checkpoint{}, err
+	}
 	ck, err := m.lookupCheckpoint(ref, "")
 	if err != nil {
 		return v1.Checkpoint{}, err

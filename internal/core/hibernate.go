@@ -14,17 +14,20 @@ import (
 // processes, which frees their memory. The sandbox is "hibernated" at
 // that checkpoint until Resume, also across daemon and host restarts.
 func (m *Manager) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error) {
-	rec, unlock, err := m.lockSandbox(ref)
+	// Capture, then wait for the commit with the sandbox unlocked (a
+	// failed commit needs the lock to unlink the checkpoint), and stop
+	// the processes only once the checkpoint is durable.
+	ck, err := m.Checkpoint(ctx, ref, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		return v1.Sandbox{}, fmt.Errorf("hibernate: %w", err)
+	}
+	rec, unlock, err := m.lockSandbox(ck.Sandbox)
 	if err != nil {
 		return v1.Sandbox{}, err
 	}
 	defer unlock()
-	ck, err := m.fullCheckpointLocked(ctx, rec, "")
-	if err != nil {
-		return v1.Sandbox{}, fmt.Errorf("hibernate %s: %w", rec.ID, err)
-	}
-	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
-		return v1.Sandbox{}, err
+	if rec.Head != ck.ID {
+		return v1.Sandbox{}, fmt.Errorf("hibernate %s: the sandbox moved to %s while checkpoint %s was stored; not stopped: %w", rec.ID, rec.Head, ck.ID, errdefs.ErrUnavailable)
 	}
 	if err := m.killProcesses(ctx, rec); err != nil {
 		return v1.Sandbox{}, fmt.Errorf("hibernate %s: checkpoint %s taken, but stopping failed: %w", rec.ID, ck.ID, err)
@@ -38,6 +41,11 @@ func (m *Manager) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error)
 
 // Resume restores a hibernated sandbox from its checkpoint.
 func (m *Manager) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
+	if r, err := m.lookupSandbox(ref); err == nil {
+		if err := m.pipe.wait(ctx, "", r.ID); err != nil {
+			return v1.Sandbox{}, err
+		}
+	}
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.Sandbox{}, err

@@ -334,6 +334,11 @@ func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 
 // Remove deletes a sandbox: its processes, cgroup, root and checkpoints.
 func (m *Manager) Remove(ctx context.Context, ref string) error {
+	if r, err := m.lookupSandbox(ref); err == nil {
+		if err := m.pipe.wait(ctx, "", r.ID); err != nil {
+			return err
+		}
+	}
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return err

@@ -1,0 +1,114 @@
+package core
+
+import (
+	"context"
+	"strings"
+	"sync"
+)
+
+// The checkpoint pipeline: a full checkpoint returns once its consistent
+// instant is captured (after the thaw); storing the images, the manifest
+// and the commit run in the background. Until committed the checkpoint
+// is pending: listed from memory, never from the metadata, so a crash
+// before the commit leaves nothing listed (start-up removes its
+// directory and moves a head that named it back). Each sandbox's pending
+// checkpoints commit in order, since each shares the pages of the one
+// before. Anything that needs a pending checkpoint (rollback, fork,
+// verify, delete) waits for it.
+
+type pendingJob struct {
+	ck   checkpointRec
+	prev *pendingJob // the sandbox's previous pending job, or nil
+	done chan struct{}
+	err  error
+}
+
+func (j *pendingJob) waitPrevious() {
+	if j.prev != nil {
+		<-j.prev.done
+	}
+}
+
+type pipeline struct {
+	mu   sync.Mutex
+	jobs map[string]*pendingJob // by checkpoint ID, until committed
+	last map[string]*pendingJob // by sandbox ID: the newest job
+	wg   sync.WaitGroup
+}
+
+// add registers a captured checkpoint as pending.
+func (p *pipeline) add(ck checkpointRec) *pendingJob {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.jobs == nil {
+		p.jobs, p.last = map[string]*pendingJob{}, map[string]*pendingJob{}
+	}
+	j := &pendingJob{ck: ck, prev: p.last[ck.Sandbox], done: make(chan struct{})}
+	p.jobs[ck.ID] = j
+	p.last[ck.Sandbox] = j
+	p.wg.Add(1)
+	return j
+}
+
+// done records the outcome of a job and releases its waiters.
+func (p *pipeline) done(j *pendingJob, ck checkpointRec, err error) {
+	p.mu.Lock()
+	j.ck, j.err = ck, err
+	delete(p.jobs, ck.ID)
+	if p.last[ck.Sandbox] == j {
+		delete(p.last, ck.Sandbox)
+	}
+	p.mu.Unlock()
+	close(j.done)
+	p.wg.Done()
+}
+
+// reparent moves pending children of a checkpoint taken out of the tree.
+func (p *pipeline) reparent(id, parent string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, j := range p.jobs {
+		if j.ck.Parent == id {
+			j.ck.Parent = parent
+		}
+	}
+}
+
+// matching returns the pending jobs a checkpoint reference may name (ID,
+// ID prefix or label) or, with sandbox set, all of that sandbox's.
+func (p *pipeline) matching(ref, sandbox string) []*pendingJob {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*pendingJob
+	for _, j := range p.jobs {
+		if (sandbox != "" && j.ck.Sandbox == sandbox) ||
+			(ref != "" && (j.ck.ID == ref || j.ck.Label == ref || (len(ref) >= 4 && strings.HasPrefix(j.ck.ID, ref)))) {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// wait waits for the jobs ref or sandbox names to end.
+func (p *pipeline) wait(ctx context.Context, ref, sandbox string) error {
+	for _, j := range p.matching(ref, sandbox) {
+		select {
+		case <-j.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// pending lists a sandbox's pending checkpoints.
+func (p *pipeline) pending(sandbox string) []checkpointRec {
+	var out []checkpointRec
+	for _, j := range p.matching("", sandbox) {
+		p.mu.Lock()
+		ck := j.ck
+		p.mu.Unlock()
+		out = append(out, ck)
+	}
+	return out
+}
