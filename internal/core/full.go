@@ -243,7 +243,6 @@ func (m *Manager) unlinkFailed(ck checkpointRec) {
 	m.reparent(ck)
 }
 
-
 func imageBytes(objs []object) int64 {
 	var n int64
 	for _, o := range objs {
