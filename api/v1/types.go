@@ -259,7 +259,8 @@ type ForkRequest struct {
 
 // ForkResult lists the new sandboxes.
 type ForkResult struct {
-	Checkpoint string    `json:"checkpoint"`
-	Sandboxes  []Sandbox `json:"sandboxes"`
-	DurationMS float64   `json:"duration_ms"`
+	Checkpoint     string    `json:"checkpoint"`
+	Sandboxes      []Sandbox `json:"sandboxes"`
+	DurationMS     float64   `json:"duration_ms"`
+	ForksPerSecond float64   `json:"forks_per_second"`
 }

@@ -136,7 +136,7 @@ func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) 
 			for _, s := range r.Sandboxes {
 				ids = append(ids, s.ID)
 			}
-			return strings.Join(ids, " "), err
+			return fmt.Sprintf("%s (%.0f forks/s)", strings.Join(ids, " "), r.ForksPerSecond), err
 		}},
 		{"forks are independent", func() (string, error) {
 			l, err := d.c.Sandboxes(ctx)

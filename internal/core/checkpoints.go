@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -564,21 +565,41 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 		}
 		procs = &p
 	}
-	res := v1.ForkResult{Checkpoint: ck.ID}
+	// Forks are made in parallel, a few at a time: a restore is partly
+	// CPU (CRIU, page faults), partly waiting (btrfs commits).
+	res := v1.ForkResult{Checkpoint: ck.ID, Sandboxes: make([]v1.Sandbox, n)}
+	errs := make([]error, n)
+	sem := make(chan struct{}, forkParallelism())
+	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
-		rec := sandboxRec{Sandbox: v1.Sandbox{
-			ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
-			Head: ck.ID, ForkedFrom: ck.ID,
-		}, MachineID: newMachineID()}
-		sb, err := m.createFrom(ctx, rec, m.ckFS(ck.ID), procs)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			rec := sandboxRec{Sandbox: v1.Sandbox{
+				ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
+				Head: ck.ID, ForkedFrom: ck.ID,
+			}, MachineID: newMachineID()}
+			res.Sandboxes[i], errs[i] = m.createFrom(ctx, rec, m.ckFS(ck.ID), procs)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
 		if err != nil {
-			for _, made := range res.Sandboxes {
-				_ = m.Remove(context.Background(), made.ID)
+			for j, made := range res.Sandboxes {
+				if errs[j] == nil {
+					_ = m.Remove(context.Background(), made.ID)
+				}
 			}
 			return v1.ForkResult{}, fmt.Errorf("fork %s (%d of %d): %w", ck.ID, i+1, n, err)
 		}
-		res.Sandboxes = append(res.Sandboxes, sb)
 	}
-	res.DurationMS = ms(time.Since(start))
+	d := time.Since(start)
+	res.DurationMS = ms(d)
+	res.ForksPerSecond = float64(n) / d.Seconds()
 	return res, nil
 }
+
+// forkParallelism is how many forks are made at once.
+func forkParallelism() int { return max(2, runtime.NumCPU()) }
