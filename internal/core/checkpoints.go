@@ -94,7 +94,7 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 // record, or the error that kept it from committing.
 func (m *Manager) awaitCheckpoint(ctx context.Context, id string) (v1.Checkpoint, error) {
 	for _, j := range m.pipe.matching(id, "") {
-		if j.ck.ID != id {
+		if m.pipe.ckOf(j).ID != id {
 			continue
 		}
 		select {
@@ -312,7 +312,7 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 // CheckpointInfo returns one checkpoint.
 func (m *Manager) CheckpointInfo(ref string) (v1.Checkpoint, error) {
 	for _, j := range m.pipe.matching(ref, "") {
-		ck := j.ck
+		ck := m.pipe.ckOf(j)
 		ck.Pending = true
 		return ck.Checkpoint, nil
 	}

@@ -68,9 +68,9 @@ func criuProblem(f criu.Features) string {
 
 // fullCheckpointLocked takes a full checkpoint: files and every process
 // of the sandbox at one instant (one freeze of its cgroup). CRIU dumps to
-// a staging directory in memory; after the thaw, off the frozen window,
-// the images go into the pool through the page store, are hashed into
-// the manifest, and the checkpoint is committed like an fs checkpoint.
+// a staging directory in memory; after the thaw it returns the
+// checkpoint pending, and persist stores the images through the page
+// store, writes the manifest and commits, in the background.
 func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, label string) (v1.Checkpoint, error) {
 	start := time.Now()
 	tool, err := m.criuReady(ctx)
@@ -191,7 +191,7 @@ func (m *Manager) persist(job *pendingJob, rec sandboxRec, staging, work string,
 	defer os.RemoveAll(work)
 	defer os.RemoveAll(staging)
 	job.waitPrevious()
-	ck := job.ck
+	ck := m.pipe.ckOf(job) // reparent may have moved its parent meanwhile
 	err := m.persistImages(&ck, rec, staging, start)
 	if err != nil {
 		_ = removeTree(m.ckDir(ck.ID))

@@ -101,14 +101,18 @@ func (p *pipeline) wait(ctx context.Context, ref, sandbox string) error {
 	return nil
 }
 
+// ckOf returns a copy of a job's checkpoint record.
+func (p *pipeline) ckOf(j *pendingJob) checkpointRec {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return j.ck
+}
+
 // pending lists a sandbox's pending checkpoints.
 func (p *pipeline) pending(sandbox string) []checkpointRec {
 	var out []checkpointRec
 	for _, j := range p.matching("", sandbox) {
-		p.mu.Lock()
-		ck := j.ck
-		p.mu.Unlock()
-		out = append(out, ck)
+		out = append(out, p.ckOf(j))
 	}
 	return out
 }
