@@ -22,9 +22,11 @@ demo: build
 
 # Root tests never skip here: a missing capability fails the run.
 # Packages run one at a time: they share the debootstrap cache and the
-# machine's two cores.
+# machine's two cores. The concurrent core runs again under the race
+# detector.
 test: build lint
 	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
+	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 20m ./api/... ./client ./internal/core ./internal/sbinit ./internal/pagestore ./internal/revert
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting" >&2; exit 1; }

@@ -70,6 +70,7 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 			return v1.Checkpoint{}, err
 		}
 	}
+	began := time.Now()
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.Checkpoint{}, err
@@ -82,8 +83,14 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 	}
 	unlock()
 	if err != nil {
+		kind := req.Kind
+		if kind == "" {
+			kind = v1.KindFS
+		}
+		m.metrics.checkpoint.WithLabelValues(kind, "failed").Inc()
 		return v1.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", rec.ID, err)
 	}
+	m.metrics.checkpointed(ck, time.Since(began))
 	if ck.Pending && req.Wait {
 		return m.awaitCheckpoint(ctx, ck.ID)
 	}
@@ -387,6 +394,14 @@ func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackR
 // skips a standby and restores from the images, "cold" also rehashes
 // every object first; "" takes the fastest tier available.
 func (m *Manager) RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error) {
+	res, err := m.rollback(ctx, ref, req)
+	if err == nil {
+		m.metrics.rollback.WithLabelValues(res.Tier).Observe(seconds(res.DurationMS))
+	}
+	return res, err
+}
+
+func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error) {
 	ckRef := req.Checkpoint
 	switch req.Tier {
 	case "", v1.TierHot, v1.TierWarm, v1.TierCold:
@@ -598,6 +613,7 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 	d := time.Since(start)
 	res.DurationMS = ms(d)
 	res.ForksPerSecond = float64(n) / d.Seconds()
+	m.metrics.forks.Add(float64(n))
 	return res, nil
 }
 

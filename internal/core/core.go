@@ -73,8 +73,9 @@ type Manager struct {
 
 	inflight inflight // open daemon connections to each sandbox's init
 
-	sby  standbys
-	pipe pipeline // pending full checkpoints
+	sby     standbys
+	pipe    pipeline // pending full checkpoints
+	metrics *metrics
 
 	stampsMu sync.Mutex
 	stamps   map[string]stamp // objects hashed by this daemon, as they were then
@@ -135,6 +136,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		launcher: &sandbox.Launcher{Binary: cfg.InitBinary},
 		locks:    map[string]*sync.Mutex{},
 	}
+	m.metrics = newMetrics(m)
 	var uts unix.Utsname
 	if err := unix.Uname(&uts); err == nil {
 		m.kernel = unix.ByteSliceToString(uts.Release[:])

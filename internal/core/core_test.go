@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -594,5 +595,43 @@ func TestReopenThawsFrozenSandbox(t *testing.T) {
 	res, err := m.SessionRun(cctx, sb.ID, "t", v1.SessionRunRequest{Command: "echo alive"})
 	if err != nil || res.Stdout != "alive\n" {
 		t.Fatalf("sandbox after reopen: %+v %v", res, err)
+	}
+}
+
+// TestMetrics: checkpoints, rollbacks and sandboxes show in the
+// Prometheus exposition.
+func TestMetrics(t *testing.T) {
+	m := openManager(t)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: "bogus"}); err == nil {
+		t.Fatal("bogus kind accepted")
+	}
+	if _, err := m.Rollback(ctx, sb.ID, ck.ID); err != nil {
+		t.Fatal(err)
+	}
+	rr := httptest.NewRecorder()
+	m.MetricsHandler().ServeHTTP(rr, httptest.NewRequest("GET", "/v1/metrics", nil))
+	body := rr.Body.String()
+	for _, want := range []string{
+		`molt_checkpoints_total{kind="fs",result="committed"} 1`,
+		`molt_checkpoint_stall_seconds_count{kind="fs"} 1`,
+		`molt_rollback_seconds_count{tier="restart"} 1`,
+		`molt_sandboxes{state="running"} 1`,
+		`molt_pending_checkpoints 0`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(body)
 	}
 }

@@ -194,6 +194,7 @@ func (m *Manager) persist(job *pendingJob, rec sandboxRec, staging, work string,
 	ck := m.pipe.ckOf(job) // reparent may have moved its parent meanwhile
 	err := m.persistImages(&ck, rec, staging, start)
 	if err != nil {
+		m.metrics.checkpoint.WithLabelValues(v1.KindFull, "failed").Inc()
 		_ = removeTree(m.ckDir(ck.ID))
 		m.unlinkFailed(ck)
 		m.log.Warn("checkpoint not committed", "sandbox", ck.Sandbox, "checkpoint", ck.ID, "err", err)
@@ -232,6 +233,7 @@ func (m *Manager) persistImages(ck *checkpointRec, rec sandboxRec, staging strin
 		return err
 	}
 	m.remember(ck.ID, objs)
+	m.metrics.committed(ck.Checkpoint)
 	return nil
 }
 

@@ -23,6 +23,7 @@ func Handler(m *core.Manager, log *slog.Logger) http.Handler {
 	s := &server{m: m, log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/host", s.host)
+	mux.Handle("GET /v1/metrics", m.MetricsHandler())
 	mux.HandleFunc("GET /v1/images", s.images)
 	mux.HandleFunc("POST /v1/images/build", s.imageBuild)
 	mux.HandleFunc("POST /v1/images/import", s.imageImport)

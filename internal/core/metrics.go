@@ -1,0 +1,125 @@
+package core
+
+import (
+	"net/http"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/store"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are the Manager's Prometheus metrics, on a registry of its own
+// (several Managers may live in one process: tests, benchmarks).
+type metrics struct {
+	reg        *prometheus.Registry
+	stall      *prometheus.HistogramVec
+	capture    *prometheus.HistogramVec
+	commit     prometheus.Histogram
+	bytes      *prometheus.CounterVec
+	checkpoint *prometheus.CounterVec
+	rollback   *prometheus.HistogramVec
+	forks      prometheus.Counter
+}
+
+var latencyBuckets = []float64{.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}
+
+func newMetrics(m *Manager) *metrics {
+	x := &metrics{
+		reg: prometheus.NewRegistry(),
+		stall: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "molt_checkpoint_stall_seconds", Help: "Time a sandbox was frozen for a checkpoint.", Buckets: latencyBuckets,
+		}, []string{"kind"}),
+		capture: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "molt_checkpoint_capture_seconds", Help: "Time until a checkpoint call returned (its instant captured).", Buckets: latencyBuckets,
+		}, []string{"kind"}),
+		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "molt_checkpoint_commit_seconds", Help: "Time from a full checkpoint's start to its commit.", Buckets: latencyBuckets,
+		}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "molt_checkpoint_bytes_written_total", Help: "Bytes checkpoints added to storage.",
+		}, []string{"kind"}),
+		checkpoint: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "molt_checkpoints_total", Help: "Checkpoints by kind and result (committed, failed).",
+		}, []string{"kind", "result"}),
+		rollback: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "molt_rollback_seconds", Help: "Rollback latency by tier (hot, warm, cold, restart).", Buckets: latencyBuckets,
+		}, []string{"tier"}),
+		forks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "molt_forks_total", Help: "Sandboxes made by fork.",
+		}),
+	}
+	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks)
+	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "molt_pending_checkpoints", Help: "Full checkpoints captured and not yet committed (the persist queue).",
+	}, func() float64 {
+		m.pipe.mu.Lock()
+		defer m.pipe.mu.Unlock()
+		return float64(len(m.pipe.jobs))
+	}))
+	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "molt_standbys", Help: "Pre-restored standbys ready for hot rollback.",
+	}, func() float64 {
+		m.sby.mu.Lock()
+		defer m.sby.mu.Unlock()
+		return float64(len(m.sby.m))
+	}))
+	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "molt_standby_bytes", Help: "Image bytes held by standbys (counted against --standby-budget).",
+	}, func() float64 {
+		m.sby.mu.Lock()
+		defer m.sby.mu.Unlock()
+		var n int64
+		for _, s := range m.sby.m {
+			n += s.bytes
+		}
+		return float64(n)
+	}))
+	x.reg.MustRegister(&sandboxCollector{m: m, desc: prometheus.NewDesc("molt_sandboxes", "Sandboxes by state.", []string{"state"}, nil)})
+	return x
+}
+
+// sandboxCollector counts sandboxes by reported state at scrape time.
+type sandboxCollector struct {
+	m    *Manager
+	desc *prometheus.Desc
+}
+
+func (c *sandboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *sandboxCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := map[string]int{v1.StateRunning: 0, v1.StateStopped: 0, v1.StateHibernated: 0, v1.StateLost: 0}
+	if recs, err := store.List[sandboxRec](c.m.db, store.Sandboxes); err == nil {
+		for _, r := range recs {
+			counts[c.m.report(r).State]++
+		}
+	}
+	for state, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), state)
+	}
+}
+
+func seconds(msv float64) float64 { return msv / 1000 }
+
+func (x *metrics) checkpointed(ck v1.Checkpoint, captured time.Duration) {
+	x.stall.WithLabelValues(ck.Kind).Observe(seconds(ck.StallMS))
+	x.capture.WithLabelValues(ck.Kind).Observe(captured.Seconds())
+	if !ck.Pending {
+		x.committed(ck)
+	}
+}
+
+func (x *metrics) committed(ck v1.Checkpoint) {
+	x.bytes.WithLabelValues(ck.Kind).Add(float64(ck.BytesWritten))
+	x.checkpoint.WithLabelValues(ck.Kind, "committed").Inc()
+	if ck.Kind == v1.KindFull {
+		x.commit.Observe(seconds(ck.DurationMS))
+	}
+}
+
+// MetricsHandler serves the Prometheus text exposition of the Manager's
+// metrics.
+func (m *Manager) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(m.metrics.reg, promhttp.HandlerOpts{})
+}
