@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/bench"
@@ -109,7 +110,35 @@ func benchCmd(g *globals) *cobra.Command {
 	rb.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	rb.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	rb.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
-	c.AddCommand(fs, cr, rb)
+	var budget time.Duration
+	var seed int64
+	search := &cobra.Command{
+		Use:   "search",
+		Short: "Tree search: nodes expanded per minute for molt, copytree+replay and plain CRIU with root copies",
+		Long: "The same seeded random tree search runs with each method for --budget: pick a random node, go back\n" +
+			"to it, expand it with a command that changes files and the session's state (checked), capture the child.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			return withDaemon(ctx, dir, cacheDir, func(e *daemon.Ephemeral) error {
+				res, err := bench.RunSearch(ctx, e, bench.SearchConfig{Image: "default", CriuPath: criuPath, Budget: budget, Seed: seed, Progress: os.Stderr})
+				if err != nil {
+					return err
+				}
+				return g.print(res, func() {
+					fmt.Printf("molt bench search: %v per method, seed %d\n\n", budget, seed)
+					bench.PrintSearch(os.Stdout, res)
+				})
+			})
+		},
+	}
+	search.Flags().DurationVar(&budget, "budget", 30*time.Second, "time per method")
+	search.Flags().Int64Var(&seed, "seed", 1, "random seed (the same tree choices for every method)")
+	search.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
+	search.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
+	search.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
+	c.AddCommand(fs, cr, rb, search)
 	return c
 }
 
