@@ -85,9 +85,21 @@ func (m *Manager) scheduleStandby(id string) {
 	if m.cfg.StandbyBudget <= 0 || m.criu == nil {
 		return
 	}
+	var head string
+	var rec sandboxRec
+	if m.db.Get(store.Sandboxes, id, &rec) == nil {
+		head = rec.Head
+	}
 	m.sby.wg.Add(1)
 	go func() {
 		defer m.sby.wg.Done()
+		// Wait a moment: a caller that moves the sandbox again at once
+		// (a tree search, an RL loop) would make this standby useless,
+		// and its CRIU restore would only take CPU from the foreground.
+		time.Sleep(standbyDelay)
+		if m.db.Get(store.Sandboxes, id, &rec) != nil || rec.Head != head {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := m.prepareStandby(ctx, id); err != nil {
@@ -95,6 +107,11 @@ func (m *Manager) scheduleStandby(id string) {
 		}
 	}()
 }
+
+// standbyDelay is how long a sandbox's head must stay put before a
+// standby is prepared for it. An agent waiting for its model leaves it
+// far longer.
+const standbyDelay = 100 * time.Millisecond
 
 func (m *Manager) prepareStandby(ctx context.Context, id string) error {
 	rec, unlock, err := m.lockSandbox(id)
