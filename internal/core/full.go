@@ -491,15 +491,8 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		_ = removeTree(next)
 		return v1.RollbackResult{}, err
 	}
-	old := rec.Init
-	if old.Alive() {
-		// Killing a PID namespace's init kills every process in it.
-		_ = unix.Kill(old.Pid, unix.SIGKILL)
-		waitGone(old, 5*time.Second)
-	}
-	if err := m.swapRoot(rec.ID, next); err != nil {
-		_ = unix.Kill(init.Pid, unix.SIGKILL)
-		return v1.RollbackResult{}, fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
+	if err := m.takeOver(rec, init, next); err != nil {
+		return v1.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = init, v1.StateRunning, "", ck.ID
 	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
@@ -510,6 +503,37 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		res.Note = fmt.Sprintf("fs checkpoint: files restored, with the processes of its full ancestor %s", procs.ID)
 	}
 	return res, nil
+}
+
+// takeOver makes the tree of init, running on root, the sandbox's: the
+// old tree is killed (killing a PID namespace's init kills all of it)
+// without waiting, root is renamed into place, and the old root is
+// deleted in the background once its tree is gone. On failure the new
+// tree is killed.
+func (m *Manager) takeOver(rec *sandboxRec, init sandbox.Init, root string) error {
+	old := rec.Init
+	if old.Alive() {
+		_ = unix.Kill(old.Pid, unix.SIGKILL)
+	}
+	retired := filepath.Join(m.sbDir(rec.ID), "root.old-"+newID())
+	if err := os.Rename(m.sbRoot(rec.ID), retired); err != nil {
+		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		return fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
+	}
+	if err := os.Rename(root, m.sbRoot(rec.ID)); err != nil {
+		_ = os.Rename(retired, m.sbRoot(rec.ID))
+		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		return fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
+	}
+	m.sby.wg.Add(1)
+	go func() {
+		defer m.sby.wg.Done()
+		waitGone(old, 10*time.Second)
+		if err := removeTree(retired); err != nil {
+			m.log.Warn("old root not removed; the next start removes it", "sandbox", rec.ID, "err", err)
+		}
+	}()
+	return nil
 }
 
 // waitGone waits until init has exited (its PID namespace torn down).

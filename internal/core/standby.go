@@ -171,35 +171,15 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 		_ = removeTree(s.root)
 		return v1.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
 	}
-	// The standby runs first; the old tree, in its own namespaces and on
-	// its own root, is killed without waiting, and its root is deleted in
-	// the background once it is gone.
+	// The standby runs first; then it takes over (the old tree, in its
+	// own namespaces and on its own root, goes in the background).
 	if err := continueTree(*rec, s.init); err != nil {
 		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
 		return v1.RollbackResult{}, err
 	}
-	old := rec.Init
-	if old.Alive() {
-		_ = unix.Kill(old.Pid, unix.SIGKILL)
+	if err := m.takeOver(rec, s.init, s.root); err != nil {
+		return v1.RollbackResult{}, err
 	}
-	retired := filepath.Join(m.sbDir(rec.ID), "root.old-"+newID())
-	if err := os.Rename(m.sbRoot(rec.ID), retired); err != nil {
-		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
-		return v1.RollbackResult{}, fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
-	}
-	if err := os.Rename(s.root, m.sbRoot(rec.ID)); err != nil {
-		_ = os.Rename(retired, m.sbRoot(rec.ID))
-		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
-		return v1.RollbackResult{}, fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
-	}
-	m.sby.wg.Add(1)
-	go func() {
-		defer m.sby.wg.Done()
-		waitGone(old, 10*time.Second)
-		if err := removeTree(retired); err != nil {
-			m.log.Warn("old root not removed; the next start removes it", "sandbox", rec.ID, "err", err)
-		}
-	}()
 	rec.Init, rec.State, rec.Reason, rec.Head = s.init, v1.StateRunning, "", ck.ID
 	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
 		return v1.RollbackResult{}, err
