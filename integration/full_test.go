@@ -3,6 +3,7 @@ package integration
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -308,11 +309,7 @@ func TestHotRollbackRepeated(t *testing.T) {
 func TestDaemonKilledDuringCheckpoint(t *testing.T) {
 	requireCRIU(t)
 	sb := newSandbox(t)
-	must(t, "exec", "--detach", sb, "--", "python3", "-c",
-		"import os, time\nb = bytearray(os.urandom(64 << 20))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)")
-	for sh(t, sb, "test -e /tmp/ready && echo y || true") != "y\n" {
-		time.Sleep(50 * time.Millisecond)
-	}
+	startHeap(t, sb, 64)
 	for _, delay := range []time.Duration{60 * time.Millisecond, 150 * time.Millisecond, 300 * time.Millisecond} {
 		done := make(chan result, 1)
 		go func() { done <- molt(t, "checkpoint", sb, "--kind", "full") }()
@@ -344,11 +341,7 @@ func TestDaemonKilledDuringCheckpoint(t *testing.T) {
 func TestPendingCheckpoint(t *testing.T) {
 	requireCRIU(t)
 	sb := newSandbox(t)
-	must(t, "exec", "--detach", sb, "--", "python3", "-c",
-		"import os, time\nb = bytearray(os.urandom(64 << 20))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)")
-	for sh(t, sb, "test -e /tmp/ready && echo y || true") != "y\n" {
-		time.Sleep(50 * time.Millisecond)
-	}
+	startHeap(t, sb, 64)
 	must(t, "exec", sb, "--session", "main", "--", "export X=42")
 	var ck struct {
 		ID      string `json:"id"`
@@ -370,5 +363,16 @@ func TestPendingCheckpoint(t *testing.T) {
 	mustJSON(t, &cks, "checkpoints", sb)
 	if len(cks) != 1 || cks[0].ID != ck.ID || cks[0].Pending {
 		t.Fatalf("after the rollback the checkpoint must be committed: %+v", cks)
+	}
+}
+
+// startHeap starts a process in the sandbox holding mib MiB of random
+// data and waits until it is filled.
+func startHeap(t *testing.T, sb string, mib int) {
+	t.Helper()
+	must(t, "exec", "--detach", sb, "--", "python3", "-c",
+		fmt.Sprintf("import os, time\nb = bytearray(os.urandom(%d << 20))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)", mib))
+	for sh(t, sb, "test -e /tmp/ready && echo y || true") != "y\n" {
+		time.Sleep(50 * time.Millisecond)
 	}
 }
