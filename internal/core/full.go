@@ -294,10 +294,18 @@ func (m *Manager) pageIndex(head string) *pagestore.Index {
 			break
 		}
 		if c.Kind == v1.KindFull {
+			// What cannot be read only costs sharing.
 			hashes, _ := filepath.Glob(filepath.Join(m.ckDir(c.ID), "pagehash", "*"))
 			for _, h := range hashes {
-				// A hash file that cannot be read only costs sharing.
 				_ = x.AddHashFile(filepath.Join(m.ckImages(c.ID), filepath.Base(h)), h)
+				_ = x.AddFilePages(h) // hash files change little too
+			}
+			for _, o := range c.Objects {
+				var sum [pagestore.HashSize]byte
+				if b, err := hex.DecodeString(o.SHA256); err == nil && len(b) == len(sum) && o.Size < pagestore.PageSize {
+					copy(sum[:], b)
+					x.AddSmall(filepath.Join(m.ckDir(c.ID), o.Path), sum)
+				}
 			}
 			found++
 		}
@@ -334,12 +342,18 @@ func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) 
 		written += res.Written
 		objs = append(objs, object{Path: "images/" + e.Name(), Size: res.Size, SHA256: hex.EncodeToString(res.Sum[:])})
 		if res.Pages > 1 {
-			if err := os.WriteFile(filepath.Join(hashes, e.Name()), res.Hashes, 0o600); err != nil {
+			// The hash file goes through the page store as well: most of
+			// it repeats the parent's.
+			tmp := filepath.Join(staging, ".pagehash-"+e.Name())
+			if err := os.WriteFile(tmp, res.Hashes, 0o600); err != nil {
 				return nil, 0, err
 			}
-			sum := sha256.Sum256(res.Hashes)
-			objs = append(objs, object{Path: "pagehash/" + e.Name(), Size: int64(len(res.Hashes)), SHA256: hex.EncodeToString(sum[:])})
-			written += int64(len(res.Hashes))
+			hres, err := pagestore.Store(tmp, filepath.Join(hashes, e.Name()), x)
+			if err != nil {
+				return nil, 0, fmt.Errorf("store page hashes of %s: %w", e.Name(), err)
+			}
+			objs = append(objs, object{Path: "pagehash/" + e.Name(), Size: hres.Size, SHA256: hex.EncodeToString(hres.Sum[:])})
+			written += hres.Written
 		}
 	}
 	sort.Slice(objs, func(i, j int) bool { return objs[i].Path < objs[j].Path })

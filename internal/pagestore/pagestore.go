@@ -42,10 +42,37 @@ type loc struct {
 type Index struct {
 	files []string
 	pages map[[HashSize]byte]loc
+	small map[[HashSize]byte]string // whole files shorter than a page, by content hash
 }
 
 // NewIndex returns an empty index.
-func NewIndex() *Index { return &Index{pages: map[[HashSize]byte]loc{}} }
+func NewIndex() *Index {
+	return &Index{pages: map[[HashSize]byte]loc{}, small: map[[HashSize]byte]string{}}
+}
+
+// AddSmall indexes a whole file shorter than a page by its SHA-256 (such
+// a file shares no page; it can be shared whole).
+func (x *Index) AddSmall(file string, sum [HashSize]byte) {
+	if _, ok := x.small[sum]; !ok {
+		x.small[sum] = file
+	}
+}
+
+// AddFilePages indexes the pages of file by reading and hashing it (for
+// files without a hash file, such as the hash files themselves).
+func (x *Index) AddFilePages(file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	var hashes []byte
+	for off := 0; off+PageSize <= len(b); off += PageSize {
+		h := sha256.Sum256(b[off : off+PageSize])
+		hashes = append(hashes, h[:]...)
+	}
+	x.Add(file, hashes)
+	return nil
+}
 
 // Len returns the number of distinct pages indexed.
 func (x *Index) Len() int { return len(x.pages) }
@@ -115,6 +142,9 @@ func Store(src, dst string, x *Index) (Result, error) {
 		return Result{}, err
 	}
 	size := st.Size()
+	if size < PageSize {
+		return storeSmall(in, out, dst, size, x, &ok)
+	}
 	var res Result
 	res.Hashes = make([]byte, 0, (size+PageSize-1)/PageSize*HashSize)
 
@@ -213,5 +243,34 @@ func Store(src, dst string, x *Index) (Result, error) {
 	copy(res.Sum[:], whole.Sum(nil))
 	res.Size = size
 	ok = true
+	return res, out.Close()
+}
+
+// storeSmall stores a file shorter than a page: shared whole with an
+// indexed file of the same content, or written.
+func storeSmall(in, out *os.File, dst string, size int64, x *Index, ok *bool) (Result, error) {
+	b, err := io.ReadAll(in)
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{Size: size, Pages: 1, Sum: sha256.Sum256(b)}
+	res.Hashes = res.Sum[:]
+	shared := false
+	if src, found := x.small[res.Sum]; found && size > 0 {
+		if f, err := os.Open(src); err == nil {
+			shared = unix.IoctlFileClone(int(out.Fd()), int(f.Fd())) == nil
+			f.Close()
+		}
+	}
+	if shared {
+		res.Shared = 1
+	} else {
+		if _, err := out.WriteAt(b, 0); err != nil {
+			return Result{}, err
+		}
+		res.Written = size
+	}
+	x.AddSmall(dst, res.Sum)
+	*ok = true
 	return res, out.Close()
 }

@@ -143,3 +143,29 @@ func TestIndexFromHashFile(t *testing.T) {
 		t.Fatalf("index of two equal pages: len %d, %v", x.Len(), err)
 	}
 }
+
+func TestStoreSharesSmallFilesWhole(t *testing.T) {
+	dir := btrfsDir(t)
+	staging := t.TempDir()
+	x := NewIndex()
+	b := []byte("a small image, shorter than a page")
+	src := filepath.Join(staging, "small")
+	if err := os.WriteFile(src, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r1, err := Store(src, filepath.Join(dir, "one"), x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := Store(src, filepath.Join(dir, "two"), x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Written != int64(len(b)) || r2.Written != 0 || r2.Shared != 1 || r1.Sum != r2.Sum {
+		t.Fatalf("first %+v, second %+v", r1, r2)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, "two"))
+	if !bytes.Equal(got, b) {
+		t.Fatalf("shared small file holds %q", got)
+	}
+}
