@@ -139,9 +139,11 @@ type Sandbox struct {
 	Head string `json:"head,omitempty"`
 	// ForkedFrom is the checkpoint a forked sandbox started from.
 	ForkedFrom string `json:"forked_from,omitempty"`
-	// Standby is the checkpoint a pre-restored standby is ready for: a
-	// rollback to it is hot.
+	// Standby is set when a pre-restored standby of the sandbox's head
+	// is ready (a rollback to it is hot); Standbys lists every checkpoint
+	// of the sandbox with one.
 	Standby     string    `json:"standby,omitempty"`
+	Standbys    []string  `json:"standbys,omitempty"`
 	Sessions    []Session `json:"sessions,omitempty"`
 	MemoryBytes int64     `json:"memory_bytes,omitempty"`
 	Processes   int       `json:"processes,omitempty"`
@@ -202,6 +204,10 @@ type CheckpointRequest struct {
 	// checkpoint is otherwise returned pending, right after its
 	// consistent instant is captured).
 	Wait bool `json:"wait,omitempty"`
+	// Keep asks to keep a standby ready for this full checkpoint (hot
+	// rollback to it) even when it is no longer the sandbox's head,
+	// within the standby budget.
+	Keep bool `json:"keep,omitempty"`
 }
 
 // Checkpoint is one node of a sandbox's checkpoint tree.
@@ -223,6 +229,9 @@ type Checkpoint struct {
 	// ImageBytes is the size of a full checkpoint's process images as
 	// CRIU wrote them (what a plain dump would store).
 	ImageBytes int64 `json:"image_bytes,omitempty"`
+	// Keep: a standby is kept ready for this checkpoint (see
+	// CheckpointRequest.Keep).
+	Keep bool `json:"keep,omitempty"`
 	// Pending: the consistent instant is captured but the checkpoint is
 	// not committed yet (its images are being stored). A rollback or
 	// fork to it waits for the commit; a crash before it loses it.

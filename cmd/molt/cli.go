@@ -504,13 +504,13 @@ func execCmd(g *globals) *cobra.Command {
 
 func checkpointCmd(g *globals) *cobra.Command {
 	var kind, label string
-	var wait bool
+	var wait, keep bool
 	c := &cobra.Command{
 		Use: "checkpoint SANDBOX", Short: "Take a checkpoint; prints its ID", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
-			ck, err := g.client().Checkpoint(ctx, args[0], v1.CheckpointRequest{Kind: kind, Label: label, Wait: wait})
+			ck, err := g.client().Checkpoint(ctx, args[0], v1.CheckpointRequest{Kind: kind, Label: label, Wait: wait, Keep: keep})
 			if err != nil {
 				return err
 			}
@@ -519,6 +519,7 @@ func checkpointCmd(g *globals) *cobra.Command {
 	}
 	c.Flags().StringVar(&kind, "kind", "fs", "fs (files) or full (files and processes)")
 	c.Flags().StringVar(&label, "label", "", "label to refer to the checkpoint by")
+	c.Flags().BoolVar(&keep, "keep", false, "keep a standby ready for this full checkpoint (hot rollback) even when it is no longer the head")
 	c.Flags().BoolVar(&wait, "wait", false, "return once the checkpoint is committed (a full checkpoint otherwise returns pending, as soon as its instant is captured)")
 	rm := &cobra.Command{
 		Use: "rm CHECKPOINT...", Short: "Delete checkpoints (their children move to their parent)", Args: cobra.MinimumNArgs(1),

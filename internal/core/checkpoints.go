@@ -58,6 +58,9 @@ func (m *Manager) ckFS(id string) string  { return m.path("checkpoints", id, "fs
 // this version: the sandbox is frozen, its root snapshotted read-only,
 // and thawed. The checkpoint is listed only once its manifest is on disk.
 func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error) {
+	if req.Keep && req.Kind != v1.KindFull {
+		return v1.Checkpoint{}, fmt.Errorf("--keep keeps a standby of a full checkpoint; this one is %q: %w", req.Kind, errdefs.ErrInvalidArgument)
+	}
 	switch req.Kind {
 	case "", v1.KindFS, v1.KindFull:
 	case v1.KindAuto:
@@ -77,7 +80,7 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 	}
 	var ck v1.Checkpoint
 	if req.Kind == v1.KindFull {
-		ck, err = m.fullCheckpointLocked(ctx, rec, req.Label)
+		ck, err = m.fullCheckpointLocked(ctx, rec, req.Label, req.Keep)
 	} else {
 		ck, err = m.checkpointLocked(ctx, rec, req.Label)
 	}
@@ -343,9 +346,7 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
 }
 
 func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
-	if s := m.standbyOf(ck.Sandbox); s != nil && s.ck == ck.ID {
-		m.dropStandby(ck.Sandbox, true)
-	}
+	m.dropStandbyOf(ck.Sandbox, ck.ID, true)
 	if err := m.reparent(ck); err != nil {
 		return err
 	}

@@ -635,3 +635,57 @@ func TestMetrics(t *testing.T) {
 		t.Log(body)
 	}
 }
+
+// TestKeptStandbys: a checkpoint marked keep has a standby besides the
+// head's, so rollbacks to either are hot; an unmarked former head loses
+// its standby.
+func TestKeptStandbys(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	m.cfg.StandbyBudget = 1 << 30
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle := func() {
+		t.Helper()
+		m.pipe.wg.Wait()
+		m.sby.wg.Wait()
+	}
+	rollback := func(ck v1.Checkpoint, tier, x string) {
+		t.Helper()
+		settle()
+		res, err := m.Rollback(ctx, sb.ID, ck.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Tier != tier {
+			t.Fatalf("rollback to %s: tier %s, want %s (standbys %v)", ck.Label, res.Tier, tier, m.standbyCheckpoints(sb.ID))
+		}
+		if r := run(t, m, sb.ID, "echo $X"); r.Stdout != x+"\n" {
+			t.Fatalf("rollback to %s: X=%q", ck.Label, r.Stdout)
+		}
+	}
+	run(t, m, sb.ID, "export X=a")
+	a, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Label: "a", Keep: true, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "export X=b")
+	b, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Label: "b", Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle()
+	for deadline := time.Now().Add(10 * time.Second); len(m.standbyCheckpoints(sb.ID)) < 2 && time.Now().Before(deadline); {
+		settle()
+		time.Sleep(20 * time.Millisecond)
+	}
+	rollback(a, v1.TierHot, "a")  // kept
+	rollback(b, v1.TierWarm, "b") // b was the head, not kept: its standby went when a became the head
+	rollback(a, v1.TierHot, "a")  // kept, standby made again meanwhile
+	if _, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFS, Keep: true}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("keep on an fs checkpoint: %v", err)
+	}
+}

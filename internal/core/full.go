@@ -71,7 +71,7 @@ func criuProblem(f criu.Features) string {
 // a staging directory in memory; after the thaw it returns the
 // checkpoint pending, and persist stores the images through the page
 // store, writes the manifest and commits, in the background.
-func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, label string) (v1.Checkpoint, error) {
+func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, label string, keep bool) (v1.Checkpoint, error) {
 	start := time.Now()
 	tool, err := m.criuReady(ctx)
 	if err != nil {
@@ -163,7 +163,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, labe
 	}
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
-		Created: time.Now().UTC(), StallMS: ms(stall),
+		Created: time.Now().UTC(), StallMS: ms(stall), Keep: keep,
 	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version}
 	// The consistent instant is captured and the sandbox runs on. The
 	// rest (storing the images, the manifest, the commit) runs in the

@@ -63,7 +63,11 @@ func newMetrics(m *Manager) *metrics {
 	}, func() float64 {
 		m.sby.mu.Lock()
 		defer m.sby.mu.Unlock()
-		return float64(len(m.sby.m))
+		n := 0
+		for _, set := range m.sby.m {
+			n += len(set)
+		}
+		return float64(n)
 	}))
 	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "molt_standby_bytes", Help: "Image bytes held by standbys (counted against --standby-budget).",
@@ -71,8 +75,10 @@ func newMetrics(m *Manager) *metrics {
 		m.sby.mu.Lock()
 		defer m.sby.mu.Unlock()
 		var n int64
-		for _, s := range m.sby.m {
-			n += s.bytes
+		for _, set := range m.sby.m {
+			for _, s := range set {
+				n += s.bytes
+			}
 		}
 		return float64(n)
 	}))

@@ -218,6 +218,7 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
 	if s := m.standbyOf(rec.ID); s != nil {
 		sb.Standby = s.ck
 	}
+	sb.Standbys = m.standbyCheckpoints(rec.ID)
 	if sb.State == v1.StateRunning {
 		if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
 			if st, err := cg.Stats(); err == nil {

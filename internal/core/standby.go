@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -20,15 +21,17 @@ import (
 // A standby is a sandbox's full checkpoint restored ahead of need: its
 // processes restored by CRIU, stopped, on their own writable snapshot of
 // the checkpoint's files, in the sandbox's cgroup. A rollback to that
-// checkpoint promotes it (kill the live tree, continue the standby,
+// checkpoint promotes it (continue the standby, kill the live tree,
 // switch the root): the hot tier, with no CRIU on the critical path.
 //
-// Policy: at most one standby per sandbox, for its head when the head is
-// a full checkpoint (the state a rollback most likely returns to), made
-// in the background after each full checkpoint and each rollback; the
-// sum of the standbys' image sizes stays within Config.StandbyBudget.
-// Standbys live only in the daemon: a restarted daemon kills the ones it
-// finds and makes new ones on the next checkpoint or rollback.
+// Policy: a sandbox keeps standbys for the checkpoints a rollback most
+// likely returns to: its head, when the head is a full checkpoint, and
+// the full checkpoints the caller marked to keep (newest first). They
+// are made in the background, one at a time, once the head has stayed
+// put for standbyDelay; the sum of all standbys' image sizes stays
+// within Config.StandbyBudget. Standbys live only in the daemon: a
+// restarted daemon kills the ones it finds and makes new ones on the
+// next checkpoint or rollback.
 type standby struct {
 	ck    string
 	init  sandbox.Init
@@ -38,26 +41,34 @@ type standby struct {
 
 type standbys struct {
 	mu sync.Mutex
-	m  map[string]*standby // by sandbox ID
-	wg sync.WaitGroup      // preparations in flight
+	m  map[string]map[string]*standby // sandbox ID -> checkpoint ID -> standby
+	wg sync.WaitGroup                 // preparations and retirements in flight
 }
 
+// standbyOf returns the standby of the sandbox's head, if one is ready.
 func (m *Manager) standbyOf(id string) *standby {
+	var rec sandboxRec
+	if m.db.Get(store.Sandboxes, id, &rec) != nil {
+		return nil
+	}
 	m.sby.mu.Lock()
 	defer m.sby.mu.Unlock()
-	return m.sby.m[id]
+	return m.sby.m[id][rec.Head]
 }
 
-// dropStandby forgets the sandbox's standby, killing its processes
-// unless they are already gone, and removes its root.
-func (m *Manager) dropStandby(id string, kill bool) {
+// standbyCheckpoints lists the checkpoints with a standby ready.
+func (m *Manager) standbyCheckpoints(id string) []string {
 	m.sby.mu.Lock()
-	s := m.sby.m[id]
-	delete(m.sby.m, id)
-	m.sby.mu.Unlock()
-	if s == nil {
-		return
+	defer m.sby.mu.Unlock()
+	var out []string
+	for ck := range m.sby.m[id] {
+		out = append(out, ck)
 	}
+	sort.Strings(out)
+	return out
+}
+
+func (s *standby) drop(kill bool) {
 	if kill && s.init.Alive() {
 		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
 		waitGone(s.init, 5*time.Second)
@@ -65,23 +76,44 @@ func (m *Manager) dropStandby(id string, kill bool) {
 	_ = removeTree(s.root)
 }
 
-// takeStandby takes the sandbox's standby out of the pool if it is of
-// checkpoint ck.
+// dropStandby forgets the sandbox's standbys, killing their processes
+// unless they are already gone, and removes their roots.
+func (m *Manager) dropStandby(id string, kill bool) {
+	m.sby.mu.Lock()
+	set := m.sby.m[id]
+	delete(m.sby.m, id)
+	m.sby.mu.Unlock()
+	for _, s := range set {
+		s.drop(kill)
+	}
+}
+
+// dropStandbyOf drops the sandbox's standby of checkpoint ck, if any.
+func (m *Manager) dropStandbyOf(id, ck string, kill bool) {
+	if s := m.takeStandby(id, ck); s != nil {
+		s.drop(kill)
+	}
+}
+
+// takeStandby takes the sandbox's standby of checkpoint ck out of the
+// pool.
 func (m *Manager) takeStandby(id, ck string) *standby {
 	m.sby.mu.Lock()
 	defer m.sby.mu.Unlock()
-	s := m.sby.m[id]
-	if s == nil || s.ck != ck {
-		return nil
+	s := m.sby.m[id][ck]
+	if s != nil {
+		delete(m.sby.m[id], ck)
 	}
-	delete(m.sby.m, id)
 	return s
 }
 
-// scheduleStandby prepares, in the background, a standby of the
-// sandbox's head if it is a full checkpoint that has none and the budget
-// allows.
+// scheduleStandby prepares, in the background, the standbys the policy
+// wants for the sandbox, once its head has stayed put for standbyDelay.
 func (m *Manager) scheduleStandby(id string) {
+	m.scheduleStandbyAfter(id, standbyDelay)
+}
+
+func (m *Manager) scheduleStandbyAfter(id string, delay time.Duration) {
 	if m.cfg.StandbyBudget <= 0 || m.criu == nil {
 		return
 	}
@@ -96,14 +128,19 @@ func (m *Manager) scheduleStandby(id string) {
 		// Wait a moment: a caller that moves the sandbox again at once
 		// (a tree search, an RL loop) would make this standby useless,
 		// and its CRIU restore would only take CPU from the foreground.
-		time.Sleep(standbyDelay)
+		time.Sleep(delay)
 		if m.db.Get(store.Sandboxes, id, &rec) != nil || rec.Head != head {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := m.prepareStandby(ctx, id); err != nil {
+		more, err := m.prepareStandby(ctx, id)
+		if err != nil {
 			m.log.Info("no standby", "sandbox", id, "reason", err)
+			return
+		}
+		if more {
+			m.scheduleStandbyAfter(id, 0)
 		}
 	}()
 }
@@ -113,54 +150,96 @@ func (m *Manager) scheduleStandby(id string) {
 // far longer.
 const standbyDelay = 100 * time.Millisecond
 
-func (m *Manager) prepareStandby(ctx context.Context, id string) error {
+// wantedStandbys lists, in order, the checkpoints the policy wants
+// standbys for: the head if full, then kept full checkpoints, newest
+// first.
+func (m *Manager) wantedStandbys(rec sandboxRec) []checkpointRec {
+	var out []checkpointRec
+	var head checkpointRec
+	if rec.Head != "" && m.db.Get(store.Checkpoints, rec.Head, &head) == nil && head.Kind == v1.KindFull {
+		out = append(out, head)
+	}
+	cks, _ := m.checkpointsOf(rec.ID)
+	for i := len(cks) - 1; i >= 0; i-- {
+		if c := cks[i]; c.Keep && c.Kind == v1.KindFull && c.ID != rec.Head {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// prepareStandby drops the sandbox's standbys the policy no longer wants
+// and prepares the first wanted one that is missing; more reports that
+// others are still missing.
+func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err error) {
 	rec, unlock, err := m.lockSandbox(id)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer unlock()
-	if m.report(rec).State != v1.StateRunning || rec.Head == "" {
-		return nil
+	if m.report(rec).State != v1.StateRunning {
+		return false, nil
 	}
-	var ck checkpointRec
-	if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil || ck.Kind != v1.KindFull {
-		return nil
+	wanted := m.wantedStandbys(rec)
+	want := map[string]bool{}
+	for _, c := range wanted {
+		want[c.ID] = true
 	}
-	if s := m.standbyOf(id); s != nil && s.ck == ck.ID && s.init.Alive() {
-		return nil
+	for _, ck := range m.standbyCheckpoints(id) {
+		if !want[ck] {
+			m.dropStandbyOf(id, ck, true)
+		}
 	}
-	m.dropStandby(id, true)
+	var missing []checkpointRec
+	for _, c := range wanted {
+		m.sby.mu.Lock()
+		s := m.sby.m[id][c.ID]
+		m.sby.mu.Unlock()
+		if s == nil || !s.init.Alive() {
+			m.dropStandbyOf(id, c.ID, true)
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) == 0 {
+		return false, nil
+	}
+	ck := missing[0]
 	m.sby.mu.Lock()
 	var used int64
-	for _, s := range m.sby.m {
-		used += s.bytes
+	for _, set := range m.sby.m {
+		for _, s := range set {
+			used += s.bytes
+		}
 	}
 	m.sby.mu.Unlock()
 	if used+ck.ImageBytes > m.cfg.StandbyBudget {
-		return fmt.Errorf("standby of %s needs %d bytes; %d of the budget of %d are used", ck.ID, ck.ImageBytes, used, m.cfg.StandbyBudget)
+		return false, fmt.Errorf("standby of %s needs %d bytes; %d of the budget of %d are used", ck.ID, ck.ImageBytes, used, m.cfg.StandbyBudget)
 	}
 	if err := m.verify(ck, false); err != nil {
-		return err
+		return false, err
 	}
 	root := filepath.Join(m.sbDir(id), "standby-"+ck.ID)
 	if err := removeTree(root); err != nil {
-		return err
+		return false, err
 	}
 	if err := fsnap.Snapshot(m.ckFS(ck.ID), root, false); err != nil {
-		return err
+		return false, err
 	}
 	init, err := m.restoreTree(ctx, &rec, ck, root, true)
 	if err != nil {
 		_ = removeTree(root)
-		return err
+		return false, err
 	}
 	m.sby.mu.Lock()
 	if m.sby.m == nil {
-		m.sby.m = map[string]*standby{}
+		m.sby.m = map[string]map[string]*standby{}
 	}
-	m.sby.m[id] = &standby{ck: ck.ID, init: init, root: root, bytes: ck.ImageBytes}
+	if m.sby.m[id] == nil {
+		m.sby.m[id] = map[string]*standby{}
+	}
+	m.sby.m[id][ck.ID] = &standby{ck: ck.ID, init: init, root: root, bytes: ck.ImageBytes}
 	m.sby.mu.Unlock()
-	return nil
+	return len(missing) > 1, nil
 }
 
 // promote makes the standby s the sandbox's live tree: the old tree is
