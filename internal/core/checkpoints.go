@@ -517,20 +517,29 @@ func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointR
 	return m.swapRoot(rec.ID, next)
 }
 
-// swapRoot makes next the sandbox's root and deletes the old one.
+// swapRoot makes next the sandbox's root and deletes the old one (its
+// processes are gone).
 func (m *Manager) swapRoot(id, next string) error {
-	old := filepath.Join(m.sbDir(id), "root.old")
-	if err := removeTree(old); err != nil {
+	retired, err := m.replaceRoot(id, next)
+	if err != nil {
 		return err
 	}
-	if err := os.Rename(m.sbRoot(id), old); err != nil {
-		return err
+	return removeTree(retired)
+}
+
+// replaceRoot renames next into place as the sandbox's root and returns
+// where the old root went (root.old-*, which start-up removes if a crash
+// leaves it). On failure the old root is put back.
+func (m *Manager) replaceRoot(id, next string) (string, error) {
+	retired := filepath.Join(m.sbDir(id), "root.old-"+newID())
+	if err := os.Rename(m.sbRoot(id), retired); err != nil {
+		return "", err
 	}
 	if err := os.Rename(next, m.sbRoot(id)); err != nil {
-		_ = os.Rename(old, m.sbRoot(id))
-		return err
+		_ = os.Rename(retired, m.sbRoot(id))
+		return "", err
 	}
-	return removeTree(old)
+	return retired, nil
 }
 
 // Fork creates n sandboxes from a checkpoint, or from a sandbox (an fs

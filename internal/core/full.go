@@ -529,13 +529,8 @@ func (m *Manager) takeOver(rec *sandboxRec, init sandbox.Init, root string) erro
 	if old.Alive() {
 		_ = unix.Kill(old.Pid, unix.SIGKILL)
 	}
-	retired := filepath.Join(m.sbDir(rec.ID), "root.old-"+newID())
-	if err := os.Rename(m.sbRoot(rec.ID), retired); err != nil {
-		_ = unix.Kill(init.Pid, unix.SIGKILL)
-		return fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
-	}
-	if err := os.Rename(root, m.sbRoot(rec.ID)); err != nil {
-		_ = os.Rename(retired, m.sbRoot(rec.ID))
+	retired, err := m.replaceRoot(rec.ID, root)
+	if err != nil {
 		_ = unix.Kill(init.Pid, unix.SIGKILL)
 		return fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
 	}
