@@ -47,6 +47,8 @@ type Response struct {
 	TimedOut   bool   `json:"timed_out,omitempty"`
 	Truncated  bool   `json:"truncated,omitempty"`
 	DurationMS int64  `json:"duration_ms,omitempty"`
+	// StateDigest identifies a session's shell state after the call.
+	StateDigest string `json:"state_digest,omitempty"`
 
 	Sessions []SessionInfo `json:"sessions,omitempty"`
 }
@@ -55,6 +57,9 @@ type Response struct {
 type SessionInfo struct {
 	Name string `json:"name"`
 	Pid  int    `json:"pid"`
+	// Digest identifies the shell state after the session's last call
+	// (empty before its first call ends).
+	Digest string `json:"digest,omitempty"`
 }
 
 // Arg1 and Arg2 are the argv[1] values that select the init stages in the

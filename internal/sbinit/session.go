@@ -3,6 +3,7 @@ package sbinit
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -23,12 +24,19 @@ import (
 // status on stdout, and the nonce on stderr; init cuts the call's output
 // at the markers. Commands get /dev/null as stdin so that a command that
 // reads stdin cannot swallow later requests.
-const sessionLoop = `exec 62<&3 3<&-
+//
+// Before the markers the loop writes the shell's state (variables,
+// functions, aliases, options, umask, traps, directory stack, cwd: all
+// builtins, no fork) NUL-terminated on a third pipe; init keeps a digest
+// of it, so a turn that left a session as it was can be told from one
+// that changed it (see stateDigest).
+const sessionLoop = `exec 62<&3 3<&- 61>&4 4>&-
 shopt -s expand_aliases
 while IFS= read -r -d '' __molt_req <&62; do
 __molt_n=${__molt_req%% *}
 eval "${__molt_req#* }" </dev/null
 __molt_rc=$?
+{ declare -p; printf '\037\n'; declare -f; alias -p; shopt -p; set +o; umask -p; trap -p; dirs -l -p; printf '\0'; } >&61 2>/dev/null
 printf '\036%s %d\036' "$__molt_n" "$__molt_rc"
 printf '\036%s\036' "$__molt_n" >&2
 done
@@ -46,7 +54,10 @@ type session struct {
 
 	mu         sync.Mutex
 	out, err   bytes.Buffer
-	outT, errT bool // truncated
+	outT, errT bool         // truncated
+	state      bytes.Buffer // state text of finished calls, NUL-terminated
+	stateT     bool
+	digest     string // of the shell state after the last call
 	notify     chan struct{}
 	exited     chan struct{}
 	status     unix.WaitStatus
@@ -57,7 +68,10 @@ func (s *server) sessionList() []SessionInfo {
 	defer s.mu.Unlock()
 	var l []SessionInfo
 	for _, ss := range s.sessions {
-		l = append(l, SessionInfo{Name: ss.name, Pid: ss.pid})
+		ss.mu.Lock()
+		d := ss.digest
+		ss.mu.Unlock()
+		l = append(l, SessionInfo{Name: ss.name, Pid: ss.pid, Digest: d})
 	}
 	sort.Slice(l, func(i, j int) bool { return l[i].Name < l[j].Name })
 	return l
@@ -110,25 +124,38 @@ func (s *server) startSession(name string) (*session, error) {
 		outW.Close()
 		return nil, err
 	}
+	stR, stW, err := pipe(true)
+	if err != nil {
+		ctl.Close()
+		ctlChild.Close()
+		outR.Close()
+		outW.Close()
+		errR.Close()
+		errW.Close()
+		return nil, err
+	}
 	pid, waitc, err := s.reaper.start(ps.path, ps.argv, &syscall.ProcAttr{
 		Dir: ps.dir, Env: ps.env,
-		Files: []uintptr{null.Fd(), outW.Fd(), errW.Fd(), ctlChild.Fd()},
+		Files: []uintptr{null.Fd(), outW.Fd(), errW.Fd(), ctlChild.Fd(), stW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}, true)
 	ctlChild.Close()
 	outW.Close()
 	errW.Close()
+	stW.Close()
 	if err != nil {
 		ctl.Close()
 		outR.Close()
 		errR.Close()
+		stR.Close()
 		return nil, fmt.Errorf("start session: %w", err)
 	}
 	ss := &session{name: name, pid: pid, ctl: ctl, notify: make(chan struct{}, 1), exited: make(chan struct{})}
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go ss.collect(outR, &ss.out, &ss.outT, &wg)
 	go ss.collect(errR, &ss.err, &ss.errT, &wg)
+	go ss.collect(stR, &ss.state, &ss.stateT, &wg)
 	go func() {
 		ws := <-waitc
 		ss.ctl.Close()
@@ -140,6 +167,7 @@ func (s *server) startSession(name string) (*session, error) {
 		case <-time.After(outputGrace):
 			outR.SetReadDeadline(time.Now())
 			errR.SetReadDeadline(time.Now())
+			stR.SetReadDeadline(time.Now())
 			<-done
 		}
 		ss.mu.Lock()
@@ -229,8 +257,31 @@ func (s *server) sessionRun(req Request) Response {
 		ss.mu.Lock()
 		oStart, oEnd, rc := findMarker(ss.out.Bytes(), nonce)
 		eStart, eEnd, _ := findMarker(ss.err.Bytes(), nonce)
+		// The state is written before the markers, so once both markers
+		// are in, its NUL is too (or the shell died).
+		if oStart >= 0 && eStart >= 0 && bytes.IndexByte(ss.state.Bytes(), 0) < 0 && !ss.stateT {
+			ss.mu.Unlock()
+			select {
+			case <-ss.notify:
+			case <-ss.exited:
+				return s.sessionEnded(ss, start, timedOut)
+			}
+			continue
+		}
 		if oStart >= 0 && eStart >= 0 {
-			r := Response{
+			if i := bytes.IndexByte(ss.state.Bytes(), 0); i >= 0 && !ss.stateT {
+				ss.digest = stateDigest(ss.state.Bytes()[:i])
+				rest := append([]byte(nil), ss.state.Bytes()[i+1:]...)
+				ss.state.Reset()
+				ss.state.Write(rest)
+			} else {
+				// Cut short: a digest equal to no other, so the
+				// session counts as changed.
+				ss.digest = "unknown-" + nonce
+				ss.state.Reset()
+			}
+			ss.stateT = false
+			r := Response{StateDigest: ss.digest,
 				Stdout: string(ss.out.Bytes()[:oStart]), Stderr: string(ss.err.Bytes()[:eStart]),
 				Truncated: ss.outT || ss.errT, TimedOut: timedOut,
 				DurationMS: time.Since(start).Milliseconds(),
@@ -308,6 +359,50 @@ func (s *server) sessionClose(name string) Response {
 	_ = unix.Kill(ss.pid, unix.SIGKILL)
 	<-ss.exited
 	return Response{}
+}
+
+// volatileVars change by themselves on every command, or are the
+// session loop's own; they are not state a turn leaves behind.
+var volatileVars = map[string]bool{
+	"BASH_COMMAND": true, "BASH_LINENO": true, "BASH_SOURCE": true, "BASH_ARGC": true,
+	"BASH_ARGV": true, "BASH_SUBSHELL": true, "BASHPID": true, "EPOCHREALTIME": true,
+	"EPOCHSECONDS": true, "FUNCNAME": true, "LINENO": true, "PIPESTATUS": true,
+	"RANDOM": true, "SRANDOM": true, "SECONDS": true, "HISTCMD": true, "_": true,
+}
+
+// stateDigest hashes a session's state text (declare -p, declare -f,
+// aliases, options, umask, traps, directory stack) without the variables
+// that change on their own. `declare -p` starts every variable on a line
+// of its own with "declare -"; a value may span lines, which stay with
+// their variable.
+func stateDigest(text []byte) string {
+	h := sha256.New()
+	vars, rest, found := bytes.Cut(text, []byte("\n\037\n"))
+	if !found {
+		vars, rest = nil, text
+	}
+	skip := false
+	for len(vars) > 0 {
+		line := vars
+		if i := bytes.IndexByte(vars, '\n'); i >= 0 {
+			line, vars = vars[:i+1], vars[i+1:]
+		} else {
+			vars = nil
+		}
+		if after, ok := bytes.CutPrefix(line, []byte("declare -")); ok {
+			skip = false
+			if f := bytes.Fields(after); len(f) >= 2 {
+				name, _, _ := bytes.Cut(f[1], []byte("="))
+				skip = volatileVars[string(name)] || bytes.HasPrefix(name, []byte("__molt_"))
+			}
+		}
+		if !skip {
+			h.Write(line)
+		}
+	}
+	h.Write([]byte{0})
+	h.Write(rest)
+	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // killDescendants SIGKILLs every process below pid (not pid itself).
