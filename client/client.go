@@ -254,6 +254,43 @@ func (c *Client) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRe
 	return ck, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/checkpoints", req, &ck)
 }
 
+// CheckpointAuto ends the sandbox's turn with the checkpoint its effects
+// need (none, fs or full): checkpoint kind auto.
+func (c *Client) CheckpointAuto(ctx context.Context, ref, label string) (v1.TurnResult, error) {
+	var res v1.TurnResult
+	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/checkpoints", v1.CheckpointRequest{Kind: v1.KindAuto, Label: label}, &res)
+}
+
+// EndTurn ends the sandbox's current turn and starts the next.
+func (c *Client) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (v1.TurnResult, error) {
+	var res v1.TurnResult
+	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/turn", req, &res)
+}
+
+// SetLLM gives a sandbox an LLM endpoint; give the agent its URL as the
+// LLM base URL.
+func (c *Client) SetLLM(ctx context.Context, ref string, req v1.LLMEndpointRequest) (v1.LLMEndpoint, error) {
+	var ep v1.LLMEndpoint
+	return ep, c.do(ctx, "PUT", "/v1/sandboxes/"+esc(ref)+"/llm", req, &ep)
+}
+
+// LLM returns a sandbox's LLM endpoint.
+func (c *Client) LLM(ctx context.Context, ref string) (v1.LLMEndpoint, error) {
+	var ep v1.LLMEndpoint
+	return ep, c.do(ctx, "GET", "/v1/sandboxes/"+esc(ref)+"/llm", nil, &ep)
+}
+
+// RemoveLLM closes a sandbox's LLM endpoint.
+func (c *Client) RemoveLLM(ctx context.Context, ref string) error {
+	return c.do(ctx, "DELETE", "/v1/sandboxes/"+esc(ref)+"/llm", nil, nil)
+}
+
+// Turns returns a sandbox's turn log.
+func (c *Client) Turns(ctx context.Context, ref string) ([]v1.TurnRecord, error) {
+	var l []v1.TurnRecord
+	return l, c.do(ctx, "GET", "/v1/sandboxes/"+esc(ref)+"/turns", nil, &l)
+}
+
 // Checkpoints lists a sandbox's checkpoints.
 func (c *Client) Checkpoints(ctx context.Context, ref string) ([]v1.Checkpoint, error) {
 	var l []v1.Checkpoint

@@ -138,7 +138,7 @@ func benchCmd(g *globals) *cobra.Command {
 	search.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	search.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	search.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
-	c.AddCommand(fs, cr, rb, search)
+	c.AddCommand(fs, cr, rb, search, turnsBenchCmd(g))
 	return c
 }
 

@@ -51,7 +51,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		daemonCmd(g), hostCmd(g), imageCmd(g), createCmd(g), lsCmd(g), inspectCmd(g), rmCmd(g),
 		stopCmd(g), startCmd(g), execCmd(g), checkpointCmd(g), checkpointsCmd(g), rollbackCmd(g),
-		forkCmd(g), hibernateCmd(g), resumeCmd(g), benchCmd(g), demoCmd(g),
+		forkCmd(g), hibernateCmd(g), resumeCmd(g), turnCmd(g), turnsCmd(g), llmCmd(g), benchCmd(g), demoCmd(g),
 	)
 	return root
 }
@@ -510,6 +510,16 @@ func checkpointCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
+			if kind == v1.KindAuto {
+				if wait || keep {
+					return fmt.Errorf("--kind auto takes no --wait or --keep")
+				}
+				res, err := g.client().CheckpointAuto(ctx, args[0], label)
+				if err != nil {
+					return err
+				}
+				return g.print(res, func() { printTurn(res) })
+			}
 			ck, err := g.client().Checkpoint(ctx, args[0], v1.CheckpointRequest{Kind: kind, Label: label, Wait: wait, Keep: keep})
 			if err != nil {
 				return err
@@ -517,7 +527,7 @@ func checkpointCmd(g *globals) *cobra.Command {
 			return g.print(ck, func() { fmt.Println(ck.ID) })
 		},
 	}
-	c.Flags().StringVar(&kind, "kind", "fs", "fs (files) or full (files and processes)")
+	c.Flags().StringVar(&kind, "kind", "fs", "fs (files), full (files and processes) or auto (what the turn's effects need: ends the turn, as molt turn)")
 	c.Flags().StringVar(&label, "label", "", "label to refer to the checkpoint by")
 	c.Flags().BoolVar(&keep, "keep", false, "keep a standby ready for this full checkpoint (hot rollback) even when it is no longer the head")
 	c.Flags().BoolVar(&wait, "wait", false, "return once the checkpoint is committed (a full checkpoint otherwise returns pending, as soon as its instant is captured)")

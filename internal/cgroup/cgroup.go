@@ -284,6 +284,10 @@ func Exists(name string) bool {
 // Name returns the name the cgroup was created or loaded with.
 func (c *Cgroup) Name() string { return c.name }
 
+// UnifiedDir is the cgroup's cgroup2 directory ("" without cgroup2); its
+// inode is the cgroup ID eBPF programs see.
+func (c *Cgroup) UnifiedDir() string { return c.unified }
+
 // Add moves the process pid into the cgroup in every hierarchy, primary
 // first, so that a process Add touched at all is visible to Pids and Kill.
 func (c *Cgroup) Add(pid int) error {

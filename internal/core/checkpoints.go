@@ -64,7 +64,7 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 	switch req.Kind {
 	case "", v1.KindFS, v1.KindFull:
 	case v1.KindAuto:
-		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind auto needs the turn inspector, which is not part of this version: %w", errdefs.ErrNotSupported)
+		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind auto ends a turn: use EndTurn: %w", errdefs.ErrInvalidArgument)
 	default:
 		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind %q: want fs, full or auto: %w", req.Kind, errdefs.ErrInvalidArgument)
 	}
@@ -80,9 +80,9 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 	}
 	var ck v1.Checkpoint
 	if req.Kind == v1.KindFull {
-		ck, err = m.fullCheckpointLocked(ctx, rec, req.Label, req.Keep)
+		ck, err = m.fullCheckpointLocked(ctx, rec, ckOpts{label: req.Label, keep: req.Keep})
 	} else {
-		ck, err = m.checkpointLocked(ctx, rec, req.Label)
+		ck, err = m.checkpointLocked(ctx, rec, ckOpts{label: req.Label})
 	}
 	unlock()
 	if err != nil {
@@ -123,6 +123,15 @@ func (m *Manager) awaitCheckpoint(ctx context.Context, id string) (v1.Checkpoint
 	return ck.Checkpoint, nil
 }
 
+// ckOpts are the options of one checkpoint.
+type ckOpts struct {
+	label string
+	keep  bool // keep a standby (full)
+	// frozen, if set, runs inside the frozen window once the state is
+	// captured (the turn inspector starts the next turn there).
+	frozen func()
+}
+
 // checkpointLocked takes an fs checkpoint. The checkpoint's directory
 // and manifest are written first, then the snapshot is taken into it: the
 // snapshot ioctl commits a btrfs transaction, which makes directory,
@@ -130,7 +139,8 @@ func (m *Manager) awaitCheckpoint(ctx context.Context, id string) (v1.Checkpoint
 // metadata record (one bbolt transaction with the sandbox's new head) is
 // the commit point: a crash before it leaves an unlisted directory,
 // which reconcile removes.
-func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, label string) (v1.Checkpoint, error) {
+func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts) (v1.Checkpoint, error) {
+	label := o.label
 	start := time.Now()
 	id := newID()
 	root := m.sbRoot(rec.ID)
@@ -178,6 +188,9 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, label st
 	snapErr := fsnap.Snapshot(root, m.ckFS(id), true)
 	if snapErr == nil {
 		snapErr = m.fail("checkpoint:frozen")
+	}
+	if snapErr == nil && o.frozen != nil {
+		o.frozen()
 	}
 	if cg != nil {
 		if err := cg.Thaw(); err != nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/pool"
 	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/sched"
 	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
@@ -52,6 +53,12 @@ type Config struct {
 	StandbyBudget int64
 	// Version is reported by Host.
 	Version string
+	// Sched configures the host-wide scheduler of checkpoint background
+	// work (persisting, standby preparation, GC); see internal/sched.
+	Sched sched.Config
+	// NoScheduler runs background work unscheduled, each job at once (for
+	// comparison in benchmarks).
+	NoScheduler bool
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -75,6 +82,7 @@ type Manager struct {
 
 	sby     standbys
 	pipe    pipeline // pending full checkpoints
+	turns   turnTable
 	metrics *metrics
 
 	stampsMu sync.Mutex
@@ -400,10 +408,17 @@ func (m *Manager) Host() v1.Host {
 		{Name: "fs-checkpoint", Supported: true, Detail: "btrfs snapshot ioctl under a cgroup freeze"},
 		{Name: "cgroup", Supported: true, Detail: cgroup.Mode()},
 		m.criuFeature(),
-		{Name: "inspector", Supported: false, Reason: "the eBPF turn inspector is not part of this version"},
+		inspectorFeature(),
 		{Name: "arch", Supported: true, Detail: runtime.GOARCH},
 	}
 	return h
+}
+
+func inspectorFeature() v1.Feature {
+	if ok, why := InspectorStatus(); !ok {
+		return v1.Feature{Name: "inspector", Reason: why + " (turns are then always full)"}
+	}
+	return v1.Feature{Name: "inspector", Supported: true, Detail: "eBPF on raw_syscalls and sched tracepoints, per sandbox cgroup and PID namespace"}
 }
 
 // KerndatDir holds CRIU's kernel-probe cache, on a 1 MiB tmpfs that a

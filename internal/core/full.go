@@ -71,7 +71,8 @@ func criuProblem(f criu.Features) string {
 // a staging directory in memory; after the thaw it returns the
 // checkpoint pending, and persist stores the images through the page
 // store, writes the manifest and commits, in the background.
-func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, label string, keep bool) (v1.Checkpoint, error) {
+func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ckOpts) (v1.Checkpoint, error) {
+	label, keep := o.label, o.keep
 	start := time.Now()
 	tool, err := m.criuReady(ctx)
 	if err != nil {
@@ -149,6 +150,8 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, labe
 	})
 	if err != nil {
 		err = fmt.Errorf("dump: %w", err)
+	} else if o.frozen != nil {
+		o.frozen()
 	}
 	if freezeStart.IsZero() {
 		freezeStart = time.Now()
@@ -197,6 +200,7 @@ func (m *Manager) persist(job *pendingJob, rec sandboxRec, staging, work string,
 		m.metrics.checkpoint.WithLabelValues(v1.KindFull, "failed").Inc()
 		_ = removeTree(m.ckDir(ck.ID))
 		m.unlinkFailed(ck)
+		m.turnForce(ck.Sandbox, fmt.Sprintf("checkpoint %s was captured but not committed", ck.ID))
 		m.log.Warn("checkpoint not committed", "sandbox", ck.Sandbox, "checkpoint", ck.ID, "err", err)
 	}
 	if err == nil {
@@ -500,7 +504,9 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	if err := fsnap.Snapshot(m.ckFS(ck.ID), next, false); err != nil {
 		return v1.RollbackResult{}, err
 	}
-	init, err := m.restoreProcesses(ctx, rec, procs, next)
+	// Restored stopped: the turn inspector follows the new tree before
+	// it runs, so nothing it does after the restore goes unseen.
+	init, err := m.restoreTree(ctx, rec, procs, next, true)
 	if err != nil {
 		_ = removeTree(next)
 		return v1.RollbackResult{}, err
@@ -509,6 +515,13 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		return v1.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = init, v1.StateRunning, "", ck.ID
+	ts := m.turnPrepare(*rec, init)
+	if err := continueTree(*rec, init); err != nil {
+		ts.mu.Unlock()
+		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		return v1.RollbackResult{}, err
+	}
+	m.turnBaseline(ctx, *rec, ts)
 	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
 		return v1.RollbackResult{}, err
 	}

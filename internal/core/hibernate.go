@@ -32,6 +32,7 @@ func (m *Manager) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error)
 	if err := m.killProcesses(ctx, rec); err != nil {
 		return v1.Sandbox{}, fmt.Errorf("hibernate %s: checkpoint %s taken, but stopping failed: %w", rec.ID, ck.ID, err)
 	}
+	m.turnForget(rec.ID)
 	rec.State, rec.Reason, rec.Init = v1.StateHibernated, "hibernated at checkpoint "+ck.ID, sandbox.Init{}
 	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
 		return v1.Sandbox{}, err

@@ -21,6 +21,8 @@ type metrics struct {
 	checkpoint *prometheus.CounterVec
 	rollback   *prometheus.HistogramVec
 	forks      prometheus.Counter
+	decisions  *prometheus.CounterVec
+	turnDecide prometheus.Histogram
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}
@@ -49,8 +51,14 @@ func newMetrics(m *Manager) *metrics {
 		forks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "molt_forks_total", Help: "Sandboxes made by fork.",
 		}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "molt_turn_decisions_total", Help: "Turn ends by decision (none, fs, full).",
+		}, []string{"decision"}),
+		turnDecide: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "molt_turn_decide_seconds", Help: "Time to collect and classify a turn's effects.", Buckets: latencyBuckets,
+		}),
 	}
-	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks)
+	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks, x.decisions, x.turnDecide)
 	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "molt_pending_checkpoints", Help: "Full checkpoints captured and not yet committed (the persist queue).",
 	}, func() float64 {

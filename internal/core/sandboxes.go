@@ -123,6 +123,7 @@ func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, pr
 		return v1.Sandbox{}, err
 	}
 	r.Success()
+	m.turnReset(ctx, rec)
 	return m.report(rec), nil
 }
 
@@ -270,6 +271,7 @@ func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
 	if err := m.killProcesses(ctx, rec); err != nil {
 		return v1.Sandbox{}, fmt.Errorf("stop %s: %w", rec.ID, err)
 	}
+	m.turnForget(rec.ID)
 	rec.State, rec.Reason, rec.Init = v1.StateStopped, "", sandbox.Init{}
 	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
 		return v1.Sandbox{}, err
@@ -330,7 +332,11 @@ func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 		return err
 	}
 	rec.State, rec.Reason, rec.Init = v1.StateRunning, "", init
-	return m.db.Put(store.Sandboxes, rec.ID, *rec)
+	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
+		return err
+	}
+	m.turnReset(ctx, *rec)
+	return nil
 }
 
 // Remove deletes a sandbox: its processes, cgroup, root and checkpoints.
@@ -353,6 +359,10 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 		return fmt.Errorf("remove %s: %w", rec.ID, err)
 	}
 	m.dropStandby(rec.ID, false)
+	m.turnForget(rec.ID)
+	if err := m.db.DeletePrefix(store.Turns, rec.ID+"/"); err != nil {
+		return err
+	}
 	// The record goes first: from here on the sandbox is not listed, and
 	// a crash leaves only unlisted directories, which start-up removes.
 	if err := m.db.Delete(store.Sandboxes, rec.ID); err != nil {
@@ -396,6 +406,9 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 	if err != nil {
 		return 0, nil, err
 	}
+	if err := m.turnGate(ctx, rec.ID); err != nil {
+		return 0, nil, err
+	}
 	ireq := sbinit.Request{
 		Op: "exec", Args: req.Args, Env: req.Env, Cwd: req.Cwd, User: req.User,
 		TimeoutMS: req.TimeoutMS, Detach: req.Detach, Stdin: req.Stdin,
@@ -405,6 +418,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 		if err != nil {
 			return 0, nil, fmt.Errorf("exec: %w", err)
 		}
+		m.recordCommand(rec.ID, v1.TurnCommand{Time: time.Now().UTC(), Args: req.Args, Detached: true})
 		return resp.Pid, nil, nil
 	}
 	c, err := m.dial(context.Background(), rec)
@@ -415,7 +429,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 		c.Close()
 		return 0, nil, err
 	}
-	return 0, c, nil
+	return 0, m.recording(rec.ID, c, req.Args), nil
 }
 
 // SessionRun runs shell text in the named persistent session.
@@ -427,10 +441,18 @@ func (m *Manager) SessionRun(ctx context.Context, ref, session string, req v1.Se
 	if err != nil {
 		return v1.SessionRunResult{}, err
 	}
+	if err := m.turnGate(ctx, rec.ID); err != nil {
+		return v1.SessionRunResult{}, err
+	}
+	began := time.Now().UTC()
 	resp, err := m.call(ctx, rec, sbinit.Request{Op: "session-run", Session: session, Command: req.Command, TimeoutMS: req.TimeoutMS})
 	if err != nil {
 		return v1.SessionRunResult{}, fmt.Errorf("session %s: %w", session, err)
 	}
+	m.recordCommand(rec.ID, v1.TurnCommand{
+		Time: began, Session: session, Command: req.Command, ExitCode: resp.ExitCode,
+		Stdout: resp.Stdout, Stderr: resp.Stderr, Truncated: resp.Truncated,
+	})
 	return v1.SessionRunResult{
 		Stdout: resp.Stdout, Stderr: resp.Stderr, ExitCode: resp.ExitCode,
 		TimedOut: resp.TimedOut, Truncated: resp.Truncated, DurationMS: resp.DurationMS,

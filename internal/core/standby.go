@@ -252,14 +252,19 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	}
 	// The standby runs first; then it takes over (the old tree, in its
 	// own namespaces and on its own root, goes in the background).
+	// The turn inspector follows the standby's tree before it runs.
+	ts := m.turnPrepare(*rec, s.init)
 	if err := continueTree(*rec, s.init); err != nil {
+		ts.mu.Unlock()
 		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
 		return v1.RollbackResult{}, err
 	}
 	if err := m.takeOver(rec, s.init, s.root); err != nil {
+		ts.mu.Unlock()
 		return v1.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = s.init, v1.StateRunning, "", ck.ID
+	m.turnBaseline(ctx, *rec, ts)
 	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
 		return v1.RollbackResult{}, err
 	}

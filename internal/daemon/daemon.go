@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/molt-sh/molt/internal/coord"
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/httpapi"
@@ -64,7 +65,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: httpapi.Handler(m, log), ReadHeaderTimeout: 10 * time.Second}
+	co := coord.New(m, log)
+	defer co.Close()
+	srv := &http.Server{Handler: httpapi.Handler(m, co, log), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	h := m.Host()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/molt-sh/molt/client"
+	"github.com/molt-sh/molt/internal/coord"
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/httpapi"
 )
@@ -25,11 +26,18 @@ type Ephemeral struct {
 	Manager *core.Manager
 	Root    string
 	srv     *http.Server
+	coord   *coord.Coordinator
 }
 
 // StartEphemeral starts a daemon on a new directory under parent ("" for
 // /var/tmp). cacheDir holds debootstrap trees ("" for the default).
 func StartEphemeral(ctx context.Context, parent, cacheDir, version string) (*Ephemeral, error) {
+	return StartEphemeralWith(ctx, parent, cacheDir, version, nil)
+}
+
+// StartEphemeralWith is StartEphemeral with the Manager's configuration
+// adjusted by tweak (benchmarks compare configurations).
+func StartEphemeralWith(ctx context.Context, parent, cacheDir, version string, tweak func(*core.Config)) (*Ephemeral, error) {
 	if parent == "" {
 		parent = "/var/tmp"
 	}
@@ -37,10 +45,14 @@ func StartEphemeral(ctx context.Context, parent, cacheDir, version string) (*Eph
 	if err != nil {
 		return nil, err
 	}
-	m, err := core.Open(ctx, core.Config{
+	cfg := core.Config{
 		Root: root, PoolSize: 64 << 30, CacheDir: cacheDir, Version: version, StandbyBudget: 2 << 30,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	m, err := core.Open(ctx, cfg)
 	if err != nil {
 		os.RemoveAll(root)
 		return nil, err
@@ -53,8 +65,9 @@ func StartEphemeral(ctx context.Context, parent, cacheDir, version string) (*Eph
 		os.RemoveAll(root)
 		return nil, err
 	}
-	e := &Ephemeral{Client: client.New(sock), Manager: m, Root: root,
-		srv: &http.Server{Handler: httpapi.Handler(m, slog.Default()), ReadHeaderTimeout: 10 * time.Second}}
+	co := coord.New(m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	e := &Ephemeral{Client: client.New(sock), Manager: m, Root: root, coord: co,
+		srv: &http.Server{Handler: httpapi.Handler(m, co, slog.Default()), ReadHeaderTimeout: 10 * time.Second}}
 	go func() { _ = e.srv.Serve(ln) }()
 	return e, nil
 }
@@ -72,6 +85,7 @@ func (e *Ephemeral) Close() error {
 		}
 	}
 	_ = e.srv.Close()
+	e.coord.Close()
 	errs = append(errs, e.Manager.Close())
 	// The pool may stay busy for a moment while killed sandboxes' mount
 	// namespaces are torn down.

@@ -14,13 +14,14 @@ import (
 	"sync"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/coord"
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/errdefs"
 )
 
 // Handler returns the API handler for m.
-func Handler(m *core.Manager, log *slog.Logger) http.Handler {
-	s := &server{m: m, log: log}
+func Handler(m *core.Manager, co *coord.Coordinator, log *slog.Logger) http.Handler {
+	s := &server{m: m, co: co, log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/host", s.host)
 	mux.Handle("GET /v1/metrics", m.MetricsHandler())
@@ -41,6 +42,11 @@ func Handler(m *core.Manager, log *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/checkpoints", s.checkpoints)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/checkpoints", s.checkpoint)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/rollback", s.rollback)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/turn", s.turn)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/turns", s.turns)
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/llm", s.llmSet)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/llm", s.llmGet)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/llm", s.llmRemove)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.hibernate)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
@@ -56,6 +62,7 @@ func Handler(m *core.Manager, log *slog.Logger) http.Handler {
 
 type server struct {
 	m   *core.Manager
+	co  *coord.Coordinator
 	log *slog.Logger
 }
 
@@ -217,7 +224,33 @@ func (s *server) sandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) remove(w http.ResponseWriter, r *http.Request) {
+	if sb, err := s.m.Sandbox(r.Context(), r.PathValue("id")); err == nil {
+		s.co.Remove(sb.ID)
+	}
 	reply(w, struct{}{}, s.m.Remove(r.Context(), r.PathValue("id")))
+}
+
+func (s *server) llmSet(w http.ResponseWriter, r *http.Request) {
+	var req v1.LLMEndpointRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	ep, err := s.co.Set(r.Context(), r.PathValue("id"), req)
+	reply(w, ep, err)
+}
+
+func (s *server) llmGet(w http.ResponseWriter, r *http.Request) {
+	ep, err := s.co.Get(r.Context(), r.PathValue("id"))
+	reply(w, ep, err)
+}
+
+func (s *server) llmRemove(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Sandbox(r.Context(), r.PathValue("id"))
+	if err == nil {
+		s.co.Remove(sb.ID)
+	}
+	reply(w, struct{}{}, err)
 }
 
 func (s *server) stop(w http.ResponseWriter, r *http.Request) {
@@ -310,8 +343,36 @@ func (s *server) checkpoint(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if req.Kind == v1.KindAuto {
+		// auto ends the turn: the inspector decides the kind.
+		if req.Keep || req.Wait {
+			writeError(w, fmt.Errorf("checkpoint kind auto takes no --keep or --wait: %w", errdefs.ErrInvalidArgument))
+			return
+		}
+		res, err := s.m.EndTurn(r.Context(), r.PathValue("id"), v1.TurnRequest{Label: req.Label})
+		reply(w, res, err)
+		return
+	}
 	ck, err := s.m.Checkpoint(r.Context(), r.PathValue("id"), req)
 	reply(w, ck, err)
+}
+
+func (s *server) turn(w http.ResponseWriter, r *http.Request) {
+	var req v1.TurnRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	res, err := s.m.EndTurn(r.Context(), r.PathValue("id"), req)
+	reply(w, res, err)
+}
+
+func (s *server) turns(w http.ResponseWriter, r *http.Request) {
+	l, err := s.m.Turns(r.PathValue("id"))
+	if l == nil {
+		l = []v1.TurnRecord{}
+	}
+	reply(w, l, err)
 }
 
 func (s *server) checkpointInfo(w http.ResponseWriter, r *http.Request) {

@@ -9,6 +9,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +25,8 @@ const (
 	Images      = "images"
 	Sandboxes   = "sandboxes"
 	Checkpoints = "checkpoints"
+	// Turns holds each sandbox's turn log, keyed "<sandbox>/<turn>".
+	Turns = "turns"
 )
 
 // DB is an open metadata database.
@@ -40,7 +43,7 @@ func Open(path string) (*DB, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{Images, Sandboxes, Checkpoints} {
+		for _, b := range []string{Images, Sandboxes, Checkpoints, Turns} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
 				return err
 			}
@@ -95,6 +98,38 @@ func List[T any](d *DB, bucket string) ([]T, error) {
 	return out, err
 }
 
+// ForEachPrefix calls fn with the key and raw record of every key of
+// bucket that starts with prefix, in key order.
+func (d *DB) ForEachPrefix(bucket, prefix string, fn func(key string, b []byte) error) error {
+	return d.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket([]byte(bucket)).Cursor()
+		p := []byte(prefix)
+		for k, v := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, v = c.Next() {
+			if err := fn(string(k), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// DeletePrefix removes every key of bucket that starts with prefix.
+func (d *DB) DeletePrefix(bucket, prefix string) error {
+	return d.Update(func(t *Tx) error {
+		c := t.tx.Bucket([]byte(bucket)).Cursor()
+		p := []byte(prefix)
+		for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Seek(p) {
+			if err := c.Delete(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Unmarshal decodes a raw record.
+func Unmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
 // Tx is a read-write transaction: its changes commit together or not at
 // all.
 type Tx struct{ tx *bolt.Tx }
@@ -112,6 +147,15 @@ func (t *Tx) Put(bucket, key string, v any) error {
 		return err
 	}
 	return t.tx.Bucket([]byte(bucket)).Put([]byte(key), b)
+}
+
+// Get loads key from bucket into v; errdefs.ErrNotFound if missing.
+func (t *Tx) Get(bucket, key string, v any) error {
+	b := t.tx.Bucket([]byte(bucket)).Get([]byte(key))
+	if b == nil {
+		return fmt.Errorf("%s %q: %w", bucket, key, errdefs.ErrNotFound)
+	}
+	return json.Unmarshal(b, v)
 }
 
 // Delete removes key from bucket.

@@ -1,0 +1,228 @@
+// Package coord is the turn coordinator: it gives a sandbox an LLM
+// endpoint (an HTTP reverse proxy to the agent's real LLM API) and ends
+// the sandbox's turn whenever the agent calls its LLM through it.
+//
+// The agent changes nothing but its base URL. A call arriving at the
+// proxy ends the current turn: the coordinator runs the turn's auto
+// checkpoint (none, fs or full, as the inspector decides) while the call
+// is forwarded, so the checkpoint overlaps the LLM's latency. A
+// completion gate keeps the next turn's commands from running before
+// the checkpoint's consistent instant is captured: with gate "response"
+// (the default) the reply is held until then; with gate "exec" the reply
+// goes at once and the sandbox's next command waits instead. Each call's
+// request and response are recorded in the turn log next to the turn's
+// commands and their output, for replay in recovery.
+package coord
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/core"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/llmproxy"
+)
+
+// Gate modes.
+const (
+	GateResponse = "response"
+	GateExec     = "exec"
+)
+
+// Coordinator owns the LLM endpoints of a Manager's sandboxes.
+type Coordinator struct {
+	m   *core.Manager
+	log *slog.Logger
+
+	mu  sync.Mutex
+	eps map[string]*endpoint // by sandbox ID
+}
+
+type endpoint struct {
+	c       *Coordinator
+	sandbox string
+	gate    string
+	proxy   *llmproxy.Proxy
+	info    v1.LLMEndpoint
+
+	mu    sync.Mutex
+	turns map[uint64]*turnWait // by call ID, until recorded
+}
+
+// New returns a coordinator for m's sandboxes.
+func New(m *core.Manager, log *slog.Logger) *Coordinator {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Coordinator{m: m, log: log, eps: map[string]*endpoint{}}
+}
+
+// Set gives a sandbox an LLM endpoint (replacing one it had).
+func (c *Coordinator) Set(ctx context.Context, ref string, req v1.LLMEndpointRequest) (v1.LLMEndpoint, error) {
+	sb, err := c.m.Sandbox(ctx, ref)
+	if err != nil {
+		return v1.LLMEndpoint{}, err
+	}
+	u, err := url.Parse(req.Upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return v1.LLMEndpoint{}, fmt.Errorf("llm upstream %q: want an http(s) base URL: %w", req.Upstream, errdefs.ErrInvalidArgument)
+	}
+	switch req.Gate {
+	case "":
+		req.Gate = GateResponse
+	case GateResponse, GateExec:
+	default:
+		return v1.LLMEndpoint{}, fmt.Errorf("llm gate %q: want response or exec: %w", req.Gate, errdefs.ErrInvalidArgument)
+	}
+	if req.Listen == "" {
+		req.Listen = "127.0.0.1:0"
+	}
+	if req.Ignore != nil {
+		if err := c.m.SetTurnIgnore(sb.ID, req.Ignore); err != nil {
+			return v1.LLMEndpoint{}, err
+		}
+	}
+	ep := &endpoint{c: c, sandbox: sb.ID, gate: req.Gate, turns: map[uint64]*turnWait{}}
+	h := http.Header{}
+	for k, v := range req.Header {
+		h.Set(k, v)
+	}
+	p, err := llmproxy.New(llmproxy.Config{Upstream: u, Hooks: ep, Header: h, Logger: c.log})
+	if err != nil {
+		return v1.LLMEndpoint{}, fmt.Errorf("llm endpoint: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	addr, err := p.ListenAndServe(req.Listen)
+	if err != nil {
+		return v1.LLMEndpoint{}, fmt.Errorf("llm endpoint: listen on %s: %w", req.Listen, err)
+	}
+	ep.proxy = p
+	host := addr.String()
+	if ta, ok := addr.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
+		host = net.JoinHostPort("127.0.0.1", fmt.Sprint(ta.Port))
+	}
+	ep.info = v1.LLMEndpoint{Sandbox: sb.ID, URL: "http://" + host + "/v1", Upstream: req.Upstream, Gate: req.Gate}
+	c.mu.Lock()
+	old := c.eps[sb.ID]
+	c.eps[sb.ID] = ep
+	c.mu.Unlock()
+	if old != nil {
+		old.proxy.Close()
+	}
+	return ep.info, nil
+}
+
+// Get returns a sandbox's LLM endpoint.
+func (c *Coordinator) Get(ctx context.Context, ref string) (v1.LLMEndpoint, error) {
+	sb, err := c.m.Sandbox(ctx, ref)
+	if err != nil {
+		return v1.LLMEndpoint{}, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ep := c.eps[sb.ID]
+	if ep == nil {
+		return v1.LLMEndpoint{}, fmt.Errorf("sandbox %s has no LLM endpoint: %w", sb.ID, errdefs.ErrNotFound)
+	}
+	return ep.info, nil
+}
+
+// Remove closes a sandbox's LLM endpoint. Removing none is not an error.
+func (c *Coordinator) Remove(id string) {
+	c.mu.Lock()
+	ep := c.eps[id]
+	delete(c.eps, id)
+	c.mu.Unlock()
+	if ep != nil {
+		ep.proxy.Close()
+	}
+}
+
+// Close closes every endpoint.
+func (c *Coordinator) Close() {
+	c.mu.Lock()
+	eps := c.eps
+	c.eps = map[string]*endpoint{}
+	c.mu.Unlock()
+	for _, ep := range eps {
+		ep.proxy.Close()
+	}
+}
+
+// turnWait is a turn end in progress, started by one LLM call.
+type turnWait struct {
+	done chan struct{}
+	out  core.TurnOutcome // set when done is closed
+}
+
+// TurnEnd ends the sandbox's turn in the background while the call is
+// forwarded; the returned gate waits for the checkpoint's capture.
+func (ep *endpoint) TurnEnd(ctx context.Context, call *llmproxy.Call) (func(context.Context) error, error) {
+	ch := ep.c.m.EndTurnAsync(ep.sandbox, v1.TurnRequest{})
+	tw := &turnWait{done: make(chan struct{})}
+	go func() { tw.out = <-ch; close(tw.done) }()
+	ep.mu.Lock()
+	ep.turns[call.ID] = tw
+	ep.mu.Unlock()
+	if ep.gate != GateResponse {
+		return nil, nil
+	}
+	return func(ctx context.Context) error {
+		select {
+		case <-tw.done:
+			return tw.out.Err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, nil
+}
+
+// Recorded files the call in the log of the turn it ended.
+func (ep *endpoint) Recorded(call *llmproxy.Call) {
+	ep.mu.Lock()
+	tw := ep.turns[call.ID]
+	delete(ep.turns, call.ID)
+	ep.mu.Unlock()
+	rec := v1.LLMCall{
+		ID: int(call.ID), API: call.API, Path: call.Path, Model: call.Model, Stream: call.Stream,
+		Status: call.Status, Request: string(call.Request), RequestTruncated: call.RequestTruncated,
+		Response: string(call.Response), ResponseTruncated: call.ResponseTruncated,
+		Started: call.Started.UTC(), Ended: call.Ended.UTC(),
+		GateWaitMS: float64(call.GateWait.Microseconds()) / 1000, Error: joinErr(call.Err, call.HookErr),
+	}
+	if tw == nil {
+		ep.c.log.Warn("LLM call ended no turn", "sandbox", ep.sandbox, "call", call.ID, "err", rec.Error)
+		return
+	}
+	go func() {
+		select {
+		case <-tw.done:
+		case <-time.After(5 * time.Minute):
+			ep.c.log.Warn("LLM call's turn end did not finish", "sandbox", ep.sandbox, "call", call.ID)
+			return
+		}
+		if tw.out.Err != nil {
+			ep.c.log.Warn("LLM call's turn end failed", "sandbox", ep.sandbox, "call", call.ID, "err", tw.out.Err)
+			return
+		}
+		if err := ep.c.m.RecordLLM(ep.sandbox, tw.out.Result.Turn, rec); err != nil {
+			ep.c.log.Warn("LLM call not recorded", "sandbox", ep.sandbox, "turn", tw.out.Result.Turn, "err", err)
+		}
+	}()
+}
+
+func joinErr(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
+}
