@@ -116,16 +116,16 @@ type TurnRecord struct {
 
 // TurnCommand is one command run in a sandbox during a turn.
 type TurnCommand struct {
-	Time      time.Time `json:"time"`
-	Session   string    `json:"session,omitempty"`
-	Command   string    `json:"command,omitempty"` // session text
-	Args      []string  `json:"args,omitempty"`    // exec argv
+	Time    time.Time `json:"time"`
+	Session string    `json:"session,omitempty"`
+	Command string    `json:"command,omitempty"` // session text
+	Args    []string  `json:"args,omitempty"`    // exec argv
 	// ExitCode is -1 when the stream ended without an exit status.
-	ExitCode  int       `json:"exit_code"`
-	Detached  bool      `json:"detached,omitempty"`
-	Stdout    string    `json:"stdout,omitempty"`
-	Stderr    string    `json:"stderr,omitempty"`
-	Truncated bool      `json:"truncated,omitempty"`
+	ExitCode  int    `json:"exit_code"`
+	Detached  bool   `json:"detached,omitempty"`
+	Stdout    string `json:"stdout,omitempty"`
+	Stderr    string `json:"stderr,omitempty"`
+	Truncated bool   `json:"truncated,omitempty"`
 }
 
 // LLMCall is one call an agent made through its sandbox's LLM proxy.

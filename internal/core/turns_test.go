@@ -91,7 +91,7 @@ func TestTurnDecisions(t *testing.T) {
 	py := func(code string) string { return "python3 -B -c '" + code + "'" }
 	cases := []struct {
 		name, cmd, want string
-		path, op       string // a file effect that must be reported
+		path, op        string // a file effect that must be reported
 	}{
 		// Read-only turns.
 		{"cat", "cat /etc/os-release /root/t/f >/dev/null", v1.DecisionNone, "", ""},
