@@ -23,9 +23,16 @@ type fakeLLM struct {
 	mu     sync.Mutex
 	script []string
 	calls  int
+	served []time.Duration // how long each call took the LLM itself
 }
 
 func (f *fakeLLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	defer func() {
+		f.mu.Lock()
+		f.served = append(f.served, time.Since(start))
+		f.mu.Unlock()
+	}()
 	if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {
 		http.NotFound(w, r)
 		return
@@ -227,9 +234,9 @@ func TestAgentThroughLLMProxy(t *testing.T) {
 	// the LLM, not for molt.
 	var added []float64
 	for i, tr := range turns {
-		extra := agentLatency[i] - llm.delay
-		t.Logf("turn %d %-4s: agent saw %6.1f ms (LLM %d ms), gate wait %5.2f ms, molt added %5.1f ms",
-			tr.Turn, tr.Decision, ms(agentLatency[i]), llm.delay.Milliseconds(), tr.LLM[0].GateWaitMS, ms(extra))
+		extra := agentLatency[i] - llm.served[i]
+		t.Logf("turn %d %-4s: agent saw %6.1f ms, the LLM took %6.1f ms, gate wait %5.2f ms, molt added %5.1f ms",
+			tr.Turn, tr.Decision, ms(agentLatency[i]), ms(llm.served[i]), tr.LLM[0].GateWaitMS, ms(extra))
 		added = append(added, ms(extra))
 		if tr.LLM[0].GateWaitMS > 100 {
 			t.Errorf("turn %d: the reply waited %.1f ms for the checkpoint, longer than it should under a %v LLM", tr.Turn, tr.LLM[0].GateWaitMS, llm.delay)
@@ -237,6 +244,30 @@ func TestAgentThroughLLMProxy(t *testing.T) {
 	}
 	sort.Float64s(added)
 	t.Logf("agent-visible latency added per turn: median %.1f ms, max %.1f ms (LLM %v per call)", added[len(added)/2], added[len(added)-1], llm.delay)
+
+	// An LLM faster than the checkpoint: the gate holds the reply until
+	// the turn's instant is captured, so the agent's next command cannot
+	// run before it.
+	llm.mu.Lock()
+	llm.delay = 0
+	llm.mu.Unlock()
+	must(t, "exec", sb, "--session", "main", "--", "export FAST=1")
+	start := time.Now()
+	ask(t, ep.URL, history, false)
+	seen := time.Since(start)
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		mustJSON(t, &turns, "turns", sb)
+		if len(turns) == len(llm.script)+2 && len(turns[len(turns)-1].LLM) == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	last := turns[len(turns)-1]
+	if last.Decision != "full" || len(last.LLM) != 1 || last.LLM[0].GateWaitMS <= 0 {
+		t.Fatalf("fast LLM turn: %+v", last)
+	}
+	t.Logf("fast LLM: the agent waited %.1f ms, of which %.1f ms for the full checkpoint's capture", ms(seen), last.LLM[0].GateWaitMS)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

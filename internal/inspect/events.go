@@ -17,7 +17,10 @@ import (
 // Files has one entry per path (ops merged), sorted by path. Paths are
 // absolute within the sandbox root (the task's root). A path of "?" means
 // some change could not be attributed to a path: treat the whole tree as
-// possibly changed. Paths given to path-based syscalls (unlink, rename, ...)
+// possibly changed. A path of "?/some/path" is a change to a file outside
+// the task's root (e.g. an fd inherited from the host, or opened before a
+// chroot), given relative to its mount namespace root. Paths given to
+// path-based syscalls (unlink, rename, ...)
 // are joined lexically with the directory they are relative to; a symlink in
 // an intermediate component is not followed.
 //
@@ -77,7 +80,8 @@ const (
 	evSock    = 6
 	evUnknown = 7
 
-	segOK = 1 << 0
+	segOK      = 1 << 0
+	segOutside = 1 << 2
 
 	opMmapWrite = 1 << 15
 
@@ -212,10 +216,13 @@ func (ev *event) comm() string {
 }
 
 // kpath turns a kernel-resolved segment (component names leaf first, each
-// NUL terminated) into an absolute path, or "" if it is unusable.
+// NUL terminated) into an absolute path. If the segment is unusable it
+// returns false and the conservative stand-in: "?" or, for a file outside
+// the task's root, "?" followed by its path from the mount namespace root.
 func (ev *event) kpath(i int) (string, bool) {
-	if ev.Segfl[i] != segOK {
-		return "", false
+	fl := ev.Segfl[i]
+	if fl != segOK && fl != segOutside {
+		return "?", false
 	}
 	parts := bytes.Split(bytes.TrimSuffix(ev.segs[i], []byte{0}), []byte{0})
 	var b strings.Builder
@@ -226,10 +233,14 @@ func (ev *event) kpath(i int) (string, bool) {
 		b.WriteByte('/')
 		b.Write(parts[j])
 	}
-	if b.Len() == 0 {
-		return "/", true
+	p := b.String()
+	if p == "" {
+		p = "/"
 	}
-	return b.String(), true
+	if fl == segOutside {
+		return "?" + p, false
+	}
+	return p, true
 }
 
 // ustr returns a user string segment.
@@ -252,7 +263,10 @@ func (ev *event) join(us, ds int, magic uint32) (string, string) {
 	}
 	dir, ok := ev.kpath(ds)
 	if !ok {
-		return "?", ""
+		if dir == "?" {
+			return "?", ""
+		}
+		return "?" + path.Clean(dir[1:]+"/"+s), ""
 	}
 	fs := ""
 	if !strings.Contains(s, "/") && s != ".." {
@@ -268,9 +282,6 @@ func (ev *event) account(t *turn, w *Watch) {
 	switch ev.Kind {
 	case evFD:
 		p, ok := ev.kpath(0)
-		if !ok {
-			p = "?"
-		}
 		t.file(p, ev.Op1, fsName(ev.Magic1))
 		if ev.Op1&opMmapWrite != 0 && ok {
 			m := w.maps[int(ev.Pid)]
@@ -304,7 +315,7 @@ func (ev *event) account(t *turn, w *Watch) {
 	case evExec:
 		fn, _ := ev.ustr(1)
 		p, ok := ev.kpath(0)
-		if !ok {
+		if !ok && fn != "" {
 			p, fn = fn, ""
 		}
 		if fn == p {
@@ -356,13 +367,16 @@ func (ev *event) accountSock(t *turn) {
 			fs := ""
 			if !strings.HasPrefix(p, "/") {
 				dir, ok := ev.kpath(1)
-				if ok {
+				switch {
+				case ok:
 					p = path.Clean(dir + "/" + p)
 					if !strings.Contains(se.Addr, "/") {
 						fs = fsName(ev.Magic1)
 					}
-				} else {
+				case dir == "?":
 					p = "?"
+				default:
+					p = "?" + path.Clean(dir[1:]+"/"+p)
 				}
 			} else {
 				p = path.Clean(p)

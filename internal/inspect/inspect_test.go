@@ -625,6 +625,49 @@ func TestMprotectSharedWrite(t *testing.T) {
 	}
 }
 
+func TestChrootAndOutsideRoot(t *testing.T) {
+	in := inspector(t)
+	s := newSandbox(t, in)
+	os.Mkdir(s.p("jail"), 0o755)
+	writeFile(t, s.p("outside.txt"), "")
+	s.cut()
+	s.py(fmt.Sprintf("import os\n"+
+		"fd = os.open(%q, os.O_WRONLY)\n"+
+		"os.chroot(%q)\n"+
+		"os.chdir('/')\n"+
+		"os.write(fd, b'x')\n"+
+		"open('/in.txt', 'w').write('y')", s.p("outside.txt"), s.p("jail")))
+	eff := s.cut()
+	// Inside the chroot, paths are relative to the task's (new) root.
+	if !slices.Contains(fileOps(eff, "/in.txt"), "write") {
+		t.Errorf("want write on /in.txt:\n%s", dump(eff))
+	}
+	// Outside it: conservative "?" prefix, path from the namespace root.
+	if !slices.Contains(fileOps(eff, "?"+s.p("outside.txt")), "write") {
+		t.Errorf("want write on ?%s:\n%s", s.p("outside.txt"), dump(eff))
+	}
+}
+
+func TestAnonymousFilesIgnored(t *testing.T) {
+	in := inspector(t)
+	s := newSandbox(t, in)
+	s.cut()
+	s.py(fmt.Sprintf("import os, mmap\n"+
+		"fd = os.memfd_create('x')\n"+
+		"os.write(fd, b'abc')\n"+
+		"os.ftruncate(fd, 4096)\n"+
+		"m = mmap.mmap(fd, 4096)\n"+
+		"m[0:1] = b'x'\n"+
+		"t = os.open(%q, os.O_TMPFILE|os.O_RDWR, 0o600)\n"+
+		"os.write(t, b'x')\n"+
+		"a = mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED)\n"+
+		"a[0:1] = b'x'", s.dir))
+	eff := s.cut()
+	if len(eff.Files) != 0 || len(eff.Unknown) != 0 {
+		t.Fatalf("anonymous files produced effects:\n%s", dump(eff))
+	}
+}
+
 func TestOutsideProcessesDoNotCount(t *testing.T) {
 	in := inspector(t)
 	s := newSandbox(t, in)

@@ -467,11 +467,20 @@ static long walk_step(__u64 idx, struct walk_ctx *c)
 	struct dentry *mroot = BPF_CORE_READ(vm, mnt_root);
 	struct dentry *parent = BPF_CORE_READ(d, d_parent);
 	if (d == mroot || d == parent) {
+		struct mount *m = (void *)vm - ws->mnt_off;
 		if (d != mroot) {
-			ws->fl |= SEG_ANON;
+			/* A dentry not connected to its mount's tree. On a
+			 * kernel-internal mount (memfd, shm, pipes: mnt_ns is
+			 * not a real namespace) it is anonymous and nothing
+			 * visible changes; elsewhere (open_by_handle_at) it is
+			 * a real file we cannot name. */
+			__u64 ns = (__u64)BPF_CORE_READ(m, mnt_ns);
+			if (ns < 4096 || ns >= (__u64)-4095)
+				ws->fl |= SEG_ANON;
+			else
+				ws->fl |= SEG_ERR;
 			return 1;
 		}
-		struct mount *m = (void *)vm - ws->mnt_off;
 		struct mount *mp = BPF_CORE_READ(m, mnt_parent);
 		if (!mp || mp == m) {
 			ws->fl |= SEG_OUTSIDE;

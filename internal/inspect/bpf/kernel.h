@@ -68,10 +68,13 @@ struct vfsmount {
 	struct super_block *mnt_sb;
 } CORE;
 
+struct mnt_namespace;
+
 struct mount {
 	struct mount *mnt_parent;
 	struct dentry *mnt_mountpoint;
 	struct vfsmount mnt;
+	struct mnt_namespace *mnt_ns;
 } CORE;
 
 struct path {
