@@ -74,16 +74,25 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 		}
 	}
 	began := time.Now()
+	if req.Kind == v1.KindFull {
+		if r, err := m.lookupSandbox(ref); err == nil {
+			if err := m.persistRoom(ctx, r.ID); err != nil {
+				return v1.Checkpoint{}, err
+			}
+		}
+	}
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
+	release := m.foreground(rec.ID)
 	var ck v1.Checkpoint
 	if req.Kind == v1.KindFull {
 		ck, err = m.fullCheckpointLocked(ctx, rec, ckOpts{label: req.Label, keep: req.Keep})
 	} else {
 		ck, err = m.checkpointLocked(ctx, rec, ckOpts{label: req.Label})
 	}
+	release()
 	unlock()
 	if err != nil {
 		kind := req.Kind
@@ -423,6 +432,11 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 		return v1.RollbackResult{}, fmt.Errorf("rollback tier %q: want hot, warm or cold: %w", req.Tier, errdefs.ErrInvalidArgument)
 	}
 	start := time.Now()
+	if r, err := m.lookupSandbox(ref); err == nil {
+		// Background work of other sandboxes pauses meanwhile; this
+		// sandbox's own (a pending checkpoint it waits for) goes on.
+		defer m.foreground(r.ID)()
+	}
 	// A pending checkpoint is waited for, outside the sandbox's lock
 	// (its commit may need it).
 	if err := m.pipe.wait(ctx, ckRef, ""); err != nil {

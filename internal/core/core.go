@@ -80,10 +80,13 @@ type Manager struct {
 
 	inflight inflight // open daemon connections to each sandbox's init
 
-	sby     standbys
-	pipe    pipeline // pending full checkpoints
-	turns   turnTable
-	metrics *metrics
+	sby       standbys
+	pipe      pipeline // pending full checkpoints
+	turns     turnTable
+	sch       *sched.Scheduler // nil with Config.NoScheduler
+	closing   chan struct{}    // closed when Close begins
+	closeOnce sync.Once
+	metrics   *metrics
 
 	stampsMu sync.Mutex
 	stamps   map[string]stamp // objects hashed by this daemon, as they were then
@@ -143,8 +146,15 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg: cfg, pool: p, db: db, log: cfg.Logger, started: time.Now(),
 		launcher: &sandbox.Launcher{Binary: cfg.InitBinary},
 		locks:    map[string]*sync.Mutex{},
+		closing:  make(chan struct{}),
 	}
 	m.metrics = newMetrics(m)
+	if !cfg.NoScheduler {
+		m.sch = sched.New(cfg.Sched)
+		if err := m.sch.Register(m.metrics.reg); err != nil {
+			return nil, err
+		}
+	}
 	var uts unix.Utsname
 	if err := unix.Uname(&uts); err == nil {
 		m.kernel = unix.ByteSliceToString(uts.Release[:])
@@ -184,6 +194,12 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 // pool stays mounted for them.
 func (m *Manager) Close() error {
 	m.pipe.wg.Wait()
+	m.closeOnce.Do(func() { close(m.closing) })
+	if m.sch != nil {
+		// Queued standby and GC jobs are dropped (start-up removes what
+		// GC would have); running ones end first.
+		m.sch.Close()
+	}
 	m.sby.wg.Wait()
 	m.sby.mu.Lock()
 	ids := make([]string, 0, len(m.sby.m))

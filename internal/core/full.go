@@ -21,6 +21,7 @@ import (
 	"github.com/molt-sh/molt/internal/pagestore"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/sched"
 	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
@@ -179,7 +180,10 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	job := m.pipe.add(ck)
 	r.Success()
 	keepStaging = true
-	go m.persist(job, rec, staging, work, start)
+	m.background(rec.ID, sched.Persist, "persist "+ck.ID, func(ctx context.Context, t *sched.Task) error {
+		m.persist(ctx, t, job, rec, staging, work, start)
+		return job.err
+	})
 	ck.Pending = true
 	ck.DurationMS = ms(time.Since(start))
 	return ck.Checkpoint, nil
@@ -190,12 +194,12 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 // On failure the checkpoint's directory goes, its children and the
 // sandbox's head move to its parent, and the error is kept for whoever
 // waits on it.
-func (m *Manager) persist(job *pendingJob, rec sandboxRec, staging, work string, start time.Time) {
+func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, rec sandboxRec, staging, work string, start time.Time) {
 	defer os.RemoveAll(work)
 	defer os.RemoveAll(staging)
 	job.waitPrevious()
 	ck := m.pipe.ckOf(job) // reparent may have moved its parent meanwhile
-	err := m.persistImages(&ck, rec, staging, start)
+	err := m.persistImages(ctx, t, &ck, rec, staging, start)
 	if err != nil {
 		m.metrics.checkpoint.WithLabelValues(v1.KindFull, "failed").Inc()
 		_ = removeTree(m.ckDir(ck.ID))
@@ -211,10 +215,10 @@ func (m *Manager) persist(job *pendingJob, rec sandboxRec, staging, work string,
 	m.pipe.done(job, ck, err)
 }
 
-func (m *Manager) persistImages(ck *checkpointRec, rec sandboxRec, staging string, start time.Time) error {
+func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpointRec, rec sandboxRec, staging string, start time.Time) error {
 	// Off the frozen window: move the images from staging into the pool,
 	// writing only the pages no earlier checkpoint of this lineage holds.
-	objs, written, err := m.storeImages(*ck, rec, staging)
+	objs, written, err := m.storeImages(ctx, t, *ck, rec, staging)
 	if err != nil {
 		return err
 	}
@@ -322,7 +326,7 @@ func (m *Manager) pageIndex(head string) *pagestore.Index {
 // through the page store (known pages shared by reflink), with a hash
 // file per multi-page image for later indexes. It returns the stored
 // objects (hashed on the way, not read again) and the bytes written.
-func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) ([]object, int64, error) {
+func (m *Manager) storeImages(ctx context.Context, t *sched.Task, ck checkpointRec, rec sandboxRec, staging string) ([]object, int64, error) {
 	images, hashes := m.ckImages(ck.ID), filepath.Join(m.ckDir(ck.ID), "pagehash")
 	if err := os.Mkdir(hashes, 0o700); err != nil {
 		return nil, 0, err
@@ -344,6 +348,11 @@ func (m *Manager) storeImages(ck checkpointRec, rec sandboxRec, staging string) 
 			return nil, 0, fmt.Errorf("store %s: %w", e.Name(), err)
 		}
 		written += res.Written
+		// Accounted to the host's I/O budget; a rollback elsewhere
+		// pauses the job here.
+		if err := charge(ctx, t, res.Written); err != nil {
+			return nil, 0, err
+		}
 		objs = append(objs, object{Path: "images/" + e.Name(), Size: res.Size, SHA256: hex.EncodeToString(res.Sum[:])})
 		if res.Pages > 1 {
 			// The hash file goes through the page store as well: most of
@@ -551,9 +560,13 @@ func (m *Manager) takeOver(rec *sandboxRec, init sandbox.Init, root string) erro
 	go func() {
 		defer m.sby.wg.Done()
 		waitGone(old, 10*time.Second)
-		if err := removeTree(retired); err != nil {
-			m.log.Warn("old root not removed; the next start removes it", "sandbox", rec.ID, "err", err)
-		}
+		m.background(rec.ID, sched.GC, "remove retired root", func(context.Context, *sched.Task) error {
+			if err := removeTree(retired); err != nil {
+				m.log.Warn("old root not removed; the next start removes it", "sandbox", rec.ID, "err", err)
+				return err
+			}
+			return nil
+		})
 	}()
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/sched"
 	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
@@ -132,15 +133,29 @@ func (m *Manager) scheduleStandbyAfter(id string, delay time.Duration) {
 		if m.db.Get(store.Sandboxes, id, &rec) != nil || rec.Head != head {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		more, err := m.prepareStandby(ctx, id)
-		if err != nil {
-			m.log.Info("no standby", "sandbox", id, "reason", err)
+		done := make(chan struct{})
+		m.background(id, sched.Standby, "prepare standby", func(ctx context.Context, _ *sched.Task) error {
+			defer close(done)
+			ctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			more, err := m.prepareStandby(ctx, id)
+			if err != nil {
+				m.log.Info("no standby", "sandbox", id, "reason", err)
+				return err
+			}
+			if more {
+				m.scheduleStandbyAfter(id, 0)
+			}
+			return nil
+		})
+		if m.sch == nil {
+			<-done
 			return
 		}
-		if more {
-			m.scheduleStandbyAfter(id, 0)
+		// A job dropped at Close never runs: do not wait for it then.
+		select {
+		case <-done:
+		case <-m.closing:
 		}
 	}()
 }

@@ -419,11 +419,17 @@ func (m *Manager) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (
 			return v1.TurnResult{}, err
 		}
 	}
+	if r, err := m.lookupSandbox(ref); err == nil {
+		if err := m.persistRoom(ctx, r.ID); err != nil {
+			return v1.TurnResult{}, err
+		}
+	}
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
 		return v1.TurnResult{}, err
 	}
 	defer unlock()
+	defer m.foreground(rec.ID)()
 	if st := m.report(rec).State; st != v1.StateRunning {
 		return v1.TurnResult{}, fmt.Errorf("turn: sandbox %s is %s; turns are those of a running sandbox: %w", rec.ID, st, errdefs.ErrFailedPrecondition)
 	}
@@ -692,7 +698,7 @@ func decide(obs observation, ignore []string) (string, []string, v1.TurnEffects)
 	full := len(reasons) > 0
 	files := 0
 	for _, f := range obs.effects.Files {
-		if f.Path != "?" && ignored(f.Path, ignore) {
+		if !strings.HasPrefix(f.Path, "?") && ignored(f.Path, ignore) {
 			eff.IgnoredFiles++
 			continue
 		}

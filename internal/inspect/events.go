@@ -26,8 +26,9 @@ import (
 //
 // Unknown lists conservative flags: something happened whose effect on the
 // OS cannot be described (e.g. "mount", "ptrace_write", "io_uring",
-// "compat_syscall", "lost_events"). Lost counts events that were dropped; if
-// it is non-zero the effects are incomplete.
+// "compat_syscall", "coredump"). Lost counts events that were dropped (ring
+// buffer full, or a program run the kernel skipped); if it is non-zero the
+// effects are incomplete.
 type Effects struct {
 	Files     []FileEffect `json:"files,omitempty"`
 	Processes []ProcEffect `json:"processes,omitempty"`
@@ -497,14 +498,4 @@ func (t *turn) effects() Effects {
 	}
 	sort.Strings(e.Unknown)
 	return e
-}
-
-func (e *Effects) addUnknown(s string) {
-	for _, u := range e.Unknown {
-		if u == s {
-			return
-		}
-	}
-	e.Unknown = append(e.Unknown, s)
-	sort.Strings(e.Unknown)
 }

@@ -209,9 +209,6 @@ func (w *Watch) Cut(ctx context.Context) (Effects, error) {
 		eff.Lost += misses - w.missSeen
 		w.missSeen = misses
 	}
-	if eff.Lost > 0 {
-		eff.addUnknown("lost_events")
-	}
 	return eff, nil
 }
 
