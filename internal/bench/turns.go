@@ -368,6 +368,7 @@ type TurnsRun struct {
 // turnOutcome is how a turn ended (auto and full modes).
 type turnOutcome struct {
 	kind, program string
+	cmd           string // the command, shortened
 	res           v1.TurnResult
 	err           error
 	d             time.Duration // the call, as the client saw it
@@ -415,6 +416,17 @@ type TurnsWaits struct {
 type TurnsCount struct {
 	What  string `json:"what"`
 	Turns int    `json:"turns"`
+	// Example is a command of such a turn.
+	Example string `json:"example,omitempty"`
+}
+
+// shorten puts a command on one line of at most n runes.
+func shorten(cmd string, n int) string {
+	cmd = strings.Join(strings.Fields(cmd), " ")
+	if r := []rune(cmd); len(r) > n {
+		cmd = string(r[:n-3]) + "..."
+	}
+	return cmd
 }
 
 // TurnsEffects counts what the inspector saw in auto mode.
@@ -659,7 +671,7 @@ func (r *replayer) replay(ctx context.Context, t Trajectory, mode string, maxTur
 		run.Seconds += time.Since(t0).Seconds()
 		if mode != ModeNone {
 			pending = make(chan ended, 1)
-			pendingTurn = turnOutcome{kind: tu.Kind, program: prog}
+			pendingTurn = turnOutcome{kind: tu.Kind, program: prog, cmd: shorten(cmd, 70)}
 			go func(ch chan ended) {
 				t0 := time.Now()
 				res, err := r.endTurn(ctx, sb, mode)
@@ -756,23 +768,70 @@ func RunTurns(ctx context.Context, e *daemon.Ephemeral, cfg TurnsConfig) (TurnsR
 	}
 	r := &replayer{c: e.Client, cfg: cfg}
 	waits := make([][]time.Duration, len(cfg.Trajectories))
+	report := func(i int, run TurnsRun) {
+		t := cfg.Trajectories[i]
+		progress("turns: [%d/%d] %-17s %-40s %-4s %3d turns (%d run, %d timed out, %d errors) %6.1f s (exec %.1f s, wait %.1f s, over %.2f s)%s",
+			i+1, len(cfg.Trajectories), t.Agent, t.TaskID, run.Mode, run.Turns, run.Executed, run.TimedOut, run.Errors+run.EndErrors,
+			run.Seconds, run.ExecSeconds, run.WaitSeconds, run.OverrunSeconds, runSummary(run))
+	}
+	fail := func(i int, mode string, err error) error {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		t := cfg.Trajectories[i]
+		return fmt.Errorf("%s %s (%s): %w", t.Agent, t.TaskID, mode, err)
+	}
+	// The timed modes, one trajectory after the other, its modes in turn
+	// (so drift in the host's speed hits every mode alike).
+	backToBack := false
 	for i, t := range cfg.Trajectories {
 		for _, mode := range cfg.Modes {
+			if mode == ModeFull && !cfg.FullWaits {
+				backToBack = true
+				continue
+			}
 			run, err := r.replay(ctx, t, mode, cfg.MaxTurns, waits[i])
 			if err != nil {
-				if ctx.Err() != nil {
-					return res, ctx.Err()
-				}
-				return res, fmt.Errorf("%s %s (%s): %w", t.Agent, t.TaskID, mode, err)
+				return res, fail(i, mode, err)
 			}
 			if waits[i] == nil {
 				waits[i] = run.waits
 			}
 			res.Runs = append(res.Runs, run)
-			progress("turns: [%d/%d] %-17s %-40s %-4s %3d turns (%d run, %d timed out, %d errors) %6.1f s (exec %.1f s, wait %.1f s, over %.2f s)%s",
-				i+1, len(cfg.Trajectories), t.Agent, t.TaskID, mode, run.Turns, run.Executed, run.TimedOut, run.Errors+run.EndErrors,
-				run.Seconds, run.ExecSeconds, run.WaitSeconds, run.OverrunSeconds, runSummary(run))
+			report(i, run)
 		}
+	}
+	// Full every turn without LLM waits: only its bytes count, so two
+	// replay at once.
+	if backToBack {
+		runs := make([]TurnsRun, len(cfg.Trajectories))
+		errs := make([]error, len(cfg.Trajectories))
+		next := make(chan int)
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				for i := range next {
+					runs[i], errs[i] = r.replay(ctx, cfg.Trajectories[i], ModeFull, cfg.MaxTurns, waits[i])
+					if errs[i] == nil {
+						report(i, runs[i])
+					}
+				}
+			})
+		}
+		for i := range cfg.Trajectories {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				return res, fail(i, ModeFull, err)
+			}
+			if waits[i] == nil {
+				waits[i] = runs[i].waits
+			}
+		}
+		res.Runs = append(res.Runs, runs...)
 	}
 	summarize(&res, waits, cfg)
 	if cfg.Parallel > 0 && cfg.StartDaemon != nil {
@@ -902,6 +961,12 @@ func summarize(res *TurnsResult, waits [][]time.Duration, cfg TurnsConfig) {
 	ends := map[string]Sample{}
 	res.Decisions = map[string]map[string]int{"all": {}}
 	reasons, fullCmds, fsCmds := map[string]int{}, map[string]int{}, map[string]int{}
+	examples := map[string]string{}
+	example := func(k, cmd string) {
+		if _, ok := examples[k]; !ok && cmd != "" {
+			examples[k] = cmd
+		}
+	}
 	for _, run := range res.Runs {
 		t := totals[run.Mode]
 		if t == nil {
@@ -987,10 +1052,13 @@ func summarize(res *TurnsResult, waits [][]time.Duration, cfg TurnsConfig) {
 				}
 				for r := range seen {
 					reasons[r]++
+					example("reason:"+r, o.cmd)
 				}
 				fullCmds[label]++
+				example("full:"+label, o.cmd)
 			case v1.DecisionFS:
 				fsCmds[label]++
+				example("fs:"+label, o.cmd)
 			}
 		}
 	}
@@ -1001,6 +1069,14 @@ func summarize(res *TurnsResult, waits [][]time.Duration, cfg TurnsConfig) {
 		}
 	}
 	res.FullReasons, res.FullCommands, res.FSCommands = topCounts(reasons, 12), topCounts(fullCmds, 12), topCounts(fsCmds, 8)
+	for _, l := range []struct {
+		prefix string
+		counts []TurnsCount
+	}{{"reason:", res.FullReasons}, {"full:", res.FullCommands}, {"fs:", res.FSCommands}} {
+		for i := range l.counts {
+			l.counts[i].Example = examples[l.prefix+l.counts[i].What]
+		}
+	}
 	none, auto, full := totals[ModeNone], totals[ModeAuto], totals[ModeFull]
 	if auto != nil && full != nil && full.BytesWritten > 0 {
 		res.TrafficReduction = 1 - float64(auto.BytesWritten)/float64(full.BytesWritten)
@@ -1027,7 +1103,7 @@ func summarize(res *TurnsResult, waits [][]time.Duration, cfg TurnsConfig) {
 func topCounts(m map[string]int, n int) []TurnsCount {
 	out := make([]TurnsCount, 0, len(m))
 	for k, v := range m {
-		out = append(out, TurnsCount{k, v})
+		out = append(out, TurnsCount{What: k, Turns: v})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Turns != out[j].Turns {
@@ -1102,16 +1178,16 @@ func PrintTurns(w io.Writer, r TurnsResult) {
 			e.Turns, e.WithFiles, e.FileEffects, e.IgnoredFiles, e.WithLongLived, e.WithSessions, e.WithUnknown, e.WithSockets, e.WithProcesses)
 		nfull := all[v1.DecisionFull]
 		if len(r.FullReasons) > 0 {
-			fmt.Fprintf(w, "\nWhy turns were full (%d full turns; a turn may have several reasons):\n", nfull)
+			fmt.Fprintf(w, "\nWhy turns were full (%d full turns; a turn may have several reasons; an example command):\n", nfull)
 			tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			for _, c := range r.FullReasons {
-				fmt.Fprintf(tw, "  %6d\t%5.1f%%\t%s\n", c.Turns, pct(c.Turns, nfull), c.What)
+				fmt.Fprintf(tw, "  %6d\t%5.1f%%\t%s\t%s\n", c.Turns, pct(c.Turns, nfull), c.What, c.Example)
 			}
 			tw.Flush()
 			fmt.Fprintln(w, "\nWhat full turns ran (shell: program; otherwise the turn kind):")
 			tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			for _, c := range r.FullCommands {
-				fmt.Fprintf(tw, "  %6d\t%5.1f%%\t%s\n", c.Turns, pct(c.Turns, nfull), c.What)
+				fmt.Fprintf(tw, "  %6d\t%5.1f%%\t%s\t%s\n", c.Turns, pct(c.Turns, nfull), c.What, c.Example)
 			}
 			tw.Flush()
 		}
@@ -1120,7 +1196,7 @@ func PrintTurns(w io.Writer, r TurnsResult) {
 			fmt.Fprintf(w, "\nWhat fs turns ran (%d fs turns):\n", nfs)
 			tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			for _, c := range r.FSCommands {
-				fmt.Fprintf(tw, "  %6d\t%5.1f%%\t%s\n", c.Turns, pct(c.Turns, nfs), c.What)
+				fmt.Fprintf(tw, "  %6d\t%5.1f%%\t%s\t%s\n", c.Turns, pct(c.Turns, nfs), c.What, c.Example)
 			}
 			tw.Flush()
 		}
