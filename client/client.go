@@ -333,6 +333,12 @@ func (c *Client) Fork(ctx context.Context, ref string, n int) (v1.ForkResult, er
 	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/fork", v1.ForkRequest{N: n}, &res)
 }
 
+// ForkWith creates sandboxes from a sandbox or checkpoint with options.
+func (c *Client) ForkWith(ctx context.Context, ref string, req v1.ForkRequest) (v1.ForkResult, error) {
+	var res v1.ForkResult
+	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/fork", req, &res)
+}
+
 // ForkCheckpoint creates sandboxes from a checkpoint.
 func (c *Client) ForkCheckpoint(ctx context.Context, checkpoint string, n int) (v1.ForkResult, error) {
 	var res v1.ForkResult

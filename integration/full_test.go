@@ -376,3 +376,38 @@ func startHeap(t *testing.T, sb string, mib int) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestForkReseed: forks of one checkpoint draw the same $RANDOM sequence
+// from their sessions unless forked with --reseed.
+func TestForkReseed(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	must(t, "exec", sb, "--session", "main", "--", "RANDOM=12345")
+	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "full", "--wait"))
+	draws := func(reseed bool) []string {
+		args := []string{"fork", ck, "-n", "2"}
+		if reseed {
+			args = append(args, "--reseed")
+		}
+		var res struct {
+			Sandboxes []struct{ ID string }
+			Reseeded  int
+		}
+		mustJSON(t, &res, args...)
+		if reseed && res.Reseeded != 2 {
+			t.Fatalf("reseeded %d sessions, want 2", res.Reseeded)
+		}
+		var out []string
+		for _, f := range res.Sandboxes {
+			t.Cleanup(func() { molt(t, "rm", f.ID) })
+			out = append(out, must(t, "exec", f.ID, "--session", "main", "--", "echo $RANDOM $RANDOM $RANDOM"))
+		}
+		return out
+	}
+	if d := draws(false); d[0] != d[1] {
+		t.Fatalf("forks without --reseed drew %q and %q; the same seed should give the same numbers", d[0], d[1])
+	}
+	if d := draws(true); d[0] == d[1] {
+		t.Fatalf("forks with --reseed drew the same numbers: %q", d[0])
+	}
+}

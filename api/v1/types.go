@@ -264,6 +264,10 @@ type RollbackResult struct {
 type ForkRequest struct {
 	Checkpoint string `json:"checkpoint,omitempty"`
 	N          int    `json:"n,omitempty"`
+	// Reseed gives each fork's sessions a fresh random seed ($RANDOM),
+	// so forks do not draw the same numbers from them. See
+	// docs/architecture.md for what can and cannot be reseeded.
+	Reseed bool `json:"reseed,omitempty"`
 }
 
 // ForkResult lists the new sandboxes.
@@ -272,4 +276,6 @@ type ForkResult struct {
 	Sandboxes      []Sandbox `json:"sandboxes"`
 	DurationMS     float64   `json:"duration_ms"`
 	ForksPerSecond float64   `json:"forks_per_second"`
+	// Reseeded counts the sessions reseeded over all forks.
+	Reseeded int `json:"reseeded,omitempty"`
 }

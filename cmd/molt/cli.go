@@ -674,12 +674,13 @@ func rollbackCmd(g *globals) *cobra.Command {
 
 func forkCmd(g *globals) *cobra.Command {
 	var n int
+	var reseed bool
 	c := &cobra.Command{
 		Use: "fork SANDBOX|CHECKPOINT", Short: "Create sandboxes from a checkpoint (or from a sandbox's current state); prints their IDs", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
-			res, err := g.client().Fork(ctx, args[0], n)
+			res, err := g.client().ForkWith(ctx, args[0], v1.ForkRequest{N: n, Reseed: reseed})
 			if err != nil {
 				return err
 			}
@@ -691,6 +692,7 @@ func forkCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().IntVarP(&n, "n", "n", 1, "number of sandboxes")
+	c.Flags().BoolVar(&reseed, "reseed", false, "give each fork's sessions a fresh random seed ($RANDOM); see docs/architecture.md for what else can and cannot be reseeded")
 	return c
 }
 

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -18,6 +19,7 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/revert"
+	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
@@ -621,6 +623,7 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 	// CPU (CRIU, page faults), partly waiting (btrfs commits).
 	res := v1.ForkResult{Checkpoint: ck.ID, Sandboxes: make([]v1.Sandbox, n)}
 	errs := make([]error, n)
+	var reseeded atomic.Int64
 	sem := make(chan struct{}, forkParallelism())
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
@@ -634,6 +637,11 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 				Head: ck.ID, ForkedFrom: ck.ID,
 			}, MachineID: newMachineID()}
 			res.Sandboxes[i], errs[i] = m.createFrom(ctx, rec, m.ckFS(ck.ID), procs)
+			if errs[i] == nil && req.Reseed {
+				var k int
+				k, errs[i] = m.reseed(ctx, rec.ID)
+				reseeded.Add(int64(k))
+			}
 		}()
 	}
 	wg.Wait()
@@ -650,8 +658,31 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 	d := time.Since(start)
 	res.DurationMS = ms(d)
 	res.ForksPerSecond = float64(n) / d.Seconds()
+	res.Reseeded = int(reseeded.Load())
 	m.metrics.forks.Add(float64(n))
 	return res, nil
+}
+
+// reseed gives every session of a fork a fresh seed for $RANDOM from the
+// kernel ($SRANDOM reads getrandom). $RANDOM is not part of a session's
+// state digest, so this is not a turn effect. It returns how many
+// sessions it reseeded.
+func (m *Manager) reseed(ctx context.Context, id string) (int, error) {
+	rec, err := m.lookupSandbox(id)
+	if err != nil {
+		return 0, err
+	}
+	st, err := m.call(ctx, rec, sbinit.Request{Op: "status"})
+	if err != nil {
+		return 0, fmt.Errorf("reseed: %w", err)
+	}
+	for _, s := range st.Sessions {
+		r, err := m.call(ctx, rec, sbinit.Request{Op: "session-run", Session: s.Name, Command: "RANDOM=$SRANDOM", TimeoutMS: 5000})
+		if err != nil || r.ExitCode != 0 {
+			return 0, fmt.Errorf("reseed session %s: %v (exit %d)", s.Name, err, r.ExitCode)
+		}
+	}
+	return len(st.Sessions), nil
 }
 
 // forkParallelism is how many forks are made at once.
