@@ -201,6 +201,15 @@ func (m *Manager) Close() error {
 		m.sch.Close()
 	}
 	m.sby.wg.Wait()
+	m.turns.mu.Lock()
+	var turnIDs []string
+	for id := range m.turns.m {
+		turnIDs = append(turnIDs, id)
+	}
+	m.turns.mu.Unlock()
+	for _, id := range turnIDs {
+		m.turnForget(id)
+	}
 	m.sby.mu.Lock()
 	ids := make([]string, 0, len(m.sby.m))
 	for id := range m.sby.m {

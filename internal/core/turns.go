@@ -190,7 +190,7 @@ func (m *Manager) turnPrepare(rec sandboxRec, init sandbox.Init) *turnState {
 
 // settleLimit bounds how long a baseline waits for a tree that was just
 // continued to go back to sleep.
-const settleLimit = 50 * time.Millisecond
+const settleLimit = 250 * time.Millisecond
 
 // turnBaseline records the tree's processes and sessions as the state the
 // next turn is compared with, and unlocks ts.
@@ -259,7 +259,9 @@ func (m *Manager) settled(ctx context.Context, rec sandboxRec, sessionPids map[i
 			return procs
 		case !ok || f.start != p.start:
 			ts.force = append(ts.force, fmt.Sprintf("long-lived process %s (%d) started right after the checkpoint", p.comm, pid))
-		case p.running || !samePos(f.pos, p.pos):
+		case p.running:
+			ts.force = append(ts.force, fmt.Sprintf("long-lived process %s (%d) still runs after the checkpoint", p.comm, pid))
+		case !samePos(f.pos, p.pos):
 			ts.force = append(ts.force, fmt.Sprintf("long-lived process %s (%d) ran right after the checkpoint", p.comm, pid))
 		}
 	}
