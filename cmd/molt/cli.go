@@ -20,6 +20,7 @@ import (
 	"github.com/molt-sh/molt/client"
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/daemon"
+	"github.com/molt-sh/molt/internal/sched"
 	"github.com/spf13/cobra"
 )
 
@@ -93,7 +94,8 @@ func parseSize(s string) (int64, error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var poolSize, cacheDir, budget string
+	var poolSize, cacheDir, budget, ioBudget string
+	var workers int
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the molt daemon in the foreground",
@@ -107,6 +109,10 @@ func daemonCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			bps, err := parseSize(ioBudget)
+			if err != nil {
+				return err
+			}
 			ctx, cancel := ctx()
 			defer cancel()
 			// With --json the daemon logs JSON lines on stderr.
@@ -115,7 +121,8 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget},
+				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+					Sched: sched.Config{Workers: workers, BytesPerSec: bps}},
 				Socket: g.socket,
 			})
 		},
@@ -123,6 +130,8 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&poolSize, "pool-size", "32G", "size of the btrfs loop file when the root is not on btrfs")
 	c.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "cache for debootstrap trees (env MOLT_CACHE_DIR)")
 	c.Flags().StringVar(&budget, "standby-budget", "2G", "memory for pre-restored standbys (hot rollback) across the host; 0 disables them")
+	c.Flags().IntVar(&workers, "sched-workers", 0, "checkpoint background jobs (storing, standbys, GC) run at once host-wide (0: 1 on up to 2 CPUs, else half the CPUs)")
+	c.Flags().StringVar(&ioBudget, "sched-io", "0", "bytes per second background jobs may write, as 200M (0: unlimited)")
 	return c
 }
 
