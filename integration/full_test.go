@@ -1,9 +1,13 @@
 package integration
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -410,4 +414,73 @@ func TestForkReseed(t *testing.T) {
 	if d := draws(true); d[0] == d[1] {
 		t.Fatalf("forks with --reseed drew the same numbers: %q", d[0])
 	}
+}
+
+// TestForkFromStandby: a fork of a checkpoint with a ready standby adopts
+// it (no restore), gets its own identity, runs the checkpoint's processes
+// and session, and the source sandbox gets a standby again.
+func TestForkFromStandby(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	ck, pid, count := fullScenario(t, sb)
+	waitStandby(t, sb, ck)
+	var res struct {
+		Sandboxes []struct{ ID, Hostname string }
+	}
+	mustJSON(t, &res, "fork", ck, "-n", "2")
+	if len(res.Sandboxes) != 2 {
+		t.Fatalf("forks: %+v", res)
+	}
+	for _, f := range res.Sandboxes {
+		t.Cleanup(func() { molt(t, "rm", f.ID) })
+	}
+	for _, f := range res.Sandboxes {
+		checkRestored(t, f.ID, pid, count)
+	}
+	ids := map[string]bool{}
+	for _, f := range res.Sandboxes {
+		if h := strings.TrimSpace(sh(t, f.ID, "{ hostname; cat /etc/hostname; } | sort -u")); h != f.Hostname {
+			t.Fatalf("fork hostname %q, want %q", h, f.Hostname)
+		}
+		id := strings.TrimSpace(sh(t, f.ID, "cat /etc/machine-id"))
+		if ids[id] {
+			t.Fatalf("forks share machine-id %s", id)
+		}
+		ids[id] = true
+	}
+	if m := metricsText(t); !strings.Contains(m, "molt_forks_from_standby_total 1") {
+		t.Fatalf("no fork adopted the standby:\n%s", grepLines(m, "molt_forks"))
+	}
+	// The source still rolls back (hot again once its standby is back).
+	waitStandby(t, sb, ck)
+	must(t, "rollback", sb, ck)
+	checkRestored(t, sb, pid, count)
+}
+
+// metricsText fetches the daemon's Prometheus metrics.
+func metricsText(t *testing.T) string {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", env.socket)
+	}}}
+	resp, err := hc.Get("http://molt/v1/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

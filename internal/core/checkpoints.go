@@ -623,6 +623,14 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 	// CPU (CRIU, page faults), partly waiting (btrfs commits).
 	res := v1.ForkResult{Checkpoint: ck.ID, Sandboxes: make([]v1.Sandbox, n)}
 	errs := make([]error, n)
+	// A standby of the checkpoint, if one is ready, becomes the first
+	// fork: no restore on its path. Its sandbox prepares another.
+	var sby *standby
+	if procs != nil && procs.ID == ck.ID {
+		if sby = m.takeStandby(ck.Sandbox, ck.ID); sby != nil {
+			defer m.scheduleStandby(ck.Sandbox)
+		}
+	}
 	var reseeded atomic.Int64
 	sem := make(chan struct{}, forkParallelism())
 	var wg sync.WaitGroup
@@ -636,7 +644,18 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 				ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
 				Head: ck.ID, ForkedFrom: ck.ID,
 			}, MachineID: newMachineID()}
-			res.Sandboxes[i], errs[i] = m.createFrom(ctx, rec, m.ckFS(ck.ID), procs)
+			if i == 0 && sby != nil {
+				res.Sandboxes[i], errs[i] = m.createFrom(ctx, rec, m.ckFS(ck.ID), procs, sby)
+				if errs[i] == nil {
+					m.metrics.forksHot.Inc()
+				} else {
+					m.log.Info("standby not adopted by fork; restoring instead", "checkpoint", ck.ID, "err", errs[i])
+					rec.ID = newID()
+					res.Sandboxes[i], errs[i] = m.createFrom(ctx, rec, m.ckFS(ck.ID), procs, nil)
+				}
+			} else {
+				res.Sandboxes[i], errs[i] = m.createFrom(ctx, rec, m.ckFS(ck.ID), procs, nil)
+			}
 			if errs[i] == nil && req.Reseed {
 				var k int
 				k, errs[i] = m.reseed(ctx, rec.ID)

@@ -21,6 +21,7 @@ type metrics struct {
 	checkpoint *prometheus.CounterVec
 	rollback   *prometheus.HistogramVec
 	forks      prometheus.Counter
+	forksHot   prometheus.Counter
 	decisions  *prometheus.CounterVec
 	turnDecide prometheus.Histogram
 }
@@ -51,6 +52,9 @@ func newMetrics(m *Manager) *metrics {
 		forks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "molt_forks_total", Help: "Sandboxes made by fork.",
 		}),
+		forksHot: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "molt_forks_from_standby_total", Help: "Forks that adopted a ready standby instead of restoring.",
+		}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "molt_turn_decisions_total", Help: "Turn ends by decision (none, fs, full).",
 		}, []string{"decision"}),
@@ -58,7 +62,7 @@ func newMetrics(m *Manager) *metrics {
 			Name: "molt_turn_decide_seconds", Help: "Time to collect and classify a turn's effects.", Buckets: latencyBuckets,
 		}),
 	}
-	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks, x.decisions, x.turnDecide)
+	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks, x.forksHot, x.decisions, x.turnDecide)
 	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "molt_pending_checkpoints", Help: "Full checkpoints captured and not yet committed (the persist queue).",
 	}, func() float64 {

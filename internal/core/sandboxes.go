@@ -44,7 +44,7 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
 		Env: req.Env, Resources: req.Resources,
 	}, MachineID: newMachineID()}
-	sb, err := m.createFrom(ctx, rec, m.imageDir(req.Image), nil)
+	sb, err := m.createFrom(ctx, rec, m.imageDir(req.Image), nil, nil)
 	if err != nil {
 		return v1.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -53,9 +53,11 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 
 // createFrom makes the sandbox described by rec with a writable snapshot
 // of src as its root, starts it (a fresh init, or the processes of the
-// full checkpoint procs), and records it. On failure nothing is left
-// behind.
-func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, procs *checkpointRec) (v1.Sandbox, error) {
+// full checkpoint procs), and records it. With sby, a standby of procs
+// (taken out of its sandbox's pool) becomes the new sandbox instead: its
+// root and stopped tree are adopted, no CRIU restore runs. On failure
+// nothing is left behind (a standby is killed).
+func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, procs *checkpointRec, sby *standby) (v1.Sandbox, error) {
 	if rec.Name != "" {
 		if err := validName("sandbox", rec.Name); err != nil {
 			return v1.Sandbox{}, err
@@ -89,7 +91,12 @@ func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, pr
 		return v1.Sandbox{}, err
 	}
 	r.Add(func() error { return removeTree(dir) })
-	if err := fsnap.Snapshot(src, m.sbRoot(rec.ID), false); err != nil {
+	if sby != nil {
+		r.Add(func() error { sby.drop(true); return nil })
+		if err := os.Rename(sby.root, m.sbRoot(rec.ID)); err != nil {
+			return v1.Sandbox{}, err
+		}
+	} else if err := fsnap.Snapshot(src, m.sbRoot(rec.ID), false); err != nil {
 		return v1.Sandbox{}, err
 	}
 	if err := m.fail("create:snapshot"); err != nil {
@@ -104,7 +111,9 @@ func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, pr
 		return v1.Sandbox{}, err
 	}
 	var init sandbox.Init
-	if procs != nil {
+	if sby != nil {
+		init, err = m.adoptStandby(&rec, sby, cg)
+	} else if procs != nil {
 		init, err = m.restoreProcesses(ctx, &rec, *procs, m.sbRoot(rec.ID))
 	} else {
 		init, err = m.startInit(ctx, &rec, cg)

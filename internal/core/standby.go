@@ -34,10 +34,11 @@ import (
 // restarted daemon kills the ones it finds and makes new ones on the
 // next checkpoint or rollback.
 type standby struct {
-	ck    string
-	init  sandbox.Init
-	root  string
-	bytes int64
+	sandbox string // whose pool it is in
+	ck      string
+	init    sandbox.Init
+	root    string
+	bytes   int64
 }
 
 type standbys struct {
@@ -252,7 +253,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	if m.sby.m[id] == nil {
 		m.sby.m[id] = map[string]*standby{}
 	}
-	m.sby.m[id][ck.ID] = &standby{ck: ck.ID, init: init, root: root, bytes: ck.ImageBytes}
+	m.sby.m[id][ck.ID] = &standby{sandbox: id, ck: ck.ID, init: init, root: root, bytes: ck.ImageBytes}
 	m.sby.mu.Unlock()
 	return len(missing) > 1, nil
 }
@@ -284,6 +285,45 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 		return v1.RollbackResult{}, err
 	}
 	return v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierHot}, nil
+}
+
+// adoptStandby makes a standby taken from another sandbox's pool the tree
+// of the new sandbox rec (a fork), whose root is already the standby's:
+// the fork's identity is written, the stopped tree moves into the new
+// cgroup, gets the fork's hostname and continues.
+func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (sandbox.Init, error) {
+	if !s.init.Alive() {
+		return sandbox.Init{}, fmt.Errorf("standby of %s is gone", s.ck)
+	}
+	if err := sandbox.WriteIdentity(m.sbRoot(rec.ID), rec.Hostname, rec.MachineID); err != nil {
+		return sandbox.Init{}, err
+	}
+	var ns unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(s.init.Pid)+"/ns/pid", &ns); err != nil {
+		return sandbox.Init{}, fmt.Errorf("standby init: %w", err)
+	}
+	src, err := cgroup.Load(cgroupName(s.sandbox))
+	if err != nil {
+		return sandbox.Init{}, err
+	}
+	pids, err := src.Pids()
+	if err != nil {
+		return sandbox.Init{}, err
+	}
+	for _, pid := range pids {
+		if d, err := pidNSDepth(pid, ns.Ino); err == nil && d >= 0 {
+			if err := cg.Add(pid); err != nil {
+				return sandbox.Init{}, fmt.Errorf("move standby process %d: %w", pid, err)
+			}
+		}
+	}
+	if err := sandbox.SetHostname(s.init.Pid, rec.Hostname); err != nil {
+		return sandbox.Init{}, err
+	}
+	if err := continueTree(*rec, s.init); err != nil {
+		return sandbox.Init{}, err
+	}
+	return s.init, nil
 }
 
 // continueTree sends SIGCONT to every process of the sandbox's cgroup
