@@ -530,7 +530,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		_ = unix.Kill(init.Pid, unix.SIGKILL)
 		return v1.RollbackResult{}, err
 	}
-	m.turnBaseline(ctx, *rec, ts)
+	m.turnBaselineAsync(*rec, ts)
 	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
 		return v1.RollbackResult{}, err
 	}

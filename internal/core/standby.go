@@ -280,7 +280,7 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 		return v1.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = s.init, v1.StateRunning, "", ck.ID
-	m.turnBaseline(ctx, *rec, ts)
+	m.turnBaselineAsync(*rec, ts)
 	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
 		return v1.RollbackResult{}, err
 	}

@@ -200,7 +200,10 @@ func (m *Manager) turnBaseline(ctx context.Context, rec sandboxRec, ts *turnStat
 	if err != nil {
 		ts.force = append(ts.force, "sessions unknown: "+err.Error())
 	}
-	deadline := time.Now().Add(settleLimit)
+	// A tree that was just continued runs for a moment to restart its
+	// interrupted system calls; a process still running after that is
+	// recorded as running, which makes the next turn full.
+	deadline := time.Now().Add(20 * time.Millisecond)
 	for {
 		procs, perr := liveProcs(rec, spids)
 		if perr != nil {
@@ -293,6 +296,19 @@ func samePos(frozen, now string) bool {
 		}
 	}
 	return true
+}
+
+// turnBaselineAsync takes the baseline in the background, off the
+// rollback's critical path: the sandbox's next command and turn end wait
+// for it (turnGate, ts.mu). Caller holds ts.mu, which this releases.
+func (m *Manager) turnBaselineAsync(rec sandboxRec, ts *turnState) {
+	m.beginEnd(ts)
+	go func() {
+		defer m.finishEnd(ts)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		m.turnBaseline(ctx, rec, ts)
+	}()
 }
 
 // turnForget drops a sandbox's turn state (removed, stopped, hibernated).

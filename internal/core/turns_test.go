@@ -3,9 +3,11 @@ package core
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/testutil"
@@ -60,6 +62,7 @@ func hasFileOp(e v1.TurnEffects, path, op string) bool {
 // must say none for turns that only read.
 func TestTurnDecisions(t *testing.T) {
 	m := openManager(t)
+	m.cfg.StandbyBudget = 1 << 30
 	requireCRIU(t, m)
 	if ok, why := InspectorStatus(); !ok {
 		testutil.Unavailable(t, "eBPF inspector: "+why)
@@ -156,9 +159,13 @@ while True:
 		{"socket server idle", "ls / >/dev/null", v1.DecisionNone, "", ""},
 		{"socket server fed", py(`import socket; c=socket.create_connection(("127.0.0.1", 7070)); c.sendall(b"hi"); c.close()`) + "; sleep 0.1", v1.DecisionFull, "", ""},
 	}
+	ckOf := map[string]string{}
 	for _, c := range cases {
 		sess(c.cmd)
 		r := endTurn(t, m, sb.ID)
+		if r.Checkpoint != nil {
+			ckOf[c.name] = *r.Checkpoint
+		}
 		if r.Decision != c.want {
 			t.Errorf("%s: decision %s, want %s; reasons %v; effects %+v", c.name, r.Decision, c.want, r.Reasons, r.Effects)
 			continue
@@ -188,19 +195,66 @@ while True:
 		t.Errorf("ignored write: %s %v ignored %d", r.Decision, r.Reasons, r.Effects.IgnoredFiles)
 	}
 
+	// After a rollback the turn baseline is the checkpoint: a turn that
+	// does nothing is none, one that writes is fs, whatever the tier.
+	kept, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Keep: true, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	endTurn(t, m, sb.ID) // the checkpoint's freeze made the servers restart their calls
+	for _, step := range []struct{ ck, tier string }{{ckOf["socket server start"], v1.TierWarm}, {kept.ID, ""}} {
+		if err := m.awaitStandbyFor(t, sb.ID, step.ck, step.tier); err != nil {
+			t.Fatal(err)
+		}
+		rb, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: step.ck, Tier: step.tier})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if step.tier == "" && rb.Tier != v1.TierHot {
+			t.Errorf("rollback to a kept checkpoint: tier %s", rb.Tier)
+		}
+		if r := endTurn(t, m, sb.ID); r.Decision != v1.DecisionNone {
+			t.Errorf("idle turn after a %s rollback: %s %v %+v", rb.Tier, r.Decision, r.Reasons, r.Effects)
+		}
+		execOnce(t, m, sb.ID, "bash", "-c", "echo after > /root/t/after")
+		if r := endTurn(t, m, sb.ID); r.Decision != v1.DecisionFS {
+			t.Errorf("write after a %s rollback: %s %v", rb.Tier, r.Decision, r.Reasons)
+		}
+	}
+
 	// The turn log holds every turn, with its commands.
 	turns, err := m.Turns(sb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := len(cases) + 5; len(turns) != want {
+	if want := len(cases) + 5 + 5; len(turns) != want {
 		t.Fatalf("%d turns logged, want %d", len(turns), want)
 	}
 	if c := turns[2].Commands; len(c) != 1 || !strings.HasPrefix(c[0].Command, "cat ") {
 		t.Errorf("turn 3 commands: %+v", c)
 	}
-	last := turns[len(turns)-2]
+	last := turns[len(turns)-7]
 	if len(last.Commands) != 1 || last.Commands[0].ExitCode != 0 || len(last.Commands[0].Args) != 3 {
 		t.Errorf("one-shot command not logged: %+v", last.Commands)
 	}
+}
+
+// awaitStandbyFor waits until checkpoint ck of sandbox id has a standby
+// when tier asks for the hot tier ("").
+func (m *Manager) awaitStandbyFor(t *testing.T, id, ck, tier string) error {
+	t.Helper()
+	if tier != "" {
+		return nil
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		m.sby.mu.Lock()
+		s := m.sby.m[id][ck]
+		m.sby.mu.Unlock()
+		if s != nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("no standby of %s", ck)
 }
