@@ -228,6 +228,11 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 		return err
 	}
 	// One commit of the pool makes images, manifest and snapshot durable.
+	// Not while another sandbox is frozen for a capture: a commit then
+	// would lengthen its stall.
+	if err := charge(ctx, t, 0); err != nil {
+		return err
+	}
 	if err := fsnap.SyncFS(m.ckDir(ck.ID)); err != nil {
 		return err
 	}
@@ -343,16 +348,14 @@ func (m *Manager) storeImages(ctx context.Context, t *sched.Task, ck checkpointR
 		// all, but the larger metadata images (mm, pagemap, core) of an
 		// unchanged process repeat whole pages too.
 		src, dst := filepath.Join(staging, e.Name()), filepath.Join(images, e.Name())
-		res, err := pagestore.Store(src, dst, x)
+		// Every MiB is accounted to the host's I/O budget, and a rollback
+		// or a capture elsewhere pauses the copy there.
+		yield := func(n int64) error { return charge(ctx, t, n) }
+		res, err := pagestore.StoreWith(src, dst, x, yield)
 		if err != nil {
 			return nil, 0, fmt.Errorf("store %s: %w", e.Name(), err)
 		}
 		written += res.Written
-		// Accounted to the host's I/O budget; a rollback elsewhere
-		// pauses the job here.
-		if err := charge(ctx, t, res.Written); err != nil {
-			return nil, 0, err
-		}
 		objs = append(objs, object{Path: "images/" + e.Name(), Size: res.Size, SHA256: hex.EncodeToString(res.Sum[:])})
 		if res.Pages > 1 {
 			// The hash file goes through the page store as well: most of
@@ -361,7 +364,7 @@ func (m *Manager) storeImages(ctx context.Context, t *sched.Task, ck checkpointR
 			if err := os.WriteFile(tmp, res.Hashes, 0o600); err != nil {
 				return nil, 0, err
 			}
-			hres, err := pagestore.Store(tmp, filepath.Join(hashes, e.Name()), x)
+			hres, err := pagestore.StoreWith(tmp, filepath.Join(hashes, e.Name()), x, yield)
 			if err != nil {
 				return nil, 0, fmt.Errorf("store page hashes of %s: %w", e.Name(), err)
 			}

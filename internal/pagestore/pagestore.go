@@ -121,6 +121,18 @@ type Result struct {
 // ones, and adds dst's pages to the index. It returns the page hashes of
 // dst, to be kept in a hash file for later indexes.
 func Store(src, dst string, x *Index) (Result, error) {
+	return StoreWith(src, dst, x, nil)
+}
+
+// yieldEvery is how many pages StoreWith processes between calls of its
+// yield function.
+const yieldEvery = 256
+
+// StoreWith is Store, calling yield (if not nil) every yieldEvery pages
+// with the bytes written since its last call, and once at the end: a
+// scheduler can account the I/O and pause the copy there. An error from
+// yield ends the store (dst is removed).
+func StoreWith(src, dst string, x *Index, yield func(written int64) error) (Result, error) {
 	in, err := os.Open(src)
 	if err != nil {
 		return Result{}, err
@@ -195,7 +207,14 @@ func Store(src, dst string, x *Index) (Result, error) {
 
 	whole := sha256.New()
 	buf := make([]byte, PageSize)
+	var yielded int64
 	for page := int64(0); ; page++ {
+		if yield != nil && page%yieldEvery == yieldEvery-1 {
+			if err := yield(res.Written - yielded); err != nil {
+				return Result{}, err
+			}
+			yielded = res.Written
+		}
 		n, err := io.ReadFull(in, buf)
 		if errors.Is(err, io.EOF) {
 			break
@@ -239,6 +258,11 @@ func Store(src, dst string, x *Index) (Result, error) {
 	}
 	if err := out.Truncate(size); err != nil {
 		return Result{}, err
+	}
+	if yield != nil {
+		if err := yield(res.Written - yielded); err != nil {
+			return Result{}, err
+		}
 	}
 	copy(res.Sum[:], whole.Sum(nil))
 	res.Size = size

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -167,5 +168,35 @@ func TestStoreSharesSmallFilesWhole(t *testing.T) {
 	got, _ := os.ReadFile(filepath.Join(dir, "two"))
 	if !bytes.Equal(got, b) {
 		t.Fatalf("shared small file holds %q", got)
+	}
+}
+
+// TestStoreWithYields: the yield function sees every written byte, in
+// steps, and an error from it ends the store without leaving dst.
+func TestStoreWithYields(t *testing.T) {
+	dir := btrfsDir(t)
+	src := filepath.Join(t.TempDir(), "pages.img")
+	if err := os.WriteFile(src, randomPages(1000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var calls int
+	var sum int64
+	res, err := StoreWith(src, filepath.Join(dir, "a"), NewIndex(), func(n int64) error {
+		calls++
+		sum += n
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum != res.Written || calls < 1000/yieldEvery {
+		t.Fatalf("yield saw %d bytes in %d calls; written %d", sum, calls, res.Written)
+	}
+	stop := errors.New("paused for good")
+	if _, err := StoreWith(src, filepath.Join(dir, "b"), NewIndex(), func(int64) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("store with a failing yield: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "b")); !os.IsNotExist(err) {
+		t.Fatalf("a failed store left its file: %v", err)
 	}
 }
