@@ -23,6 +23,7 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 		scale                      float64
 		wait, waitMax, cmdTimeout  time.Duration
 		parallel, parallelMaxTurns int
+		parallelRuns               int
 	)
 	c := &cobra.Command{
 		Use:   "turns",
@@ -31,7 +32,8 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 			"none (no checkpoint), auto (molt ends each turn with the checkpoint the turn needs) and full (a full\n" +
 			"checkpoint after every turn). A turn is the LLM call that produced it, simulated as a wait (recorded\n" +
 			"where the data has timestamps, scaled by --llm-scale; --llm-wait elsewhere) during which the previous\n" +
-			"turn ends, then its command. Prints the decisions per agent, the bytes the checkpoints wrote (auto vs\n" +
+			"turn ends, then its command. Mode full replays without the waits, four trajectories at once (only its\n" +
+			"bytes count; --full-waits times it like the others). Prints the decisions per agent, the bytes the checkpoints wrote (auto vs\n" +
 			"full every turn vs plain CRIU dumps), the time overhead of auto over none, what made turns full, and\n" +
 			"the checkpoint stall of --parallel sandboxes replaying at once with and without the host scheduler.\n" +
 			"Sandboxes get the directories the commands expect, empty: commands that need the repository fail.",
@@ -58,7 +60,7 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 				Image: "default", Trajectories: sel, Modes: modes, MaxTurns: maxTurns,
 				Waits:      bench.WaitConfig{Scale: scale, Default: wait, Max: waitMax},
 				CmdTimeout: cmdTimeout, Ignore: ignore, FullWaits: fullWaits,
-				Parallel: parallel, ParallelMaxTurns: parallelMaxTurns,
+				Parallel: parallel, ParallelMaxTurns: parallelMaxTurns, ParallelRuns: parallelRuns,
 				StartDaemon: func(ctx context.Context, noScheduler bool) (*daemon.Ephemeral, error) {
 					return startBenchDaemon(ctx, dir, cacheDir, func(c *core.Config) { c.NoScheduler = noScheduler })
 				},
@@ -100,6 +102,7 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&ignore, "ignore", nil, "path pattern whose changes do not matter for recovery, for auto's turn ends (repeatable)")
 	f.IntVar(&parallel, "parallel", 8, "sandboxes replaying at once in auto mode, with and without the host scheduler (0: skip)")
 	f.IntVar(&parallelMaxTurns, "parallel-max-turns", 40, "turns per sandbox in the parallel part (0: all)")
+	f.IntVar(&parallelRuns, "parallel-runs", 1, "trajectories each sandbox slot replays in turn in the parallel part")
 	f.StringVar(&dir, "dir", "/var/tmp", "where the temporary state roots go")
 	f.StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
 	return c

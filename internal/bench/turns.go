@@ -318,6 +318,8 @@ type TurnsConfig struct {
 	// turns of each.
 	Parallel         int
 	ParallelMaxTurns int
+	// ParallelRuns is how many trajectories each of them replays in turn.
+	ParallelRuns int
 	// StartDaemon starts a daemon with the image built, with or without
 	// the scheduler, for the parallel part.
 	StartDaemon func(ctx context.Context, noScheduler bool) (*daemon.Ephemeral, error)
@@ -360,6 +362,11 @@ type TurnsRun struct {
 	// Turns whose checkpoint never committed.
 	Lost int `json:"lost_checkpoints,omitempty"`
 
+	// SetupBytes is what the setup turn's checkpoint wrote (in
+	// BytesWritten).
+	SetupBytes int64 `json:"setup_bytes"`
+
+	setup  string // the setup turn's checkpoint
 	waits  []time.Duration
 	turns  []turnOutcome
 	stalls []float64 // of turns that checkpointed
@@ -394,6 +401,7 @@ type TurnsModeTotals struct {
 	AgentSeconds map[string]float64 `json:"agent_seconds"`
 	Checkpoints  int                `json:"checkpoints"`
 	BytesWritten int64              `json:"bytes_written"`
+	SetupBytes   int64              `json:"setup_bytes"`
 	ImageBytes   int64              `json:"image_bytes"`
 	Lost         int                `json:"lost_checkpoints"`
 	Stall        Stats              `json:"stall"`
@@ -448,6 +456,7 @@ type TurnsEffects struct {
 type TurnsParallel struct {
 	Scheduler   bool    `json:"scheduler"`
 	Sandboxes   int     `json:"sandboxes"`
+	Runs        int     `json:"trajectories_each"`
 	Turns       int     `json:"turns"`
 	Checkpoints int     `json:"checkpoints"`
 	Full        int     `json:"full"`
@@ -485,6 +494,9 @@ type TurnsResult struct {
 	// 1 - auto bytes / full's image bytes (plain CRIU dumps).
 	TrafficReduction float64 `json:"traffic_reduction"`
 	PlainReduction   float64 `json:"plain_dump_reduction"`
+	// TurnsReduction leaves out the setup turns' checkpoints (the first
+	// full one of a session agent's sandbox writes all its memory).
+	TurnsReduction float64 `json:"turns_traffic_reduction"`
 	// Overhead = (T_auto - T_none) / T_none; FullOverhead likewise.
 	Overhead      float64            `json:"overhead"`
 	FullOverhead  float64            `json:"full_overhead"`
@@ -584,8 +596,12 @@ func (r *replayer) replay(ctx context.Context, t Trajectory, mode string, maxTur
 	if mode != ModeNone {
 		// Setup is a turn of its own: its effects are not the
 		// trajectory's.
-		if _, err := r.endTurn(ctx, sb, mode); err != nil {
+		res, err := r.endTurn(ctx, sb, mode)
+		if err != nil {
 			return run, fmt.Errorf("setup turn end: %w", err)
+		}
+		if res.Checkpoint != nil {
+			run.setup = *res.Checkpoint
 		}
 	}
 	type ended struct {
@@ -717,7 +733,7 @@ func (r *replayer) sumCheckpoints(ctx context.Context, sb string, run *TurnsRun)
 			return err
 		}
 		pending := 0
-		run.Checkpoints, run.BytesWritten, run.ImageBytes = 0, 0, 0
+		run.Checkpoints, run.BytesWritten, run.ImageBytes, run.SetupBytes = 0, 0, 0, 0
 		for _, ck := range cks {
 			if ck.Pending {
 				pending++
@@ -725,6 +741,9 @@ func (r *replayer) sumCheckpoints(ctx context.Context, sb string, run *TurnsRun)
 			}
 			run.Checkpoints++
 			run.BytesWritten += ck.BytesWritten
+			if ck.ID == run.setup {
+				run.SetupBytes += ck.BytesWritten
+			}
 			run.ImageBytes += ck.ImageBytes
 		}
 		if pending == 0 {
@@ -753,6 +772,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 }
+
+// fullWorkers replay trajectories at once in mode full without waits.
+const fullWorkers = 4
 
 // RunTurns replays the selected trajectories in each mode (per
 // trajectory one mode after the other, each in a fresh sandbox), then
@@ -801,14 +823,14 @@ func RunTurns(ctx context.Context, e *daemon.Ephemeral, cfg TurnsConfig) (TurnsR
 			report(i, run)
 		}
 	}
-	// Full every turn without LLM waits: only its bytes count, so two
-	// replay at once.
+	// Full every turn without LLM waits: only its bytes count, so
+	// several replay at once.
 	if backToBack {
 		runs := make([]TurnsRun, len(cfg.Trajectories))
 		errs := make([]error, len(cfg.Trajectories))
 		next := make(chan int)
 		var wg sync.WaitGroup
-		for range 2 {
+		for range fullWorkers {
 			wg.Go(func() {
 				for i := range next {
 					runs[i], errs[i] = r.replay(ctx, cfg.Trajectories[i], ModeFull, cfg.MaxTurns, waits[i])
@@ -861,7 +883,7 @@ func runSummary(run TurnsRun) string {
 // at most ParallelMaxTurns turns each) at once in auto mode on a daemon
 // of its own.
 func runParallel(ctx context.Context, cfg TurnsConfig, waits [][]time.Duration, noScheduler bool, progress func(string, ...any)) (TurnsParallel, error) {
-	p := TurnsParallel{Scheduler: !noScheduler, Sandboxes: cfg.Parallel}
+	p := TurnsParallel{Scheduler: !noScheduler, Sandboxes: cfg.Parallel, Runs: max(1, cfg.ParallelRuns)}
 	progress("turns: parallel: %d sandboxes in auto mode, scheduler %v: starting a daemon", cfg.Parallel, !noScheduler)
 	e, err := cfg.StartDaemon(ctx, noScheduler)
 	if err != nil {
@@ -873,19 +895,23 @@ func runParallel(ctx context.Context, cfg TurnsConfig, waits [][]time.Duration, 
 		}
 	}()
 	r := &replayer{c: e.Client, cfg: cfg}
-	runs := make([]TurnsRun, cfg.Parallel)
-	errs := make([]error, cfg.Parallel)
+	per := max(1, cfg.ParallelRuns)
+	runs := make([]TurnsRun, cfg.Parallel*per)
+	errs := make([]error, cfg.Parallel*per)
 	var wg sync.WaitGroup
 	t0 := time.Now()
 	for k := range cfg.Parallel {
-		j := k % len(cfg.Trajectories)
-		t := cfg.Trajectories[j]
-		w := waits[j]
-		if n := cfg.ParallelMaxTurns; n > 0 && len(w) > n {
-			w = w[:n]
-		}
+		// Sandbox slot k replays trajectories k, k+P, k+2P, ... one
+		// after the other, each in a fresh sandbox.
 		wg.Go(func() {
-			runs[k], errs[k] = r.replay(ctx, t, ModeAuto, cfg.ParallelMaxTurns, w)
+			for m := range per {
+				i := k + m*cfg.Parallel
+				j := i % len(cfg.Trajectories)
+				runs[i], errs[i] = r.replay(ctx, cfg.Trajectories[j], ModeAuto, cfg.ParallelMaxTurns, waits[j])
+				if errs[i] != nil {
+					return
+				}
+			}
 		})
 	}
 	wg.Wait()
@@ -990,6 +1016,7 @@ func summarize(res *TurnsResult, waits [][]time.Duration, cfg TurnsConfig) {
 		t.AgentSeconds[run.Agent] += run.Seconds
 		t.Checkpoints += run.Checkpoints
 		t.BytesWritten += run.BytesWritten
+		t.SetupBytes += run.SetupBytes
 		t.ImageBytes += run.ImageBytes
 		t.Lost += run.Lost
 		for _, s := range run.stalls {
@@ -1082,6 +1109,9 @@ func summarize(res *TurnsResult, waits [][]time.Duration, cfg TurnsConfig) {
 		res.TrafficReduction = 1 - float64(auto.BytesWritten)/float64(full.BytesWritten)
 		if full.ImageBytes > 0 {
 			res.PlainReduction = 1 - float64(auto.BytesWritten)/float64(full.ImageBytes)
+		}
+		if f := full.BytesWritten - full.SetupBytes; f > 0 {
+			res.TurnsReduction = 1 - float64(auto.BytesWritten-auto.SetupBytes)/float64(f)
 		}
 	}
 	if none != nil && none.Seconds > 0 {
@@ -1217,6 +1247,8 @@ func PrintTurns(w io.Writer, r TurnsResult) {
 	if auto != nil && full != nil && full.BytesWritten > 0 {
 		fmt.Fprintf(w, "Checkpoint traffic: auto %s, full every turn %s (plain CRIU dumps: %s of images): reduction %.1f%% (target >= 87%%: %s); vs plain dumps %.1f%%\n",
 			human(auto.BytesWritten), human(full.BytesWritten), human(full.ImageBytes), 100*r.TrafficReduction, verdict(r.TrafficReduction >= 0.87), 100*r.PlainReduction)
+		fmt.Fprintf(w, "  of which the setup turns' checkpoints: auto %s, full %s; the trajectories' turns alone: auto %s, full %s: reduction %.1f%%\n",
+			human(auto.SetupBytes), human(full.SetupBytes), human(auto.BytesWritten-auto.SetupBytes), human(full.BytesWritten-full.SetupBytes), 100*r.TurnsReduction)
 	}
 	if none != nil && auto != nil && none.Seconds > 0 {
 		fmt.Fprintf(w, "Time: none %.1f s, auto %.1f s: overhead %+.2f%% (target <= 2%%: %s)", none.Seconds, auto.Seconds, 100*r.Overhead, verdict(r.Overhead <= 0.02))
@@ -1237,7 +1269,7 @@ func PrintTurns(w io.Writer, r TurnsResult) {
 		}
 	}
 	if len(r.Parallel) > 0 {
-		fmt.Fprintf(w, "\n%d sandboxes replaying at once (auto mode), checkpoint stall of the turns that checkpointed:\n", r.Parallel[0].Sandboxes)
+		fmt.Fprintf(w, "\n%d sandboxes replaying at once (auto mode, %d trajectories each in turn), checkpoint stall of the turns that checkpointed:\n", r.Parallel[0].Sandboxes, r.Parallel[0].Runs)
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "scheduler\tturns\tcheckpoints\tfull\tstall p50\tstall p99\tfull stall p50\tfull stall p99\tturn end p50/p99\tover waits\terrors\twall\t")
 		for _, p := range r.Parallel {
