@@ -454,6 +454,7 @@ type TurnsEffects struct {
 
 // TurnsParallel is the parallel part for one scheduler setting.
 type TurnsParallel struct {
+	Mode        string  `json:"mode"`
 	Scheduler   bool    `json:"scheduler"`
 	Sandboxes   int     `json:"sandboxes"`
 	Runs        int     `json:"trajectories_each"`
@@ -857,12 +858,17 @@ func RunTurns(ctx context.Context, e *daemon.Ephemeral, cfg TurnsConfig) (TurnsR
 	}
 	summarize(&res, waits, cfg)
 	if cfg.Parallel > 0 && cfg.StartDaemon != nil {
-		for _, noSched := range []bool{false, true} {
-			p, err := runParallel(ctx, cfg, waits, noSched, progress)
-			if err != nil {
-				return res, fmt.Errorf("parallel (scheduler %v): %w", !noSched, err)
+		// auto: the trajectories as they are; full: a full checkpoint
+		// after every turn, back to back, which keeps the background
+		// (storing, standbys) busy: what the scheduler is for.
+		for _, mode := range []string{ModeAuto, ModeFull} {
+			for _, noSched := range []bool{false, true} {
+				p, err := runParallel(ctx, cfg, waits, mode, noSched, progress)
+				if err != nil {
+					return res, fmt.Errorf("parallel %s (scheduler %v): %w", mode, !noSched, err)
+				}
+				res.Parallel = append(res.Parallel, p)
 			}
-			res.Parallel = append(res.Parallel, p)
 		}
 	}
 	res.Seconds = time.Since(began).Seconds()
@@ -882,9 +888,9 @@ func runSummary(run TurnsRun) string {
 // runParallel replays cfg.Parallel trajectories (the selection's first,
 // at most ParallelMaxTurns turns each) at once in auto mode on a daemon
 // of its own.
-func runParallel(ctx context.Context, cfg TurnsConfig, waits [][]time.Duration, noScheduler bool, progress func(string, ...any)) (TurnsParallel, error) {
-	p := TurnsParallel{Scheduler: !noScheduler, Sandboxes: cfg.Parallel, Runs: max(1, cfg.ParallelRuns)}
-	progress("turns: parallel: %d sandboxes in auto mode, scheduler %v: starting a daemon", cfg.Parallel, !noScheduler)
+func runParallel(ctx context.Context, cfg TurnsConfig, waits [][]time.Duration, mode string, noScheduler bool, progress func(string, ...any)) (TurnsParallel, error) {
+	p := TurnsParallel{Mode: mode, Scheduler: !noScheduler, Sandboxes: cfg.Parallel, Runs: max(1, cfg.ParallelRuns)}
+	progress("turns: parallel: %d sandboxes in %s mode, scheduler %v: starting a daemon", cfg.Parallel, mode, !noScheduler)
 	e, err := cfg.StartDaemon(ctx, noScheduler)
 	if err != nil {
 		return p, err
@@ -907,7 +913,11 @@ func runParallel(ctx context.Context, cfg TurnsConfig, waits [][]time.Duration, 
 			for m := range per {
 				i := k + m*cfg.Parallel
 				j := i % len(cfg.Trajectories)
-				runs[i], errs[i] = r.replay(ctx, cfg.Trajectories[j], ModeAuto, cfg.ParallelMaxTurns, waits[j])
+				maxTurns := cfg.ParallelMaxTurns
+				if mode == ModeFull && maxTurns > 0 {
+					maxTurns = max(1, maxTurns/2)
+				}
+				runs[i], errs[i] = r.replay(ctx, cfg.Trajectories[j], mode, maxTurns, waits[j])
 				if errs[i] != nil {
 					return
 				}
@@ -942,8 +952,8 @@ func runParallel(ctx context.Context, cfg TurnsConfig, waits [][]time.Duration, 
 		}
 	}
 	p.Stall, p.FullStall, p.TurnEnd = stall.Stats(), full.Stats(), end.Stats()
-	progress("turns: parallel: scheduler %v: %d turns, %d checkpoints, stall p50 %.1f ms p99 %.1f ms, %.1f s",
-		!noScheduler, p.Turns, p.Checkpoints, p.Stall.P50, p.Stall.P99, p.Seconds)
+	progress("turns: parallel %s: scheduler %v: %d turns, %d checkpoints, stall p50 %.1f ms p99 %.1f ms, %.1f s",
+		mode, !noScheduler, p.Turns, p.Checkpoints, p.Stall.P50, p.Stall.P99, p.Seconds)
 	return p, nil
 }
 
@@ -1269,15 +1279,15 @@ func PrintTurns(w io.Writer, r TurnsResult) {
 		}
 	}
 	if len(r.Parallel) > 0 {
-		fmt.Fprintf(w, "\n%d sandboxes replaying at once (auto mode, %d trajectories each in turn), checkpoint stall of the turns that checkpointed:\n", r.Parallel[0].Sandboxes, r.Parallel[0].Runs)
+		fmt.Fprintf(w, "\n%d sandboxes replaying at once (%d trajectories each in turn; auto: as recorded, full: a full checkpoint after every turn, no LLM waits), checkpoint stall of the turns that checkpointed:\n", r.Parallel[0].Sandboxes, r.Parallel[0].Runs)
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "scheduler\tturns\tcheckpoints\tfull\tstall p50\tstall p99\tfull stall p50\tfull stall p99\tturn end p50/p99\tover waits\terrors\twall\t")
+		fmt.Fprintln(tw, "mode\tscheduler\tturns\tcheckpoints\tfull\tstall p50\tstall p99\tfull stall p50\tfull stall p99\tturn end p50/p99\tover waits\terrors\twall\t")
 		for _, p := range r.Parallel {
 			s := "on"
 			if !p.Scheduler {
 				s = "off"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f/%.1f ms\t%.2f s\t%d\t%.1f s\t\n", s, p.Turns, p.Checkpoints, p.Full,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f/%.1f ms\t%.2f s\t%d\t%.1f s\t\n", p.Mode, s, p.Turns, p.Checkpoints, p.Full,
 				p.Stall.P50, p.Stall.P99, p.FullStall.P50, p.FullStall.P99, p.TurnEnd.P50, p.TurnEnd.P99, p.Overrun, p.Errors+p.EndErrors, p.Seconds)
 		}
 		tw.Flush()

@@ -87,6 +87,11 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
+	slot, err := m.captureSlot(ctx)
+	if err != nil {
+		unlock()
+		return v1.Checkpoint{}, err
+	}
 	release := m.foreground(rec.ID)
 	var ck v1.Checkpoint
 	if req.Kind == v1.KindFull {
@@ -95,6 +100,7 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 		ck, err = m.checkpointLocked(ctx, rec, ckOpts{label: req.Label})
 	}
 	release()
+	slot()
 	unlock()
 	if err != nil {
 		kind := req.Kind

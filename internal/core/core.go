@@ -84,6 +84,7 @@ type Manager struct {
 	pipe      pipeline // pending full checkpoints
 	turns     turnTable
 	sch       *sched.Scheduler // nil with Config.NoScheduler
+	captures  chan struct{}    // capture slots (captureSlot); nil with Config.NoScheduler
 	closing   chan struct{}    // closed when Close begins
 	closeOnce sync.Once
 	metrics   *metrics
@@ -150,6 +151,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m.metrics = newMetrics(m)
 	if !cfg.NoScheduler {
+		m.captures = make(chan struct{}, max(1, runtime.NumCPU()))
 		m.sch = sched.New(cfg.Sched)
 		if err := m.sch.Register(m.metrics.reg); err != nil {
 			return nil, err

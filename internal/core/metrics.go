@@ -13,17 +13,18 @@ import (
 // metrics are the Manager's Prometheus metrics, on a registry of its own
 // (several Managers may live in one process: tests, benchmarks).
 type metrics struct {
-	reg        *prometheus.Registry
-	stall      *prometheus.HistogramVec
-	capture    *prometheus.HistogramVec
-	commit     prometheus.Histogram
-	bytes      *prometheus.CounterVec
-	checkpoint *prometheus.CounterVec
-	rollback   *prometheus.HistogramVec
-	forks      prometheus.Counter
-	forksHot   prometheus.Counter
-	decisions  *prometheus.CounterVec
-	turnDecide prometheus.Histogram
+	reg         *prometheus.Registry
+	stall       *prometheus.HistogramVec
+	capture     *prometheus.HistogramVec
+	commit      prometheus.Histogram
+	bytes       *prometheus.CounterVec
+	checkpoint  *prometheus.CounterVec
+	rollback    *prometheus.HistogramVec
+	forks       prometheus.Counter
+	forksHot    prometheus.Counter
+	decisions   *prometheus.CounterVec
+	captureWait prometheus.Histogram
+	turnDecide  prometheus.Histogram
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}
@@ -55,6 +56,9 @@ func newMetrics(m *Manager) *metrics {
 		forksHot: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "molt_forks_from_standby_total", Help: "Forks that adopted a ready standby instead of restoring.",
 		}),
+		captureWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "molt_checkpoint_queue_seconds", Help: "Time a checkpoint waited for a capture slot (at most one frozen sandbox per CPU).", Buckets: latencyBuckets,
+		}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "molt_turn_decisions_total", Help: "Turn ends by decision (none, fs, full).",
 		}, []string{"decision"}),
@@ -62,7 +66,7 @@ func newMetrics(m *Manager) *metrics {
 			Name: "molt_turn_decide_seconds", Help: "Time to collect and classify a turn's effects.", Buckets: latencyBuckets,
 		}),
 	}
-	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks, x.forksHot, x.decisions, x.turnDecide)
+	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks, x.forksHot, x.decisions, x.captureWait, x.turnDecide)
 	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "molt_pending_checkpoints", Help: "Full checkpoints captured and not yet committed (the persist queue).",
 	}, func() float64 {

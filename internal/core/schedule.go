@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/molt-sh/molt/internal/sched"
 )
@@ -71,4 +72,23 @@ func (m *Manager) persistRoom(ctx context.Context, id string) error {
 			return fmt.Errorf("waiting for %d pending checkpoints of %s to be stored: %w", len(jobs), id, ctx.Err())
 		}
 	}
+}
+
+// captureSlot waits for one of the host's capture slots: at most as many
+// sandboxes are frozen for a checkpoint at once as the host has CPUs.
+// Eight CRIU dumps at once on two CPUs freeze every one of the eight for
+// four times as long; queued, each waits (unfrozen, running on) and then
+// is frozen briefly. Without the scheduler captures are not limited.
+func (m *Manager) captureSlot(ctx context.Context) (func(), error) {
+	if m.captures == nil {
+		return func() {}, nil
+	}
+	start := time.Now()
+	select {
+	case m.captures <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	m.metrics.captureWait.Observe(time.Since(start).Seconds())
+	return func() { <-m.captures }, nil
 }

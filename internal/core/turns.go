@@ -495,6 +495,14 @@ func (m *Manager) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (
 		frozenProcs, _ = liveProcs(rec, obs.sessionPids)
 	}
 	var ck v1.Checkpoint
+	if res.Decision != v1.DecisionNone {
+		slot, serr := m.captureSlot(ctx)
+		if serr != nil {
+			ts.carry, ts.force = obs.effects, obs.force
+			return v1.TurnResult{}, serr
+		}
+		defer slot()
+	}
 	switch res.Decision {
 	case v1.DecisionFS:
 		ck, err = m.checkpointLocked(ctx, rec, ckOpts{label: req.Label, frozen: frozen})
