@@ -271,3 +271,51 @@ func TestAgentThroughLLMProxy(t *testing.T) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// TestLLMGateExec: with gate "exec" the LLM's reply is not held; the
+// agent's next command waits for the turn's checkpoint instead, so the
+// checkpoint holds the state from before the command.
+func TestLLMGateExec(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	llm := &fakeLLM{script: []string{"echo after > /root/after"}}
+	srv := httptest.NewServer(llm)
+	defer srv.Close()
+	var ep struct{ URL, Gate string }
+	mustJSON(t, &ep, "llm", sb, "--upstream", srv.URL+"/v1", "--gate", "exec")
+	if ep.Gate != "exec" {
+		t.Fatalf("endpoint %+v", ep)
+	}
+	// A session makes the turn full (a slow capture); the reply comes at
+	// once and the command follows it immediately.
+	must(t, "exec", sb, "--session", "main", "--", "export STEP=1")
+	cmd := ask(t, ep.URL, []string{"go"}, false)
+	must(t, "exec", sb, "--session", "main", "--", cmd)
+	var turns []struct {
+		Decision   string  `json:"decision"`
+		Checkpoint *string `json:"checkpoint"`
+		LLM        []struct {
+			GateWaitMS float64 `json:"gate_wait_ms"`
+		} `json:"llm"`
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mustJSON(t, &turns, "turns", sb)
+		if len(turns) == 1 && len(turns[0].LLM) == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(turns) != 1 || turns[0].Decision != "full" || turns[0].Checkpoint == nil || len(turns[0].LLM) != 1 {
+		t.Fatalf("turns: %+v", turns)
+	}
+	if w := turns[0].LLM[0].GateWaitMS; w != 0 {
+		t.Fatalf("gate exec held the reply %.1f ms", w)
+	}
+	// The command ran after the capture: the checkpoint does not have
+	// its file.
+	must(t, "rollback", sb, *turns[0].Checkpoint)
+	if out := sh(t, sb, "test -e /root/after && echo present || echo absent"); out != "absent\n" {
+		t.Fatalf("the command ran before the turn's checkpoint: /root/after is %s", out)
+	}
+}
