@@ -135,11 +135,7 @@ func (m *Manager) turnOf(id string) *turnState {
 // state now is a known one (an image, a checkpoint), so what came before
 // does not count. Caller holds the sandbox lock; the tree runs.
 func (m *Manager) turnReset(ctx context.Context, rec sandboxRec) {
-	ts := m.turnPrepare(rec, rec.Init)
-	if ts == nil {
-		return
-	}
-	m.turnBaseline(ctx, rec, ts)
+	m.turnBaseline(ctx, rec, m.turnPrepare(rec, rec.Init))
 }
 
 // turnPrepare points the sandbox's inspector watch at the tree of init
@@ -203,26 +199,34 @@ func (m *Manager) turnBaseline(ctx context.Context, rec sandboxRec, ts *turnStat
 	// A tree that was just continued runs for a moment to restart its
 	// interrupted system calls; a process still running after that is
 	// recorded as running, which makes the next turn full.
-	deadline := time.Now().Add(20 * time.Millisecond)
+	procs, err := settle(ctx, rec, spids, 20*time.Millisecond)
+	if err != nil {
+		ts.force = append(ts.force, "processes unknown: "+err.Error())
+	}
+	ts.procs, ts.sessions, ts.started = procs, sess, time.Now()
+	m.turns.mu.Lock()
+	ts.commands = nil
+	m.turns.mu.Unlock()
+}
+
+// settle lists the live tree's processes once none of its long-lived
+// ones runs, or when limit has passed.
+func settle(ctx context.Context, rec sandboxRec, sessionPids map[int]bool, limit time.Duration) (map[int]procInfo, error) {
+	deadline := time.Now().Add(limit)
 	for {
-		procs, perr := liveProcs(rec, spids)
-		if perr != nil {
-			ts.force = append(ts.force, "processes unknown: "+perr.Error())
-			break
+		procs, err := liveProcs(rec, sessionPids)
+		if err != nil {
+			return procs, err
 		}
 		busy := false
 		for _, p := range procs {
 			busy = busy || (p.running && p.role == roleOther)
 		}
-		ts.procs = procs
-		if !busy || time.Now().After(deadline) {
-			break
+		if !busy || time.Now().After(deadline) || ctx.Err() != nil {
+			return procs, nil
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(500 * time.Microsecond)
 	}
-	ts.sessions = sess
-	ts.started = time.Now()
-	ts.commands = nil
 }
 
 // settled returns the baseline of a tree just thawed after a checkpoint.
@@ -233,23 +237,10 @@ func (m *Manager) turnBaseline(ctx context.Context, rec sandboxRec, ts *turnStat
 // threads' user stack and instruction pointers) or that still runs makes
 // the next turn full. Caller holds ts.mu.
 func (m *Manager) settled(ctx context.Context, rec sandboxRec, sessionPids map[int]bool, frozen map[int]procInfo, ts *turnState) map[int]procInfo {
-	deadline := time.Now().Add(settleLimit)
-	var procs map[int]procInfo
-	for {
-		var err error
-		procs, err = liveProcs(rec, sessionPids)
-		if err != nil {
-			ts.force = append(ts.force, "processes unknown after the checkpoint: "+err.Error())
-			return procs
-		}
-		busy := false
-		for _, p := range procs {
-			busy = busy || (p.running && p.role == roleOther)
-		}
-		if !busy || time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(500 * time.Microsecond)
+	procs, err := settle(ctx, rec, sessionPids, settleLimit)
+	if err != nil {
+		ts.force = append(ts.force, "processes unknown after the checkpoint: "+err.Error())
+		return procs
 	}
 	for pid, p := range procs {
 		if p.role != roleOther {
