@@ -44,7 +44,9 @@ type standby struct {
 type standbys struct {
 	mu sync.Mutex
 	m  map[string]map[string]*standby // sandbox ID -> checkpoint ID -> standby
-	wg sync.WaitGroup                 // preparations and retirements in flight
+	// waiting marks sandboxes with a scheduleStandby waiter.
+	waiting map[string]bool
+	wg      sync.WaitGroup // preparations and retirements in flight
 }
 
 // standbyOf returns the standby of the sandbox's head, if one is ready.
@@ -119,6 +121,17 @@ func (m *Manager) scheduleStandbyAfter(id string, delay time.Duration) {
 	if m.cfg.StandbyBudget <= 0 || m.criu == nil {
 		return
 	}
+	// One waiter per sandbox: it follows the head until it stays put.
+	m.sby.mu.Lock()
+	if m.sby.waiting == nil {
+		m.sby.waiting = map[string]bool{}
+	}
+	if m.sby.waiting[id] {
+		m.sby.mu.Unlock()
+		return
+	}
+	m.sby.waiting[id] = true
+	m.sby.mu.Unlock()
 	var head string
 	var rec sandboxRec
 	if m.db.Get(store.Sandboxes, id, &rec) == nil {
@@ -127,13 +140,28 @@ func (m *Manager) scheduleStandbyAfter(id string, delay time.Duration) {
 	m.sby.wg.Add(1)
 	go func() {
 		defer m.sby.wg.Done()
-		// Wait a moment: a caller that moves the sandbox again at once
-		// (a tree search, an RL loop) would make this standby useless,
-		// and its CRIU restore would only take CPU from the foreground.
-		time.Sleep(delay)
-		if m.db.Get(store.Sandboxes, id, &rec) != nil || rec.Head != head {
-			return
+		// Wait until the head has stayed put for delay: a caller that
+		// moves the sandbox again at once (a tree search, an RL loop)
+		// would make a standby of it useless, and its CRIU restore would
+		// only take CPU from the foreground. (An fs checkpoint moves the
+		// head too; the kept standbys are still wanted then.)
+		for {
+			select {
+			case <-time.After(delay):
+			case <-m.closing:
+				m.standbyWaitDone(id)
+				return
+			}
+			if m.db.Get(store.Sandboxes, id, &rec) != nil {
+				m.standbyWaitDone(id)
+				return
+			}
+			if rec.Head == head {
+				break
+			}
+			head = rec.Head
 		}
+		m.standbyWaitDone(id)
 		done := make(chan struct{})
 		m.background(id, sched.Standby, "prepare standby", func(ctx context.Context, _ *sched.Task) error {
 			defer close(done)
@@ -159,6 +187,12 @@ func (m *Manager) scheduleStandbyAfter(id string, delay time.Duration) {
 		case <-m.closing:
 		}
 	}()
+}
+
+func (m *Manager) standbyWaitDone(id string) {
+	m.sby.mu.Lock()
+	delete(m.sby.waiting, id)
+	m.sby.mu.Unlock()
 }
 
 // standbyDelay is how long a sandbox's head must stay put before a

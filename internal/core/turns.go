@@ -67,6 +67,7 @@ type procInfo struct {
 	comm    string
 	cpu     uint64 // nanoseconds on CPU, all threads
 	slices  uint64 // timeslices run, all threads
+	vol     uint64 // voluntary context switches (blocking), all threads
 	running bool   // a thread is runnable
 	role    procRole
 	// pos is where each thread is in user space (stack and instruction
@@ -483,7 +484,10 @@ func (m *Manager) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (
 			}
 			frozenEffects = e
 		}
-		frozenProcs, _ = liveProcs(rec, obs.sessionPids)
+		// After a CRIU dump the tasks CRIU let go re-enter the freezer
+		// on their own: wait (briefly; only a loaded host takes long)
+		// until none is runnable, so their positions are the frozen ones.
+		frozenProcs, _ = settle(ctx, rec, obs.sessionPids, 100*time.Millisecond)
 	}
 	var ck v1.Checkpoint
 	if res.Decision != v1.DecisionNone {
@@ -527,10 +531,12 @@ func (m *Manager) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (
 		ts.carry = frozenEffects
 		// A long-lived process that ran between the collection and the
 		// freeze changed after the decision: the fs checkpoint does not
-		// hold that. The freeze itself wakes each blocked task once (one
-		// timeslice) and rewinds it to its system call.
+		// hold that. The freeze itself wakes each blocked task, which
+		// blocks again once in the freezer (one voluntary switch; being
+		// preempted on the way, under load, is not a change) and is
+		// rewound to its system call. Anything more is the task at work.
 		for pid, f := range frozenProcs {
-			if c, ok := obs.procs[pid]; f.role == roleOther && (!ok || c.start != f.start || f.slices > c.slices+1 || !samePos(f.pos, c.pos)) {
+			if c, ok := obs.procs[pid]; f.role == roleOther && (!ok || c.start != f.start || f.vol > c.vol+uint64(strings.Count(f.pos, ":")) || !samePos(f.pos, c.pos)) {
 				ts.force = append(ts.force, fmt.Sprintf("long-lived process %s (%d) ran between turn %d's end and its fs checkpoint", f.comm, pid, ts.n))
 			}
 		}
@@ -968,6 +974,13 @@ func readProc(pid int) (procInfo, int, error) {
 		if s, err := os.ReadFile(td + "/stat"); err == nil {
 			if k := strings.LastIndexByte(string(s), ')'); k >= 0 && k+2 < len(s) && s[k+2] == 'R' {
 				p.running = true
+			}
+		}
+		if s, err := os.ReadFile(td + "/status"); err == nil {
+			if _, v, ok := strings.Cut(string(s), "\nvoluntary_ctxt_switches:"); ok {
+				v, _, _ = strings.Cut(v, "\n")
+				n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				p.vol += n
 			}
 		}
 		if s, err := os.ReadFile(td + "/syscall"); err == nil {
