@@ -51,6 +51,29 @@ func say(g *globals, format string, a ...any) {
 	}
 }
 
+// turn ends the sandbox's turn and says what the inspector decided.
+func (d demo) turn(sb string) (string, error) {
+	r, err := d.c.EndTurn(d.ctx, sb, v1.TurnRequest{})
+	if err != nil {
+		if errors.Is(err, client.ErrNotSupported) {
+			return "skipped: " + err.Error(), nil
+		}
+		return "", err
+	}
+	ck := "no checkpoint"
+	if r.Checkpoint != nil {
+		ck = "checkpoint " + *r.Checkpoint
+	}
+	why := strings.Join(r.Reasons, "; ")
+	if why == "" {
+		why = "nothing changed"
+	}
+	if len(why) > 60 {
+		why = why[:57] + "..."
+	}
+	return fmt.Sprintf("turn %d: %s, %s (%s)", r.Turn, r.Decision, ck, why), nil
+}
+
 func (d demo) session(sb, text string) (string, error) {
 	r, err := d.c.SessionRun(d.ctx, sb, "agent", v1.SessionRunRequest{Command: text})
 	if err != nil {
@@ -156,6 +179,15 @@ func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) 
 			}
 			return strings.Join(outs, "; "), nil
 		}},
+		{"turn (auto): end the agent's turn", func() (string, error) { return d.turn(sb) }},
+		{"agent: a read-only turn (cat, ls, grep)", func() (string, error) {
+			return d.session(sb, `cat /work/app/main.py >/dev/null; ls /work/app; grep -c print /work/app/main.py`)
+		}},
+		{"turn (auto)", func() (string, error) { return d.turn(sb) }},
+		{"agent: an editing turn", func() (string, error) {
+			return d.session(sb, `printf 'print("v3")\n' > /work/app/main.py && python3 -B /work/app/main.py`)
+		}},
+		{"turn (auto)", func() (string, error) { return d.turn(sb) }},
 		{"agent: start a counter in the background", func() (string, error) {
 			_, err := d.c.ExecDetached(ctx, sb, v1.ExecRequest{Args: []string{"python3", "-c",
 				"import time\nn = 0\nwhile True:\n    n += 1\n    open('/tmp/count', 'w').write(str(n))\n    time.sleep(0.1)"}})
