@@ -3,7 +3,6 @@ package core
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -332,23 +331,13 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 	if err := sandbox.WriteIdentity(m.sbRoot(rec.ID), rec.Hostname, rec.MachineID); err != nil {
 		return sandbox.Init{}, err
 	}
-	var ns unix.Stat_t
-	if err := unix.Stat("/proc/"+strconv.Itoa(s.init.Pid)+"/ns/pid", &ns); err != nil {
-		return sandbox.Init{}, fmt.Errorf("standby init: %w", err)
-	}
-	src, err := cgroup.Load(cgroupName(s.sandbox))
+	tree, _, err := treePids(s.sandbox, s.init)
 	if err != nil {
 		return sandbox.Init{}, err
 	}
-	pids, err := src.Pids()
-	if err != nil {
-		return sandbox.Init{}, err
-	}
-	for _, pid := range pids {
-		if d, err := pidNSDepth(pid, ns.Ino); err == nil && d >= 0 {
-			if err := cg.Add(pid); err != nil {
-				return sandbox.Init{}, fmt.Errorf("move standby process %d: %w", pid, err)
-			}
+	for _, pid := range tree {
+		if err := cg.Add(pid); err != nil {
+			return sandbox.Init{}, fmt.Errorf("move standby process %d: %w", pid, err)
 		}
 	}
 	if err := sandbox.SetHostname(s.init.Pid, rec.Hostname); err != nil {
@@ -363,24 +352,43 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 // continueTree sends SIGCONT to every process of the sandbox's cgroup
 // that lives in init's PID namespace (the standby's tree).
 func continueTree(rec sandboxRec, init sandbox.Init) error {
-	cg, err := cgroup.Load(cgroupName(rec.ID))
+	tree, _, err := treePids(rec.ID, init)
 	if err != nil {
 		return err
+	}
+	for _, pid := range tree {
+		_ = unix.Kill(pid, unix.SIGCONT)
+	}
+	return nil
+}
+
+// treePids splits the processes of sandbox id's cgroup into those of
+// init's tree (in its PID namespace or one below it) and the others
+// (standbys, CRIU at work, strays of an earlier daemon).
+func treePids(id string, init sandbox.Init) (tree, others []int, err error) {
+	cg, err := cgroup.Load(cgroupName(id))
+	if err != nil {
+		return nil, nil, err
 	}
 	pids, err := cg.Pids()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	ns, err := os.Readlink("/proc/" + strconv.Itoa(init.Pid) + "/ns/pid")
-	if err != nil {
-		return fmt.Errorf("standby init: %w", err)
+	var ns unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(init.Pid)+"/ns/pid", &ns); err != nil {
+		return nil, nil, fmt.Errorf("init %d: %w", init.Pid, err)
 	}
 	for _, pid := range pids {
-		if l, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/pid"); err == nil && l == ns {
-			_ = unix.Kill(pid, unix.SIGCONT)
+		d, err := pidNSDepth(pid, ns.Ino)
+		switch {
+		case err != nil: // exited meanwhile
+		case d >= 0:
+			tree = append(tree, pid)
+		default:
+			others = append(others, pid)
 		}
 	}
-	return nil
+	return tree, others, nil
 }
 
 // killStrays kills the processes of a sandbox's cgroup that are not in
@@ -390,14 +398,10 @@ func (m *Manager) killStrays(rec sandboxRec) {
 	dirs, _ := filepath.Glob(filepath.Join(m.sbDir(rec.ID), "standby-*"))
 	retired, _ := filepath.Glob(filepath.Join(m.sbDir(rec.ID), "root.old-*"))
 	dirs = append(dirs, retired...)
-	cg, err := cgroup.Load(cgroupName(rec.ID))
-	if err == nil && rec.Init.Alive() {
-		ns, _ := os.Readlink("/proc/" + strconv.Itoa(rec.Init.Pid) + "/ns/pid")
-		pids, _ := cg.Pids()
-		for _, pid := range pids {
-			if l, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/pid"); err == nil && l != ns {
-				_ = unix.Kill(pid, unix.SIGKILL)
-			}
+	if rec.Init.Alive() {
+		_, strays, _ := treePids(rec.ID, rec.Init)
+		for _, pid := range strays {
+			_ = unix.Kill(pid, unix.SIGKILL)
 		}
 	}
 	for _, d := range dirs {

@@ -837,35 +837,34 @@ func (m *Manager) sessionStates(ctx context.Context, rec sandboxRec) (map[string
 // are elsewhere) with their scheduling counters. sessionPids holds the
 // sessions' shells by PID inside the sandbox.
 func liveProcs(rec sandboxRec, sessionPids map[int]bool) (map[int]procInfo, error) {
-	cg, err := cgroup.Load(cgroupName(rec.ID))
+	tree, _, err := treePids(rec.ID, rec.Init)
 	if err != nil {
 		return nil, err
 	}
-	pids, err := cg.Pids()
-	if err != nil {
-		return nil, err
+	type proc struct {
+		info         procInfo
+		nspid, level int
 	}
-	var live unix.Stat_t
-	if err := unix.Stat("/proc/"+strconv.Itoa(rec.Init.Pid)+"/ns/pid", &live); err != nil {
-		return nil, fmt.Errorf("init: %w", err)
+	read := map[int]proc{}
+	for _, pid := range tree {
+		p, nspid, level, err := readProc(pid)
+		if err == nil { // else exited meanwhile
+			read[pid] = proc{p, nspid, level}
+		}
+	}
+	init, ok := read[rec.Init.Pid]
+	if !ok {
+		return nil, fmt.Errorf("init %d is gone", rec.Init.Pid)
 	}
 	out := map[int]procInfo{}
-	for _, pid := range pids {
-		depth, err := pidNSDepth(pid, live.Ino)
-		if err != nil || depth < 0 {
-			continue
-		}
-		p, nspid, err := readProc(pid)
-		if err != nil {
-			continue // exited meanwhile
-		}
+	for pid, p := range read {
 		switch {
 		case pid == rec.Init.Pid:
-			p.role = roleInit
-		case depth == 0 && sessionPids[nspid]:
-			p.role = roleSession
+			p.info.role = roleInit
+		case p.level == init.level && sessionPids[p.nspid]:
+			p.info.role = roleSession
 		}
-		out[pid] = p
+		out[pid] = p.info
 	}
 	return out, nil
 }
@@ -929,37 +928,39 @@ func mergeEffects(a, b inspect.Effects) inspect.Effects {
 }
 
 // readProc reads a process's identity and scheduling counters (summed
-// over its threads), and its PID in its own namespace.
-func readProc(pid int) (procInfo, int, error) {
+// over its threads), its PID in its own PID namespace and that
+// namespace's level (0: the host's).
+func readProc(pid int) (procInfo, int, int, error) {
 	dir := "/proc/" + strconv.Itoa(pid)
 	b, err := os.ReadFile(dir + "/stat")
 	if err != nil {
-		return procInfo{}, 0, err
+		return procInfo{}, 0, 0, err
 	}
 	var p procInfo
 	i, j := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
 	if i < 0 || j < i {
-		return procInfo{}, 0, errors.New("bad stat")
+		return procInfo{}, 0, 0, errors.New("bad stat")
 	}
 	p.comm = string(b[i+1 : j])
 	f := strings.Fields(string(b[j+1:]))
 	if len(f) < 20 {
-		return procInfo{}, 0, errors.New("bad stat")
+		return procInfo{}, 0, 0, errors.New("bad stat")
 	}
 	p.start, _ = strconv.ParseUint(f[19], 10, 64)
-	nspid := pid
+	nspid, level := pid, 0
 	if st, err := os.ReadFile(dir + "/status"); err == nil {
 		for _, line := range strings.Split(string(st), "\n") {
 			if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
 				if ff := strings.Fields(v); len(ff) > 0 {
 					nspid, _ = strconv.Atoi(ff[len(ff)-1])
+					level = len(ff) - 1
 				}
 			}
 		}
 	}
 	tasks, err := os.ReadDir(dir + "/task")
 	if err != nil {
-		return procInfo{}, 0, err
+		return procInfo{}, 0, 0, err
 	}
 	for _, t := range tasks {
 		td := dir + "/task/" + t.Name()
@@ -992,7 +993,7 @@ func readProc(pid int) (procInfo, int, error) {
 			p.pos += t.Name() + ":" + strings.Join(f, ",") + " "
 		}
 	}
-	return p, nspid, nil
+	return p, nspid, level, nil
 }
 
 // recording wraps an exec stream from init so that, when it is closed,
