@@ -424,6 +424,7 @@ func TestForkFromStandby(t *testing.T) {
 	sb := newSandbox(t)
 	ck, pid, count := fullScenario(t, sb)
 	waitStandby(t, sb, ck)
+	before := counter(t, "molt_forks_from_standby_total")
 	var res struct {
 		Sandboxes []struct{ ID, Hostname string }
 	}
@@ -448,8 +449,8 @@ func TestForkFromStandby(t *testing.T) {
 		}
 		ids[id] = true
 	}
-	if m := metricsText(t); !strings.Contains(m, "molt_forks_from_standby_total 1") {
-		t.Fatalf("no fork adopted the standby:\n%s", grepLines(m, "molt_forks"))
+	if n := counter(t, "molt_forks_from_standby_total"); n != before+1 {
+		t.Fatalf("forks that adopted a standby: %v, want %v", n, before+1)
 	}
 	// The source still rolls back (hot again once its standby is back).
 	waitStandby(t, sb, ck)
@@ -475,12 +476,18 @@ func metricsText(t *testing.T) string {
 	return string(b)
 }
 
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
+// counter returns the value of an unlabelled metric.
+func counter(t *testing.T, name string) float64 {
+	t.Helper()
+	for _, l := range strings.Split(metricsText(t), "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("metric %s: %q", name, l)
+			}
+			return f
 		}
 	}
-	return strings.Join(out, "\n")
+	t.Fatalf("no metric %s", name)
+	return 0
 }
