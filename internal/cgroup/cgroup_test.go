@@ -191,9 +191,17 @@ func TestNewAddPids(t *testing.T) {
 		// pages were touched, so measure one that starts after Add.
 		startIn(t, c, "exec sleep 1000")
 		waitPids(t, c, 2)
-		st, err := c.Stats()
-		if err != nil {
-			t.Fatal(err)
+		// The charge may reach the counter a moment after the exec.
+		var st Stats
+		for deadline := time.Now().Add(2 * time.Second); ; {
+			st, err = c.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.MemoryBytes > 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 		if st.Pids != 2 {
 			t.Errorf("Stats().Pids = %d, want 2", st.Pids)
