@@ -764,7 +764,11 @@ func decide(obs observation, ignore []string) (string, []string, v1.TurnEffects)
 	case full:
 		return v1.DecisionFull, reasons, eff
 	case files > 0:
-		return v1.DecisionFS, []string{fmt.Sprintf("%d files changed", files)}, eff
+		what := "files"
+		if files == 1 {
+			what = "file"
+		}
+		return v1.DecisionFS, []string{fmt.Sprintf("%d %s changed", files, what)}, eff
 	}
 	return v1.DecisionNone, []string{}, eff
 }
