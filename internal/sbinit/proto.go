@@ -47,8 +47,6 @@ type Response struct {
 	TimedOut   bool   `json:"timed_out,omitempty"`
 	Truncated  bool   `json:"truncated,omitempty"`
 	DurationMS int64  `json:"duration_ms,omitempty"`
-	// StateDigest identifies a session's shell state after the call.
-	StateDigest string `json:"state_digest,omitempty"`
 
 	Sessions []SessionInfo `json:"sessions,omitempty"`
 }
@@ -57,8 +55,8 @@ type Response struct {
 type SessionInfo struct {
 	Name string `json:"name"`
 	Pid  int    `json:"pid"`
-	// Digest identifies the shell state after the session's last call
-	// (empty before its first call ends).
+	// Digest identifies the session's shell state now; a session busy
+	// with a call gets a digest equal to no other.
 	Digest string `json:"digest,omitempty"`
 }
 

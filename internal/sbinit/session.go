@@ -25,22 +25,24 @@ import (
 // at the markers. Commands get /dev/null as stdin so that a command that
 // reads stdin cannot swallow later requests.
 //
-// Before the markers the loop writes the shell's state (variables,
-// functions, aliases, options, umask, traps, directory stack, cwd: all
-// builtins, no fork) NUL-terminated on a third pipe; init keeps a digest
-// of it, so a turn that left a session as it was can be told from one
-// that changed it (see stateDigest).
+// The session's state (variables, functions, aliases, options, umask,
+// traps, directory stack, cwd) is read on demand: stateCmd, run as a
+// call, writes it with builtins only (no fork) NUL-terminated on a third
+// pipe, and init digests it (see stateDigest), so a turn that left a
+// session as it was can be told from one that changed it.
 const sessionLoop = `exec 62<&3 3<&- 61>&4 4>&-
 shopt -s expand_aliases
 while IFS= read -r -d '' __molt_req <&62; do
 __molt_n=${__molt_req%% *}
 eval "${__molt_req#* }" </dev/null
 __molt_rc=$?
-{ declare -p; printf '\037\n'; declare -f; alias -p; shopt -p; set +o; umask -p; trap -p; dirs -l -p; printf '\0'; } >&61 2>/dev/null
 printf '\036%s %d\036' "$__molt_n" "$__molt_rc"
 printf '\036%s\036' "$__molt_n" >&2
 done
 `
+
+// stateCmd writes the shell's state on the state pipe.
+const stateCmd = `{ declare -p; printf '\037\n'; declare -f; alias -p; shopt -p; set +o; umask -p; trap -p; dirs -l -p; printf '\0'; } >&61 2>/dev/null`
 
 // maxSessionOutput bounds what one call returns per stream.
 const maxSessionOutput = 8 << 20
@@ -55,9 +57,8 @@ type session struct {
 	mu         sync.Mutex
 	out, err   bytes.Buffer
 	outT, errT bool         // truncated
-	state      bytes.Buffer // state text of finished calls, NUL-terminated
+	state      bytes.Buffer // state text written by stateCmd, NUL-terminated
 	stateT     bool
-	digest     string // of the shell state after the last call
 	notify     chan struct{}
 	exited     chan struct{}
 	status     unix.WaitStatus
@@ -68,10 +69,7 @@ func (s *server) sessionList() []SessionInfo {
 	defer s.mu.Unlock()
 	var l []SessionInfo
 	for _, ss := range s.sessions {
-		ss.mu.Lock()
-		d := ss.digest
-		ss.mu.Unlock()
-		l = append(l, SessionInfo{Name: ss.name, Pid: ss.pid, Digest: d})
+		l = append(l, SessionInfo{Name: ss.name, Pid: ss.pid, Digest: s.sessionDigest(ss)})
 	}
 	sort.Slice(l, func(i, j int) bool { return l[i].Name < l[j].Name })
 	return l
@@ -237,17 +235,41 @@ func (s *server) sessionRun(req Request) Response {
 	}
 	ss.call.Lock()
 	defer ss.call.Unlock()
+	r, _ := s.runIn(ss, req.Command, req.TimeoutMS, false)
+	return r
+}
 
+// sessionDigest returns a digest of the session's shell state, or, when
+// the session is busy with a call or cannot say, a value equal to no
+// other (the session counts as changed).
+func (s *server) sessionDigest(ss *session) string {
+	var nb [8]byte
+	_, _ = rand.Read(nb[:])
+	unknown := "unknown-" + hex.EncodeToString(nb[:])
+	if !ss.call.TryLock() {
+		return unknown
+	}
+	defer ss.call.Unlock()
+	r, d := s.runIn(ss, stateCmd, 5000, true)
+	if r.ExitCode != 0 || r.TimedOut || d == "" {
+		return unknown
+	}
+	return d
+}
+
+// runIn runs text in the session (caller holds ss.call). With state, the
+// text is stateCmd and runIn also returns the digest of what it wrote.
+func (s *server) runIn(ss *session, text string, timeoutMS int64, state bool) (Response, string) {
 	start := time.Now()
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
 	nonce := "molt" + hex.EncodeToString(nb[:])
-	if _, err := ss.ctl.Write([]byte(nonce + " " + req.Command + "\x00")); err != nil {
-		return s.sessionEnded(ss, start, false)
+	if _, err := ss.ctl.Write([]byte(nonce + " " + text + "\x00")); err != nil {
+		return s.sessionEnded(ss, start, false), ""
 	}
 	var timeout <-chan time.Time
-	if req.TimeoutMS > 0 {
-		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+	if timeoutMS > 0 {
+		t := time.NewTimer(time.Duration(timeoutMS) * time.Millisecond)
 		defer t.Stop()
 		timeout = t.C
 	}
@@ -259,29 +281,27 @@ func (s *server) sessionRun(req Request) Response {
 		eStart, eEnd, _ := findMarker(ss.err.Bytes(), nonce)
 		// The state is written before the markers, so once both markers
 		// are in, its NUL is too (or the shell died).
-		if oStart >= 0 && eStart >= 0 && bytes.IndexByte(ss.state.Bytes(), 0) < 0 && !ss.stateT {
+		if state && oStart >= 0 && eStart >= 0 && bytes.IndexByte(ss.state.Bytes(), 0) < 0 && !ss.stateT {
 			ss.mu.Unlock()
 			select {
 			case <-ss.notify:
 			case <-ss.exited:
-				return s.sessionEnded(ss, start, timedOut)
+				return s.sessionEnded(ss, start, timedOut), ""
 			}
 			continue
 		}
 		if oStart >= 0 && eStart >= 0 {
-			if i := bytes.IndexByte(ss.state.Bytes(), 0); i >= 0 && !ss.stateT {
-				ss.digest = stateDigest(ss.state.Bytes()[:i])
-				rest := append([]byte(nil), ss.state.Bytes()[i+1:]...)
+			digest := ""
+			if state {
+				if i := bytes.IndexByte(ss.state.Bytes(), 0); i >= 0 && !ss.stateT {
+					digest = stateDigest(ss.state.Bytes()[:i])
+				}
+				// Cut short or missing: no digest, the caller counts
+				// the session as changed.
 				ss.state.Reset()
-				ss.state.Write(rest)
-			} else {
-				// Cut short: a digest equal to no other, so the
-				// session counts as changed.
-				ss.digest = "unknown-" + nonce
-				ss.state.Reset()
+				ss.stateT = false
 			}
-			ss.stateT = false
-			r := Response{StateDigest: ss.digest,
+			r := Response{
 				Stdout: string(ss.out.Bytes()[:oStart]), Stderr: string(ss.err.Bytes()[:eStart]),
 				Truncated: ss.outT || ss.errT, TimedOut: timedOut,
 				DurationMS: time.Since(start).Milliseconds(),
@@ -300,13 +320,13 @@ func (s *server) sessionRun(req Request) Response {
 			ss.err.Write(restErr)
 			ss.outT, ss.errT = false, false
 			ss.mu.Unlock()
-			return r
+			return r, digest
 		}
 		ss.mu.Unlock()
 		select {
 		case <-ss.notify:
 		case <-ss.exited:
-			return s.sessionEnded(ss, start, timedOut)
+			return s.sessionEnded(ss, start, timedOut), ""
 		case <-timeout:
 			// Kill what the command started; the shell then prints its
 			// marker. A shell busy in a builtin loop is killed after a

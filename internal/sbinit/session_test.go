@@ -2,6 +2,7 @@ package sbinit
 
 import (
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -38,10 +39,11 @@ func TestSessionStateDigest(t *testing.T) {
 	run := func(cmd string) string {
 		t.Helper()
 		r := s.sessionRun(Request{Session: "t", Command: cmd, TimeoutMS: 10000})
-		if r.Error != "" || r.StateDigest == "" {
-			t.Fatalf("%q: error %q, digest %q", cmd, r.Error, r.StateDigest)
+		l := s.sessionList()
+		if r.Error != "" || len(l) != 1 || strings.HasPrefix(l[0].Digest, "unknown") {
+			t.Fatalf("%q: error %q, sessions %+v", cmd, r.Error, l)
 		}
-		return r.StateDigest
+		return l[0].Digest
 	}
 	d := run("true")
 	cases := []struct {
@@ -77,8 +79,14 @@ func TestSessionStateDigest(t *testing.T) {
 		}
 		d = n
 	}
-	l := s.sessionList()
-	if len(l) != 1 || l[0].Digest != d {
+	// Asking twice changes nothing; a busy session has no digest.
+	if l := s.sessionList(); len(l) != 1 || l[0].Digest != d {
 		t.Errorf("session list %+v, want digest %s", l, d)
+	}
+	s.sessions["t"].call.Lock()
+	l := s.sessionList()
+	s.sessions["t"].call.Unlock()
+	if len(l) != 1 || !strings.HasPrefix(l[0].Digest, "unknown") {
+		t.Errorf("busy session: %+v", l)
 	}
 }
