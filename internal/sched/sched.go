@@ -462,6 +462,25 @@ func (s *Scheduler) dropLocked(j *Job) {
 	j.finishLocked(ErrCanceled)
 }
 
+// dropLanesLocked drops the queued jobs of every lane of sb and, with
+// cancelRunning, cancels its running ones.
+func (s *Scheduler) dropLanesLocked(sb *sandbox, cancelRunning bool) {
+	for _, l := range sb.lanes {
+		if l == nil {
+			continue
+		}
+		q := l.queue
+		l.queue = nil
+		for _, j := range q {
+			s.dropLocked(j)
+		}
+		if cancelRunning && l.running != nil {
+			l.running.cancel(ErrCanceled)
+		}
+		s.forgetLocked(l)
+	}
+}
+
 // CancelSandbox drops the sandbox's queued jobs (their Wait returns
 // ErrCanceled) and cancels the contexts of its running ones; it does not
 // wait for those to return (see WaitSandbox). Later submissions for the
@@ -473,20 +492,7 @@ func (s *Scheduler) CancelSandbox(sandbox string) {
 	if sb == nil {
 		return
 	}
-	for _, l := range sb.lanes {
-		if l == nil {
-			continue
-		}
-		q := l.queue
-		l.queue = nil
-		for _, j := range q {
-			s.dropLocked(j)
-		}
-		if l.running != nil {
-			l.running.cancel(ErrCanceled)
-		}
-		s.forgetLocked(l)
-	}
+	s.dropLanesLocked(sb, true)
 	s.wakeSpaceLocked()
 	s.dispatchLocked()
 }
@@ -534,17 +540,7 @@ func (s *Scheduler) Close() error {
 	if !s.closed {
 		s.closed = true
 		for _, sb := range s.sandboxes {
-			for _, l := range sb.lanes {
-				if l == nil {
-					continue
-				}
-				q := l.queue
-				l.queue = nil
-				for _, j := range q {
-					s.dropLocked(j)
-				}
-				s.forgetLocked(l)
-			}
+			s.dropLanesLocked(sb, false) // the base context cancels the running
 		}
 		for c := range s.ready {
 			s.ready[c] = nil
