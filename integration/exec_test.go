@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestExecOutputAndExitCodes(t *testing.T) {
@@ -100,5 +102,36 @@ func TestSessionPersistence(t *testing.T) {
 	mustJSON(t, &res, "exec", sb, "--session", "c", "--", "echo json")
 	if res.Stdout != "json\n" || res.ExitCode != 0 {
 		t.Fatalf("--json session: %+v", res)
+	}
+}
+
+// TestExecClientGoneKillsCommand: when the client of an exec goes away,
+// the command is killed; a command that ends as the client sends the end
+// of its stdin still reports its exit status.
+func TestExecClientGoneKillsCommand(t *testing.T) {
+	sb := newSandbox(t)
+	cmd := exec.Command(env.bin, "--socket", env.socket, "exec", sb, "--", "sleep", "300")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(sh(t, sb, "ps -eo comm"), "sleep") {
+		if time.Now().After(deadline) {
+			t.Fatal("sleep did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	for strings.Contains(sh(t, sb, "ps -eo comm"), "sleep") {
+		if time.Now().After(deadline) {
+			t.Fatal("the command outlived its client")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i := 0; i < 20; i++ {
+		if r := moltIn(t, "x", "exec", sb, "--", "true"); r.code != 0 {
+			t.Fatalf("quick command with stdin, run %d: exit %d %q", i, r.code, r.stderr)
+		}
 	}
 }

@@ -305,13 +305,27 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 }
 
 // relay copies frames until init closes its side (the command ended) or
-// the client goes away (then init kills the command).
+// the client goes away (then init kills the command). A frame the client
+// sends after init has closed (stdin's end, racing the command's exit)
+// fails to reach init; that must not close init's connection before its
+// last frames, the exit status among them, are relayed.
 func relay(cc net.Conn, cr *bufio.Reader, ic net.Conn) {
 	done := make(chan struct{})
 	go func() {
-		_, _ = io.Copy(ic, cr)
-		ic.Close()
-		close(done)
+		defer close(done)
+		buf := make([]byte, 32<<10)
+		for {
+			n, rerr := cr.Read(buf)
+			if n > 0 {
+				if _, werr := ic.Write(buf[:n]); werr != nil {
+					return // init is done: the other direction drains it
+				}
+			}
+			if rerr != nil {
+				ic.Close() // the client is gone: init kills the command
+				return
+			}
+		}
 	}()
 	_, _ = io.Copy(cc, ic)
 	cc.Close()
