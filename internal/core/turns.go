@@ -79,7 +79,6 @@ type procInfo struct {
 
 type turnState struct {
 	mu       sync.Mutex
-	sandbox  string
 	watch    *inspect.Watch // nil when the inspector is unavailable
 	tree     sandbox.Init   // the process tree the baseline describes
 	n        int            // the current turn's number
@@ -149,7 +148,7 @@ func (m *Manager) turnPrepare(rec sandboxRec, init sandbox.Init) *turnState {
 	}
 	ts := m.turns.m[rec.ID]
 	if ts == nil {
-		ts = &turnState{sandbox: rec.ID, n: m.lastTurn(rec.ID) + 1, started: time.Now()}
+		ts = &turnState{n: m.lastTurn(rec.ID) + 1, started: time.Now()}
 		m.turns.m[rec.ID] = ts
 	}
 	m.turns.mu.Unlock()
