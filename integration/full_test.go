@@ -67,21 +67,36 @@ func fullScenario(t *testing.T, sb string) (ck string, pid, count int) {
 	return res.ID, pid, count
 }
 
-// checkRestored checks the state fullScenario checkpointed.
-func checkRestored(t *testing.T, sb string, pid, count int) {
+// checkRestored checks the state fullScenario checkpointed, in a sandbox
+// whose restore began at since. The counter ticks every 100 ms: restored,
+// it goes on from its value at the checkpoint, so it may be at most one tick
+// per 100 ms since the restore began (plus slack) ahead of it; a tree that
+// was not restored, or restored from the wrong instant, is either another
+// process or further off.
+func checkRestored(t *testing.T, sb string, pid, count int, since time.Time) {
 	t.Helper()
+	p, n := readCounter(t, sb)
+	ticks := int(time.Since(since)/(100*time.Millisecond)) + 3
+	if p != pid || n < count || n > count+ticks {
+		t.Fatalf("counter after restore: pid %d count %d; want pid %d counting on from %d (at most %d ticks since the restore began)", p, n, pid, count, ticks)
+	}
 	if got := must(t, "exec", sb, "--session", "main", "--", "echo $X; pwd"); got != "42\n/tmp\n" {
 		t.Fatalf("session after restore: %q; want X=42 and cwd /tmp", got)
 	}
 	if got := sh(t, sb, "cat /work/f; ls /work"); got != "keep\nf\n" {
 		t.Fatalf("files after restore: %q", got)
 	}
-	time.Sleep(600 * time.Millisecond)
-	p, n := readCounter(t, sb)
-	// The counter went on from its value at the checkpoint: ahead of it,
-	// but well behind where it was (count+15) when it was killed.
-	if p != pid || n <= count || n > count+12 {
-		t.Fatalf("counter after restore: pid %d count %d; want pid %d counting on from %d", p, n, pid, count)
+	// And it runs.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p2, n2 := readCounter(t, sb)
+		if p2 == pid && n2 > n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("counter does not run after restore: pid %d count %d, was %d", p2, n2, n)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -109,15 +124,17 @@ func TestFullCheckpointRollback(t *testing.T) {
 	var rb struct {
 		Tier string `json:"tier"`
 	}
+	start := time.Now()
 	mustJSON(t, &rb, "rollback", sb, ck)
 	if rb.Tier != "warm" && rb.Tier != "hot" {
 		t.Fatalf("rollback tier %q", rb.Tier)
 	}
-	checkRestored(t, sb, pid, count)
+	checkRestored(t, sb, pid, count, start)
 	// Twice: a checkpoint is not consumed by a rollback.
 	must(t, "exec", sb, "--session", "main", "--", "export X=7")
+	start = time.Now()
 	must(t, "rollback", sb, ck)
-	checkRestored(t, sb, pid, count)
+	checkRestored(t, sb, pid, count, start)
 }
 
 func TestFullCheckpointFork(t *testing.T) {
@@ -127,10 +144,11 @@ func TestFullCheckpointFork(t *testing.T) {
 	var res struct {
 		Sandboxes []struct{ ID, Hostname string }
 	}
+	start := time.Now()
 	mustJSON(t, &res, "fork", ck, "-n", "2")
 	for _, f := range res.Sandboxes {
 		t.Cleanup(func() { molt(t, "rm", f.ID) })
-		checkRestored(t, f.ID, pid, count)
+		checkRestored(t, f.ID, pid, count, start)
 		if h := strings.TrimSpace(sh(t, f.ID, "{ hostname; cat /etc/hostname; } | sort -u")); h != f.Hostname {
 			t.Fatalf("fork hostname %q, want %q (uname and /etc/hostname)", h, f.Hostname)
 		}
@@ -200,8 +218,9 @@ func TestFullCheckpointSurvivesDaemonKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	must(t, "checkpoint", "verify", ck)
+	start := time.Now()
 	must(t, "rollback", sb, ck)
-	checkRestored(t, sb, pid, count)
+	checkRestored(t, sb, pid, count, start)
 }
 
 func TestCorruptCheckpointRefused(t *testing.T) {
@@ -297,11 +316,12 @@ func TestHotRollbackRepeated(t *testing.T) {
 			Tier       string  `json:"tier"`
 			DurationMS float64 `json:"duration_ms"`
 		}
+		start := time.Now()
 		mustJSON(t, &rb, "rollback", sb, ck)
 		if rb.Tier != "hot" {
 			t.Fatalf("rollback %d: tier %q, want hot", i, rb.Tier)
 		}
-		checkRestored(t, sb, pid, count)
+		checkRestored(t, sb, pid, count, start)
 		// Change things again before the next rollback.
 		must(t, "exec", sb, "--session", "main", "--", "export X=99; cd /; rm -f /work/f")
 	}
@@ -428,6 +448,7 @@ func TestForkFromStandby(t *testing.T) {
 	var res struct {
 		Sandboxes []struct{ ID, Hostname string }
 	}
+	start := time.Now()
 	mustJSON(t, &res, "fork", ck, "-n", "2")
 	if len(res.Sandboxes) != 2 {
 		t.Fatalf("forks: %+v", res)
@@ -436,7 +457,7 @@ func TestForkFromStandby(t *testing.T) {
 		t.Cleanup(func() { molt(t, "rm", f.ID) })
 	}
 	for _, f := range res.Sandboxes {
-		checkRestored(t, f.ID, pid, count)
+		checkRestored(t, f.ID, pid, count, start)
 	}
 	ids := map[string]bool{}
 	for _, f := range res.Sandboxes {
@@ -454,8 +475,9 @@ func TestForkFromStandby(t *testing.T) {
 	}
 	// The source still rolls back (hot again once its standby is back).
 	waitStandby(t, sb, ck)
+	start = time.Now()
 	must(t, "rollback", sb, ck)
-	checkRestored(t, sb, pid, count)
+	checkRestored(t, sb, pid, count, start)
 }
 
 // metricsText fetches the daemon's Prometheus metrics.
