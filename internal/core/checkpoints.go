@@ -32,6 +32,9 @@ type checkpointRec struct {
 	Objects []object `json:"objects,omitempty"`
 	// CRIU is the version of CRIU that wrote the images.
 	CRIU string `json:"criu,omitempty"`
+	// ExternalNet says the images leave the network namespace out: a
+	// restore runs CRIU in a fresh loopback-only one, which the tree joins.
+	ExternalNet bool `json:"external_net,omitempty"`
 }
 
 // manifest is written next to a checkpoint's files. It is
@@ -50,7 +53,10 @@ type manifest struct {
 	Kernel  string    `json:"kernel"`
 	Arch    string    `json:"arch"`
 	CRIU    string    `json:"criu,omitempty"`
-	Objects []object  `json:"objects,omitempty"`
+	// ExternalNet: the images leave the network namespace out; a restore
+	// runs CRIU in a fresh loopback-only one, which the tree joins.
+	ExternalNet bool     `json:"external_net,omitempty"`
+	Objects     []object `json:"objects,omitempty"`
 }
 
 func (m *Manager) ckDir(id string) string { return m.path("checkpoints", id) }
@@ -256,7 +262,7 @@ func (m *Manager) writeManifest(ck checkpointRec) ([]byte, error) {
 	mb, err := json.MarshalIndent(manifest{
 		Format: 1, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
 		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
-		Arch: runtime.GOARCH, CRIU: ck.CRIU, Objects: ck.Objects,
+		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet, Objects: ck.Objects,
 	}, "", "  ")
 	if err != nil {
 		return nil, err

@@ -34,6 +34,13 @@ type DumpOptions struct {
 	// "net[4026531840]:extNetNs".
 	External []string
 
+	// Netns, if set, is the network namespace CRIU runs in. A tree that
+	// lives in it shares CRIU's namespace, so CRIU leaves the namespace
+	// out of the images (and does not scan the host's connection-tracking
+	// table for it, which it does even for an external namespace);
+	// restore such images with RestoreOptions.Netns.
+	Netns *os.File
+
 	// FreezeCgroup is a freezer cgroup directory that holds exactly the
 	// tree (v1 freezer, or a cgroup2 directory); CRIU freezes through it
 	// instead of with ptrace. CRIU polls the freezer in 100 ms steps (on
@@ -102,6 +109,11 @@ type RestoreOptions struct {
 
 	External   []string
 	InheritFDs []InheritFD
+
+	// Netns, if set, is the network namespace CRIU runs in: a tree whose
+	// images leave their network namespace out (DumpOptions.Netns) is
+	// restored into it.
+	Netns *os.File
 
 	TCPEstablished bool
 	TCPClose       bool

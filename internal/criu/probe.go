@@ -109,7 +109,7 @@ func (t *Tool) features(ctx context.Context) (*featureSet, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	resps, err := t.call(cctx, "probe", reqs, nil, "", nil, nil)
+	resps, err := t.call(cctx, "probe", reqs, nil, nil, "", nil, nil)
 	if err != nil {
 		return nil, err
 	}

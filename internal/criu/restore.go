@@ -73,7 +73,7 @@ func (t *Tool) Restore(ctx context.Context, o RestoreOptions) (RestoreResult, er
 
 	logPath := filepath.Join(dirs.workPath, restoreLog)
 	req := &rpc.CriuReq{Type: rpc.CriuReqType_RESTORE.Enum(), Opts: opts}
-	resps, err := t.call(ctx, "restore", []*rpc.CriuReq{req}, o.files(), logPath, nil, o.Started)
+	resps, err := t.call(ctx, "restore", []*rpc.CriuReq{req}, o.files(), o.Netns, logPath, nil, o.Started)
 	if err == nil && !resps[0].GetSuccess() {
 		err = respError("restore", resps[0], logPath)
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/ns"
 )
 
 // hangHint is the advice attached to a CRIU call that ran out of time.
@@ -29,13 +30,14 @@ const maxResp = 1 << 16
 // request but the last should set KeepOpen) and returns the responses.
 // extra files become CRIU's descriptors 4, 5, ... (3 is the RPC socket).
 // logPath, if not "", is CRIU's log, quoted when the call times out.
+// netns, if not nil, is the network namespace CRIU runs in.
 // notify, if not nil, answers CRIU's notifications (requests with
 // NotifyScripts): an error makes CRIU fail the action, and call returns
 // it wrapped.
 //
 // The session is bounded by ctx, or by DefaultTimeout when ctx has no
 // deadline: when it ends, CRIU's process group is killed.
-func (t *Tool) call(ctx context.Context, op string, reqs []*rpc.CriuReq, extra []*os.File, logPath string, notify func(script string) error, started func(pid int) error) ([]*rpc.CriuResp, error) {
+func (t *Tool) call(ctx context.Context, op string, reqs []*rpc.CriuReq, extra []*os.File, netns *os.File, logPath string, notify func(script string) error, started func(pid int) error) ([]*rpc.CriuResp, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
@@ -68,7 +70,11 @@ func (t *Tool) call(ctx context.Context, op string, reqs []*rpc.CriuReq, extra [
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = time.Second
 	start := time.Now()
-	err = cmd.Start()
+	if netns != nil {
+		err = ns.Do(netns, unix.CLONE_NEWNET, cmd.Start)
+	} else {
+		err = cmd.Start()
+	}
 	srv.Close()
 	if err != nil {
 		return nil, &Error{Op: op, Err: fmt.Errorf("start %s: %w", t.path, err)}

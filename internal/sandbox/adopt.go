@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/ns"
 )
 
 // Adopt identifies a restored init (started by CRIU, not by a Launcher)
@@ -52,7 +54,7 @@ func ppid(pid int) int {
 // fork's UTS namespace comes with the hostname of the sandbox it was
 // dumped from, and its init no longer has CAP_SYS_ADMIN to change it.
 func SetHostname(pid int, hostname string) error {
-	err := inNamespace(pid, unix.CLONE_NEWUTS, func() error { return unix.Sethostname([]byte(hostname)) })
+	err := ns.DoPid(pid, unix.CLONE_NEWUTS, func() error { return unix.Sethostname([]byte(hostname)) })
 	if err != nil {
 		return fmt.Errorf("set hostname of %d: %w", pid, err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"golang.org/x/sys/unix"
 )
@@ -177,7 +178,7 @@ func (i Init) Dial(ctx context.Context) (net.Conn, error) {
 // created in.
 func socketInNetns(pid int) (int, error) {
 	fd := -1
-	err := inNamespace(pid, unix.CLONE_NEWNET, func() error {
+	err := ns.DoPid(pid, unix.CLONE_NEWNET, func() error {
 		var err error
 		fd, err = unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		return err

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/ns"
 )
 
 // syncFD is the socket shared with the daemon during start-up.
@@ -57,7 +59,7 @@ func stage1(sync *os.File) error {
 	if err := writeIdentity(cfg); err != nil {
 		return err
 	}
-	if err := loopbackUp(); err != nil {
+	if err := ns.LoopbackUp(); err != nil {
 		return err
 	}
 	if err := stdioToDevNull(); err != nil {
@@ -259,26 +261,6 @@ func replaceFile(p, content string) error {
 		return err
 	}
 	return os.Rename(tmp, p)
-}
-
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("loopback: %w", err)
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("loopback flags: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("loopback up: %w", err)
-	}
-	return nil
 }
 
 func stdioToDevNull() error {
