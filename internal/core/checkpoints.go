@@ -461,6 +461,11 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 		return v1.RollbackResult{}, err
 	}
 	defer unlock()
+	// The target is committed: now this sandbox's own background work
+	// (storing its later checkpoints, a commit's syncfs) pauses as well,
+	// at its next yield. Under the sandbox's lock no job of the sandbox
+	// holds anything the rollback needs.
+	defer m.foreground("")()
 	ck, err := m.lookupCheckpoint(ckRef, rec.ID)
 	if err != nil {
 		return v1.RollbackResult{}, err
