@@ -81,6 +81,7 @@ type Manager struct {
 	inflight inflight // open daemon connections to each sandbox's init
 
 	sby       standbys
+	spr       spares   // started CRIUs for the next restore, per sandbox
 	pipe      pipeline // pending full checkpoints
 	turns     turnTable
 	sch       *sched.Scheduler // nil with Config.NoScheduler
@@ -202,6 +203,7 @@ func (m *Manager) Close() error {
 		// GC would have); running ones end first.
 		m.sch.Close()
 	}
+	m.closeSpares()
 	m.sby.wg.Wait()
 	m.turns.mu.Lock()
 	var turnIDs []string

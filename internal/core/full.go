@@ -545,7 +545,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	}
 	// Restored stopped: the turn inspector follows the new tree before
 	// it runs, so nothing it does after the restore goes unseen.
-	init, err := m.restoreTree(ctx, rec, procs, next, true)
+	init, err := m.restoreTree(ctx, rec, procs, next, true, true)
 	if err != nil {
 		_ = removeTree(next)
 		return v1.RollbackResult{}, err
@@ -615,12 +615,14 @@ func waitGone(init sandbox.Init, limit time.Duration) {
 // hostname (a fork's differs from the dumped one). On failure nothing of
 // the new tree remains; processes already in the cgroup are untouched.
 func (m *Manager) restoreProcesses(ctx context.Context, rec *sandboxRec, ck checkpointRec, root string) (sandbox.Init, error) {
-	return m.restoreTree(ctx, rec, ck, root, false)
+	return m.restoreTree(ctx, rec, ck, root, false, false)
 }
 
 // restoreTree is restoreProcesses, optionally leaving every restored task
-// stopped (a standby).
-func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpointRec, root string, stopped bool) (sandbox.Init, error) {
+// stopped (a standby). With spare, the restore runs on the sandbox's
+// spare CRIU if one is ready, and starts the next one afterwards: for a
+// sandbox that restores again and again (rollbacks, standbys).
+func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpointRec, root string, stopped, spare bool) (sandbox.Init, error) {
 	tool, err := m.criuReady(ctx)
 	if err != nil {
 		return sandbox.Init{}, err
@@ -639,22 +641,35 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		return sandbox.Init{}, err
 	}
 	defer os.RemoveAll(work)
-	var netns *os.File
-	if ck.ExternalNet {
-		if netns, err = ns.NewNet(); err != nil {
-			return sandbox.Init{}, fmt.Errorf("restore: %w", err)
-		}
-		defer netns.Close()
-	}
-	res, err := tool.Restore(ctx, criu.RestoreOptions{
+	opts := criu.RestoreOptions{
 		ImagesDir: m.ckImages(ck.ID), WorkDir: work, Root: root,
 		RstSibling: true, LeaveStopped: stopped, TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
 		// CRIU runs in the sandbox's cgroup and leaves cgroups alone:
 		// the tree it forks lands there, whatever cgroups it was dumped
 		// from (a fork's are another sandbox's).
 		CgroupMode: "ignore", Started: cg.Add,
-		Netns: netns,
-	})
+	}
+	if ck.ExternalNet {
+		// A spare was started in a fresh network namespace and moved into
+		// the cgroup ahead of time.
+		if s := m.takeSpare(rec.ID); spare && s != nil {
+			opts.Spare, opts.Started = s, nil
+		} else {
+			if s != nil {
+				s.Kill()
+			}
+			netns, err := ns.NewNet()
+			if err != nil {
+				return sandbox.Init{}, fmt.Errorf("restore: %w", err)
+			}
+			defer netns.Close()
+			opts.Netns = netns
+		}
+		if spare {
+			defer m.refillSpare(rec.ID, cg)
+		}
+	}
+	res, err := tool.Restore(ctx, opts)
 	if err != nil {
 		return sandbox.Init{}, fmt.Errorf("restore: %w", err)
 	}

@@ -290,6 +290,7 @@ func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
 
 // killProcesses kills every process of the sandbox, its standby's too.
 func (m *Manager) killProcesses(ctx context.Context, rec sandboxRec) error {
+	m.dropSpare(rec.ID)
 	cg, err := cgroup.Load(cgroupName(rec.ID))
 	if errors.Is(err, errdefs.ErrNotFound) {
 		m.dropStandby(rec.ID, false)
@@ -330,6 +331,7 @@ func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 	if err != nil {
 		return err
 	}
+	m.dropSpare(rec.ID)
 	if err := cg.Kill(ctx); err != nil {
 		return err
 	}
@@ -360,6 +362,7 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 		return err
 	}
 	defer unlock()
+	m.dropSpare(rec.ID)
 	if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
 		if err := cg.Destroy(ctx); err != nil {
 			return fmt.Errorf("remove %s: %w", rec.ID, err)

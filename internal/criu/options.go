@@ -115,6 +115,11 @@ type RestoreOptions struct {
 	// restored into it.
 	Netns *os.File
 
+	// Spare, if set, is the started CRIU the restore runs on (in the
+	// spare's own new network namespace; Netns and InheritFDs must be
+	// unset). It is used up even if the restore fails.
+	Spare *Spare
+
 	TCPEstablished bool
 	TCPClose       bool
 	FileLocks      bool

@@ -29,63 +29,94 @@ const maxResp = 1 << 16
 // call runs one `criu swrk` session: it sends each request in turn (every
 // request but the last should set KeepOpen) and returns the responses.
 // extra files become CRIU's descriptors 4, 5, ... (3 is the RPC socket).
-// logPath, if not "", is CRIU's log, quoted when the call times out.
-// netns, if not nil, is the network namespace CRIU runs in.
-// notify, if not nil, answers CRIU's notifications (requests with
-// NotifyScripts): an error makes CRIU fail the action, and call returns
-// it wrapped.
-//
-// The session is bounded by ctx, or by DefaultTimeout when ctx has no
-// deadline: when it ends, CRIU's process group is killed.
+// netns, if not nil, is the network namespace CRIU runs in. The other
+// arguments are session's.
 func (t *Tool) call(ctx context.Context, op string, reqs []*rpc.CriuReq, extra []*os.File, netns *os.File, logPath string, notify func(script string) error, started func(pid int) error) ([]*rpc.CriuResp, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
-		defer cancel()
-	}
 	if err := ctx.Err(); err != nil {
 		return nil, &Error{Op: op, Err: err}
 	}
-	t.ensureKdatLink()
+	p, err := t.spawn(extra, netns)
+	if err != nil {
+		return nil, &Error{Op: op, Err: err}
+	}
+	return t.session(ctx, op, p, reqs, logPath, notify, started)
+}
 
+// swrk is a started `criu swrk` waiting for its first request.
+type swrk struct {
+	cmd    *exec.Cmd
+	sk     *os.File // the RPC socket's client end
+	stderr *capped
+}
+
+// spawn starts `criu swrk`, in netns if not nil, with extra as its
+// descriptors 4, 5, ...
+func (t *Tool) spawn(extra []*os.File, netns *os.File) (*swrk, error) {
+	t.ensureKdatLink()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, &Error{Op: op, Err: fmt.Errorf("socketpair: %w", err)}
+		return nil, fmt.Errorf("socketpair: %w", err)
 	}
 	// Non-blocking, so that the runtime poller serves the socket and a
 	// deadline can interrupt a read.
 	if err := unix.SetNonblock(fds[0], true); err != nil {
 		unix.Close(fds[0])
 		unix.Close(fds[1])
-		return nil, &Error{Op: op, Err: fmt.Errorf("socketpair: %w", err)}
+		return nil, fmt.Errorf("socketpair: %w", err)
 	}
-	sk := os.NewFile(uintptr(fds[0]), "criu-swrk-client")
+	p := &swrk{sk: os.NewFile(uintptr(fds[0]), "criu-swrk-client"), stderr: new(capped)}
 	srv := os.NewFile(uintptr(fds[1]), "criu-swrk-server")
-	defer sk.Close()
-
-	var stderr capped
-	cmd := exec.Command(t.path, "swrk", "3")
-	cmd.ExtraFiles = append([]*os.File{srv}, extra...)
-	cmd.Stderr = &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.WaitDelay = time.Second
-	start := time.Now()
+	p.cmd = exec.Command(t.path, "swrk", "3")
+	p.cmd.ExtraFiles = append([]*os.File{srv}, extra...)
+	p.cmd.Stderr = p.stderr
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p.cmd.WaitDelay = time.Second
 	if netns != nil {
-		err = ns.Do(netns, unix.CLONE_NEWNET, cmd.Start)
+		err = ns.Do(netns, unix.CLONE_NEWNET, p.cmd.Start)
 	} else {
-		err = cmd.Start()
+		err = p.cmd.Start()
 	}
 	srv.Close()
 	if err != nil {
-		return nil, &Error{Op: op, Err: fmt.Errorf("start %s: %w", t.path, err)}
+		p.sk.Close()
+		return nil, fmt.Errorf("start %s: %w", t.path, err)
 	}
+	return p, nil
+}
 
+// kill ends a swrk that never got a request.
+func (p *swrk) kill() {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	p.sk.Close()
+	_ = p.cmd.Wait()
+}
+
+// session runs the requests on p, which it consumes. logPath, if not "",
+// is CRIU's log, quoted when the call times out. notify, if not nil,
+// answers CRIU's notifications (requests with NotifyScripts): an error
+// makes CRIU fail the action, and session returns it wrapped. started, if
+// not nil, runs with CRIU's PID before the first request.
+//
+// The session is bounded by ctx, or by DefaultTimeout when ctx has no
+// deadline: when it ends, CRIU's process group is killed.
+func (t *Tool) session(ctx context.Context, op string, p *swrk, reqs []*rpc.CriuReq, logPath string, notify func(script string) error, started func(pid int) error) ([]*rpc.CriuResp, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	if err := ctx.Err(); err != nil {
+		p.kill()
+		return nil, &Error{Op: op, Err: err}
+	}
+	cmd, sk := p.cmd, p.sk
+	defer sk.Close()
+	start := time.Now()
 	if started != nil {
 		// Before CRIU gets its request: what it forks (a restored tree)
 		// inherits what started did to it (its cgroups).
 		if err := started(cmd.Process.Pid); err != nil {
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			_ = cmd.Wait()
+			p.kill()
 			return nil, &Error{Op: op, Err: err}
 		}
 	}
@@ -106,7 +137,7 @@ func (t *Tool) call(ctx context.Context, op string, reqs []*rpc.CriuReq, extra [
 		return nil, t.timeoutError(ctx, op, time.Since(start), cmd.Process.Pid, logPath)
 	}
 	if rpcErr != nil {
-		cause := strings.TrimSpace(stderr.String())
+		cause := strings.TrimSpace(p.stderr.String())
 		if cause == "" {
 			cause = logCause(logPath)
 		}

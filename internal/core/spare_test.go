@@ -1,0 +1,92 @@
+package core
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
+)
+
+// After a warm rollback the sandbox has a spare CRIU waiting in its
+// cgroup; the next rollback runs on it (and a new one follows); stopping
+// or removing the sandbox leaves none behind.
+func TestSpareCRIU(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	m.cfg.StandbyBudget = 1 // no standbys: they would start spares too
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "export X=42")
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spare := func() int {
+		t.Helper()
+		m.sby.wg.Wait() // refills (and standby preparations) have run
+		m.spr.mu.Lock()
+		defer m.spr.mu.Unlock()
+		if s := m.spr.m[sb.ID]; s != nil {
+			return s.Pid()
+		}
+		return 0
+	}
+	if p := spare(); p != 0 {
+		t.Fatalf("spare %d before any restore", p)
+	}
+	procs := func() []int {
+		t.Helper()
+		cg, err := cgroup.Load(cgroupName(sb.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids, err := cg.Pids()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pids
+	}
+	var last int
+	for i := 0; i < 2; i++ {
+		run(t, m, sb.ID, "export X=99")
+		res, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := run(t, m, sb.ID, "echo $X"); res.Tier != v1.TierWarm || r.Stdout != "42\n" {
+			t.Fatalf("rollback %d: %+v, X=%q", i, res, r.Stdout)
+		}
+		p := spare()
+		if p == 0 || p == last {
+			t.Fatalf("rollback %d: spare %d (the one before: %d), want a new one", i, p, last)
+		}
+		if !slices.Contains(procs(), p) {
+			t.Fatalf("rollback %d: spare %d is not in the sandbox's cgroup %v", i, p, procs())
+		}
+		if i == 1 {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(last)); err == nil {
+				t.Fatalf("the spare %d the rollback ran on still exists", last)
+			}
+		}
+		last = p
+	}
+	if _, err := m.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if p := spare(); p != 0 {
+		t.Fatalf("spare %d survived stop", p)
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(last)); err == nil {
+		t.Fatalf("spare process %d survived stop", last)
+	}
+	if pids := procs(); len(pids) != 0 {
+		t.Fatalf("processes left in the cgroup after stop: %v", pids)
+	}
+}

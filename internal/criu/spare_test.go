@@ -1,0 +1,92 @@
+package criu
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/ns"
+)
+
+func netnsInode(t *testing.T, pid int) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// A restore on a spare CRIU puts the tree into the spare's own network
+// namespace, uses the spare up, and a spare can serve only once.
+func TestRestoreOnSpare(t *testing.T) {
+	tool := realTool(t)
+	ctx := testCtx(t)
+	c := startCounter(t, 1<<20)
+	before := waitCount(t, c.port, 3)
+	images, dumpWork, restoreWork := dirs3(t)
+	if _, err := tool.Dump(ctx, DumpOptions{Pid: c.pid(), ImagesDir: images, WorkDir: dumpWork}); err != nil {
+		t.Fatal(err)
+	}
+	c.kill()
+
+	sp, err := tool.StartSpare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sp.Kill)
+	spareNS := netnsInode(t, sp.Pid())
+	if spareNS == netnsInode(t, os.Getpid()) {
+		t.Fatal("the spare runs in the caller's network namespace")
+	}
+	rs, err := tool.Restore(ctx, RestoreOptions{ImagesDir: images, WorkDir: restoreWork, RstSibling: true, Spare: sp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopt(t, rs.Pid)
+	if got := netnsInode(t, rs.Pid); got != spareNS {
+		t.Fatalf("restored tree in network namespace %d, want the spare's %d", got, spareNS)
+	}
+	if sp.Pid() != 0 {
+		t.Fatal("the spare is still listed after serving a restore")
+	}
+	// The restored counter listens in that namespace, counting on.
+	var n int
+	err = ns.DoPid(rs.Pid, unix.CLONE_NEWNET, func() (err error) {
+		n, err = count(c.port)
+		return err
+	})
+	if err != nil || n < before {
+		t.Fatalf("restored counter: %d, %v; want at least %d", n, err, before)
+	}
+
+	// Used up: a second restore on it fails before starting anything.
+	_, err = tool.Restore(ctx, RestoreOptions{ImagesDir: images, WorkDir: t.TempDir(), RstSibling: true, Spare: sp})
+	if !errors.Is(err, errSpareGone) {
+		t.Fatalf("restore on a used spare: %v, want %v", err, errSpareGone)
+	}
+
+	// A spare with a network namespace of the caller's choice is refused,
+	// and the refusal kills it.
+	sp2, err := tool.StartSpare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid2 := sp2.Pid()
+	self, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	_, err = tool.Restore(ctx, RestoreOptions{ImagesDir: images, WorkDir: t.TempDir(), RstSibling: true, Spare: sp2, Netns: self})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("restore on a spare with Netns: %v, want invalid argument", err)
+	}
+	if sp2.Pid() != 0 || unix.Kill(pid2, 0) == nil {
+		t.Fatalf("refused spare %d still runs", pid2)
+	}
+}
