@@ -81,7 +81,8 @@ type Manager struct {
 	inflight inflight // open daemon connections to each sandbox's init
 
 	sby       standbys
-	spr       spares   // started CRIUs for the next restore, per sandbox
+	spr       spares // started CRIUs for the next restore, per sandbox
+	ret       retiredRoots
 	pipe      pipeline // pending full checkpoints
 	turns     turnTable
 	sch       *sched.Scheduler // nil with Config.NoScheduler
@@ -205,6 +206,7 @@ func (m *Manager) Close() error {
 	}
 	m.closeSpares()
 	m.sby.wg.Wait()
+	m.stopRetiring()
 	m.turns.mu.Lock()
 	var turnIDs []string
 	for id := range m.turns.m {

@@ -574,7 +574,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 // takeOver makes the tree of init, running on root, the sandbox's: the
 // old tree is killed (killing a PID namespace's init kills all of it)
 // without waiting, root is renamed into place, and the old root is
-// deleted in the background once its tree is gone. On failure the new
+// retired (deleted in the background once its tree is gone, see retire). On failure the new
 // tree is killed.
 func (m *Manager) takeOver(rec *sandboxRec, init sandbox.Init, root string) error {
 	old := rec.Init
@@ -586,18 +586,7 @@ func (m *Manager) takeOver(rec *sandboxRec, init sandbox.Init, root string) erro
 		_ = unix.Kill(init.Pid, unix.SIGKILL)
 		return fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
 	}
-	m.sby.wg.Add(1)
-	go func() {
-		defer m.sby.wg.Done()
-		waitGone(old, 10*time.Second)
-		m.background(rec.ID, sched.GC, "remove retired root", func(context.Context, *sched.Task) error {
-			if err := removeTree(retired); err != nil {
-				m.log.Warn("old root not removed; the next start removes it", "sandbox", rec.ID, "err", err)
-				return err
-			}
-			return nil
-		})
-	}()
+	m.retire(rec.ID, retired, old)
 	return nil
 }
 

@@ -301,6 +301,7 @@ func (m *Manager) killProcesses(ctx context.Context, rec sandboxRec) error {
 	}
 	err = cg.Kill(ctx)
 	m.dropStandby(rec.ID, false)
+	m.removeRetired(rec.ID)
 	return err
 }
 
@@ -336,6 +337,7 @@ func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 		return err
 	}
 	m.dropStandby(rec.ID, false)
+	m.removeRetired(rec.ID)
 	init, err := m.startInit(ctx, rec, cg)
 	if err != nil {
 		rec.State, rec.Reason, rec.Init = v1.StateStopped, "start failed: "+err.Error(), sandbox.Init{}
@@ -371,6 +373,7 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 		return fmt.Errorf("remove %s: %w", rec.ID, err)
 	}
 	m.dropStandby(rec.ID, false)
+	m.removeRetired(rec.ID)
 	m.turnForget(rec.ID)
 	if err := m.db.DeletePrefix(store.Turns, rec.ID+"/"); err != nil {
 		return err

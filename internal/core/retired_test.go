@@ -1,0 +1,73 @@
+package core
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+)
+
+// Roots left by rollbacks wait while the sandbox keeps rolling back and
+// are deleted once it has been quiet for retireQuiet; stopping the
+// sandbox deletes them at once.
+func TestRetiredRootsCollected(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	m.cfg.StandbyBudget = 1 // warm rollbacks only
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	retired := func() []string {
+		t.Helper()
+		r, err := filepath.Glob(filepath.Join(m.sbDir(sb.ID), "root.old-*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	waitRetired := func(n int, limit time.Duration) []string {
+		t.Helper()
+		deadline := time.Now().Add(limit)
+		for {
+			r := retired()
+			if len(r) == n || time.Now().After(deadline) {
+				return r
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	for round := 0; round < 2; round++ {
+		start := time.Now()
+		for i := 0; i < 3; i++ {
+			if _, err := m.Rollback(ctx, sb.ID, ck.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if round == 0 {
+			// Within the quiet period all three are still there (each
+			// once its old tree is gone).
+			if r := waitRetired(3, retireQuiet/2); len(r) != 3 && time.Since(start) < retireQuiet {
+				t.Fatalf("retired roots while rolling back: %v, want 3", r)
+			}
+			if r := waitRetired(0, retireQuiet+5*time.Second); len(r) != 0 {
+				t.Fatalf("retired roots %v still there %v after the last rollback", r, time.Since(start))
+			}
+			continue
+		}
+		// Stopping does not wait for the quiet period.
+		if _, err := m.Stop(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if r := retired(); len(r) != 0 {
+			t.Fatalf("retired roots after stop: %v", r)
+		}
+	}
+}
