@@ -62,6 +62,11 @@ type manifest struct {
 func (m *Manager) ckDir(id string) string { return m.path("checkpoints", id) }
 func (m *Manager) ckFS(id string) string  { return m.path("checkpoints", id, "fs") }
 
+// ckFSNext is a writable copy of a full checkpoint's files, snapshotted in
+// the same frozen window as ckFS: the first rollback to the checkpoint
+// renames it into place instead of snapshotting on its critical path.
+func (m *Manager) ckFSNext(id string) string { return m.path("checkpoints", id, "fs.next") }
+
 // Checkpoint takes a checkpoint of a sandbox. Only kind fs exists in
 // this version: the sandbox is frozen, its root snapshotted read-only,
 // and thawed. The checkpoint is listed only once its manifest is on disk.

@@ -150,7 +150,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	}
 	defer netns.Close()
 	var freezeStart time.Time
-	var snapped chan error
+	var snapped, spared chan error
 	_, err = tool.Dump(ctx, criu.DumpOptions{
 		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
 		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
@@ -163,8 +163,9 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 			// The snapshot (a btrfs transaction commit, 3-5 ms) runs
 			// while CRIU dumps: nothing writes to the root until the
 			// thaw, which waits for it.
-			snapped = make(chan error, 1)
+			snapped, spared = make(chan error, 1), make(chan error, 1)
 			go func() { snapped <- fsnap.Snapshot(root, m.ckFS(id), true) }()
+			go func() { spared <- fsnap.Snapshot(root, m.ckFSNext(id), false) }()
 			return nil
 		},
 	})
@@ -176,6 +177,12 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 			err = errors.Join(err, fmt.Errorf("snapshot: %w", serr))
 		} else if err == nil {
 			err = m.fail("full:snapshot")
+		}
+		// The writable copy is an optimization: without it, a rollback
+		// snapshots ckFS itself.
+		if serr := <-spared; serr != nil {
+			m.log.Debug("no writable copy of the checkpoint's files", "checkpoint", id, "err", serr)
+			_ = removeTree(m.ckFSNext(id))
 		}
 	}
 	if err == nil && o.frozen != nil {
@@ -540,8 +547,12 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	if err := removeTree(next); err != nil {
 		return v1.RollbackResult{}, err
 	}
-	if err := fsnap.Snapshot(m.ckFS(ck.ID), next, false); err != nil {
-		return v1.RollbackResult{}, err
+	// The checkpoint's writable copy, if no rollback took it yet, else a
+	// snapshot (a btrfs transaction commit: 5-12 ms here).
+	if err := os.Rename(m.ckFSNext(ck.ID), next); err != nil {
+		if err := fsnap.Snapshot(m.ckFS(ck.ID), next, false); err != nil {
+			return v1.RollbackResult{}, err
+		}
 	}
 	// Restored stopped: the turn inspector follows the new tree before
 	// it runs, so nothing it does after the restore goes unseen.

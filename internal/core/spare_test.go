@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -88,5 +89,43 @@ func TestSpareCRIU(t *testing.T) {
 	}
 	if pids := procs(); len(pids) != 0 {
 		t.Fatalf("processes left in the cgroup after stop: %v", pids)
+	}
+}
+
+// A full checkpoint leaves a writable copy of its files; the first warm
+// rollback to it takes that copy, later ones snapshot the checkpoint's
+// files, and both bring back the checkpoint's files, not the live ones.
+func TestRollbackTakesWritableCopy(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	m.cfg.StandbyBudget = 1 // warm rollbacks only
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "echo one > /f")
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m.ckFSNext(ck.ID)); err != nil {
+		t.Fatalf("no writable copy of the checkpoint's files: %v", err)
+	}
+	for i := 0; i < 2; i++ {
+		run(t, m, sb.ID, "echo two > /f; touch /g")
+		if _, err := m.Rollback(ctx, sb.ID, ck.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(m.ckFSNext(ck.ID)); err == nil {
+			t.Fatalf("rollback %d: the writable copy is still there", i)
+		}
+		if r := run(t, m, sb.ID, "cat /f; ls /g 2>&1 >/dev/null | wc -l"); r.Stdout != "one\n1\n" {
+			t.Fatalf("rollback %d: files %q, want the checkpoint's", i, r.Stdout)
+		}
+		// The copy taken must not have been the checkpoint's own files.
+		if b, err := os.ReadFile(filepath.Join(m.ckFS(ck.ID), "f")); err != nil || string(b) != "one\n" {
+			t.Fatalf("rollback %d: checkpoint's file %q, %v", i, b, err)
+		}
 	}
 }
