@@ -97,6 +97,10 @@ type Manager struct {
 	// failpoint, when set (by tests), is called at named steps of
 	// multi-step operations; a non-nil error makes that step fail.
 	failpoint func(step string) error
+	// netnsInImages, when set (by tests), makes full checkpoints as molt
+	// made them before external_net: CRIU runs in the daemon's network
+	// namespace and the images carry the sandbox's.
+	netnsInImages bool
 }
 
 var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)

@@ -149,12 +149,16 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		return v1.Checkpoint{}, err
 	}
 	defer netns.Close()
+	dumpNetns := netns
+	if m.netnsInImages {
+		dumpNetns = nil
+	}
 	var freezeStart time.Time
 	var snapped, spared chan error
 	_, err = tool.Dump(ctx, criu.DumpOptions{
 		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
 		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
-		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Netns: netns,
+		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Netns: dumpNetns,
 		PreDump: func() error {
 			freezeStart = time.Now()
 			if err := cg.Freeze(ctx); err != nil {
@@ -202,7 +206,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
 		Created: time.Now().UTC(), StallMS: ms(stall), Keep: keep,
-	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: true}
+	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: dumpNetns != nil}
 	// The consistent instant is captured and the sandbox runs on. The
 	// rest (storing the images, the manifest, the commit) runs in the
 	// background: the checkpoint is pending until committed. The sandbox

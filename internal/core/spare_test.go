@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"time"
 	"testing"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -128,4 +129,77 @@ func TestRollbackTakesWritableCopy(t *testing.T) {
 			t.Fatalf("rollback %d: checkpoint's file %q, %v", i, b, err)
 		}
 	}
+}
+
+// Checkpoints whose images carry the sandbox's network namespace (as
+// molt made them before external_net) still roll back and fork, on the
+// namespace CRIU restores; new ones restore into a fresh namespace. Both
+// come back with loopback up and a listening socket that serves.
+func TestNetnsInImagesStillRestores(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	m.cfg.StandbyBudget = 1 // warm rollbacks only
+	ctx := context.Background()
+	for _, inImages := range []bool{true, false} {
+		m.netnsInImages = inImages
+		sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, m, sb.ID, "export X=42")
+		if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Args: []string{"python3", "-c", serverScript}, Detach: true}); err != nil {
+			t.Fatal(err)
+		}
+		waitServing(t, m, sb.ID)
+		ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, _ := m.lookupCheckpoint(ck.ID, "")
+		if rec.ExternalNet == inImages {
+			t.Fatalf("in images %v: external_net %v", inImages, rec.ExternalNet)
+		}
+		run(t, m, sb.ID, "export X=99")
+		if _, err := m.Rollback(ctx, sb.ID, ck.ID); err != nil {
+			t.Fatalf("in images %v: rollback: %v", inImages, err)
+		}
+		if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "42\n" {
+			t.Fatalf("in images %v: X=%q after rollback", inImages, r.Stdout)
+		}
+		waitServing(t, m, sb.ID)
+		res, err := m.Fork(ctx, ck.ID, v1.ForkRequest{N: 1})
+		if err != nil {
+			t.Fatalf("in images %v: fork: %v", inImages, err)
+		}
+		waitServing(t, m, res.Sandboxes[0].ID)
+	}
+}
+
+// serverScript serves "ok" on 127.0.0.1:8080.
+const serverScript = `
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8080))
+s.listen()
+while True:
+    c, _ = s.accept()
+    c.sendall(b"ok")
+    c.close()
+`
+
+// waitServing waits until the sandbox's server answers on loopback.
+func waitServing(t *testing.T, m *Manager, sb string) {
+	t.Helper()
+	probe := `python3 -c 'import socket; print(socket.create_connection(("127.0.0.1", 8080), timeout=1).recv(2).decode())'`
+	var last string
+	for i := 0; i < 50; i++ {
+		r := run(t, m, sb, probe+" 2>&1")
+		if r.Stdout == "ok\n" {
+			return
+		}
+		last = r.Stdout
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("sandbox %s: loopback server does not answer: %q", sb, last)
 }
