@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"time"
 	"testing"
+	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
