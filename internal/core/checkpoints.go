@@ -67,9 +67,10 @@ func (m *Manager) ckFS(id string) string  { return m.path("checkpoints", id, "fs
 // renames it into place instead of snapshotting on its critical path.
 func (m *Manager) ckFSNext(id string) string { return m.path("checkpoints", id, "fs.next") }
 
-// Checkpoint takes a checkpoint of a sandbox. Only kind fs exists in
-// this version: the sandbox is frozen, its root snapshotted read-only,
-// and thawed. The checkpoint is listed only once its manifest is on disk.
+// Checkpoint takes a checkpoint of a sandbox: kind fs (the sandbox is
+// frozen, its root snapshotted read-only, and thawed; listed once its
+// manifest is on disk) or full (files and processes; see
+// fullCheckpointLocked: pending until committed in the background).
 func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error) {
 	if req.Keep && req.Kind != v1.KindFull {
 		return v1.Checkpoint{}, fmt.Errorf("--keep keeps a standby of a full checkpoint; this one is %q: %w", req.Kind, errdefs.ErrInvalidArgument)

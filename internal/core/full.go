@@ -589,8 +589,8 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 // takeOver makes the tree of init, running on root, the sandbox's: the
 // old tree is killed (killing a PID namespace's init kills all of it)
 // without waiting, root is renamed into place, and the old root is
-// retired (deleted in the background once its tree is gone, see retire). On failure the new
-// tree is killed.
+// retired (deleted in the background once its tree is gone; see
+// retire). On failure the new tree is killed.
 func (m *Manager) takeOver(rec *sandboxRec, init sandbox.Init, root string) error {
 	old := rec.Init
 	if old.Alive() {
@@ -656,12 +656,13 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	if ck.ExternalNet {
 		// A spare was started in a fresh network namespace and moved into
 		// the cgroup ahead of time.
-		if s := m.takeSpare(rec.ID); spare && s != nil {
+		var s *criu.Spare
+		if spare {
+			s = m.takeSpare(rec.ID)
+		}
+		if s != nil {
 			opts.Spare, opts.Started = s, nil
 		} else {
-			if s != nil {
-				s.Kill()
-			}
 			netns, err := ns.NewNet()
 			if err != nil {
 				return sandbox.Init{}, fmt.Errorf("restore: %w", err)

@@ -288,18 +288,19 @@ func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
 	return m.report(rec), nil
 }
 
-// killProcesses kills every process of the sandbox, its standby's too.
+// killProcesses kills every process of the sandbox, its standbys and
+// spare CRIU too, and deletes the roots its rollbacks retired.
 func (m *Manager) killProcesses(ctx context.Context, rec sandboxRec) error {
 	m.dropSpare(rec.ID)
 	cg, err := cgroup.Load(cgroupName(rec.ID))
-	if errors.Is(err, errdefs.ErrNotFound) {
-		m.dropStandby(rec.ID, false)
-		return nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		err = nil
+	case err == nil:
+		err = cg.Kill(ctx)
+	default:
 		return err
 	}
-	err = cg.Kill(ctx)
 	m.dropStandby(rec.ID, false)
 	m.removeRetired(rec.ID)
 	return err
@@ -328,16 +329,13 @@ func (m *Manager) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
 // restart kills whatever runs in the sandbox and starts a fresh init,
 // recording the result. Caller holds the sandbox lock.
 func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
+	if err := m.killProcesses(ctx, *rec); err != nil {
+		return err
+	}
 	cg, err := m.loadCgroup(*rec)
 	if err != nil {
 		return err
 	}
-	m.dropSpare(rec.ID)
-	if err := cg.Kill(ctx); err != nil {
-		return err
-	}
-	m.dropStandby(rec.ID, false)
-	m.removeRetired(rec.ID)
 	init, err := m.startInit(ctx, rec, cg)
 	if err != nil {
 		rec.State, rec.Reason, rec.Init = v1.StateStopped, "start failed: "+err.Error(), sandbox.Init{}

@@ -1,7 +1,7 @@
 package criu
 
 import (
-	"fmt"
+	"errors"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -72,4 +72,4 @@ func (p *swrk) running() bool {
 }
 
 // errSpareGone is returned by a restore whose Spare was used or killed.
-var errSpareGone = fmt.Errorf("the spare CRIU is gone")
+var errSpareGone = errors.New("the spare CRIU is gone")
