@@ -63,16 +63,23 @@ func (m *Manager) retire(id, root string, init sandbox.Init) {
 	m.collectRetired(id)
 }
 
-// collectRetired deletes the sandbox's retired roots in a GC job.
-func (m *Manager) collectRetired(id string) {
+// takeRetired takes the sandbox's retired roots from the collector and
+// cancels their pending collection.
+func (m *Manager) takeRetired(id string) []retiredRoot {
 	m.ret.mu.Lock()
+	defer m.ret.mu.Unlock()
 	roots := m.ret.m[id]
 	delete(m.ret.m, id)
 	if t := m.ret.timers[id]; t != nil {
 		t.Stop()
 		delete(m.ret.timers, id)
 	}
-	m.ret.mu.Unlock()
+	return roots
+}
+
+// collectRetired deletes the sandbox's retired roots in a GC job.
+func (m *Manager) collectRetired(id string) {
+	roots := m.takeRetired(id)
 	if len(roots) == 0 {
 		return
 	}
@@ -110,15 +117,7 @@ func (m *Manager) stopRetiring() {
 // trees are gone. Callers have killed the sandbox's processes (it is not
 // rolling back).
 func (m *Manager) removeRetired(id string) {
-	m.ret.mu.Lock()
-	roots := m.ret.m[id]
-	delete(m.ret.m, id)
-	if t := m.ret.timers[id]; t != nil {
-		t.Stop()
-		delete(m.ret.timers, id)
-	}
-	m.ret.mu.Unlock()
-	for _, r := range roots {
+	for _, r := range m.takeRetired(id) {
 		if err := r.remove(); err != nil {
 			m.log.Warn("old root not removed; the next start removes it", "sandbox", id, "root", r.path, "err", err)
 		}
