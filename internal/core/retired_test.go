@@ -13,21 +13,15 @@ import (
 // are deleted once it has been quiet for retireQuiet; stopping the
 // sandbox deletes them at once.
 func TestRetiredRootsCollected(t *testing.T) {
-	m := openManager(t)
-	requireCRIU(t, m)
-	m.cfg.StandbyBudget = 1 // warm rollbacks only
+	m, sb := warmOnly(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	ck, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	retired := func() []string {
 		t.Helper()
-		r, err := filepath.Glob(filepath.Join(m.sbDir(sb.ID), "root.old-*"))
+		r, err := filepath.Glob(filepath.Join(m.sbDir(sb), "root.old-*"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,7 +41,7 @@ func TestRetiredRootsCollected(t *testing.T) {
 	for round := 0; round < 2; round++ {
 		start := time.Now()
 		for i := 0; i < 3; i++ {
-			if _, err := m.Rollback(ctx, sb.ID, ck.ID); err != nil {
+			if _, err := m.Rollback(ctx, sb, ck.ID); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -63,7 +57,7 @@ func TestRetiredRootsCollected(t *testing.T) {
 			continue
 		}
 		// Stopping does not wait for the quiet period.
-		if _, err := m.Stop(ctx, sb.ID); err != nil {
+		if _, err := m.Stop(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
 		if r := retired(); len(r) != 0 {

@@ -13,20 +13,29 @@ import (
 	"github.com/molt-sh/molt/internal/cgroup"
 )
 
+// warmOnly opens a Manager for full checkpoints without standbys (every
+// rollback is warm; a standby would also start spares) and creates a
+// sandbox on it.
+func warmOnly(t *testing.T) (*Manager, string) {
+	t.Helper()
+	m := openManager(t)
+	requireCRIU(t, m)
+	m.cfg.StandbyBudget = 1
+	sb, err := m.Create(context.Background(), v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, sb.ID
+}
+
 // After a warm rollback the sandbox has a spare CRIU waiting in its
 // cgroup; the next rollback runs on it (and a new one follows); stopping
 // or removing the sandbox leaves none behind.
 func TestSpareCRIU(t *testing.T) {
-	m := openManager(t)
-	requireCRIU(t, m)
-	m.cfg.StandbyBudget = 1 // no standbys: they would start spares too
+	m, sb := warmOnly(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, m, sb.ID, "export X=42")
-	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	run(t, m, sb, "export X=42")
+	ck, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +44,7 @@ func TestSpareCRIU(t *testing.T) {
 		m.sby.wg.Wait() // refills (and standby preparations) have run
 		m.spr.mu.Lock()
 		defer m.spr.mu.Unlock()
-		if s := m.spr.m[sb.ID]; s != nil {
+		if s := m.spr.m[sb]; s != nil {
 			return s.Pid()
 		}
 		return 0
@@ -45,7 +54,7 @@ func TestSpareCRIU(t *testing.T) {
 	}
 	procs := func() []int {
 		t.Helper()
-		cg, err := cgroup.Load(cgroupName(sb.ID))
+		cg, err := cgroup.Load(cgroupName(sb))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,12 +66,12 @@ func TestSpareCRIU(t *testing.T) {
 	}
 	var last int
 	for i := 0; i < 2; i++ {
-		run(t, m, sb.ID, "export X=99")
-		res, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm})
+		run(t, m, sb, "export X=99")
+		res, err := m.RollbackWith(ctx, sb, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r := run(t, m, sb.ID, "echo $X"); res.Tier != v1.TierWarm || r.Stdout != "42\n" {
+		if r := run(t, m, sb, "echo $X"); res.Tier != v1.TierWarm || r.Stdout != "42\n" {
 			t.Fatalf("rollback %d: %+v, X=%q", i, res, r.Stdout)
 		}
 		p := spare()
@@ -79,7 +88,7 @@ func TestSpareCRIU(t *testing.T) {
 		}
 		last = p
 	}
-	if _, err := m.Stop(ctx, sb.ID); err != nil {
+	if _, err := m.Stop(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
 	if p := spare(); p != 0 {
@@ -97,16 +106,10 @@ func TestSpareCRIU(t *testing.T) {
 // rollback to it takes that copy, later ones snapshot the checkpoint's
 // files, and both bring back the checkpoint's files, not the live ones.
 func TestRollbackTakesWritableCopy(t *testing.T) {
-	m := openManager(t)
-	requireCRIU(t, m)
-	m.cfg.StandbyBudget = 1 // warm rollbacks only
+	m, sb := warmOnly(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, m, sb.ID, "echo one > /f")
-	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	run(t, m, sb, "echo one > /f")
+	ck, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,14 +117,14 @@ func TestRollbackTakesWritableCopy(t *testing.T) {
 		t.Fatalf("no writable copy of the checkpoint's files: %v", err)
 	}
 	for i := 0; i < 2; i++ {
-		run(t, m, sb.ID, "echo two > /f; touch /g")
-		if _, err := m.Rollback(ctx, sb.ID, ck.ID); err != nil {
+		run(t, m, sb, "echo two > /f; touch /g")
+		if _, err := m.Rollback(ctx, sb, ck.ID); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Stat(m.ckFSNext(ck.ID)); err == nil {
 			t.Fatalf("rollback %d: the writable copy is still there", i)
 		}
-		if r := run(t, m, sb.ID, "cat /f; ls /g 2>&1 >/dev/null | wc -l"); r.Stdout != "one\n1\n" {
+		if r := run(t, m, sb, "cat /f; ls /g 2>&1 >/dev/null | wc -l"); r.Stdout != "one\n1\n" {
 			t.Fatalf("rollback %d: files %q, want the checkpoint's", i, r.Stdout)
 		}
 		// The copy taken must not have been the checkpoint's own files.
