@@ -42,20 +42,33 @@ func TestNewNetAndDo(t *testing.T) {
 		t.Fatalf("caller's thread left in namespace %d", got)
 	}
 
+	// A child started inside Do is born in the namespace (it waits on
+	// its stdin, so that it is still alive, not a zombie without
+	// namespaces, when its namespace is read).
+	child := exec.Command("cat")
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Do(f, unix.CLONE_NEWNET, child.Start); err != nil {
+		t.Fatal(err)
+	}
+	childNS := inode(t, fmt.Sprintf("/proc/%d/ns/net", child.Process.Pid))
+	stdin.Close()
+	if err := child.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if childNS != st.Ino {
+		t.Fatalf("child in namespace %d, want %d", childNS, st.Ino)
+	}
+
 	// Loopback is up and it is the only interface: /sys/class/net is
 	// the mounter's, so read the kernel's view through a child.
 	cmd := exec.Command("cat", "/proc/self/net/dev")
 	var out strings.Builder
 	cmd.Stdout = &out
-	if err := Do(f, unix.CLONE_NEWNET, cmd.Start); err != nil {
+	if err := Do(f, unix.CLONE_NEWNET, cmd.Run); err != nil {
 		t.Fatal(err)
-	}
-	childNS := inode(t, fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid))
-	if err := cmd.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	if childNS != st.Ino {
-		t.Fatalf("child in namespace %d, want %d", childNS, st.Ino)
 	}
 	var ifaces []string
 	for _, l := range strings.Split(out.String(), "\n")[2:] {
