@@ -35,6 +35,22 @@ type checkpointRec struct {
 	// ExternalNet says the images leave the network namespace out: a
 	// restore runs CRIU in a fresh loopback-only one, which the tree joins.
 	ExternalNet bool `json:"external_net,omitempty"`
+	// ExternalUTS and ExternalIPC say the same of the UTS namespace (the
+	// restore names the fresh one) and the IPC namespace (left out only
+	// when it held no System V objects).
+	ExternalUTS bool `json:"external_uts,omitempty"`
+	ExternalIPC bool `json:"external_ipc,omitempty"`
+}
+
+// outside returns the namespace types the checkpoint's images leave out.
+func (ck checkpointRec) outside() int {
+	f := 0
+	for t, out := range map[int]bool{unix.CLONE_NEWNET: ck.ExternalNet, unix.CLONE_NEWUTS: ck.ExternalUTS, unix.CLONE_NEWIPC: ck.ExternalIPC} {
+		if out {
+			f |= t
+		}
+	}
+	return f
 }
 
 // manifest is written next to a checkpoint's files. It is
@@ -55,15 +71,19 @@ type manifest struct {
 	CRIU    string    `json:"criu,omitempty"`
 	// ExternalNet: the images leave the network namespace out; a restore
 	// runs CRIU in a fresh loopback-only one, which the tree joins.
+	// ExternalUTS and ExternalIPC: the same for the UTS namespace (named
+	// as the sandbox) and the IPC namespace (empty).
 	ExternalNet bool     `json:"external_net,omitempty"`
+	ExternalUTS bool     `json:"external_uts,omitempty"`
+	ExternalIPC bool     `json:"external_ipc,omitempty"`
 	Objects     []object `json:"objects,omitempty"`
 }
 
 func (m *Manager) ckDir(id string) string { return m.path("checkpoints", id) }
 func (m *Manager) ckFS(id string) string  { return m.path("checkpoints", id, "fs") }
 
-// ckFSNext is a writable copy of a full checkpoint's files, snapshotted in
-// the same frozen window as ckFS: the first rollback to the checkpoint
+// ckFSNext is a writable copy of a full checkpoint's files, snapshotted
+// from ckFS before the commit: the first rollback to the checkpoint
 // renames it into place instead of snapshotting on its critical path.
 func (m *Manager) ckFSNext(id string) string { return m.path("checkpoints", id, "fs.next") }
 
@@ -268,7 +288,8 @@ func (m *Manager) writeManifest(ck checkpointRec) ([]byte, error) {
 	mb, err := json.MarshalIndent(manifest{
 		Format: 1, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
 		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
-		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet, Objects: ck.Objects,
+		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
+		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, Objects: ck.Objects,
 	}, "", "  ")
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/ns"
 	"golang.org/x/sys/unix"
 )
 
@@ -63,4 +64,30 @@ func procUser(pid int) (uid int, comm string, ok bool) {
 		}
 	}
 	return uid, comm, true
+}
+
+// sysvIPCInUse reports whether the IPC namespace of process pid holds
+// System V objects (shared memory, semaphores, message queues), which
+// live in the namespace, not in any process: a checkpoint that leaves
+// the namespace out of the images would lose them.
+func sysvIPCInUse(pid int) (bool, error) {
+	inUse := false
+	err := ns.DoPid(pid, unix.CLONE_NEWIPC, func() error {
+		// The files list the reading thread's namespace's objects, one
+		// per line after a header.
+		for _, f := range []string{"shm", "sem", "msg"} {
+			b, err := os.ReadFile("/proc/sysvipc/" + f)
+			if err != nil {
+				return err
+			}
+			if strings.Count(strings.TrimSpace(string(b)), "\n") > 0 {
+				inUse = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("System V IPC objects of process %d: %w", pid, err)
+	}
+	return inUse, nil
 }

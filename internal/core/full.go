@@ -137,42 +137,44 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	}
 	// CRIU starts (tens of milliseconds) before the freeze: the freeze
 	// and the snapshot run at its pre-dump notification.
-	// The network namespace and the cgroups stay out of the images: CRIU
-	// runs in the sandbox's network namespace (a tree in CRIU's own
-	// namespace leaves it out), and a restore gives the tree a fresh one
-	// and the sandbox's cgroup. Dumping them took about 35 ms of the
-	// frozen window here. Nothing inside a sandbox can configure its
-	// namespace (no CAP_NET_ADMIN, /proc/sys read-only), so a fresh one
-	// equals the dumped one.
-	netns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", rec.Init.Pid))
+	// The sandbox's network, UTS and (when it holds no System V objects)
+	// IPC namespaces stay out of the images, and so do its cgroups: CRIU
+	// runs in those namespaces (a tree in CRIU's own namespace leaves it
+	// out), and a restore gives the tree fresh ones and the sandbox's
+	// cgroup. Dumping them took about 40 ms of the frozen window here (a
+	// fork of CRIU per namespace, the host's connection-tracking table
+	// scanned twice, the cgroups). Nothing inside a sandbox can configure
+	// them (no CAP_NET_ADMIN or CAP_SYS_ADMIN, /proc/sys read-only), so
+	// fresh ones equal the dumped ones: loopback up, the sandbox's
+	// hostname, no IPC objects.
+	outside := unix.CLONE_NEWNET | unix.CLONE_NEWUTS
+	inUse, err := sysvIPCInUse(rec.Init.Pid)
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
-	defer netns.Close()
-	dumpNetns := netns
+	if !inUse {
+		outside |= unix.CLONE_NEWIPC
+	}
 	if m.netnsInImages {
-		dumpNetns = nil
+		outside = 0
+	}
+	if err := m.fail("full:namespaces"); err != nil {
+		return v1.Checkpoint{}, err
 	}
 	var freezeStart time.Time
-	var snapped, spared chan error
-	_, err = tool.Dump(ctx, criu.DumpOptions{
-		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
-		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
-		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Netns: dumpNetns,
-		PreDump: func() error {
-			freezeStart = time.Now()
-			if err := cg.Freeze(ctx); err != nil {
-				return err
-			}
-			// The snapshot (a btrfs transaction commit, 3-5 ms) runs
-			// while CRIU dumps: nothing writes to the root until the
-			// thaw, which waits for it.
-			snapped, spared = make(chan error, 1), make(chan error, 1)
-			go func() { snapped <- fsnap.Snapshot(root, m.ckFS(id), true) }()
-			go func() { spared <- fsnap.Snapshot(root, m.ckFSNext(id), false) }()
-			return nil
-		},
-	})
+	var snapped chan error
+	for {
+		freezeStart, snapped, err = m.dumpTree(ctx, tool, rec, cg, id, staging, work, outside)
+		if !errors.Is(err, errIPCAppeared) {
+			break
+		}
+		// An IPC object appeared before the freeze: dump with the
+		// namespace.
+		if terr := cg.Thaw(); terr != nil {
+			return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
+		}
+		outside &^= unix.CLONE_NEWIPC
+	}
 	if err != nil {
 		err = fmt.Errorf("dump: %w", err)
 	}
@@ -181,12 +183,6 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 			err = errors.Join(err, fmt.Errorf("snapshot: %w", serr))
 		} else if err == nil {
 			err = m.fail("full:snapshot")
-		}
-		// The writable copy is an optimization: without it, a rollback
-		// snapshots ckFS itself.
-		if serr := <-spared; serr != nil {
-			m.log.Debug("no writable copy of the checkpoint's files", "checkpoint", id, "err", serr)
-			_ = removeTree(m.ckFSNext(id))
 		}
 	}
 	if err == nil && o.frozen != nil {
@@ -206,7 +202,8 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
 		Created: time.Now().UTC(), StallMS: ms(stall), Keep: keep,
-	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: dumpNetns != nil}
+	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: outside&unix.CLONE_NEWNET != 0,
+		ExternalUTS: outside&unix.CLONE_NEWUTS != 0, ExternalIPC: outside&unix.CLONE_NEWIPC != 0}
 	// The consistent instant is captured and the sandbox runs on. The
 	// rest (storing the images, the manifest, the commit) runs in the
 	// background: the checkpoint is pending until committed. The sandbox
@@ -232,6 +229,54 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 // On failure the checkpoint's directory goes, its children and the
 // sandbox's head move to its parent, and the error is kept for whoever
 // waits on it.
+// errIPCAppeared fails a dump that left the IPC namespace out when the
+// frozen sandbox turns out to hold System V objects after all.
+var errIPCAppeared = errors.New("System V IPC objects appeared before the freeze")
+
+// dumpTree runs CRIU on the sandbox's tree, in the sandbox's namespaces
+// of the types in outside (left out of the images). At CRIU's pre-dump
+// notification it freezes the cgroup and starts the root's read-only
+// snapshot, whose result arrives on snapped (nil if it never started);
+// CRIU dumps the frozen tree meanwhile. The cgroup is left frozen.
+func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec, cg *cgroup.Cgroup, id, staging, work string, outside int) (freezeStart time.Time, snapped chan error, err error) {
+	nss, err := ns.Open(rec.Init.Pid, outside)
+	if err != nil {
+		return freezeStart, nil, err
+	}
+	defer ns.Close(nss)
+	root := m.sbRoot(rec.ID)
+	_, err = tool.Dump(ctx, criu.DumpOptions{
+		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
+		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
+		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Namespaces: nss,
+		PreDump: func() error {
+			freezeStart = time.Now()
+			if err := cg.Freeze(ctx); err != nil {
+				return err
+			}
+			if outside&unix.CLONE_NEWIPC != 0 {
+				if inUse, err := sysvIPCInUse(rec.Init.Pid); err != nil {
+					return err
+				} else if inUse {
+					return errIPCAppeared
+				}
+			}
+			// The snapshot (a btrfs transaction commit, 3-5 ms on a
+			// quiet pool) runs while CRIU dumps: nothing writes to the
+			// root until the thaw, which waits for it. The writable copy
+			// a rollback takes is made from it later, in persist: a
+			// second snapshot here would serialize behind the first.
+			snapped = make(chan error, 1)
+			go func() { snapped <- fsnap.Snapshot(root, m.ckFS(id), true) }()
+			return nil
+		},
+	})
+	if freezeStart.IsZero() {
+		freezeStart = time.Now()
+	}
+	return freezeStart, snapped, err
+}
+
 func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, rec sandboxRec, staging, work string, start time.Time) {
 	defer os.RemoveAll(work)
 	defer os.RemoveAll(staging)
@@ -270,6 +315,12 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 	// would lengthen its stall.
 	if err := charge(ctx, t, 0); err != nil {
 		return err
+	}
+	// The writable copy the first rollback to this checkpoint takes
+	// (without it, that rollback snapshots the files itself).
+	if err := fsnap.Snapshot(m.ckFS(ck.ID), m.ckFSNext(ck.ID), false); err != nil {
+		m.log.Debug("no writable copy of the checkpoint's files", "checkpoint", ck.ID, "err", err)
+		_ = removeTree(m.ckFSNext(ck.ID))
 	}
 	if err := fsnap.SyncFS(m.ckDir(ck.ID)); err != nil {
 		return err
@@ -653,22 +704,29 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		// from (a fork's are another sandbox's).
 		CgroupMode: "ignore", Started: cg.Add,
 	}
-	if ck.ExternalNet {
-		// A spare was started in a fresh network namespace and moved into
-		// the cgroup ahead of time.
+	if outside := ck.outside(); outside != 0 {
+		// The tree joins CRIU's namespaces of these types: fresh ones,
+		// named as the sandbox. A spare was started in fresh ones and
+		// moved into the cgroup ahead of time.
 		var s *criu.Spare
 		if spare {
 			s = m.takeSpare(rec.ID)
 		}
+		if s != nil && outside&unix.CLONE_NEWUTS != 0 {
+			if err := s.SetHostname(rec.Hostname); err != nil {
+				s.Kill()
+				s = nil
+			}
+		}
 		if s != nil {
 			opts.Spare, opts.Started = s, nil
 		} else {
-			netns, err := ns.NewNet()
+			nss, err := ns.Fresh(outside, rec.Hostname)
 			if err != nil {
 				return sandbox.Init{}, fmt.Errorf("restore: %w", err)
 			}
-			defer netns.Close()
-			opts.Netns = netns
+			defer ns.Close(nss)
+			opts.Namespaces = nss
 		}
 		if spare {
 			defer m.refillSpare(rec.ID, cg)

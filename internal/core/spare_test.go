@@ -6,11 +6,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/ns"
 )
 
 // warmOnly opens a Manager for full checkpoints without standbys (every
@@ -159,22 +163,26 @@ func TestNetnsInImagesStillRestores(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec, _ := m.lookupCheckpoint(ck.ID, "")
-		if rec.ExternalNet == inImages {
-			t.Fatalf("in images %v: external_net %v", inImages, rec.ExternalNet)
+		if rec.ExternalNet == inImages || rec.ExternalUTS == inImages || rec.ExternalIPC == inImages {
+			t.Fatalf("in images %v: external net %v, uts %v, ipc %v", inImages, rec.ExternalNet, rec.ExternalUTS, rec.ExternalIPC)
 		}
 		run(t, m, sb.ID, "export X=99")
 		if _, err := m.Rollback(ctx, sb.ID, ck.ID); err != nil {
 			t.Fatalf("in images %v: rollback: %v", inImages, err)
 		}
-		if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "42\n" {
-			t.Fatalf("in images %v: X=%q after rollback", inImages, r.Stdout)
+		if r := run(t, m, sb.ID, "echo $X; hostname"); r.Stdout != "42\n"+sb.Hostname+"\n" {
+			t.Fatalf("in images %v: X and hostname %q after rollback, want 42, %s", inImages, r.Stdout, sb.Hostname)
 		}
 		waitServing(t, m, sb.ID)
 		res, err := m.Fork(ctx, ck.ID, v1.ForkRequest{N: 1})
 		if err != nil {
 			t.Fatalf("in images %v: fork: %v", inImages, err)
 		}
-		waitServing(t, m, res.Sandboxes[0].ID)
+		fork := res.Sandboxes[0]
+		waitServing(t, m, fork.ID)
+		if r := run(t, m, fork.ID, "hostname"); r.Stdout != fork.Hostname+"\n" || fork.Hostname == sb.Hostname {
+			t.Fatalf("in images %v: fork's hostname %q, want its own %s", inImages, r.Stdout, fork.Hostname)
+		}
 	}
 }
 
@@ -205,4 +213,62 @@ func waitServing(t *testing.T, m *Manager, sb string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("sandbox %s: loopback server does not answer: %q", sb, last)
+}
+
+// System V IPC objects live in the sandbox's IPC namespace, not in any
+// process: a checkpoint of a sandbox that holds some keeps the namespace
+// in its images, and a rollback brings the objects back; one without
+// leaves the namespace out and restores into an empty one. An object
+// made after the check and before the freeze is kept too (the dump is
+// retried with the namespace).
+func TestSysVIPCKeepsNamespace(t *testing.T) {
+	m, sb := warmOnly(t)
+	ctx := context.Background()
+	ck1, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb, "ipcmk -M 4096 >/dev/null")
+	ck2, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another segment appears between the check and the freeze.
+	rec, _ := m.lookupSandbox(sb)
+	var made atomic.Bool
+	m.failpoint = func(step string) error {
+		if step == "full:namespaces" && made.CompareAndSwap(false, true) {
+			return ns.DoPid(rec.Init.Pid, unix.CLONE_NEWIPC, func() error {
+				_, err := unix.SysvShmGet(unix.IPC_PRIVATE, 8192, unix.IPC_CREAT|0o600)
+				return err
+			})
+		}
+		return nil
+	}
+	run(t, m, sb, "ipcrm --all=shm")
+	ck3, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	m.failpoint = nil
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !made.Load() {
+		t.Fatal("the failpoint did not run")
+	}
+	segments := "ipcs -m | awk '$1 ~ /^0x/ {print $5}' | sort | tr '\\n' ' '"
+	for _, c := range []struct {
+		id     string
+		ipcOut bool
+		want   string
+	}{{ck1.ID, true, ""}, {ck2.ID, false, "4096 "}, {ck3.ID, false, "8192 "}, {ck1.ID, true, ""}} {
+		r, _ := m.lookupCheckpoint(c.id, "")
+		if r.ExternalIPC != c.ipcOut || !r.ExternalUTS || !r.ExternalNet {
+			t.Fatalf("checkpoint %s: external ipc %v (want %v), uts %v, net %v", c.id, r.ExternalIPC, c.ipcOut, r.ExternalUTS, r.ExternalNet)
+		}
+		if _, err := m.Rollback(ctx, sb, c.id); err != nil {
+			t.Fatal(err)
+		}
+		if got := run(t, m, sb, segments).Stdout; got != c.want {
+			t.Fatalf("after rollback to %s: segments %q, want %q", c.id, got, c.want)
+		}
+	}
 }

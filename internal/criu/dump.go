@@ -61,7 +61,7 @@ func (t *Tool) Dump(ctx context.Context, o DumpOptions) (DumpStats, error) {
 			return nil
 		}
 	}
-	resps, err := t.call(ctx, "dump", []*rpc.CriuReq{{Type: rpc.CriuReqType_DUMP.Enum(), Opts: opts}}, nil, o.Netns, logPath, notify, nil)
+	resps, err := t.call(ctx, "dump", []*rpc.CriuReq{{Type: rpc.CriuReqType_DUMP.Enum(), Opts: opts}}, nil, o.Namespaces, logPath, notify, nil)
 	if err != nil {
 		return st, err
 	}

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/ns"
 )
 
 // DefaultLogLevel is CRIU's log level when an option leaves it 0: 4 is
@@ -34,12 +35,13 @@ type DumpOptions struct {
 	// "net[4026531840]:extNetNs".
 	External []string
 
-	// Netns, if set, is the network namespace CRIU runs in. A tree that
-	// lives in it shares CRIU's namespace, so CRIU leaves the namespace
-	// out of the images (and does not scan the host's connection-tracking
-	// table for it, which it does even for an external namespace);
-	// restore such images with RestoreOptions.Netns.
-	Netns *os.File
+	// Namespaces are network, UTS or IPC namespaces CRIU runs in. A tree
+	// that lives in them shares CRIU's, so CRIU leaves them out of the
+	// images: no fork per namespace to dump it and, for a network
+	// namespace, no scan of the host's connection-tracking table, which
+	// CRIU does even for an external one. Restore such images with
+	// RestoreOptions.Namespaces.
+	Namespaces []ns.Ref
 
 	// FreezeCgroup is a freezer cgroup directory that holds exactly the
 	// tree (v1 freezer, or a cgroup2 directory); CRIU freezes through it
@@ -110,13 +112,12 @@ type RestoreOptions struct {
 	External   []string
 	InheritFDs []InheritFD
 
-	// Netns, if set, is the network namespace CRIU runs in: a tree whose
-	// images leave their network namespace out (DumpOptions.Netns) is
-	// restored into it.
-	Netns *os.File
+	// Namespaces are the namespaces CRIU runs in: a tree whose images
+	// leave namespaces out (DumpOptions.Namespaces) joins CRIU's.
+	Namespaces []ns.Ref
 
 	// Spare, if set, is the started CRIU the restore runs on (in the
-	// spare's own new network namespace; Netns and InheritFDs must be
+	// spare's own new namespaces; Namespaces and InheritFDs must be
 	// unset). It is used up even if the restore fails.
 	Spare *Spare
 

@@ -75,16 +75,16 @@ func (t *Tool) Restore(ctx context.Context, o RestoreOptions) (RestoreResult, er
 	req := &rpc.CriuReq{Type: rpc.CriuReqType_RESTORE.Enum(), Opts: opts}
 	var resps []*rpc.CriuResp
 	if o.Spare != nil {
-		if o.Netns != nil || len(o.InheritFDs) > 0 {
+		if len(o.Namespaces) > 0 || len(o.InheritFDs) > 0 {
 			o.Spare.Kill()
-			err = &Error{Op: "restore", Err: fmt.Errorf("a spare CRIU brings its own network namespace and no inherited files: %w", errdefs.ErrInvalidArgument)}
+			err = &Error{Op: "restore", Err: fmt.Errorf("a spare CRIU brings its own namespaces and no inherited files: %w", errdefs.ErrInvalidArgument)}
 		} else if p := o.Spare.take(); p == nil {
 			err = &Error{Op: "restore", Err: errSpareGone}
 		} else {
 			resps, err = t.session(ctx, "restore", p, []*rpc.CriuReq{req}, logPath, nil, o.Started)
 		}
 	} else {
-		resps, err = t.call(ctx, "restore", []*rpc.CriuReq{req}, o.files(), o.Netns, logPath, nil, o.Started)
+		resps, err = t.call(ctx, "restore", []*rpc.CriuReq{req}, o.files(), o.Namespaces, logPath, nil, o.Started)
 	}
 	if err == nil && !resps[0].GetSuccess() {
 		err = respError("restore", resps[0], logPath)

@@ -12,17 +12,18 @@ import (
 	"github.com/molt-sh/molt/internal/ns"
 )
 
-func netnsInode(t *testing.T, pid int) uint64 {
+func nsInode(t *testing.T, pid int, name string) uint64 {
 	t.Helper()
 	var st unix.Stat_t
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st); err != nil {
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, name), &st); err != nil {
 		t.Fatal(err)
 	}
 	return st.Ino
 }
 
-// A restore on a spare CRIU puts the tree into the spare's own network
-// namespace, uses the spare up, and a spare can serve only once.
+// A restore on a spare CRIU puts the tree into the spare's own network,
+// UTS and IPC namespaces (named as the caller set), uses the spare up,
+// and a spare can serve only once.
 func TestRestoreOnSpare(t *testing.T) {
 	tool := realTool(t)
 	ctx := testCtx(t)
@@ -39,17 +40,32 @@ func TestRestoreOnSpare(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(sp.Kill)
-	spareNS := netnsInode(t, sp.Pid())
-	if spareNS == netnsInode(t, os.Getpid()) {
-		t.Fatal("the spare runs in the caller's network namespace")
+	spareAll := map[string]uint64{}
+	for _, name := range []string{"net", "uts", "ipc"} {
+		spareAll[name] = nsInode(t, sp.Pid(), name)
+		if spareAll[name] == nsInode(t, os.Getpid(), name) {
+			t.Fatalf("the spare runs in the caller's %s namespace", name)
+		}
+	}
+	if err := sp.SetHostname("spare-host"); err != nil {
+		t.Fatal(err)
 	}
 	rs, err := tool.Restore(ctx, RestoreOptions{ImagesDir: images, WorkDir: restoreWork, RstSibling: true, Spare: sp})
 	if err != nil {
 		t.Fatal(err)
 	}
 	adopt(t, rs.Pid)
-	if got := netnsInode(t, rs.Pid); got != spareNS {
-		t.Fatalf("restored tree in network namespace %d, want the spare's %d", got, spareNS)
+	for name, want := range spareAll {
+		if got := nsInode(t, rs.Pid, name); got != want {
+			t.Fatalf("restored tree in %s namespace %d, want the spare's %d", name, got, want)
+		}
+	}
+	var uts unix.Utsname
+	if err := ns.DoPid(rs.Pid, unix.CLONE_NEWUTS, func() error { return unix.Uname(&uts) }); err != nil {
+		t.Fatal(err)
+	}
+	if h := unix.ByteSliceToString(uts.Nodename[:]); h != "spare-host" {
+		t.Fatalf("restored tree's hostname %q, want spare-host", h)
 	}
 	if sp.Pid() != 0 {
 		t.Fatal("the spare is still listed after serving a restore")
@@ -82,9 +98,9 @@ func TestRestoreOnSpare(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer self.Close()
-	_, err = tool.Restore(ctx, RestoreOptions{ImagesDir: images, WorkDir: t.TempDir(), RstSibling: true, Spare: sp2, Netns: self})
+	_, err = tool.Restore(ctx, RestoreOptions{ImagesDir: images, WorkDir: t.TempDir(), RstSibling: true, Spare: sp2, Namespaces: []ns.Ref{{Type: unix.CLONE_NEWNET, File: self}}})
 	if !errors.Is(err, errdefs.ErrInvalidArgument) {
-		t.Fatalf("restore on a spare with Netns: %v, want invalid argument", err)
+		t.Fatalf("restore on a spare with Namespaces: %v, want invalid argument", err)
 	}
 	if sp2.Pid() != 0 || unix.Kill(pid2, 0) == nil {
 		t.Fatalf("refused spare %d still runs", pid2)

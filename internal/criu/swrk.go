@@ -29,13 +29,13 @@ const maxResp = 1 << 16
 // call runs one `criu swrk` session: it sends each request in turn (every
 // request but the last should set KeepOpen) and returns the responses.
 // extra files become CRIU's descriptors 4, 5, ... (3 is the RPC socket).
-// netns, if not nil, is the network namespace CRIU runs in. The other
+// CRIU runs in the namespaces nss (none: the daemon's). The other
 // arguments are session's.
-func (t *Tool) call(ctx context.Context, op string, reqs []*rpc.CriuReq, extra []*os.File, netns *os.File, logPath string, notify func(script string) error, started func(pid int) error) ([]*rpc.CriuResp, error) {
+func (t *Tool) call(ctx context.Context, op string, reqs []*rpc.CriuReq, extra []*os.File, nss []ns.Ref, logPath string, notify func(script string) error, started func(pid int) error) ([]*rpc.CriuResp, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, &Error{Op: op, Err: err}
 	}
-	p, err := t.spawn(extra, netns)
+	p, err := t.spawn(extra, nss)
 	if err != nil {
 		return nil, &Error{Op: op, Err: err}
 	}
@@ -49,9 +49,9 @@ type swrk struct {
 	stderr *capped
 }
 
-// spawn starts `criu swrk`, in netns if not nil, with extra as its
+// spawn starts `criu swrk`, in the namespaces nss, with extra as its
 // descriptors 4, 5, ...
-func (t *Tool) spawn(extra []*os.File, netns *os.File) (*swrk, error) {
+func (t *Tool) spawn(extra []*os.File, nss []ns.Ref) (*swrk, error) {
 	t.ensureKdatLink()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -71,8 +71,8 @@ func (t *Tool) spawn(extra []*os.File, netns *os.File) (*swrk, error) {
 	p.cmd.Stderr = p.stderr
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p.cmd.WaitDelay = time.Second
-	if netns != nil {
-		err = ns.Do(netns, unix.CLONE_NEWNET, p.cmd.Start)
+	if len(nss) > 0 {
+		err = ns.Enter(nss, p.cmd.Start)
 	} else {
 		err = p.cmd.Start()
 	}

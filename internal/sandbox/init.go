@@ -55,7 +55,9 @@ func (l *Launcher) Start(ctx context.Context, root string, cfg sbinit.Config, jo
 		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
 		Setsid:     true,
 	}
-	if err := cmd.Start(); err != nil {
+	// Started from the parent namespace ns keeps, so that the sandbox's
+	// network namespace gets socket tables of its own, small ones.
+	if err := ns.InNetParent(cmd.Start); err != nil {
 		child.Close()
 		return Init{}, fmt.Errorf("start init: %w", err)
 	}
