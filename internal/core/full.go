@@ -248,7 +248,7 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 	_, err = tool.Dump(ctx, criu.DumpOptions{
 		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
 		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
-		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Namespaces: nss,
+		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Namespaces: nss, LogLevel: m.criuLogLevel(),
 		PreDump: func() error {
 			freezeStart = time.Now()
 			if err := cg.Freeze(ctx); err != nil {
@@ -702,7 +702,7 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		// CRIU runs in the sandbox's cgroup and leaves cgroups alone:
 		// the tree it forks lands there, whatever cgroups it was dumped
 		// from (a fork's are another sandbox's).
-		CgroupMode: "ignore", Started: cg.Add,
+		CgroupMode: "ignore", Started: cg.Add, LogLevel: m.criuLogLevel(),
 	}
 	if outside := ck.outside(); outside != 0 {
 		// The tree joins CRIU's namespaces of these types: fresh ones,
