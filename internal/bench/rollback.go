@@ -37,6 +37,9 @@ type RollbackResult struct {
 	Rows []RollbackRow `json:"rows"`
 }
 
+// stallSamples is how many full checkpoints per workload give the stall.
+const stallSamples = 15
+
 // RunRollback measures rollback latency to one full checkpoint: hot
 // (promoting a standby), warm (a CRIU restore from molt's images), and a
 // cold baseline (a full copy of the root plus a plain CRIU restore of
@@ -58,7 +61,7 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 		row := RollbackRow{Workload: w.name}
 		var stall Sample
 		var ck v1.Checkpoint
-		for i := 0; i < 5; i++ {
+		for i := 0; i < stallSamples; i++ {
 			if ck, err = c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}); err != nil {
 				return res, err
 			}
