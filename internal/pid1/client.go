@@ -44,10 +44,10 @@ const (
 
 // header is the fixed part of a request.
 type header struct {
-	Op, Flags, UID, GID         uint32
+	Op, Flags, UID, GID        uint32
 	NGroups, NFds, NKeep, Argc uint32
-	Envc, Len                   uint32
-	Pid, Sig                    int32
+	Envc, Len                  uint32
+	Pid, Sig                   int32
 }
 
 // response is the fixed part of a response.
