@@ -26,12 +26,16 @@ demo: build
 # detector.
 test: build lint
 	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
-	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 20m ./api/... ./client ./internal/core ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/ns
+	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 20m ./api/... ./client ./internal/core ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/ns ./internal/pid1
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting" >&2; exit 1; }
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	@# pid1.bin is committed (so go build needs no C toolchain) and must be
+	@# what its source builds to (the build is reproducible).
+	@tmp=$$(mktemp) && musl-gcc -static -Os -s -Wall -Wextra -Werror -o $$tmp internal/pid1/csrc/pid1.c && \
+		if ! cmp -s $$tmp internal/pid1/pid1.bin; then rm -f $$tmp; echo "internal/pid1/pid1.bin is not built from csrc/pid1.c: run go generate ./internal/pid1" >&2; exit 1; fi; rm -f $$tmp
 
 bench-fs: build
 	bin/molt bench fs

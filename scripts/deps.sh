@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what molt needs on a Debian 12 host, idempotently: btrfs-progs
-# (mkfs.btrfs for the loop pool) and debootstrap (images). Needs root.
+# (mkfs.btrfs for the loop pool), debootstrap (images) and musl-tools
+# (to check that internal/pid1/pid1.bin is built from its source). Needs root.
 set -euo pipefail
 
 need=()
-for pkg in btrfs-progs debootstrap ca-certificates; do
+for pkg in btrfs-progs debootstrap ca-certificates musl-tools; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then

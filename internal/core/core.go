@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -25,6 +24,7 @@ import (
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/pool"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
@@ -40,8 +40,8 @@ type Config struct {
 	PoolSize int64
 	// CacheDir caches debootstrap trees between pools.
 	CacheDir string
-	// InitBinary is the host binary holding molt's init stages; default
-	// the running executable.
+	// InitBinary is the host binary holding molt's stage 1 (sandbox
+	// setup, which then executes pid1); default the running executable.
 	InitBinary string
 	// CriuPath is the criu command; "" finds the one scripts/criu.sh
 	// installs (/opt/molt/criu/bin/criu), then criu on PATH. Without
@@ -278,19 +278,12 @@ func (m *Manager) lock(id string) func() {
 	return l.Unlock
 }
 
-// installInitBinary copies the init binary into the pool once per
-// distinct binary, so sandbox roots get it by reflink.
+// installInitBinary writes pid1 into the pool once per distinct build,
+// so sandbox roots get it by reflink.
 func (m *Manager) installInitBinary() (string, error) {
-	f, err := os.Open(m.cfg.InitBinary)
-	if err != nil {
-		return "", fmt.Errorf("init binary: %w", err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("init binary: %w", err)
-	}
-	dst := m.path("bin", "init-"+hex.EncodeToString(h.Sum(nil))[:16])
+	bin := pid1.Binary()
+	sum := sha256.Sum256(bin)
+	dst := m.path("bin", "pid1-"+hex.EncodeToString(sum[:])[:16])
 	if _, err := os.Stat(dst); err == nil {
 		return dst, nil
 	}
@@ -298,19 +291,15 @@ func (m *Manager) installInitBinary() (string, error) {
 	_ = os.Remove(tmp)
 	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("init binary: %w", err)
 	}
-	if _, err := f.Seek(0, 0); err != nil {
+	if _, err := out.Write(bin); err != nil {
 		out.Close()
-		return "", err
-	}
-	if _, err := io.Copy(out, f); err != nil {
-		out.Close()
-		return "", err
+		return "", fmt.Errorf("init binary: %w", err)
 	}
 	if err := out.Sync(); err != nil {
 		out.Close()
-		return "", err
+		return "", fmt.Errorf("init binary: %w", err)
 	}
 	out.Close()
 	return dst, os.Rename(tmp, dst)

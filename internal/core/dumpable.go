@@ -87,7 +87,7 @@ func sysvIPCInUse(pid int) (bool, error) {
 		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("System V IPC objects of process %d: %w", pid, err)
+		return false, fmt.Errorf("the System V IPC objects of process %d: %w", pid, err)
 	}
 	return inUse, nil
 }

@@ -231,7 +231,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 // waits on it.
 // errIPCAppeared fails a dump that left the IPC namespace out when the
 // frozen sandbox turns out to hold System V objects after all.
-var errIPCAppeared = errors.New("System V IPC objects appeared before the freeze")
+var errIPCAppeared = errors.New("the sandbox made System V IPC objects before the freeze")
 
 // dumpTree runs CRIU on the sandbox's tree, in the sandbox's namespaces
 // of the types in outside (left out of the images). At CRIU's pre-dump

@@ -303,6 +303,7 @@ func (m *Manager) killProcesses(ctx context.Context, rec sandboxRec) error {
 	}
 	m.dropStandby(rec.ID, false)
 	m.removeRetired(rec.ID)
+	sandbox.Forget(rec.Init)
 	return err
 }
 

@@ -107,7 +107,10 @@ func (e *Error) Unwrap() error { return e.Errno }
 var stages = []string{"", "fork", "setup", "chdir", "exec"}
 
 // call sends one request and reads the response with its descriptors.
-func (c *Client) call(ctx context.Context, op string, h header, data []byte, files []*os.File) (response, []byte, []*os.File, error) {
+// The first nblock of files are put in blocking mode (the descriptors of
+// a process, which shares their open file descriptions); the others keep
+// their mode (the caller may go on using them with deadlines).
+func (c *Client) call(ctx context.Context, op string, h header, data []byte, files []*os.File, nblock int) (response, []byte, []*os.File, error) {
 	var r response
 	if len(files) > MaxFiles {
 		return r, nil, nil, fmt.Errorf("pid1 %s: %d descriptors, at most %d: %w", op, len(files), MaxFiles, errdefs.ErrInvalidArgument)
@@ -135,7 +138,15 @@ func (c *Client) call(ctx context.Context, op string, h header, data []byte, fil
 	if len(files) > 0 {
 		fds := make([]int, len(files))
 		for i, f := range files {
-			fds[i] = int(f.Fd())
+			if i < nblock {
+				fds[i] = int(f.Fd()) // makes it blocking
+				continue
+			}
+			rc, err := f.SyscallConn()
+			if err != nil {
+				return r, nil, nil, fmt.Errorf("pid1 %s: %w", op, err)
+			}
+			_ = rc.Control(func(fd uintptr) { fds[i] = int(fd) })
 		}
 		oob = unix.UnixRights(fds...)
 	}
@@ -203,7 +214,7 @@ func (c *Client) call(ctx context.Context, op string, h header, data []byte, fil
 // Info returns pid1's PID (1 when it is its namespace's init) and the
 // number of entries it keeps.
 func (c *Client) Info(ctx context.Context) (pid, entries int, err error) {
-	r, _, _, err := c.call(ctx, "info", header{Op: opInfo}, nil, nil)
+	r, _, _, err := c.call(ctx, "info", header{Op: opInfo}, nil, nil, 0)
 	return int(r.Pid), int(r.Status), err
 }
 
@@ -222,7 +233,8 @@ type Spawn struct {
 	Watch  bool // keep the exit status for Status
 
 	// Files become the process's descriptors 0, 1, 2, ...; a nil entry
-	// is /dev/null, opened by the process (inside the sandbox).
+	// is /dev/null, opened by the process (inside the sandbox). They are
+	// put in blocking mode, as programs expect their stdio.
 	Files []*os.File
 	// Keep are kept by pid1 under Tag while the process lives (Table
 	// returns them; Drop or the process's exit closes them).
@@ -274,7 +286,7 @@ func (c *Client) Spawn(ctx context.Context, s Spawn) (int, *os.File, error) {
 		data.WriteString(str)
 		data.WriteByte(0)
 	}
-	r, _, got, err := c.call(ctx, "spawn", h, data.Bytes(), append(send, s.Keep...))
+	r, _, got, err := c.call(ctx, "spawn", h, data.Bytes(), append(send, s.Keep...), len(send))
 	if err != nil {
 		return 0, nil, err
 	}
@@ -295,7 +307,7 @@ type Entry struct {
 
 // Table returns the kept entries with copies of their descriptors.
 func (c *Client) Table(ctx context.Context) ([]Entry, error) {
-	r, body, got, err := c.call(ctx, "table", header{Op: opTable}, nil, nil)
+	r, body, got, err := c.call(ctx, "table", header{Op: opTable}, nil, nil, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -330,7 +342,7 @@ func (c *Client) Table(ctx context.Context) ([]Entry, error) {
 
 // Drop closes what pid1 keeps under tag. ErrNotFound if nothing.
 func (c *Client) Drop(ctx context.Context, tag string) error {
-	_, _, _, err := c.call(ctx, "drop", header{Op: opDrop}, append([]byte(tag), 0), nil)
+	_, _, _, err := c.call(ctx, "drop", header{Op: opDrop}, append([]byte(tag), 0), nil, 0)
 	if errors.Is(err, syscall.ENOENT) {
 		return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
 	}
@@ -347,7 +359,7 @@ func (c *Client) Signal(ctx context.Context, pid int, sig unix.Signal, group, tr
 	if tree {
 		h.Flags |= sigTree
 	}
-	_, _, _, err := c.call(ctx, "signal", h, nil, nil)
+	_, _, _, err := c.call(ctx, "signal", h, nil, nil, 0)
 	return err
 }
 
@@ -363,6 +375,6 @@ const (
 // Status returns the state of a process started with Watch, and its
 // wait status once it exited (pid1 forgets it then).
 func (c *Client) Status(ctx context.Context, pid int) (State, unix.WaitStatus, error) {
-	r, _, _, err := c.call(ctx, "status", header{Op: opStatus, Pid: int32(pid)}, nil, nil)
+	r, _, _, err := c.call(ctx, "status", header{Op: opStatus, Pid: int32(pid)}, nil, nil, 0)
 	return State(r.Status), unix.WaitStatus(r.WStatus), err
 }

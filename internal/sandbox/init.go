@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -142,18 +143,114 @@ func (i Init) Alive() bool {
 	return err == nil && st == i.Start
 }
 
-// Dial connects to init's socket in the sandbox's network namespace and
-// checks that the listener is init itself, not a process of the sandbox
-// that took the name.
+// Dial opens a connection to the sandbox's init: one request (see
+// sbinit.Request) per connection. The requests are served in this
+// process, by the sandbox's sbinit.Agent, which starts processes through
+// the sandbox's pid1; the Go init of a sandbox started before pid1 (or
+// restored from its checkpoints) serves them itself, on its socket.
 func (i Init) Dial(ctx context.Context) (net.Conn, error) {
 	if !i.Alive() {
 		return nil, fmt.Errorf("sandbox init (pid %d) is not running: %w", i.Pid, errdefs.ErrFailedPrecondition)
 	}
+	if i.legacy() {
+		return i.dialLegacy(ctx)
+	}
+	a, err := agentOf(ctx, i)
+	if err != nil {
+		return nil, fmt.Errorf("dial init: %w", err)
+	}
+	client, server := net.Pipe()
+	go a.Serve(server)
+	if d, ok := ctx.Deadline(); ok {
+		_ = client.SetDeadline(d)
+	}
+	return client, nil
+}
+
+// legacy reports whether the init is molt's former Go init.
+func (i Init) legacy() bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(i.Pid) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	args := strings.Split(string(b), "\x00")
+	return len(args) > 1 && args[1] == sbinit.Arg2
+}
+
+// The agents of the running sandboxes, by init. An agent whose init is
+// gone is dropped by the next lookup at least a second after the last
+// sweep (or by Forget).
+var agents struct {
+	mu    sync.Mutex
+	m     map[Init]*agentEntry
+	swept time.Time
+}
+
+type agentEntry struct {
+	once sync.Once
+	a    *sbinit.Agent
+	err  error
+}
+
+func agentOf(ctx context.Context, i Init) (*sbinit.Agent, error) {
+	agents.mu.Lock()
+	if agents.m == nil {
+		agents.m = map[Init]*agentEntry{}
+	}
+	if time.Since(agents.swept) > time.Second {
+		agents.swept = time.Now()
+		for k, e := range agents.m {
+			if k != i && !k.Alive() {
+				delete(agents.m, k)
+				go e.close()
+			}
+		}
+	}
+	e := agents.m[i]
+	if e == nil {
+		e = &agentEntry{}
+		agents.m[i] = e
+	}
+	agents.mu.Unlock()
+	e.once.Do(func() { e.a, e.err = sbinit.NewAgent(ctx, i.Pid) })
+	if e.err != nil {
+		agents.mu.Lock()
+		if agents.m[i] == e {
+			delete(agents.m, i)
+		}
+		agents.mu.Unlock()
+		return nil, e.err
+	}
+	return e.a, nil
+}
+
+func (e *agentEntry) close() {
+	e.once.Do(func() {}) // a lookup still creating it finishes first
+	if e.a != nil {
+		e.a.Close()
+	}
+}
+
+// Forget drops the agent of an init that was stopped or replaced.
+func Forget(i Init) {
+	agents.mu.Lock()
+	e := agents.m[i]
+	delete(agents.m, i)
+	agents.mu.Unlock()
+	if e != nil {
+		e.close()
+	}
+}
+
+// dialLegacy connects to a Go init's socket in the sandbox's network
+// namespace and checks that the listener is init itself, not a process
+// of the sandbox that took the name.
+func (i Init) dialLegacy(ctx context.Context) (net.Conn, error) {
 	fd, err := socketInNetns(i.Pid)
 	if err != nil {
 		return nil, fmt.Errorf("dial init: %w", err)
 	}
-	sa := &unix.SockaddrUnix{Name: sbinit.SocketName}
+	sa := &unix.SockaddrUnix{Name: sbinit.LegacySocket}
 	if err := unix.Connect(fd, sa); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("dial init: connect: %w", err)

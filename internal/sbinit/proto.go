@@ -2,9 +2,14 @@ package sbinit
 
 import "os"
 
-// SocketName is the abstract unix socket init listens on, in the
-// sandbox's network namespace (which is always private to the sandbox).
-const SocketName = "@molt-init"
+// PID1Socket is the abstract unix socket name the sandbox's pid1 listens
+// on, in the sandbox's network namespace (private to the sandbox).
+const PID1Socket = "molt-pid1"
+
+// LegacySocket is where the Go init of sandboxes started by molt before
+// pid1 (and restored from their checkpoints) serves the same requests as
+// an Agent: a daemon still talks to them there.
+const LegacySocket = "@molt-init"
 
 // Config is what the daemon sends stage 1 on the sync socket.
 type Config struct {
@@ -60,14 +65,14 @@ type SessionInfo struct {
 	Digest string `json:"digest,omitempty"`
 }
 
-// Arg1 and Arg2 are the argv[1] values that select the init stages in the
-// molt binary.
+// Arg1 is the argv[1] that selects stage 1 in the molt binary; Arg2
+// selected the Go init of older sandboxes (LegacySocket).
 const (
 	Arg1 = "__molt_init1"
 	Arg2 = "__molt_init2"
 )
 
-// InitPath is where the init binary lives inside a sandbox root.
+// InitPath is where pid1 lives inside a sandbox root.
 const InitPath = "/.molt/init"
 
 // RunIfInit runs the init stage that os.Args selects and never returns;
@@ -78,10 +83,7 @@ func RunIfInit() {
 	if len(os.Args) < 2 {
 		return
 	}
-	switch os.Args[1] {
-	case Arg1:
+	if os.Args[1] == Arg1 {
 		Stage1()
-	case Arg2:
-		Stage2()
 	}
 }

@@ -2,19 +2,22 @@ package sbinit
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/pid1"
 )
 
 // A session is a bash process that reads NUL-terminated requests from a
@@ -50,7 +53,10 @@ const maxSessionOutput = 8 << 20
 type session struct {
 	name string
 	pid  int
+	p    *proc
 	ctl  *os.File
+	// The read ends the collectors drain (closed by release).
+	readers []*os.File
 
 	call sync.Mutex // one request at a time
 
@@ -64,7 +70,12 @@ type session struct {
 	status     unix.WaitStatus
 }
 
-func (s *server) sessionList() []SessionInfo {
+// sessionTag is the tag pid1 keeps a session's pipes under: the write
+// end of its request pipe, then the read ends of its stdout, stderr and
+// state pipes.
+func sessionTag(name string) string { return "session:" + name }
+
+func (s *Agent) sessionList() []SessionInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var l []SessionInfo
@@ -75,9 +86,12 @@ func (s *server) sessionList() []SessionInfo {
 	return l
 }
 
-func (s *server) session(name string) (*session, error) {
+func (s *Agent) session(name string) (*session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errClosed
+	}
 	if ss, ok := s.sessions[name]; ok {
 		select {
 		case <-ss.exited:
@@ -94,68 +108,52 @@ func (s *server) session(name string) (*session, error) {
 	return ss, nil
 }
 
-func (s *server) startSession(name string) (*session, error) {
-	ps, err := resolve(Request{Args: []string{"bash", "--noprofile", "--norc", "-c", sessionLoop}})
+func (s *Agent) startSession(name string) (*session, error) {
+	ps, err := s.resolve(Request{Args: []string{"bash", "--noprofile", "--norc", "-c", sessionLoop}})
 	if err != nil {
-		return nil, fmt.Errorf("start session: %w (sessions need bash in the image)", err)
-	}
-	null, err := devNull()
-	if err != nil {
-		return nil, err
-	}
-	defer null.Close()
-	ctl, ctlChild, err := pipe(false)
-	if err != nil {
-		return nil, err
-	}
-	outR, outW, err := pipe(true)
-	if err != nil {
-		ctl.Close()
-		ctlChild.Close()
-		return nil, err
-	}
-	errR, errW, err := pipe(true)
-	if err != nil {
-		ctl.Close()
-		ctlChild.Close()
-		outR.Close()
-		outW.Close()
-		return nil, err
-	}
-	stR, stW, err := pipe(true)
-	if err != nil {
-		ctl.Close()
-		ctlChild.Close()
-		outR.Close()
-		outW.Close()
-		errR.Close()
-		errW.Close()
-		return nil, err
-	}
-	pid, waitc, err := s.reaper.start(ps.path, ps.argv, &syscall.ProcAttr{
-		Dir: ps.dir, Env: ps.env,
-		Files: []uintptr{null.Fd(), outW.Fd(), errW.Fd(), ctlChild.Fd(), stW.Fd()},
-		Sys:   &syscall.SysProcAttr{Setsid: true},
-	}, true)
-	ctlChild.Close()
-	outW.Close()
-	errW.Close()
-	stW.Close()
-	if err != nil {
-		ctl.Close()
-		outR.Close()
-		errR.Close()
-		stR.Close()
 		return nil, fmt.Errorf("start session: %w", err)
 	}
-	ss := &session{name: name, pid: pid, ctl: ctl, notify: make(chan struct{}, 1), exited: make(chan struct{})}
+	var parents, children []*os.File
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			f.Close()
+		}
+	}
+	for _, parentReads := range []bool{false, true, true, true} { // request, stdout, stderr, state
+		pa, ch, err := pipe(parentReads)
+		if err != nil {
+			closeAll(parents)
+			closeAll(children)
+			return nil, err
+		}
+		parents, children = append(parents, pa), append(children, ch)
+	}
+	// bash: stdin /dev/null, stdout, stderr, 3 requests, 4 state.
+	p, err := s.spawn(ps, []*os.File{nil, children[1], children[2], children[0], children[3]}, parents, sessionTag(name))
+	closeAll(children)
+	if err != nil {
+		closeAll(parents)
+		if errors.Is(err, errNotFound) {
+			err = fmt.Errorf("%w (sessions need bash in the image)", err)
+		}
+		return nil, fmt.Errorf("start session: %w", err)
+	}
+	return s.watchSession(name, p, parents), nil
+}
+
+// watchSession collects a session's output and notices its exit. files
+// are the daemon's ends of its pipes, in sessionTag's order.
+func (s *Agent) watchSession(name string, p *proc, files []*os.File) *session {
+	ss := &session{name: name, pid: p.pid, p: p, ctl: files[0], readers: files[1:],
+		notify: make(chan struct{}, 1), exited: make(chan struct{})}
+	outR, errR, stR := files[1], files[2], files[3]
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go ss.collect(outR, &ss.out, &ss.outT, &wg)
 	go ss.collect(errR, &ss.err, &ss.errT, &wg)
 	go ss.collect(stR, &ss.state, &ss.stateT, &wg)
 	go func() {
-		ws := <-waitc
+		<-p.exited
 		ss.ctl.Close()
 		// Output written before the exit still belongs to the last call.
 		done := make(chan struct{})
@@ -168,12 +166,63 @@ func (s *server) startSession(name string) (*session, error) {
 			stR.SetReadDeadline(time.Now())
 			<-done
 		}
+		p.pidfd.Close()
 		ss.mu.Lock()
-		ss.status = ws
+		ss.status = p.status
 		ss.mu.Unlock()
 		close(ss.exited)
 	}()
-	return ss, nil
+	return ss
+}
+
+// release lets go of a session the agent no longer serves (the process
+// runs on; pid1 keeps its pipes).
+func (ss *session) release() {
+	ss.ctl.Close()
+	for _, r := range ss.readers {
+		r.SetReadDeadline(time.Now())
+	}
+}
+
+// loadSessions takes over the sessions pid1 keeps: after a restore or a
+// daemon restart, the shells run on with their state.
+func (s *Agent) loadSessions(ctx context.Context) error {
+	var es []pid1.Entry
+	if err := s.call(func() (err error) { es, err = s.init.Table(ctx); return err }); err != nil {
+		return err
+	}
+	for _, e := range es {
+		name, ok := strings.CutPrefix(e.Tag, "session:")
+		if !ok || len(e.Files) != 4 {
+			e.Pidfd.Close()
+			for _, f := range e.Files {
+				f.Close()
+			}
+			continue
+		}
+		for _, f := range e.Files {
+			// Non-blocking copies, which the runtime poller serves.
+			_ = unix.SetNonblock(int(f.Fd()), true)
+		}
+		files := make([]*os.File, 4)
+		for i, f := range e.Files {
+			fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+			f.Close()
+			if err != nil {
+				return err
+			}
+			files[i] = os.NewFile(uintptr(fd), "session")
+		}
+		p, err := s.newProc(e.Pid, e.Pidfd)
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			continue // it exited meanwhile
+		}
+		s.sessions[name] = s.watchSession(name, p, files)
+	}
+	return nil
 }
 
 func (ss *session) collect(r *os.File, buf *bytes.Buffer, trunc *bool, wg *sync.WaitGroup) {
@@ -222,7 +271,7 @@ func findMarker(b []byte, nonce string) (start, end int, rc string) {
 	return i, i + len(head) + j + 1, strings.TrimSpace(string(rest[:j]))
 }
 
-func (s *server) sessionRun(req Request) Response {
+func (s *Agent) sessionRun(req Request) Response {
 	if req.Session == "" {
 		return Response{Error: "session name is empty", ErrorKind: "invalid_argument"}
 	}
@@ -242,7 +291,7 @@ func (s *server) sessionRun(req Request) Response {
 // sessionDigest returns a digest of the session's shell state, or, when
 // the session is busy with a call or cannot say, a value equal to no
 // other (the session counts as changed).
-func (s *server) sessionDigest(ss *session) string {
+func (s *Agent) sessionDigest(ss *session) string {
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
 	unknown := "unknown-" + hex.EncodeToString(nb[:])
@@ -259,7 +308,7 @@ func (s *server) sessionDigest(ss *session) string {
 
 // runIn runs text in the session (caller holds ss.call). With state, the
 // text is stateCmd and runIn also returns the digest of what it wrote.
-func (s *server) runIn(ss *session, text string, timeoutMS int64, state bool) (Response, string) {
+func (s *Agent) runIn(ss *session, text string, timeoutMS int64, state bool) (Response, string) {
 	start := time.Now()
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
@@ -333,10 +382,10 @@ func (s *server) runIn(ss *session, text string, timeoutMS int64, state bool) (R
 			// grace period, which ends the session.
 			timedOut = true
 			timeout = nil
-			killDescendants(ss.pid)
+			killBelow(ss.p.hostPid)
 			killBash = time.After(2 * time.Second)
 		case <-killBash:
-			_ = unix.Kill(ss.pid, unix.SIGKILL)
+			ss.p.signal(unix.SIGKILL, false)
 			killBash = nil
 		}
 	}
@@ -344,7 +393,7 @@ func (s *server) runIn(ss *session, text string, timeoutMS int64, state bool) (R
 
 // sessionEnded reports a call during which the session's shell exited
 // (the command ran `exit`, or the shell was killed) and forgets it.
-func (s *server) sessionEnded(ss *session, start time.Time, timedOut bool) Response {
+func (s *Agent) sessionEnded(ss *session, start time.Time, timedOut bool) Response {
 	<-ss.exited
 	s.mu.Lock()
 	if s.sessions[ss.name] == ss {
@@ -367,7 +416,7 @@ func (s *server) sessionEnded(ss *session, start time.Time, timedOut bool) Respo
 	return r
 }
 
-func (s *server) sessionClose(name string) Response {
+func (s *Agent) sessionClose(name string) Response {
 	s.mu.Lock()
 	ss, ok := s.sessions[name]
 	delete(s.sessions, name)
@@ -375,8 +424,8 @@ func (s *server) sessionClose(name string) Response {
 	if !ok {
 		return Response{Error: fmt.Sprintf("session %q not found", name), ErrorKind: "not_found"}
 	}
-	killDescendants(ss.pid)
-	_ = unix.Kill(ss.pid, unix.SIGKILL)
+	killBelow(ss.p.hostPid)
+	ss.p.signal(unix.SIGKILL, false)
 	<-ss.exited
 	return Response{}
 }
@@ -423,40 +472,4 @@ func stateDigest(text []byte) string {
 	h.Write([]byte{0})
 	h.Write(rest)
 	return hex.EncodeToString(h.Sum(nil)[:16])
-}
-
-// killDescendants SIGKILLs every process below pid (not pid itself).
-func killDescendants(pid int) {
-	children := map[int][]int{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// The command name may hold spaces and parentheses: parse after
-		// the last ')'.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 2 {
-			continue
-		}
-		pp, _ := strconv.Atoi(f[1])
-		children[pp] = append(children[pp], p)
-	}
-	var walk func(int)
-	walk = func(p int) {
-		for _, c := range children[p] {
-			_ = unix.Kill(c, unix.SIGKILL)
-			walk(c)
-		}
-	}
-	walk(pid)
 }

@@ -1,9 +1,20 @@
 package sbinit
 
 import (
+	"bufio"
+	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/pid1"
+	"github.com/molt-sh/molt/internal/testutil"
 )
 
 func TestFindMarker(t *testing.T) {
@@ -27,14 +38,51 @@ func TestFindMarker(t *testing.T) {
 	}
 }
 
+// testAgent starts pid1 as the init of new PID and network namespaces
+// (sharing this process's files) and returns its Agent.
+func testAgent(t *testing.T) *Agent {
+	t.Helper()
+	testutil.RequireRoot(t)
+	bin := filepath.Join(t.TempDir(), "pid1")
+	if err := os.WriteFile(bin, pid1.Binary(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd := exec.Command(bin, PID1Socket)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNET, Setsid: true}
+	cmd.ExtraFiles = []*os.File{w}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	if line, err := bufio.NewReader(r).ReadString('\n'); line != "ok\n" {
+		t.Fatalf("pid1: %q, %v", line, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := NewAgent(ctx, cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	return a
+}
+
 // TestSessionStateDigest runs a real bash session in this process and
 // checks that the state digest moves exactly when the shell's state does.
 func TestSessionStateDigest(t *testing.T) {
 	if _, err := os.Stat("/bin/bash"); err != nil {
 		t.Skip("no bash")
 	}
-	s := &server{reaper: newReaper(), sessions: map[string]*session{}}
-	go s.reaper.loop()
+	s := testAgent(t)
 	t.Cleanup(func() { s.sessionClose("t") })
 	run := func(cmd string) string {
 		t.Helper()
@@ -88,5 +136,38 @@ func TestSessionStateDigest(t *testing.T) {
 	s.sessions["t"].call.Unlock()
 	if len(l) != 1 || !strings.HasPrefix(l[0].Digest, "unknown") {
 		t.Errorf("busy session: %+v", l)
+	}
+}
+
+// A new Agent takes over the sessions pid1 keeps (as after a daemon
+// restart or a restore): same shell, same state, same pipes.
+func TestAgentTakesOverSessions(t *testing.T) {
+	a := testAgent(t)
+	if r := a.sessionRun(Request{Session: "s", Command: "X=7; cd /tmp", TimeoutMS: 10000}); r.Error != "" || r.ExitCode != 0 {
+		t.Fatalf("run: %+v", r)
+	}
+	pid := a.sessionList()[0].Pid
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := NewAgent(ctx, a.hostPid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	defer b.Close()
+	r := b.sessionRun(Request{Session: "s", Command: "echo $X $(pwd); echo err >&2", TimeoutMS: 10000})
+	if r.Error != "" || r.Stdout != "7 /tmp\n" || r.Stderr != "err\n" {
+		t.Fatalf("after take-over: %+v", r)
+	}
+	if l := b.sessionList(); len(l) != 1 || l[0].Pid != pid || l[0].Name != "s" {
+		t.Fatalf("sessions after take-over: %+v (pid before %d)", l, pid)
+	}
+	// Closing it ends the shell, and pid1 drops what it kept.
+	if r := b.sessionClose("s"); r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	es, err := b.init.Table(ctx)
+	if err != nil || len(es) != 0 {
+		t.Fatalf("pid1's table after close: %+v, %v", es, err)
 	}
 }

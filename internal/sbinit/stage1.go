@@ -28,7 +28,7 @@ var DefaultCaps = []uintptr{
 	unix.CAP_AUDIT_WRITE, unix.CAP_SETFCAP,
 }
 
-// Stage1 sets up the sandbox and executes stage 2. It runs with the
+// Stage1 sets up the sandbox and executes pid1. It runs with the
 // sandbox root as its working directory, in the new namespaces, and only
 // returns on error (after reporting it on the sync socket).
 func Stage1() {
@@ -73,13 +73,14 @@ func stage1(sync *os.File) error {
 		env = append(env, k+"="+v)
 	}
 	// The bounding and inheritable sets are per thread: drop them on the
-	// thread that executes stage 2, so every thread of stage 2, and every
-	// process it starts, inherits the reduced sets.
+	// thread that executes pid1, so pid1 and every process it starts
+	// inherit the reduced sets. pid1 reports "ok" on the sync socket (fd
+	// 3) once it listens.
 	runtime.LockOSThread()
 	if err := dropCaps(); err != nil {
 		return err
 	}
-	err = unix.Exec(InitPath, []string{InitPath, Arg2}, env)
+	err = unix.Exec(InitPath, []string{InitPath, PID1Socket}, env)
 	return fmt.Errorf("exec %s: %w", InitPath, err)
 }
 
