@@ -70,19 +70,39 @@ type Client struct {
 
 // New returns a client of the pid1 listening on the abstract socket
 // name in the network namespace netns (nil: the caller's). netns stays
-// the caller's to close, after the client's last call.
-func New(netns *os.File, name string) *Client {
+// the caller's to close, after the client's last call. With peer > 0,
+// every connection is checked to be served by the process with that
+// (host) PID, not by another process of the namespace that took the name.
+func New(netns *os.File, name string, peer int) *Client {
 	addr := &net.UnixAddr{Name: "@" + name, Net: "unixpacket"}
 	return &Client{dial: func() (c *net.UnixConn, err error) {
 		if netns == nil {
-			return net.DialUnix("unixpacket", nil, addr)
-		}
-		// The socket belongs to the namespace of the thread that makes it.
-		err = ns.Do(netns, unix.CLONE_NEWNET, func() error {
 			c, err = net.DialUnix("unixpacket", nil, addr)
-			return err
+		} else {
+			// The socket belongs to the namespace of the thread that
+			// makes it.
+			err = ns.Do(netns, unix.CLONE_NEWNET, func() error {
+				c, err = net.DialUnix("unixpacket", nil, addr)
+				return err
+			})
+		}
+		if err != nil || peer <= 0 {
+			return c, err
+		}
+		rc, err := c.SyscallConn()
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		var cred *unix.Ucred
+		cerr := rc.Control(func(fd uintptr) {
+			cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 		})
-		return c, err
+		if cerr != nil || err != nil || int(cred.Pid) != peer {
+			c.Close()
+			return nil, fmt.Errorf("%s is not served by process %d: %w", addr.Name, peer, errdefs.ErrUnavailable)
+		}
+		return c, nil
 	}}
 }
 

@@ -62,7 +62,7 @@ func start(t *testing.T, ownProc bool) *instance {
 		t.Fatal(err)
 	}
 	w.Close()
-	in := &instance{cmd: cmd, pid: cmd.Process.Pid, name: name, c: New(nil, name)}
+	in := &instance{cmd: cmd, pid: cmd.Process.Pid, name: name}
 	t.Cleanup(func() {
 		_ = unix.Kill(in.pid, unix.SIGKILL)
 		_ = cmd.Process.Kill()
@@ -80,6 +80,7 @@ func start(t *testing.T, ownProc bool) *instance {
 		}
 		in.pid, _ = strconv.Atoi(strings.Fields(string(b))[0])
 	}
+	in.c = New(nil, name, in.pid)
 	return in
 }
 
@@ -358,6 +359,10 @@ except (ConnectionResetError, BrokenPipeError):
 	if pid, _, err := in.c.Info(c); err != nil || pid != 1 {
 		t.Fatalf("info from outside: %d, %v", pid, err)
 	}
+	// A client expecting another process behind the name refuses.
+	if _, _, err := New(nil, in.name, in.pid+100000).Info(c); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("client checking for another server: %v, want unavailable", err)
+	}
 }
 
 // The design's point: CRIU dumps pid1 with a session-like process whose
@@ -398,6 +403,7 @@ func TestCRIURoundTrip(t *testing.T) {
 		var ws unix.WaitStatus
 		_, _ = unix.Wait4(res.Pid, &ws, 0, nil)
 	})
+	in.c = New(nil, in.name, res.Pid)
 	if pid, _, err := in.c.Info(c); err != nil || pid != 1 {
 		t.Fatalf("restored pid1: %d, %v", pid, err)
 	}

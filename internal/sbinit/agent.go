@@ -68,7 +68,7 @@ func NewAgent(ctx context.Context, hostPid int) (*Agent, error) {
 	if a.netns, err = os.Open(fmt.Sprintf("/proc/%d/ns/net", hostPid)); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	a.init = pid1.New(a.netns, PID1Socket)
+	a.init = pid1.New(a.netns, PID1Socket, hostPid)
 	fail := func(err error) (*Agent, error) {
 		a.Close()
 		return nil, fmt.Errorf("agent of init %d: %w", hostPid, err)
