@@ -199,6 +199,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
+	m.refillDumpSpare(rec, outside)
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
 		Created: time.Now().UTC(), StallMS: ms(stall), Keep: keep,
@@ -239,16 +240,21 @@ var errIPCAppeared = errors.New("the sandbox made System V IPC objects before th
 // snapshot, whose result arrives on snapped (nil if it never started);
 // CRIU dumps the frozen tree meanwhile. The cgroup is left frozen.
 func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec, cg *cgroup.Cgroup, id, staging, work string, outside int) (freezeStart time.Time, snapped chan error, err error) {
-	nss, err := ns.Open(rec.Init.Pid, outside)
-	if err != nil {
-		return freezeStart, nil, err
+	// A CRIU started ahead in those namespaces (after the sandbox's
+	// previous checkpoint), or a new one.
+	spare := m.takeDumpSpare(rec, outside)
+	var nss []ns.Ref
+	if spare == nil && outside != 0 {
+		if nss, err = ns.Open(rec.Init.Pid, outside); err != nil {
+			return freezeStart, nil, err
+		}
+		defer ns.Close(nss)
 	}
-	defer ns.Close(nss)
 	root := m.sbRoot(rec.ID)
 	_, err = tool.Dump(ctx, criu.DumpOptions{
 		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
 		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
-		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Namespaces: nss, LogLevel: m.criuLogLevel(),
+		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Namespaces: nss, Spare: spare, LogLevel: m.criuLogLevel(),
 		PreDump: func() error {
 			freezeStart = time.Now()
 			if err := cg.Freeze(ctx); err != nil {

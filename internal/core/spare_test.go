@@ -48,8 +48,8 @@ func TestSpareCRIU(t *testing.T) {
 		m.sby.wg.Wait() // refills (and standby preparations) have run
 		m.spr.mu.Lock()
 		defer m.spr.mu.Unlock()
-		if s := m.spr.m[sb]; s != nil {
-			return s.Pid()
+		if e := m.spr.m[sb]; e != nil {
+			return e.s.Pid()
 		}
 		return 0
 	}
@@ -270,5 +270,89 @@ func TestSysVIPCKeepsNamespace(t *testing.T) {
 		if got := run(t, m, sb, segments).Stdout; got != c.want {
 			t.Fatalf("after rollback to %s: segments %q, want %q", c.id, got, c.want)
 		}
+	}
+}
+
+// After a full checkpoint a CRIU waits in the sandbox's namespaces for
+// the next one, which runs on it (and leaves a new one); after a
+// rollback (another tree, other namespaces) the stale one is not used;
+// stopping the sandbox kills it.
+func TestDumpSpare(t *testing.T) {
+	m, sb := warmOnly(t)
+	ctx := context.Background()
+	dumpSpare := func() int {
+		t.Helper()
+		m.sby.wg.Wait()
+		m.spr.mu.Lock()
+		defer m.spr.mu.Unlock()
+		if e := m.spr.m[dumpKey(sb)]; e != nil {
+			return e.s.Pid()
+		}
+		return 0
+	}
+	inode := func(pid int, name string) uint64 {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/ns/"+name, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	if p := dumpSpare(); p != 0 {
+		t.Fatalf("dump spare %d before any checkpoint", p)
+	}
+	run(t, m, sb, "export X=1")
+	ck, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := dumpSpare()
+	if first == 0 {
+		t.Fatal("no dump spare after a full checkpoint")
+	}
+	rec, _ := m.lookupSandbox(sb)
+	for _, name := range []string{"net", "uts", "ipc"} {
+		if inode(first, name) != inode(rec.Init.Pid, name) {
+			t.Fatalf("dump spare %d is not in the sandbox's %s namespace", first, name)
+		}
+	}
+	run(t, m, sb, "export X=2")
+	if _, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}); err != nil {
+		t.Fatal(err)
+	}
+	second := dumpSpare()
+	if second == 0 || second == first {
+		t.Fatalf("dump spare after the second checkpoint: %d (first %d)", second, first)
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(first)); err == nil {
+		t.Fatalf("the dump spare %d the checkpoint ran on still exists", first)
+	}
+	// A rollback makes another tree in other namespaces: the checkpoint
+	// after it must not run in the old ones.
+	if _, err := m.Rollback(ctx, sb, ck.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}); err != nil {
+		t.Fatal(err)
+	}
+	third := dumpSpare()
+	rec, _ = m.lookupSandbox(sb)
+	if third == 0 || inode(third, "net") != inode(rec.Init.Pid, "net") {
+		t.Fatalf("dump spare %d after the rollback is not in the new tree's namespace", third)
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(second)); err == nil {
+		t.Fatalf("the stale dump spare %d still exists", second)
+	}
+	if r := run(t, m, sb, "echo $X"); r.Stdout != "1\n" {
+		t.Fatalf("X=%q after rollback", r.Stdout)
+	}
+	if _, err := m.Stop(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if p := dumpSpare(); p != 0 {
+		t.Fatalf("dump spare %d survived stop", p)
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(third)); err == nil {
+		t.Fatalf("dump spare process %d survived stop", third)
 	}
 }

@@ -61,7 +61,21 @@ func (t *Tool) Dump(ctx context.Context, o DumpOptions) (DumpStats, error) {
 			return nil
 		}
 	}
-	resps, err := t.call(ctx, "dump", []*rpc.CriuReq{{Type: rpc.CriuReqType_DUMP.Enum(), Opts: opts}}, nil, o.Namespaces, logPath, notify, nil)
+	reqs := []*rpc.CriuReq{{Type: rpc.CriuReqType_DUMP.Enum(), Opts: opts}}
+	var resps []*rpc.CriuResp
+	if o.Spare != nil {
+		if len(o.Namespaces) > 0 {
+			o.Spare.Kill()
+			return st, &Error{Op: "dump", Err: fmt.Errorf("a spare CRIU runs in its own namespaces: %w", errdefs.ErrInvalidArgument)}
+		}
+		p := o.Spare.take()
+		if p == nil {
+			return st, &Error{Op: "dump", Err: errSpareGone}
+		}
+		resps, err = t.session(ctx, "dump", p, reqs, logPath, notify, nil)
+	} else {
+		resps, err = t.call(ctx, "dump", reqs, nil, o.Namespaces, logPath, notify, nil)
+	}
 	if err != nil {
 		return st, err
 	}

@@ -43,6 +43,11 @@ type DumpOptions struct {
 	// RestoreOptions.Namespaces.
 	Namespaces []ns.Ref
 
+	// Spare, if set, is the started CRIU the dump runs on (StartSpareIn,
+	// in the namespaces the dump needs; Namespaces must be unset). It is
+	// used up even if the dump fails.
+	Spare *Spare
+
 	// FreezeCgroup is a freezer cgroup directory that holds exactly the
 	// tree (v1 freezer, or a cgroup2 directory); CRIU freezes through it
 	// instead of with ptrace. CRIU polls the freezer in 100 ms steps (on

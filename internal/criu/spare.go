@@ -36,6 +36,17 @@ func (t *Tool) StartSpare() (*Spare, error) {
 	return &Spare{p: p}, nil
 }
 
+// StartSpareIn starts a Spare in the namespaces nss (which stay the
+// caller's to close), for a dump of a tree that leaves them out of its
+// images (DumpOptions.Spare).
+func (t *Tool) StartSpareIn(nss []ns.Ref) (*Spare, error) {
+	p, err := t.spawn(nil, nss)
+	if err != nil {
+		return nil, err
+	}
+	return &Spare{p: p}, nil
+}
+
 // SpareNamespaces are the namespaces a Spare runs in, new.
 const SpareNamespaces = unix.CLONE_NEWNET | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC
 

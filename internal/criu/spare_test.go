@@ -106,3 +106,52 @@ func TestRestoreOnSpare(t *testing.T) {
 		t.Fatalf("refused spare %d still runs", pid2)
 	}
 }
+
+// A dump runs on a spare started in the tree's namespaces, once; the
+// images restore; a spare with Namespaces as well is refused and killed.
+func TestDumpOnSpare(t *testing.T) {
+	tool := realTool(t)
+	ctx := testCtx(t)
+	c := startCounter(t, 1<<20)
+	waitCount(t, c.port, 2)
+	self, err := os.Open("/proc/self/ns/uts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	nss := []ns.Ref{{Type: unix.CLONE_NEWUTS, File: self}}
+	sp, err := tool.StartSpareIn(nss)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sp.Kill)
+	images, dumpWork, restoreWork := dirs3(t)
+	if _, err := tool.Dump(ctx, DumpOptions{Pid: c.pid(), ImagesDir: images, WorkDir: dumpWork, Spare: sp}); err != nil {
+		t.Fatal(err)
+	}
+	c.kill()
+	if sp.Pid() != 0 {
+		t.Fatal("the spare is still listed after serving a dump")
+	}
+	if _, err := tool.Dump(ctx, DumpOptions{Pid: os.Getpid(), ImagesDir: t.TempDir(), Spare: sp}); !errors.Is(err, errSpareGone) {
+		t.Fatalf("dump on a used spare: %v, want %v", err, errSpareGone)
+	}
+	rs, err := tool.Restore(ctx, RestoreOptions{ImagesDir: images, WorkDir: restoreWork, RstSibling: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopt(t, rs.Pid)
+
+	sp2, err := tool.StartSpareIn(nss)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid2 := sp2.Pid()
+	_, err = tool.Dump(ctx, DumpOptions{Pid: rs.Pid, ImagesDir: t.TempDir(), Spare: sp2, Namespaces: nss})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("dump on a spare with Namespaces: %v, want invalid argument", err)
+	}
+	if sp2.Pid() != 0 || unix.Kill(pid2, 0) == nil {
+		t.Fatalf("refused spare %d still runs", pid2)
+	}
+}
