@@ -59,7 +59,7 @@ func (m *Manager) takeDumpSpare(rec sandboxRec, outside int) *criu.Spare {
 		return nil
 	}
 	if e.init != rec.Init || e.outside != outside {
-		e.s.Kill()
+		go e.s.Kill() // waits for its exit: not on the checkpoint's path
 		return nil
 	}
 	return e.s
@@ -123,9 +123,10 @@ func (m *Manager) prepareDumpSpare(id string) {
 	if tool == nil || m.netnsInImages {
 		return
 	}
-	// The ready one, if any, runs in the old tree's namespaces.
+	// The ready one, if any, runs in the old tree's namespaces. Killing
+	// it waits for its exit: not on the rollback's path.
 	if e := m.takeEntry(dumpKey(id)); e != nil {
-		e.s.Kill()
+		go e.s.Kill()
 	}
 	m.refill(dumpKey(id), func() (*spareEntry, error) {
 		rec, err := m.lookupSandbox(id)
