@@ -461,11 +461,6 @@ func (m *Manager) RollbackWith(ctx context.Context, ref string, req v1.RollbackR
 	res, err := m.rollback(ctx, ref, req)
 	if err == nil {
 		m.metrics.rollback.WithLabelValues(res.Tier).Observe(seconds(res.DurationMS))
-		if !res.ProcessesRestarted {
-			// The restored tree lives in new namespaces: a CRIU for its
-			// next checkpoint starts there now, off the critical path.
-			m.prepareDumpSpare(res.Sandbox)
-		}
 	}
 	return res, err
 }

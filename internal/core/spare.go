@@ -3,8 +3,6 @@ package core
 import (
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/ns"
@@ -101,44 +99,6 @@ func (m *Manager) refillDumpSpare(rec sandboxRec, outside int) {
 		return
 	}
 	m.refill(dumpKey(rec.ID), func() (*spareEntry, error) {
-		nss, err := ns.Open(rec.Init.Pid, outside)
-		if err != nil {
-			return nil, err
-		}
-		defer ns.Close(nss)
-		s, err := tool.StartSpareIn(nss)
-		if err != nil {
-			return nil, err
-		}
-		return &spareEntry{s: s, init: rec.Init, outside: outside}, nil
-	})
-}
-
-// prepareDumpSpare starts a dump spare for the sandbox's current tree in
-// the background (after a rollback, whose tree has new namespaces), for a
-// checkpoint that leaves the IPC namespace out if it holds no System V
-// objects now.
-func (m *Manager) prepareDumpSpare(id string) {
-	tool := m.criu
-	if tool == nil || m.netnsInImages {
-		return
-	}
-	// The ready one, if any, runs in the old tree's namespaces. Killing
-	// it waits for its exit: not on the rollback's path.
-	if e := m.takeEntry(dumpKey(id)); e != nil {
-		go e.s.Kill()
-	}
-	m.refill(dumpKey(id), func() (*spareEntry, error) {
-		rec, err := m.lookupSandbox(id)
-		if err != nil {
-			return nil, err
-		}
-		outside := unix.CLONE_NEWNET | unix.CLONE_NEWUTS
-		if inUse, err := sysvIPCInUse(rec.Init.Pid); err != nil {
-			return nil, err
-		} else if !inUse {
-			outside |= unix.CLONE_NEWIPC
-		}
 		nss, err := ns.Open(rec.Init.Pid, outside)
 		if err != nil {
 			return nil, err
