@@ -66,6 +66,7 @@ type session struct {
 	state      bytes.Buffer // state text written by stateCmd, NUL-terminated
 	stateT     bool
 	notify     chan struct{}
+	resync     bool // taken over: the next call syncs first (caller holds call)
 	exited     chan struct{}
 	status     unix.WaitStatus
 }
@@ -220,7 +221,9 @@ func (s *Agent) loadSessions(ctx context.Context) error {
 			}
 			continue // it exited meanwhile
 		}
-		s.sessions[name] = s.watchSession(name, p, files)
+		ss := s.watchSession(name, p, files)
+		ss.resync = true
+		s.sessions[name] = ss
 	}
 	return nil
 }
@@ -309,6 +312,16 @@ func (s *Agent) sessionDigest(ss *session) string {
 // runIn runs text in the session (caller holds ss.call). With state, the
 // text is stateCmd and runIn also returns the digest of what it wrote.
 func (s *Agent) runIn(ss *session, text string, timeoutMS int64, state bool) (Response, string) {
+	if ss.resync {
+		// Taken over from pid1's table: a call of the agent before may
+		// have been cut off (a daemon that died mid-command), and its
+		// output and markers may still come. A call of its own first,
+		// whose output is dropped, ends where that one ended.
+		ss.resync = false
+		if r, _ := s.runIn(ss, ":", timeoutMS, false); r.TimedOut {
+			return r, ""
+		}
+	}
 	start := time.Now()
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])

@@ -147,6 +147,12 @@ func TestAgentTakesOverSessions(t *testing.T) {
 		t.Fatalf("run: %+v", r)
 	}
 	pid := a.sessionList()[0].Pid
+	// A call cut off mid-command (the daemon died): its output comes
+	// after the take-over, and must not show up in the next call.
+	a.sessions["s"].call.Lock()
+	if _, err := a.sessions["s"].ctl.Write([]byte("moltcutoff sleep 0.3; echo stale\x00")); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	b, err := NewAgent(ctx, a.hostPid)
