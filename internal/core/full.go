@@ -225,11 +225,6 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	return ck.Checkpoint, nil
 }
 
-// persist stores a captured full checkpoint (after the previous pending
-// checkpoint of its sandbox, whose pages it may share) and commits it.
-// On failure the checkpoint's directory goes, its children and the
-// sandbox's head move to its parent, and the error is kept for whoever
-// waits on it.
 // errIPCAppeared fails a dump that left the IPC namespace out when the
 // frozen sandbox turns out to hold System V objects after all.
 var errIPCAppeared = errors.New("the sandbox made System V IPC objects before the freeze")
@@ -283,6 +278,11 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 	return freezeStart, snapped, err
 }
 
+// persist stores a captured full checkpoint (after the previous pending
+// checkpoint of its sandbox, whose pages it may share) and commits it.
+// On failure the checkpoint's directory goes, its children and the
+// sandbox's head move to its parent, and the error is kept for whoever
+// waits on it.
 func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, rec sandboxRec, staging, work string, start time.Time) {
 	defer os.RemoveAll(work)
 	defer os.RemoveAll(staging)
