@@ -332,8 +332,14 @@ static void spawn(int c, struct req *q, const char *data, int *fds, int nfds) {
 		fail(c, v[0], v[1]);
 		return;
 	}
-	if (q->flags & F_WATCH)
+	if (q->flags & F_WATCH) {
+		// A status nobody took, of an earlier process with this PID,
+		// is not this one's.
+		for (int i = 0; i < nexits; i++)
+			if (exits[i].pid == pid)
+				exits[i--] = exits[--nexits];
 		watched[nwatched++] = pid;
+	}
 	if (q->nkeep) {
 		struct entry *en = &table[nentries++];
 		strcpy(en->tag, tag);
