@@ -138,7 +138,33 @@ func benchCmd(g *globals) *cobra.Command {
 	search.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	search.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	search.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
-	c.AddCommand(fs, cr, rb, search, turnsBenchCmd(g))
+	var forkN, forkRounds int
+	fk := &cobra.Command{
+		Use:   "fork",
+		Short: "Fan-out: forks per second of fork CK -n N next to copying the root and restoring with criu N times",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			return withDaemon(ctx, dir, cacheDir, func(e *daemon.Ephemeral) error {
+				res, err := bench.RunFork(ctx, e, bench.ForkConfig{Image: "default", CriuPath: criuPath, N: forkN, Rounds: forkRounds, HeapMiB: heap, Progress: os.Stderr})
+				if err != nil {
+					return err
+				}
+				return g.print(res, func() {
+					fmt.Printf("molt bench fork: %d forks of one full checkpoint, %d rounds (the baseline: one)\n\n", forkN, forkRounds)
+					bench.PrintFork(os.Stdout, res)
+				})
+			})
+		},
+	}
+	fk.Flags().IntVarP(&forkN, "n", "n", 8, "forks per round")
+	fk.Flags().IntVar(&forkRounds, "rounds", 5, "molt rounds per workload")
+	fk.Flags().IntVar(&heap, "heap", 100, "heap of the Python workload, MiB")
+	fk.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
+	fk.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
+	fk.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
+	c.AddCommand(fs, cr, rb, search, fk, turnsBenchCmd(g))
 	return c
 }
 
