@@ -407,31 +407,46 @@ static void drop(int c, const char *tag, size_t len) {
 	fail(c, found ? 0 : ENOENT, 0);
 }
 
-// kill_tree signals pid's descendants, deepest first, then pid.
-static void kill_tree(int pid, int sig, int depth) {
-	if (depth > 64)
+#define MAX_TREE 4096
+static int tree[MAX_TREE];
+static int ntree;
+
+// collect_tree lists pid, then its descendants, each after its parent.
+static void collect_tree(int pid, int depth) {
+	if (depth > 64 || ntree == MAX_TREE)
 		return;
+	tree[ntree++] = pid;
 	char path[64];
 	snprintf(path, sizeof(path), "/proc/%d/task", pid);
 	DIR *d = opendir(path);
-	if (d) {
-		struct dirent *de;
-		while ((de = readdir(d))) {
-			if (de->d_name[0] == '.')
-				continue;
-			char cpath[320];
-			snprintf(cpath, sizeof(cpath), "/proc/%d/task/%s/children", pid, de->d_name);
-			FILE *f = fopen(cpath, "re");
-			if (!f)
-				continue;
-			int child;
-			while (fscanf(f, "%d", &child) == 1)
-				kill_tree(child, sig, depth + 1);
-			fclose(f);
-		}
-		closedir(d);
+	if (!d)
+		return;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		char cpath[320];
+		snprintf(cpath, sizeof(cpath), "/proc/%d/task/%s/children", pid, de->d_name);
+		FILE *f = fopen(cpath, "re");
+		if (!f)
+			continue;
+		int child;
+		while (fscanf(f, "%d", &child) == 1)
+			collect_tree(child, depth + 1);
+		fclose(f);
 	}
-	kill(pid, sig);
+	closedir(d);
+}
+
+// kill_tree signals pid and its descendants, parents first. The tree is
+// read before any signal: a process whose parent is gone (reparented to
+// pid1) is still signalled, and pid dies of the signal, not of its
+// children's deaths (a shell in `wait` would exit 0 first).
+static void kill_tree(int pid, int sig) {
+	ntree = 0;
+	collect_tree(pid, 0);
+	for (int i = 0; i < ntree; i++)
+		kill(tree[i], sig);
 }
 
 static void do_signal(int c, struct req *q) {
@@ -441,7 +456,7 @@ static void do_signal(int c, struct req *q) {
 	}
 	int err = 0;
 	if (q->flags & SIG_TREE)
-		kill_tree(q->pid, q->sig, 0);
+		kill_tree(q->pid, q->sig);
 	else if (kill((q->flags & SIG_GROUP) ? -q->pid : q->pid, q->sig) < 0)
 		err = errno;
 	fail(c, err, 0);
