@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"text/tabwriter"
 	"time"
@@ -79,38 +76,21 @@ func RunFork(ctx context.Context, e *daemon.Ephemeral, cfg ForkConfig) (ForkResu
 		}
 
 		progress("fork: %s: baseline (cp -a of the root + criu restore, %d times)", w.name, cfg.N)
-		s, err := c.Sandbox(ctx, sb.ID)
+		src, err := newColdSource(ctx, c, cfg.CriuPath, h.Pool.Dir, sb.ID)
 		if err != nil {
 			return res, err
 		}
-		root := filepath.Join(h.Pool.Dir, "sandboxes", sb.ID, "root")
-		dir := filepath.Join(h.Pool.Dir, "tmp", "bench-fork-"+sb.ID)
-		if err := plainDump(cfg.CriuPath, s.Pid, filepath.Join(dir, "images")); err != nil {
-			return res, err
-		}
-		if out, err := exec.Command("cp", "-a", "--reflink=never", root, filepath.Join(dir, "saved")).CombinedOutput(); err != nil {
-			return res, fmt.Errorf("cp: %v: %s", err, out)
-		}
-		// The copies cannot run side by side (same PIDs, same abstract
-		// socket names in the restored namespaces' parent): each is
-		// killed before the next, untimed.
 		var took time.Duration
 		for i := 0; i < cfg.N; i++ {
-			copyRoot := filepath.Join(dir, "root")
-			t0 := time.Now()
-			if out, err := exec.Command("cp", "-a", "--reflink=never", filepath.Join(dir, "saved"), copyRoot).CombinedOutput(); err != nil {
-				return res, fmt.Errorf("cp: %v: %s", err, out)
-			}
-			pid, err := plainRestore(cfg.CriuPath, filepath.Join(dir, "images"), dir, copyRoot)
+			d, err := src.copy()
 			if err != nil {
+				src.remove()
 				return res, err
 			}
-			took += time.Since(t0)
-			killTree(pid)
-			_ = os.RemoveAll(copyRoot)
+			took += d
 		}
 		row.Baseline = float64(cfg.N) / took.Seconds()
-		_ = os.RemoveAll(dir)
+		src.remove()
 		res.Rows = append(res.Rows, row)
 		if err := c.Remove(ctx, sb.ID); err != nil {
 			return res, err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/client"
 	"github.com/molt-sh/molt/internal/daemon"
 )
 
@@ -94,35 +95,21 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 		row.Hot, row.Warm = hot.Stats(), warm.Stats()
 
 		progress("rollback: %s: cold baseline (cp -a of the root + criu restore)", w.name)
-		s, err := c.Sandbox(ctx, sb.ID)
+		src, err := newColdSource(ctx, c, cfg.CriuPath, h.Pool.Dir, sb.ID)
 		if err != nil {
 			return res, err
 		}
-		root := filepath.Join(h.Pool.Dir, "sandboxes", sb.ID, "root")
-		dir := filepath.Join(h.Pool.Dir, "tmp", "bench-rb-"+sb.ID)
-		if err := plainDump(cfg.CriuPath, s.Pid, filepath.Join(dir, "images")); err != nil {
-			return res, err
-		}
-		if out, err := exec.Command("cp", "-a", "--reflink=never", root, filepath.Join(dir, "saved")).CombinedOutput(); err != nil {
-			return res, fmt.Errorf("cp: %v: %s", err, out)
-		}
 		var cold Sample
 		for i := 0; i < max(2, cfg.Iterations/3); i++ {
-			copyRoot := filepath.Join(dir, "root")
-			t0 := time.Now()
-			if out, err := exec.Command("cp", "-a", "--reflink=never", filepath.Join(dir, "saved"), copyRoot).CombinedOutput(); err != nil {
-				return res, fmt.Errorf("cp: %v: %s", err, out)
-			}
-			pid, err := plainRestore(cfg.CriuPath, filepath.Join(dir, "images"), dir, copyRoot)
+			took, err := src.copy()
 			if err != nil {
+				src.remove()
 				return res, err
 			}
-			cold = append(cold, time.Since(t0))
-			killTree(pid)
-			_ = os.RemoveAll(copyRoot)
+			cold = append(cold, took)
 		}
 		row.Cold = cold.Stats()
-		_ = os.RemoveAll(dir)
+		src.remove()
 		res.Rows = append(res.Rows, row)
 		if err := c.Remove(ctx, sb.ID); err != nil {
 			return res, err
@@ -172,3 +159,49 @@ func PrintRollback(w io.Writer, r RollbackResult) {
 			row.Workload, row.Hot.P50, check(row.Hot.P50 <= 5), row.Hot.P99, check(row.Hot.P99 <= 20), row.Stall.P50, check(row.Stall.P50 <= 15))
 	}
 }
+
+// coldSource is what the cold baselines copy from: a plain CRIU dump of
+// a sandbox's tree (full images) and a full copy of its root.
+type coldSource struct {
+	criuPath, dir string
+}
+
+func newColdSource(ctx context.Context, c *client.Client, criuPath, poolDir, sb string) (*coldSource, error) {
+	s, err := c.Sandbox(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	src := &coldSource{criuPath: criuPath, dir: filepath.Join(poolDir, "tmp", "bench-cold-"+sb)}
+	if err := plainDump(criuPath, s.Pid, filepath.Join(src.dir, "images")); err != nil {
+		src.remove()
+		return nil, err
+	}
+	root := filepath.Join(poolDir, "sandboxes", sb, "root")
+	if out, err := exec.Command("cp", "-a", "--reflink=never", root, filepath.Join(src.dir, "saved")).CombinedOutput(); err != nil {
+		src.remove()
+		return nil, fmt.Errorf("cp: %v: %s", err, out)
+	}
+	return src, nil
+}
+
+// copy makes one copy the baseline's way, a full copy of the saved root
+// and a plain criu restore onto it, and returns how long that took; the
+// copy is then killed and removed (untimed): copies cannot run side by
+// side (same PIDs).
+func (s *coldSource) copy() (time.Duration, error) {
+	root := filepath.Join(s.dir, "root")
+	t0 := time.Now()
+	if out, err := exec.Command("cp", "-a", "--reflink=never", filepath.Join(s.dir, "saved"), root).CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("cp: %v: %s", err, out)
+	}
+	pid, err := plainRestore(s.criuPath, filepath.Join(s.dir, "images"), s.dir, root)
+	if err != nil {
+		return 0, err
+	}
+	took := time.Since(t0)
+	killTree(pid)
+	_ = os.RemoveAll(root)
+	return took, nil
+}
+
+func (s *coldSource) remove() { _ = os.RemoveAll(s.dir) }

@@ -151,21 +151,25 @@ func (m *Manager) refill(key string, start func() (*spareEntry, error)) {
 // lives in its cgroup or its namespaces until the next refill. Callers
 // about to kill or remove the sandbox call it first.
 func (m *Manager) dropSpare(id string) {
-	for _, key := range []string{id, dumpKey(id)} {
-		m.spr.mu.Lock()
-		e := m.spr.m[key]
-		delete(m.spr.m, key)
-		done := m.spr.filling[key]
-		if m.spr.gen != nil {
-			m.spr.gen[key]++
-		}
-		m.spr.mu.Unlock()
-		if e != nil {
-			e.s.Kill()
-		}
-		if done != nil {
-			<-done
-		}
+	m.dropKey(id)
+	m.dropKey(dumpKey(id))
+}
+
+// dropKey kills the spare under key and waits for a refill in flight.
+func (m *Manager) dropKey(key string) {
+	m.spr.mu.Lock()
+	e := m.spr.m[key]
+	delete(m.spr.m, key)
+	done := m.spr.filling[key]
+	if m.spr.gen != nil {
+		m.spr.gen[key]++
+	}
+	m.spr.mu.Unlock()
+	if e != nil {
+		e.s.Kill()
+	}
+	if done != nil {
+		<-done
 	}
 }
 
@@ -182,15 +186,6 @@ func (m *Manager) closeSpares() {
 	}
 	m.spr.mu.Unlock()
 	for _, k := range keys {
-		e := m.takeEntry(k)
-		if e != nil {
-			e.s.Kill()
-		}
-		m.spr.mu.Lock()
-		done := m.spr.filling[k]
-		m.spr.mu.Unlock()
-		if done != nil {
-			<-done
-		}
+		m.dropKey(k)
 	}
 }

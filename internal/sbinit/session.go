@@ -201,12 +201,10 @@ func (s *Agent) loadSessions(ctx context.Context) error {
 			}
 			continue
 		}
-		for _, f := range e.Files {
-			// Non-blocking copies, which the runtime poller serves.
-			_ = unix.SetNonblock(int(f.Fd()), true)
-		}
 		files := make([]*os.File, 4)
 		for i, f := range e.Files {
+			// Non-blocking copies, which the runtime poller serves.
+			_ = unix.SetNonblock(int(f.Fd()), true)
 			fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 			f.Close()
 			if err != nil {
