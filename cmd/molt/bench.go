@@ -8,6 +8,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/bench"
+	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/daemon"
 	"github.com/spf13/cobra"
@@ -15,6 +16,7 @@ import (
 
 func benchCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "Benchmarks that print molt next to baselines from one run"}
+	c.PersistentFlags().BoolVar(&benchDynMods, "cgroup-favordynmods", true, "the benchmark daemon's --cgroup-favordynmods; false also clears the option on the host's cgroup2 mount first")
 	var iters, baseIters, files int
 	var sizes []string
 	var dir, cacheDir string
@@ -172,7 +174,7 @@ func benchCmd(g *globals) *cobra.Command {
 // under dir, with the default image built (from the cache after the
 // first build), and removes everything afterwards.
 func withDaemon(ctx context.Context, dir, cacheDir string, fn func(*daemon.Ephemeral) error) error {
-	e, err := daemon.StartEphemeral(ctx, dir, cacheDir, version)
+	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, benchTweak(nil))
 	if err != nil {
 		return err
 	}
@@ -186,4 +188,24 @@ func withDaemon(ctx context.Context, dir, cacheDir string, fn func(*daemon.Ephem
 		return err
 	}
 	return fn(e)
+}
+
+// benchDynMods is bench's --cgroup-favordynmods.
+var benchDynMods = true
+
+// benchTweak applies bench's own flags to a benchmark daemon's
+// configuration, then tweak. With --cgroup-favordynmods=false it clears
+// the option on the host first: a daemon that ran before may have set it.
+func benchTweak(tweak func(*core.Config)) func(*core.Config) {
+	return func(c *core.Config) {
+		if !benchDynMods {
+			c.NoFavorDynMods = true
+			if _, err := cgroup.SetDynMods(false); err != nil {
+				fmt.Fprintln(os.Stderr, "bench: cannot clear favordynmods:", err)
+			}
+		}
+		if tweak != nil {
+			tweak(c)
+		}
+	}
 }

@@ -111,7 +111,7 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 // startBenchDaemon starts an ephemeral daemon with a configuration tweak
 // and the default image built; Close removes it.
 func startBenchDaemon(ctx context.Context, dir, cacheDir string, tweak func(*core.Config)) (*daemon.Ephemeral, error) {
-	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, tweak)
+	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, benchTweak(tweak))
 	if err != nil {
 		return nil, err
 	}

@@ -96,6 +96,7 @@ func parseSize(s string) (int64, error) {
 func daemonCmd(g *globals) *cobra.Command {
 	var poolSize, cacheDir, budget, ioBudget string
 	var workers, criuLog int
+	var dynMods bool
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the molt daemon in the foreground",
@@ -125,7 +126,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
-					CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}},
+					CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods},
 				Socket: g.socket,
 			})
 		},
@@ -135,6 +136,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&budget, "standby-budget", "2G", "memory for pre-restored standbys (hot rollback) across the host; 0 disables them")
 	c.Flags().IntVar(&workers, "sched-workers", 0, "checkpoint background jobs (storing, standbys, GC) run at once host-wide (0: 1 on up to 2 CPUs, else half the CPUs)")
 	c.Flags().StringVar(&ioBudget, "sched-io", "0", "bytes per second background jobs may write, as 200M (0: unlimited)")
+	c.Flags().BoolVar(&dynMods, "cgroup-favordynmods", true, "set favordynmods on the host's cgroup2 mount and keep it set: cgroup moves (every restore, fork and standby does some) skip an RCU grace period each; forks and exits host-wide cost a little more")
 	c.Flags().IntVar(&criuLog, "criu-log-level", core.DefaultCRIULogLevel, "CRIU's log level for checkpoints and restores: 1 errors, 2 and warnings, 4 debugging (adds milliseconds to every checkpoint's frozen window)")
 	return c
 }

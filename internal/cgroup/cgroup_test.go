@@ -767,3 +767,80 @@ func TestFreezeHeldByV1(t *testing.T) {
 		assertRunning(t, p.cmd.Process.Pid)
 	})
 }
+
+func TestCgroup2SuperOptions(t *testing.T) {
+	const hybrid = `25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+27 25 0:24 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+`
+	mnt, opts, err := cgroup2SuperOptions(strings.NewReader(hybrid))
+	if err != nil || mnt != "/sys/fs/cgroup/unified" || !slices.Equal(opts, []string{"nsdelegate", "memory_recursiveprot"}) {
+		t.Fatalf("hybrid: %q %q %v", mnt, opts, err)
+	}
+	// The conventional place wins over an earlier, stray mount; ro and
+	// escapes are handled.
+	const two = `40 30 0:50 / /run/x\040y rw - cgroup2 cgroup2 ro
+41 30 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,favordynmods
+`
+	mnt, opts, err = cgroup2SuperOptions(strings.NewReader(two))
+	if err != nil || mnt != "/sys/fs/cgroup" || !slices.Equal(opts, []string{"favordynmods"}) {
+		t.Fatalf("v2: %q %q %v", mnt, opts, err)
+	}
+	mnt, opts, err = cgroup2SuperOptions(strings.NewReader("40 30 0:50 / /run/x\\040y rw - cgroup2 cgroup2 ro\n"))
+	if err != nil || mnt != "/run/x y" || len(opts) != 0 {
+		t.Fatalf("escaped: %q %q %v", mnt, opts, err)
+	}
+	if _, _, err := cgroup2SuperOptions(strings.NewReader("27 25 0:24 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer\n")); !errors.Is(err, errdefs.ErrNotSupported) {
+		t.Fatalf("v1 only: %v, want ErrNotSupported", err)
+	}
+}
+
+// TestEnableDynMods turns favordynmods off and on again on the host's
+// cgroup2 mount and checks that the mount's other options survive both
+// remounts. It leaves the option as it found it.
+func TestEnableDynMods(t *testing.T) {
+	testutil.RequireRoot(t)
+	superOpts := func() []string {
+		f, err := os.Open("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		_, opts, err := cgroup2SuperOptions(f)
+		if err != nil {
+			testutil.Unavailable(t, fmt.Sprintf("no cgroup2 mount: %v", err))
+		}
+		return opts
+	}
+	before := superOpts()
+	wasOn := slices.Contains(before, FavorDynMods)
+	others := slices.DeleteFunc(slices.Clone(before), func(o string) bool { return o == FavorDynMods })
+	t.Cleanup(func() {
+		if _, err := SetDynMods(wasOn); err != nil {
+			t.Errorf("restoring favordynmods=%v: %v", wasOn, err)
+		}
+	})
+	if changed, err := SetDynMods(false); err != nil || changed != wasOn {
+		t.Fatalf("off: changed %v, %v", changed, err)
+	}
+	if st, err := DynMods(); err != nil || st.Enabled {
+		t.Fatalf("after turning it off: %+v, %v", st, err)
+	}
+	if got := superOpts(); !slices.Equal(got, others) {
+		t.Fatalf("options after turning it off: %q, want %q", got, others)
+	}
+	if changed, err := EnableDynMods(); err != nil || !changed {
+		t.Fatalf("on: changed %v, %v", changed, err)
+	}
+	if changed, err := EnableDynMods(); err != nil || changed {
+		t.Fatalf("on again: changed %v, %v (want no change)", changed, err)
+	}
+	st, err := DynMods()
+	if err != nil || !st.Enabled || st.Mount == "" {
+		t.Fatalf("after turning it on: %+v, %v", st, err)
+	}
+	got := slices.DeleteFunc(superOpts(), func(o string) bool { return o == FavorDynMods })
+	if !slices.Equal(got, others) {
+		t.Fatalf("options after turning it on: %q, want %q and favordynmods", got, others)
+	}
+}

@@ -66,6 +66,12 @@ type Config struct {
 	// NoScheduler runs background work unscheduled, each job at once (for
 	// comparison in benchmarks).
 	NoScheduler bool
+	// NoFavorDynMods leaves the host's cgroup2 mount options alone. By
+	// default the manager sets favordynmods on it and keeps it set, so
+	// that moving a task between cgroups (every restore does) does not
+	// wait for an RCU grace period; forks and exits then cost a little
+	// more host-wide.
+	NoFavorDynMods bool
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -205,6 +211,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 			m.log.Warn("full checkpoints unavailable", "criu", p, "reason", criuProblem(f))
 		}
 	}
+	m.favorDynMods()
 	if m.initBin, err = m.installInitBinary(); err != nil {
 		m.Close()
 		return nil, err
@@ -452,6 +459,7 @@ func (m *Manager) Host() v1.Host {
 		{Name: "cgroup", Supported: true, Detail: cgroup.Mode()},
 		m.criuFeature(),
 		inspectorFeature(),
+		m.dynModsFeature(),
 		{Name: "arch", Supported: true, Detail: runtime.GOARCH},
 	}
 	return h

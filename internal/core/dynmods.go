@@ -1,0 +1,71 @@
+package core
+
+import (
+	"errors"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/errdefs"
+)
+
+// dynModsCheck is how often the daemon checks that the cgroup2 mount still
+// favours dynamic modifications: any new cgroup2 mount on the host (a
+// plain `criu restore` that manages cgroups, another runtime) sets the
+// hierarchy's flags from its own options and so clears it.
+const dynModsCheck = 2 * time.Second
+
+// favorDynMods sets favordynmods on the host's cgroup2 mount, so that the
+// cgroup moves on molt's restore paths (a fork's CRIU into the new
+// sandbox's cgroups, spares, standbys) do not each wait for an RCU grace
+// period, and keeps it set while the manager is open. See
+// docs/architecture.md, "cgroup moves".
+func (m *Manager) favorDynMods() {
+	if m.cfg.NoFavorDynMods {
+		return
+	}
+	set := func(first bool) {
+		changed, err := cgroup.EnableDynMods()
+		switch {
+		case errors.Is(err, errdefs.ErrNotSupported):
+		case err != nil:
+			if first {
+				m.log.Warn("cgroup moves stay slow: cannot set favordynmods on the cgroup2 mount", "err", err)
+			}
+		case changed && !first:
+			m.log.Info("favordynmods was cleared on the cgroup2 mount (by another cgroup2 mount); set it again")
+		case changed:
+			m.log.Info("set favordynmods on the cgroup2 mount: cgroup moves no longer wait for RCU grace periods")
+		}
+	}
+	set(true)
+	go func() {
+		t := time.NewTicker(dynModsCheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-m.closing:
+				return
+			case <-t.C:
+				set(false)
+			}
+		}
+	}()
+}
+
+// dynModsFeature reports the state for Host.
+func (m *Manager) dynModsFeature() v1.Feature {
+	f := v1.Feature{Name: "cgroup-favordynmods"}
+	st, err := cgroup.DynMods()
+	switch {
+	case err != nil:
+		f.Reason = err.Error()
+	case st.Enabled:
+		f.Supported, f.Detail = true, st.Mount+": cgroup moves skip RCU grace periods"
+	case m.cfg.NoFavorDynMods:
+		f.Reason = "off (daemon started with --cgroup-favordynmods=false): each cgroup move waits for an RCU grace period"
+	default:
+		f.Reason = "not set on " + st.Mount
+	}
+	return f
+}
