@@ -26,7 +26,7 @@ demo: build
 # detector.
 test: build lint
 	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
-	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 20m ./api/... ./client ./internal/core ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/ns ./internal/pid1
+	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 20m ./api/... ./client ./internal/core ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/ns ./internal/pid1 ./internal/template
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting" >&2; exit 1; }

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what molt needs on a Debian 12 host, idempotently: btrfs-progs
-# (mkfs.btrfs for the loop pool), debootstrap (images) and musl-tools
-# (to check that internal/pid1/pid1.bin is built from its source). Needs root.
+# (mkfs.btrfs for the loop pool), debootstrap (images), musl-tools (to
+# check that internal/pid1/pid1.bin is built from its source) and python3
+# (the test processes of internal/template). Needs root.
 set -euo pipefail
 
 need=()
-for pkg in btrfs-progs debootstrap ca-certificates musl-tools; do
+for pkg in btrfs-progs debootstrap ca-certificates musl-tools python3; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then

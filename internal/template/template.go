@@ -1,0 +1,395 @@
+//go:build linux && amd64
+
+package template
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/errdefs"
+)
+
+// syscallInsn is x86-64's syscall instruction.
+var syscallInsn = [2]byte{0x0f, 0x05}
+
+// Tracer injects clones into processes from one locked OS thread.
+// Its methods may be called from any goroutine, one at a time per
+// process.
+type Tracer struct {
+	reqs chan func()
+	done chan struct{}
+	// On the tracer thread only:
+	seized map[int]*tracee
+}
+
+type tracee struct {
+	stopped bool  // in a ptrace stop this tracer has waited for
+	held    []int // signals that arrived during the injection
+	copy    bool  // a copy made by Clone
+}
+
+// NewTracer starts a tracer. Close it to release what it holds.
+func NewTracer() *Tracer {
+	t := &Tracer{reqs: make(chan func()), done: make(chan struct{}), seized: map[int]*tracee{}}
+	go func() {
+		// The thread is never unlocked: it exits with the goroutine, and
+		// the kernel detaches whatever it still traces.
+		runtime.LockOSThread()
+		for f := range t.reqs {
+			f()
+		}
+		close(t.done)
+	}()
+	return t
+}
+
+func (t *Tracer) do(f func() error) error {
+	errc := make(chan error, 1)
+	t.reqs <- func() { errc <- f() }
+	return <-errc
+}
+
+// Close releases every original still seized (it runs on) and kills
+// every copy still held, then ends the tracer's thread.
+func (t *Tracer) Close() {
+	_ = t.do(func() error {
+		for pid, tr := range t.seized {
+			if tr.copy {
+				_ = unix.Kill(pid, unix.SIGKILL)
+				delete(t.seized, pid)
+				continue
+			}
+			_ = t.release(pid)
+		}
+		return nil
+	})
+	close(t.reqs)
+	<-t.done
+}
+
+// Seize attaches to pid and asks it to stop at its next return to user
+// mode; Clone waits for that stop. A process in a frozen cgroup stops
+// once the cgroup is thawed, so a caller seizes a frozen tree, thaws it
+// and then clones each process.
+//
+// Preconditions: pid is not traced already and is single-threaded.
+func (t *Tracer) Seize(pid int) error {
+	return t.do(func() error {
+		if _, ok := t.seized[pid]; ok {
+			return nil
+		}
+		if n, err := threads(pid); err != nil {
+			return err
+		} else if n != 1 {
+			return fmt.Errorf("pid %d has %d threads: only single-threaded processes can be copied: %w", pid, n, errdefs.ErrNotSupported)
+		}
+		const opts = unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEVFORK
+		if _, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(pid), 0, opts, 0, 0); e != 0 {
+			return fmt.Errorf("seize %d: %w", pid, e)
+		}
+		t.seized[pid] = &tracee{}
+		if err := unix.PtraceInterrupt(pid); err != nil {
+			_ = unix.PtraceDetach(pid)
+			delete(t.seized, pid)
+			return fmt.Errorf("interrupt %d: %w", pid, err)
+		}
+		return nil
+	})
+}
+
+// Clone makes a copy of pid (seizing it first if needed) and releases
+// pid, which runs on. The copy is held stopped by the tracer, with the
+// original's registers at its stop; Detach, Kill or Close end that.
+// With parent, the copy is a child of pid's parent (CLONE_PARENT: a
+// parent that reaps any child, such as molt's PID 1, reaps it), else of
+// pid; a namespace's init cannot give its copies its parent.
+func (t *Tracer) Clone(pid int, parent bool) (copyPid int, err error) {
+	if err := t.Seize(pid); err != nil {
+		return 0, err
+	}
+	err = t.do(func() error {
+		defer func() {
+			if rerr := t.release(pid); rerr != nil && err == nil {
+				err = rerr
+			}
+		}()
+		copyPid, err = t.inject(pid, parent)
+		return err
+	})
+	return copyPid, err
+}
+
+// inject runs on the tracer thread.
+func (t *Tracer) inject(pid int, parent bool) (int, error) {
+	tr := t.seized[pid]
+	if !tr.stopped {
+		sig, err := t.waitStop(pid, tr)
+		if err != nil {
+			return 0, err
+		}
+		if sig != int(unix.SIGTRAP) {
+			return 0, fmt.Errorf("pid %d is stopped by %v (job control): %w", pid, unix.Signal(sig), errdefs.ErrFailedPrecondition)
+		}
+	}
+	var saved unix.PtraceRegs
+	if err := unix.PtraceGetRegs(pid, &saved); err != nil {
+		return 0, fmt.Errorf("registers of %d: %w", pid, err)
+	}
+	// A process stopped on its way out of a system call sits just past
+	// a syscall instruction; elsewhere one is written over the current
+	// instruction for the duration.
+	at := uintptr(saved.Rip)
+	var orig [8]byte
+	poked := false
+	if int64(saved.Orig_rax) >= 0 && saved.Rip >= 2 {
+		var b [2]byte
+		if _, err := unix.PtracePeekText(pid, uintptr(saved.Rip-2), b[:]); err == nil && b == syscallInsn {
+			at = uintptr(saved.Rip - 2)
+		}
+	}
+	if at == uintptr(saved.Rip) {
+		if _, err := unix.PtracePeekText(pid, at, orig[:]); err != nil {
+			return 0, fmt.Errorf("text of %d: %w", pid, err)
+		}
+		code := orig
+		copy(code[:], syscallInsn[:])
+		if _, err := unix.PtracePokeText(pid, at, code[:]); err != nil {
+			return 0, fmt.Errorf("text of %d: %w", pid, err)
+		}
+		poked = true
+	}
+	restore := func() error {
+		var errs []error
+		if poked {
+			if _, err := unix.PtracePokeText(pid, at, orig[:]); err != nil {
+				errs = append(errs, fmt.Errorf("restore text of %d: %w", pid, err))
+			}
+		}
+		if err := unix.PtraceSetRegs(pid, &saved); err != nil {
+			errs = append(errs, fmt.Errorf("restore registers of %d: %w", pid, err))
+		}
+		return errors.Join(errs...)
+	}
+
+	regs := saved
+	flags := uint64(unix.SIGCHLD)
+	if parent {
+		flags |= unix.CLONE_PARENT
+	}
+	// orig_rax -1: no restart of the interrupted call before ours.
+	regs.Orig_rax = ^uint64(0)
+	regs.Rax = unix.SYS_CLONE
+	regs.Rdi, regs.Rsi, regs.Rdx, regs.R10, regs.R8 = flags, 0, 0, 0, 0
+	regs.Rip = uint64(at)
+	if err := unix.PtraceSetRegs(pid, &regs); err != nil {
+		return 0, errors.Join(fmt.Errorf("inject into %d: %w", pid, err), restore())
+	}
+	child, err := t.step(pid, tr)
+	if err == nil {
+		var after unix.PtraceRegs
+		if err = unix.PtraceGetRegs(pid, &after); err == nil && int64(after.Rax) < 0 {
+			err = fmt.Errorf("clone in %d: %w", pid, unix.Errno(-int64(after.Rax)))
+		}
+	}
+	if rerr := restore(); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	if child == 0 {
+		if err == nil {
+			err = fmt.Errorf("clone in %d: no child reported", pid)
+		}
+		return 0, err
+	}
+	t.seized[child] = &tracee{copy: true}
+	// Queued first, so that the copy stops rather than runs should the
+	// tracer go away before it is released.
+	_ = unix.Tgkill(child, child, unix.SIGSTOP)
+	if err == nil {
+		err = t.prepareCopy(child, saved, poked, at, orig)
+	}
+	if err != nil {
+		_ = unix.Kill(child, unix.SIGKILL)
+		delete(t.seized, child)
+		return 0, err
+	}
+	return child, nil
+}
+
+// step single-steps pid through the injected clone and returns the new
+// child's pid from the fork event.
+func (t *Tracer) step(pid int, tr *tracee) (int, error) {
+	child := 0
+	if err := unix.PtraceSingleStep(pid); err != nil {
+		return 0, fmt.Errorf("step %d: %w", pid, err)
+	}
+	for {
+		ws, err := wait(pid)
+		if err != nil {
+			return child, err
+		}
+		if !ws.Stopped() {
+			delete(t.seized, pid)
+			return child, fmt.Errorf("pid %d ended during the injection: %w", pid, errdefs.ErrNotFound)
+		}
+		switch cause := ws.TrapCause(); {
+		case cause == unix.PTRACE_EVENT_FORK || cause == unix.PTRACE_EVENT_CLONE || cause == unix.PTRACE_EVENT_VFORK:
+			msg, err := unix.PtraceGetEventMsg(pid)
+			if err != nil {
+				return child, fmt.Errorf("new child of %d: %w", pid, err)
+			}
+			child = int(msg)
+			if err := unix.PtraceSingleStep(pid); err != nil {
+				return child, fmt.Errorf("step %d: %w", pid, err)
+			}
+		case ws.StopSignal() == unix.SIGTRAP && cause <= 0:
+			tr.stopped = true
+			return child, nil
+		default:
+			// A signal (or a stop) on its way: hold it for the release.
+			if sig := ws.StopSignal(); cause <= 0 {
+				tr.held = append(tr.held, int(sig))
+			}
+			if err := unix.PtraceSingleStep(pid); err != nil {
+				return child, fmt.Errorf("step %d: %w", pid, err)
+			}
+		}
+	}
+}
+
+// prepareCopy waits for the new copy's first stop and gives it the
+// original's registers (and text) from before the injection.
+func (t *Tracer) prepareCopy(child int, saved unix.PtraceRegs, poked bool, at uintptr, orig [8]byte) error {
+	tr := t.seized[child]
+	if _, err := t.waitStop(child, tr); err != nil {
+		return err
+	}
+	if poked {
+		if _, err := unix.PtracePokeText(child, at, orig[:]); err != nil {
+			return fmt.Errorf("text of copy %d: %w", child, err)
+		}
+	}
+	if err := unix.PtraceSetRegs(child, &saved); err != nil {
+		return fmt.Errorf("registers of copy %d: %w", child, err)
+	}
+	return nil
+}
+
+// waitStop waits for pid's next ptrace stop that is not a signal on its
+// way (those are held for the release) and returns its signal.
+func (t *Tracer) waitStop(pid int, tr *tracee) (int, error) {
+	for {
+		ws, err := wait(pid)
+		if err != nil {
+			return 0, err
+		}
+		if !ws.Stopped() {
+			delete(t.seized, pid)
+			return 0, fmt.Errorf("pid %d ended: %w", pid, errdefs.ErrNotFound)
+		}
+		if ws.TrapCause() == unix.PTRACE_EVENT_STOP {
+			tr.stopped = true
+			return int(ws.StopSignal()), nil
+		}
+		tr.held = append(tr.held, int(ws.StopSignal()))
+		if err := unix.PtraceCont(pid, 0); err != nil {
+			return 0, fmt.Errorf("continue %d: %w", pid, err)
+		}
+	}
+}
+
+// release detaches an original and delivers the signals held for it.
+func (t *Tracer) release(pid int) error {
+	tr, ok := t.seized[pid]
+	if !ok {
+		return nil
+	}
+	delete(t.seized, pid)
+	err := unix.PtraceDetach(pid)
+	if errors.Is(err, unix.ESRCH) {
+		err = nil // gone, or not stopped yet: the kernel detached it
+	}
+	for _, sig := range tr.held {
+		_ = unix.Tgkill(pid, pid, unix.Signal(sig))
+	}
+	if err != nil {
+		return fmt.Errorf("detach %d: %w", pid, err)
+	}
+	return nil
+}
+
+// Detach lets the copy go: it stops at once (job control: the SIGSTOP
+// queued at its birth) and runs on SIGCONT.
+func (t *Tracer) Detach(copyPid int) error {
+	return t.do(func() error {
+		tr, ok := t.seized[copyPid]
+		if !ok || !tr.copy {
+			return fmt.Errorf("pid %d is not a copy held by this tracer: %w", copyPid, errdefs.ErrInvalidArgument)
+		}
+		delete(t.seized, copyPid)
+		if err := unix.PtraceDetach(copyPid); err != nil {
+			return fmt.Errorf("detach copy %d: %w", copyPid, err)
+		}
+		return nil
+	})
+}
+
+// Kill kills a copy.
+func (t *Tracer) Kill(copyPid int) error {
+	return t.do(func() error {
+		tr, ok := t.seized[copyPid]
+		if !ok || !tr.copy {
+			return fmt.Errorf("pid %d is not a copy held by this tracer: %w", copyPid, errdefs.ErrInvalidArgument)
+		}
+		delete(t.seized, copyPid)
+		return unix.Kill(copyPid, unix.SIGKILL)
+	})
+}
+
+// stopTimeout bounds each wait for a stop. A process that does not stop
+// in that time is left to the kernel, which detaches it when the
+// tracer's thread ends (Close).
+const stopTimeout = 2 * time.Second
+
+// wait polls for pid's next state change: a blocking wait4 could hang a
+// checkpoint on a process that never stops.
+func wait(pid int) (unix.WaitStatus, error) {
+	var ws unix.WaitStatus
+	deadline := time.Now().Add(stopTimeout)
+	pause := 20 * time.Microsecond
+	// Stops come within microseconds: spin first, then sleep.
+	for spin := 0; ; spin++ {
+		got, err := unix.Wait4(pid, &ws, unix.WALL|unix.WNOHANG, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return ws, fmt.Errorf("wait for %d: %w", pid, err)
+		case got == pid:
+			return ws, nil
+		case time.Now().After(deadline):
+			return ws, fmt.Errorf("pid %d did not stop within %v: %w", pid, stopTimeout, errdefs.ErrUnavailable)
+		}
+		if spin < 500 {
+			continue
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, time.Millisecond)
+	}
+}
+
+func threads(pid int) (int, error) {
+	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, fmt.Errorf("pid %d: %w", pid, errdefs.ErrNotFound)
+		}
+		return 0, err
+	}
+	return len(ents), nil
+}

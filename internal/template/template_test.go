@@ -1,0 +1,280 @@
+//go:build linux && amd64
+
+package template
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/testutil"
+)
+
+// holder keeps a page of 'A's, prints its address, sets its first byte
+// from each line read, and on SIGUSR1 prints its pid and that byte.
+const holder = `
+import os, sys, signal, ctypes
+b = bytearray(b'A' * 4096)
+addr = ctypes.addressof((ctypes.c_char * 4096).from_buffer(b))
+def usr1(s, f):
+    sys.stdout.write("%d %s\n" % (os.getpid(), chr(b[0]))); sys.stdout.flush()
+signal.signal(signal.SIGUSR1, usr1)
+print(addr, flush=True)
+for line in sys.stdin:
+    b[0] = ord(line[0]); print("ok", flush=True)
+`
+
+type proc struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+func start(t testing.TB, args ...string) *proc {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		testutil.Unavailable(t, "python3 is needed for the test processes")
+	}
+	cmd := exec.Command("python3", args...)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return &proc{cmd: cmd, in: in, out: bufio.NewReader(out)}
+}
+
+func (p *proc) line(t testing.TB) string {
+	t.Helper()
+	type res struct {
+		s   string
+		err error
+	}
+	c := make(chan res, 1)
+	go func() {
+		s, err := p.out.ReadString('\n')
+		c <- res{strings.TrimSpace(s), err}
+	}()
+	select {
+	case r := <-c:
+		if r.err != nil {
+			t.Fatalf("read: %v", r.err)
+		}
+		return r.s
+	case <-time.After(10 * time.Second):
+		t.Fatal("no output within 10 s")
+		return ""
+	}
+}
+
+func readMem(t *testing.T, pid int, addr uintptr) byte {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b [1]byte
+	if _, err := f.ReadAt(b[:], int64(addr)); err != nil {
+		t.Fatal(err)
+	}
+	return b[0]
+}
+
+// reap waits for a copy that is a child of this test process
+// (CLONE_PARENT from a child of it).
+func reap(pid int) {
+	var ws unix.WaitStatus
+	_, _ = unix.Wait4(pid, &ws, 0, nil)
+}
+
+// TestCloneInSyscall copies a process blocked in read(2): the copy holds
+// the memory of the instant of the copy while the original changes its
+// own, the original's read restarts (it answers the next line), and the
+// copy, once let go, runs from that instant as well.
+func TestCloneInSyscall(t *testing.T) {
+	testutil.RequireRoot(t)
+	p := start(t, "-c", holder)
+	addr, err := strconv.ParseUint(p.line(t), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // into read(2)
+	tr := NewTracer()
+	defer tr.Close()
+	pid := p.cmd.Process.Pid
+	cp, err := tr.Clone(pid, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reap(cp)
+	if cp == pid || cp <= 0 {
+		t.Fatalf("copy pid %d", cp)
+	}
+	if ppid := parentOf(t, cp); ppid != os.Getpid() {
+		t.Fatalf("copy's parent %d, want the original's parent %d (CLONE_PARENT)", ppid, os.Getpid())
+	}
+
+	if _, err := io.WriteString(p.in, "B\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.line(t); got != "ok" {
+		t.Fatalf("original after the copy: %q, want ok", got)
+	}
+	if got := readMem(t, pid, uintptr(addr)); got != 'B' {
+		t.Fatalf("original's byte %q, want B", got)
+	}
+	if got := readMem(t, cp, uintptr(addr)); got != 'A' {
+		t.Fatalf("copy's byte %q, want A (the instant of the copy)", got)
+	}
+	if err := unix.Kill(pid, unix.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := p.line(t), fmt.Sprintf("%d B", pid); got != want {
+		t.Fatalf("original: %q, want %q", got, want)
+	}
+
+	// Let the copy go: it stops (job control), then runs on SIGCONT and
+	// answers SIGUSR1 with its own pid and the old byte.
+	if err := tr.Detach(cp); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, cp, "T")
+	_ = unix.Kill(cp, unix.SIGUSR1)
+	_ = unix.Kill(cp, unix.SIGCONT)
+	if got, want := p.line(t), fmt.Sprintf("%d A", cp); got != want {
+		t.Fatalf("copy: %q, want %q", got, want)
+	}
+	// Its read(2) restarted too: it waits for input rather than seeing
+	// the end of it (which would end the loop and the process).
+	time.Sleep(200 * time.Millisecond)
+	if s := state(t, cp); s != "S" {
+		t.Fatalf("copy in state %s after its handler, want S (blocked in read)", s)
+	}
+	_ = unix.Kill(cp, unix.SIGKILL)
+}
+
+// TestCloneInUserCode copies a process stopped outside any system call,
+// where a syscall instruction is written over its code for the call and
+// put back: both the original and the copy run on.
+func TestCloneInUserCode(t *testing.T) {
+	testutil.RequireRoot(t)
+	p := start(t, "-c", "import sys\nprint('go', flush=True)\nn = 0\nwhile True:\n    n += 1\n")
+	p.line(t)
+	time.Sleep(50 * time.Millisecond)
+	pid := p.cmd.Process.Pid
+	tr := NewTracer()
+	defer tr.Close()
+	cp, err := tr.Clone(pid, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reap(cp)
+	if err := tr.Detach(cp); err != nil {
+		t.Fatal(err)
+	}
+	_ = unix.Kill(cp, unix.SIGCONT)
+	for _, q := range []int{pid, cp} {
+		before := cpuTicks(t, q)
+		time.Sleep(300 * time.Millisecond)
+		if after := cpuTicks(t, q); after <= before {
+			t.Fatalf("pid %d does not run after the copy (utime %d -> %d, state %s)", q, before, after, state(t, q))
+		}
+	}
+	_ = unix.Kill(cp, unix.SIGKILL)
+}
+
+// TestCloneRefusesThreads: a multi-threaded process is refused, and runs
+// on untouched.
+func TestCloneRefusesThreads(t *testing.T) {
+	testutil.RequireRoot(t)
+	p := start(t, "-c", "import threading, time\nthreading.Thread(target=time.sleep, args=(100,)).start()\nprint('go', flush=True)\ntime.sleep(100)\n")
+	p.line(t)
+	tr := NewTracer()
+	defer tr.Close()
+	_, err := tr.Clone(p.cmd.Process.Pid, true)
+	if !errors.Is(err, errdefs.ErrNotSupported) {
+		t.Fatalf("clone of a two-threaded process: %v, want ErrNotSupported", err)
+	}
+	if s := state(t, p.cmd.Process.Pid); s == "t" || s == "T" {
+		t.Fatalf("refused process left stopped (%s)", s)
+	}
+}
+
+// TestCloseKillsHeldCopies: a copy still held when the tracer closes is
+// killed, and the original runs on.
+func TestCloseKillsHeldCopies(t *testing.T) {
+	testutil.RequireRoot(t)
+	p := start(t, "-c", holder)
+	p.line(t)
+	tr := NewTracer()
+	pid := p.cmd.Process.Pid
+	cp, err := tr.Clone(pid, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Close()
+	var ws unix.WaitStatus
+	if _, err := unix.Wait4(cp, &ws, 0, nil); err != nil || !ws.Signaled() || ws.Signal() != unix.SIGKILL {
+		t.Fatalf("held copy after Close: %v, %v (want killed)", ws, err)
+	}
+	if _, err := io.WriteString(p.in, "C\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.line(t); got != "ok" {
+		t.Fatalf("original after Close: %q", got)
+	}
+}
+
+func statFields(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+}
+
+func state(t *testing.T, pid int) string { return statFields(t, pid)[0] }
+
+func parentOf(t *testing.T, pid int) int {
+	n, _ := strconv.Atoi(statFields(t, pid)[1])
+	return n
+}
+
+func cpuTicks(t *testing.T, pid int) int {
+	n, _ := strconv.Atoi(statFields(t, pid)[11]) // utime
+	return n
+}
+
+func waitState(t *testing.T, pid int, want string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for state(t, pid) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d in state %s, want %s", pid, state(t, pid), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
