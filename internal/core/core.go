@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -115,6 +116,8 @@ type Manager struct {
 	closing   chan struct{}    // closed when Close begins
 	closeOnce sync.Once
 	metrics   *metrics
+
+	dynModsSets atomic.Int64 // times this manager set favordynmods
 
 	stampsMu sync.Mutex
 	stamps   map[string]stamp // objects hashed by this daemon, as they were then

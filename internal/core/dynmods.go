@@ -24,21 +24,7 @@ func (m *Manager) favorDynMods() {
 	if m.cfg.NoFavorDynMods {
 		return
 	}
-	set := func(first bool) {
-		changed, err := cgroup.EnableDynMods()
-		switch {
-		case errors.Is(err, errdefs.ErrNotSupported):
-		case err != nil:
-			if first {
-				m.log.Warn("cgroup moves stay slow: cannot set favordynmods on the cgroup2 mount", "err", err)
-			}
-		case changed && !first:
-			m.log.Info("favordynmods was cleared on the cgroup2 mount (by another cgroup2 mount); set it again")
-		case changed:
-			m.log.Info("set favordynmods on the cgroup2 mount: cgroup moves no longer wait for RCU grace periods")
-		}
-	}
-	set(true)
+	m.ensureDynMods(true)
 	go func() {
 		t := time.NewTicker(dynModsCheck)
 		defer t.Stop()
@@ -47,10 +33,31 @@ func (m *Manager) favorDynMods() {
 			case <-m.closing:
 				return
 			case <-t.C:
-				set(false)
+				m.ensureDynMods(false)
 			}
 		}
 	}()
+}
+
+// ensureDynMods sets favordynmods if it is not set and reports whether
+// it did. Other molt daemons on the host do the same, which is harmless.
+func (m *Manager) ensureDynMods(first bool) bool {
+	changed, err := cgroup.EnableDynMods()
+	switch {
+	case errors.Is(err, errdefs.ErrNotSupported):
+	case err != nil:
+		if first {
+			m.log.Warn("cgroup moves stay slow: cannot set favordynmods on the cgroup2 mount", "err", err)
+		}
+	case changed && !first:
+		m.log.Info("favordynmods was cleared on the cgroup2 mount (by another cgroup2 mount); set it again")
+	case changed:
+		m.log.Info("set favordynmods on the cgroup2 mount: cgroup moves no longer wait for RCU grace periods")
+	}
+	if changed {
+		m.dynModsSets.Add(1)
+	}
+	return changed
 }
 
 // dynModsFeature reports the state for Host.
