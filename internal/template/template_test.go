@@ -4,6 +4,7 @@ package template
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/testutil"
 )
@@ -101,9 +103,10 @@ func readMem(t *testing.T, pid int, addr uintptr) byte {
 	return b[0]
 }
 
-// reap waits for a copy that is a child of this test process
-// (CLONE_PARENT from a child of it).
+// reap kills a copy that is a child of this test process (CLONE_PARENT
+// from a child of it), if it still runs, and waits for it.
 func reap(pid int) {
+	_ = unix.Kill(pid, unix.SIGKILL)
 	var ws unix.WaitStatus
 	_, _ = unix.Wait4(pid, &ws, 0, nil)
 }
@@ -277,4 +280,79 @@ func waitState(t *testing.T, pid int, want string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestCloneFrozen is the way a checkpoint uses the tracer: seize a
+// process while its cgroup is frozen, thaw, copy. The process must not
+// run between the thaw and its release (a write it made would go past
+// the captured instant): it prints a counter every 5 ms, and the first
+// number after the release must follow the last one before the freeze.
+func TestCloneFrozen(t *testing.T) {
+	testutil.RequireRoot(t)
+	p := start(t, "-u", "-c", "import time\nn = 0\nwhile True:\n    n += 1\n    print(n, flush=True)\n    time.sleep(0.005)\n")
+	lines := make(chan int, 1024)
+	go func() {
+		for {
+			s, err := p.out.ReadString('\n')
+			if err != nil {
+				close(lines)
+				return
+			}
+			n, _ := strconv.Atoi(strings.TrimSpace(s))
+			lines <- n
+		}
+	}()
+	last := <-lines
+	pid := p.cmd.Process.Pid
+	cg, err := cgroup.New("molt-template-test-"+strconv.Itoa(os.Getpid()), cgroup.Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Destroy(context.Background())
+	if err := cg.Add(pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.Freeze(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	tr := NewTracer()
+	defer tr.Close()
+	if err := tr.Seize(pid); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	for drained := false; !drained; {
+		select {
+		case n := <-lines:
+			last = n
+		default:
+			drained = true
+		}
+	}
+	if err := cg.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if s := state(t, pid); s != "t" {
+		t.Fatalf("seized process after the thaw: state %s, want t (stopped by the tracer)", s)
+	}
+	select {
+	case n := <-lines:
+		t.Fatalf("printed %d after the thaw, before its release", n)
+	default:
+	}
+	cp, err := tr.Clone(pid, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reap(cp)
+	select {
+	case n := <-lines:
+		if n != last+1 {
+			t.Fatalf("first number after the release %d, last before the freeze %d", n, last)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing printed after the release")
+	}
+	_ = tr.Kill(cp)
 }
