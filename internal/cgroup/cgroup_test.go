@@ -768,29 +768,30 @@ func TestFreezeHeldByV1(t *testing.T) {
 	})
 }
 
-func TestCgroup2SuperOptions(t *testing.T) {
+func TestParseCgroup2Mount(t *testing.T) {
 	const hybrid = `25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
 26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
 27 25 0:24 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
 `
-	mnt, opts, err := cgroup2SuperOptions(strings.NewReader(hybrid))
-	if err != nil || mnt != "/sys/fs/cgroup/unified" || !slices.Equal(opts, []string{"nsdelegate", "memory_recursiveprot"}) {
-		t.Fatalf("hybrid: %q %q %v", mnt, opts, err)
+	m, err := parseCgroup2Mount(strings.NewReader(hybrid))
+	if err != nil || m.dir != "/sys/fs/cgroup/unified" || !slices.Equal(m.super, []string{"nsdelegate", "memory_recursiveprot"}) ||
+		m.flags != unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|unix.MS_RELATIME {
+		t.Fatalf("hybrid: %+v %v", m, err)
 	}
 	// The conventional place wins over an earlier, stray mount; ro and
 	// escapes are handled.
-	const two = `40 30 0:50 / /run/x\040y rw - cgroup2 cgroup2 ro
+	const two = `40 30 0:50 / /run/x\040y ro - cgroup2 cgroup2 ro
 41 30 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,favordynmods
 `
-	mnt, opts, err = cgroup2SuperOptions(strings.NewReader(two))
-	if err != nil || mnt != "/sys/fs/cgroup" || !slices.Equal(opts, []string{"favordynmods"}) {
-		t.Fatalf("v2: %q %q %v", mnt, opts, err)
+	m, err = parseCgroup2Mount(strings.NewReader(two))
+	if err != nil || m.dir != "/sys/fs/cgroup" || !slices.Equal(m.super, []string{"favordynmods"}) || m.flags != 0 {
+		t.Fatalf("v2: %+v %v", m, err)
 	}
-	mnt, opts, err = cgroup2SuperOptions(strings.NewReader("40 30 0:50 / /run/x\\040y rw - cgroup2 cgroup2 ro\n"))
-	if err != nil || mnt != "/run/x y" || len(opts) != 0 {
-		t.Fatalf("escaped: %q %q %v", mnt, opts, err)
+	m, err = parseCgroup2Mount(strings.NewReader("40 30 0:50 / /run/x\\040y ro - cgroup2 cgroup2 ro\n"))
+	if err != nil || m.dir != "/run/x y" || len(m.super) != 0 || m.flags != unix.MS_RDONLY {
+		t.Fatalf("escaped: %+v %v", m, err)
 	}
-	if _, _, err := cgroup2SuperOptions(strings.NewReader("27 25 0:24 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer\n")); !errors.Is(err, errdefs.ErrNotSupported) {
+	if _, err := parseCgroup2Mount(strings.NewReader("27 25 0:24 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer\n")); !errors.Is(err, errdefs.ErrNotSupported) {
 		t.Fatalf("v1 only: %v, want ErrNotSupported", err)
 	}
 }
@@ -801,16 +802,37 @@ func TestCgroup2SuperOptions(t *testing.T) {
 func TestEnableDynMods(t *testing.T) {
 	testutil.RequireRoot(t)
 	superOpts := func() []string {
-		f, err := os.Open("/proc/self/mountinfo")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		_, opts, err := cgroup2SuperOptions(f)
+		m, err := readCgroup2Mount()
 		if err != nil {
 			testutil.Unavailable(t, fmt.Sprintf("no cgroup2 mount: %v", err))
 		}
-		return opts
+		return m.super
+	}
+	mountFlagsNow := func() uintptr {
+		m, err := readCgroup2Mount()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.flags
+	}
+	// Give the mount point the flags systemd gives it, so that the test
+	// sees them survive; they are put back as they were at the end.
+	orig, err := readCgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	restoreFlags := func() {
+		if err := unix.Mount("none", orig.dir, "cgroup2", unix.MS_REMOUNT|orig.flags, strings.Join(superOpts(), ",")); err != nil {
+			t.Errorf("restore the mount flags: %v", err)
+		}
+	}
+	t.Cleanup(restoreFlags)
+	if err := unix.Mount("none", orig.dir, "cgroup2", unix.MS_REMOUNT|orig.flags|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, strings.Join(orig.super, ",")); err != nil {
+		t.Fatal(err)
+	}
+	flags := mountFlagsNow()
+	if flags&unix.MS_NOEXEC == 0 {
+		t.Fatalf("mount flags %#x after remounting with noexec", flags)
 	}
 	before := superOpts()
 	wasOn := slices.Contains(before, FavorDynMods)
@@ -829,6 +851,9 @@ func TestEnableDynMods(t *testing.T) {
 	if got := superOpts(); !slices.Equal(got, others) {
 		t.Fatalf("options after turning it off: %q, want %q", got, others)
 	}
+	if got := mountFlagsNow(); got != flags {
+		t.Fatalf("mount flags after turning it off: %#x, want %#x", got, flags)
+	}
 	if changed, err := EnableDynMods(); err != nil || !changed {
 		t.Fatalf("on: changed %v, %v", changed, err)
 	}
@@ -842,5 +867,8 @@ func TestEnableDynMods(t *testing.T) {
 	got := slices.DeleteFunc(superOpts(), func(o string) bool { return o == FavorDynMods })
 	if !slices.Equal(got, others) {
 		t.Fatalf("options after turning it on: %q, want %q and favordynmods", got, others)
+	}
+	if got := mountFlagsNow(); got != flags {
+		t.Fatalf("mount flags after turning it on: %#x, want %#x", got, flags)
 	}
 }

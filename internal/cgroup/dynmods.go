@@ -30,16 +30,11 @@ type DynModsState struct {
 
 // DynMods reads the state from /proc/self/mountinfo.
 func DynMods() (DynModsState, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	m, err := readCgroup2Mount()
 	if err != nil {
 		return DynModsState{}, err
 	}
-	defer f.Close()
-	mnt, opts, err := cgroup2SuperOptions(f)
-	if err != nil {
-		return DynModsState{}, err
-	}
-	return DynModsState{Mount: mnt, Enabled: slices.Contains(opts, FavorDynMods)}, nil
+	return DynModsState{Mount: m.dir, Enabled: slices.Contains(m.super, FavorDynMods)}, nil
 }
 
 // EnableDynMods sets favordynmods on the host's cgroup2 mount, keeping
@@ -49,41 +44,56 @@ func EnableDynMods() (changed bool, err error) { return SetDynMods(true) }
 
 // SetDynMods remounts the host's cgroup2 mount with or without
 // favordynmods. A cgroup2 remount sets every root flag from the new
-// options, so the other options (nsdelegate, memory_recursiveprot, ...)
-// are passed again: leaving them out would clear them.
+// options, and a remount without MS_BIND every flag of the mount point,
+// so both are passed again as they are (nsdelegate, memory_recursiveprot;
+// nosuid, nodev, noexec, ...): leaving one out would clear it.
 func SetDynMods(on bool) (changed bool, err error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	m, err := readCgroup2Mount()
 	if err != nil {
 		return false, err
 	}
-	mnt, opts, err := cgroup2SuperOptions(f)
-	f.Close()
-	if err != nil {
-		return false, err
-	}
-	if slices.Contains(opts, FavorDynMods) == on {
+	if slices.Contains(m.super, FavorDynMods) == on {
 		return false, nil
 	}
-	opts = slices.DeleteFunc(opts, func(o string) bool { return o == FavorDynMods })
+	opts := slices.DeleteFunc(slices.Clone(m.super), func(o string) bool { return o == FavorDynMods })
 	if on {
 		opts = append(opts, FavorDynMods)
 	}
 	data := strings.Join(opts, ",")
-	if err := unix.Mount("none", mnt, "cgroup2", unix.MS_REMOUNT, data); err != nil {
-		return false, fmt.Errorf("remount %s with %q: %w", mnt, data, err)
+	if err := unix.Mount("none", m.dir, "cgroup2", unix.MS_REMOUNT|m.flags, data); err != nil {
+		return false, fmt.Errorf("remount %s with %q: %w", m.dir, data, err)
 	}
 	return true, nil
 }
 
-// cgroup2SuperOptions finds the host's cgroup2 mount in a mountinfo table
-// (the conventional place first) and returns its superblock options
-// without rw/ro, which are the mount's, not the hierarchy's.
-func cgroup2SuperOptions(r io.Reader) (mount string, opts []string, err error) {
-	type cand struct {
-		mnt  string
-		opts []string
+// cgroup2Mount is the host's cgroup2 mount as mountinfo shows it.
+type cgroup2Mount struct {
+	dir   string
+	super []string // superblock options without rw/ro (those are the mount's)
+	flags uintptr  // the mount point's flags, as MS_* bits
+}
+
+func readCgroup2Mount() (cgroup2Mount, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return cgroup2Mount{}, err
 	}
-	var found []cand
+	defer f.Close()
+	return parseCgroup2Mount(f)
+}
+
+// mountFlags maps mountinfo's per-mount options to mount(2) flags.
+var mountFlags = map[string]uintptr{
+	"ro": unix.MS_RDONLY, "nosuid": unix.MS_NOSUID, "nodev": unix.MS_NODEV, "noexec": unix.MS_NOEXEC,
+	"noatime": unix.MS_NOATIME, "nodiratime": unix.MS_NODIRATIME, "relatime": unix.MS_RELATIME,
+	"strictatime": unix.MS_STRICTATIME, "sync": unix.MS_SYNCHRONOUS, "dirsync": unix.MS_DIRSYNC,
+	"nosymfollow": unix.MS_NOSYMFOLLOW,
+}
+
+// parseCgroup2Mount finds the host's cgroup2 mount in a mountinfo table,
+// the conventional places first.
+func parseCgroup2Mount(r io.Reader) (cgroup2Mount, error) {
+	var found []cgroup2Mount
 	s := bufio.NewScanner(r)
 	for s.Scan() {
 		pre, post, ok := strings.Cut(s.Text(), " - ")
@@ -91,29 +101,32 @@ func cgroup2SuperOptions(r io.Reader) (mount string, opts []string, err error) {
 			continue
 		}
 		fields, postFields := strings.Fields(pre), strings.Fields(post)
-		if len(fields) < 5 || len(postFields) < 3 || postFields[0] != "cgroup2" {
+		if len(fields) < 6 || len(postFields) < 3 || postFields[0] != "cgroup2" {
 			continue
 		}
-		var o []string
+		m := cgroup2Mount{dir: unescapeMountinfo(fields[4])}
+		for _, opt := range strings.Split(fields[5], ",") {
+			m.flags |= mountFlags[opt]
+		}
 		for _, opt := range strings.Split(postFields[2], ",") {
 			if opt != "" && opt != "rw" && opt != "ro" {
-				o = append(o, opt)
+				m.super = append(m.super, opt)
 			}
 		}
-		found = append(found, cand{unescapeMountinfo(fields[4]), o})
+		found = append(found, m)
 	}
 	if err := s.Err(); err != nil {
-		return "", nil, err
+		return cgroup2Mount{}, err
 	}
 	if len(found) == 0 {
-		return "", nil, fmt.Errorf("no cgroup2 mount: %w", errdefs.ErrNotSupported)
+		return cgroup2Mount{}, fmt.Errorf("no cgroup2 mount: %w", errdefs.ErrNotSupported)
 	}
 	for _, want := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
-		for _, c := range found {
-			if c.mnt == want {
-				return c.mnt, c.opts, nil
+		for _, m := range found {
+			if m.dir == want {
+				return m, nil
 			}
 		}
 	}
-	return found[0].mnt, found[0].opts, nil
+	return found[0], nil
 }
