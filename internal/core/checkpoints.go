@@ -45,10 +45,14 @@ type checkpointRec struct {
 // outside returns the namespace types the checkpoint's images leave out.
 func (ck checkpointRec) outside() int {
 	f := 0
-	for t, out := range map[int]bool{unix.CLONE_NEWNET: ck.ExternalNet, unix.CLONE_NEWUTS: ck.ExternalUTS, unix.CLONE_NEWIPC: ck.ExternalIPC} {
-		if out {
-			f |= t
-		}
+	if ck.ExternalNet {
+		f |= unix.CLONE_NEWNET
+	}
+	if ck.ExternalUTS {
+		f |= unix.CLONE_NEWUTS
+	}
+	if ck.ExternalIPC {
+		f |= unix.CLONE_NEWIPC
 	}
 	return f
 }

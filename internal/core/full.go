@@ -743,7 +743,9 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		return sandbox.Init{}, fmt.Errorf("restore: %w", err)
 	}
 	init, err := sandbox.Adopt(res.Pid)
-	if err == nil {
+	if err == nil && ck.outside()&unix.CLONE_NEWUTS == 0 {
+		// The images carry the dumped UTS namespace (a fork's differs);
+		// else the tree joined CRIU's, named above.
 		err = sandbox.SetHostname(init.Pid, rec.Hostname)
 	}
 	if err == nil {

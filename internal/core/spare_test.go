@@ -173,6 +173,23 @@ func TestNetnsInImagesStillRestores(t *testing.T) {
 		if r := run(t, m, sb.ID, "echo $X; hostname"); r.Stdout != "42\n"+sb.Hostname+"\n" {
 			t.Fatalf("in images %v: X and hostname %q after rollback, want 42, %s", inImages, r.Stdout, sb.Hostname)
 		}
+		if !inImages {
+			// Again, on the spare CRIU the first rollback left: the tree
+			// joins the spare's namespaces, which it names.
+			m.sby.wg.Wait()
+			m.spr.mu.Lock()
+			haveSpare := m.spr.m[sb.ID] != nil
+			m.spr.mu.Unlock()
+			if !haveSpare {
+				t.Fatal("no spare after a warm rollback")
+			}
+			if _, err := m.Rollback(ctx, sb.ID, ck.ID); err != nil {
+				t.Fatalf("rollback on the spare: %v", err)
+			}
+			if r := run(t, m, sb.ID, "echo $X; hostname"); r.Stdout != "42\n"+sb.Hostname+"\n" {
+				t.Fatalf("X and hostname %q after a rollback on the spare, want 42, %s", r.Stdout, sb.Hostname)
+			}
+		}
 		waitServing(t, m, sb.ID)
 		res, err := m.Fork(ctx, ck.ID, v1.ForkRequest{N: 1})
 		if err != nil {

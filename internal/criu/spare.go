@@ -57,7 +57,7 @@ func (s *Spare) SetHostname(name string) error {
 	if pid == 0 {
 		return errSpareGone
 	}
-	return ns.DoPid(pid, unix.CLONE_NEWUTS, func() error { return unix.Sethostname([]byte(name)) })
+	return ns.SetHostname(pid, name)
 }
 
 // Pid is the spare CRIU's PID (0 once used or killed).

@@ -35,9 +35,15 @@ func Close(refs []Ref) {
 
 // Open opens process pid's namespaces of the types in flags.
 func Open(pid, flags int) ([]Ref, error) {
+	return openIn(fmt.Sprintf("/proc/%d/ns/", pid), flags)
+}
+
+// openIn opens the namespaces of the types in flags from dir, a
+// /proc/.../ns/ directory.
+func openIn(dir string, flags int) ([]Ref, error) {
 	var refs []Ref
 	for _, t := range types(flags) {
-		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, names[t]))
+		f, err := os.Open(dir + names[t])
 		if err != nil {
 			Close(refs)
 			return nil, err
@@ -45,6 +51,11 @@ func Open(pid, flags int) ([]Ref, error) {
 		refs = append(refs, Ref{Type: t, File: f})
 	}
 	return refs, nil
+}
+
+// SetHostname names the UTS namespace of process pid.
+func SetHostname(pid int, hostname string) error {
+	return DoPid(pid, unix.CLONE_NEWUTS, func() error { return unix.Sethostname([]byte(hostname)) })
 }
 
 // types lists the namespace types in flags in a fixed order.
@@ -213,14 +224,9 @@ func Fresh(flags int, hostname string) ([]Ref, error) {
 				return fmt.Errorf("sethostname: %w", err)
 			}
 		}
-		for _, t := range types(flags) {
-			f, err := os.Open("/proc/thread-self/ns/" + names[t])
-			if err != nil {
-				return err
-			}
-			refs = append(refs, Ref{Type: t, File: f})
-		}
-		return nil
+		var err error
+		refs, err = openIn("/proc/thread-self/ns/", flags)
+		return err
 	})
 	if err != nil {
 		Close(refs)
@@ -243,16 +249,11 @@ func onThread(flags int, enter, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		var orig []Ref
-		for _, t := range types(flags) {
-			fd, err := unix.Open("/proc/thread-self/ns/"+names[t], unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				Close(orig)
-				runtime.UnlockOSThread()
-				errc <- err
-				return
-			}
-			orig = append(orig, Ref{Type: t, File: os.NewFile(uintptr(fd), names[t])})
+		orig, err := openIn("/proc/thread-self/ns/", flags)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
 		}
 		defer Close(orig)
 		back := func() error {

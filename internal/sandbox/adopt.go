@@ -54,8 +54,7 @@ func ppid(pid int) int {
 // fork's UTS namespace comes with the hostname of the sandbox it was
 // dumped from, and its init no longer has CAP_SYS_ADMIN to change it.
 func SetHostname(pid int, hostname string) error {
-	err := ns.DoPid(pid, unix.CLONE_NEWUTS, func() error { return unix.Sethostname([]byte(hostname)) })
-	if err != nil {
+	if err := ns.SetHostname(pid, hostname); err != nil {
 		return fmt.Errorf("set hostname of %d: %w", pid, err)
 	}
 	return nil
