@@ -41,10 +41,15 @@ func readCounter(t *testing.T, sb string) (pid, n int) {
 	return pid, n
 }
 
+// counterAt bounds the counter's value at a checkpoint's instant: read
+// just before the checkpoint call and just after it returned (with
+// --wait it returns at the commit, a tick or more after the capture).
+type counterAt struct{ lo, hi int }
+
 // fullScenario sets up a session and a counter, takes a full checkpoint,
 // changes everything, and returns the checkpoint and the counter's
 // state at the checkpoint.
-func fullScenario(t *testing.T, sb string) (ck string, pid, count int) {
+func fullScenario(t *testing.T, sb string) (ck string, pid int, count counterAt) {
 	t.Helper()
 	must(t, "exec", sb, "--session", "main", "--", "export X=42; cd /tmp; mkdir -p /work; echo keep > /work/f")
 	must(t, "exec", "--detach", sb, "--", "python3", "-c", counterScript)
@@ -55,11 +60,15 @@ func fullScenario(t *testing.T, sb string) (ck string, pid, count int) {
 		StallMS      float64 `json:"stall_ms"`
 		BytesWritten int64   `json:"bytes_written"`
 	}
+	pid, count.lo = readCounter(t, sb)
 	mustJSON(t, &res, "checkpoint", sb, "--kind", "full", "--wait")
 	if res.Kind != "full" || res.StallMS <= 0 || res.BytesWritten <= 0 {
 		t.Fatalf("full checkpoint: %+v", res)
 	}
-	pid, count = readCounter(t, sb)
+	var p2 int
+	if p2, count.hi = readCounter(t, sb); p2 != pid {
+		t.Fatalf("counter pid changed across the checkpoint: %d -> %d", pid, p2)
+	}
 	// Change everything the checkpoint holds.
 	time.Sleep(1500 * time.Millisecond)
 	must(t, "exec", sb, "--session", "main", "--", "export X=99; cd /; rm /work/f; echo new > /work/g")
@@ -69,16 +78,17 @@ func fullScenario(t *testing.T, sb string) (ck string, pid, count int) {
 
 // checkRestored checks the state fullScenario checkpointed, in a sandbox
 // whose restore began at since. The counter ticks every 100 ms: restored,
-// it goes on from its value at the checkpoint, so it may be at most one tick
-// per 100 ms since the restore began (plus slack) ahead of it; a tree that
-// was not restored, or restored from the wrong instant, is either another
-// process or further off.
-func checkRestored(t *testing.T, sb string, pid, count int, since time.Time) {
+// it goes on from its value at the checkpoint (between count.lo and
+// count.hi), so it may be at most one tick per 100 ms since the restore
+// began (plus slack) ahead of it; a tree that was not restored, or
+// restored from the wrong instant, is either another process or further
+// off.
+func checkRestored(t *testing.T, sb string, pid int, count counterAt, since time.Time) {
 	t.Helper()
 	p, n := readCounter(t, sb)
 	ticks := int(time.Since(since)/(100*time.Millisecond)) + 3
-	if p != pid || n < count || n > count+ticks {
-		t.Fatalf("counter after restore: pid %d count %d; want pid %d counting on from %d (at most %d ticks since the restore began)", p, n, pid, count, ticks)
+	if p != pid || n < count.lo || n > count.hi+ticks {
+		t.Fatalf("counter after restore: pid %d count %d; want pid %d counting on from its value at the checkpoint (%d-%d; at most %d ticks since the restore began)", p, n, pid, count.lo, count.hi, ticks)
 	}
 	if got := must(t, "exec", sb, "--session", "main", "--", "echo $X; pwd"); got != "42\n/tmp\n" {
 		t.Fatalf("session after restore: %q; want X=42 and cwd /tmp", got)
