@@ -47,6 +47,17 @@ func (t *Tool) Dump(ctx context.Context, o DumpOptions) (DumpStats, error) {
 		return st, &Error{Op: "dump", Err: err}
 	}
 	logPath := filepath.Join(dirs.workPath, dumpLog)
+	if o.Stream != nil {
+		// The RPC has no field for it; a configuration file does.
+		if o.Stream.dir != o.ImagesDir {
+			return st, &Error{Op: "dump", Err: fmt.Errorf("the stream listens in %s, not in the images directory %s: %w", o.Stream.dir, o.ImagesDir, errdefs.ErrInvalidArgument)}
+		}
+		conf := filepath.Join(dirs.workPath, "stream.conf")
+		if err := os.WriteFile(conf, []byte("stream\n"), 0o600); err != nil {
+			return st, &Error{Op: "dump", Err: err}
+		}
+		opts.ConfigFile = proto.String(conf)
+	}
 	start := time.Now()
 	var notify func(string) error
 	if o.PreDump != nil || o.PostDump != nil {

@@ -82,6 +82,11 @@ type DumpOptions struct {
 	// tree's filesystem. An error fails the dump (the tree is resumed) and
 	// Dump returns it wrapped.
 	PostDump func() error
+
+	// Stream, if set, receives the images instead of ImagesDir (CRIU's
+	// --stream); it must listen in ImagesDir (Listen). Its WriteTo
+	// writes them there after the dump.
+	Stream *Stream
 }
 
 // InheritFD hands an open file to the restored tree in place of the

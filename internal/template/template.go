@@ -128,77 +128,14 @@ func (t *Tracer) Clone(pid int, parent bool) (copyPid int, err error) {
 // inject runs on the tracer thread.
 func (t *Tracer) inject(pid int, parent bool) (int, error) {
 	tr := t.seized[pid]
-	if !tr.stopped {
-		sig, err := t.waitStop(pid, tr)
-		if err != nil {
-			return 0, err
-		}
-		if sig != int(unix.SIGTRAP) {
-			return 0, fmt.Errorf("pid %d is stopped by %v (job control): %w", pid, unix.Signal(sig), errdefs.ErrFailedPrecondition)
-		}
-	}
-	var saved unix.PtraceRegs
-	if err := unix.PtraceGetRegs(pid, &saved); err != nil {
-		return 0, fmt.Errorf("registers of %d: %w", pid, err)
-	}
-	// A process stopped on its way out of a system call sits just past
-	// a syscall instruction; elsewhere one is written over the current
-	// instruction for the duration.
-	at := uintptr(saved.Rip)
-	var orig [8]byte
-	poked := false
-	if int64(saved.Orig_rax) >= 0 && saved.Rip >= 2 {
-		var b [2]byte
-		if _, err := unix.PtracePeekText(pid, uintptr(saved.Rip-2), b[:]); err == nil && b == syscallInsn {
-			at = uintptr(saved.Rip - 2)
-		}
-	}
-	if at == uintptr(saved.Rip) {
-		if _, err := unix.PtracePeekText(pid, at, orig[:]); err != nil {
-			return 0, fmt.Errorf("text of %d: %w", pid, err)
-		}
-		code := orig
-		copy(code[:], syscallInsn[:])
-		if _, err := unix.PtracePokeText(pid, at, code[:]); err != nil {
-			return 0, fmt.Errorf("text of %d: %w", pid, err)
-		}
-		poked = true
-	}
-	restore := func() error {
-		var errs []error
-		if poked {
-			if _, err := unix.PtracePokeText(pid, at, orig[:]); err != nil {
-				errs = append(errs, fmt.Errorf("restore text of %d: %w", pid, err))
-			}
-		}
-		if err := unix.PtraceSetRegs(pid, &saved); err != nil {
-			errs = append(errs, fmt.Errorf("restore registers of %d: %w", pid, err))
-		}
-		return errors.Join(errs...)
-	}
-
-	regs := saved
 	flags := uint64(unix.SIGCHLD)
 	if parent {
 		flags |= unix.CLONE_PARENT
 	}
-	// orig_rax -1: no restart of the interrupted call before ours.
-	regs.Orig_rax = ^uint64(0)
-	regs.Rax = unix.SYS_CLONE
-	regs.Rdi, regs.Rsi, regs.Rdx, regs.R10, regs.R8 = flags, 0, 0, 0, 0
-	regs.Rip = uint64(at)
-	if err := unix.PtraceSetRegs(pid, &regs); err != nil {
-		return 0, errors.Join(fmt.Errorf("inject into %d: %w", pid, err), restore())
-	}
-	child, err := t.step(pid, tr)
-	if err == nil {
-		var after unix.PtraceRegs
-		if err = unix.PtraceGetRegs(pid, &after); err == nil && int64(after.Rax) < 0 {
-			err = fmt.Errorf("clone in %d: %w", pid, unix.Errno(-int64(after.Rax)))
-		}
-	}
-	if rerr := restore(); rerr != nil {
-		err = errors.Join(err, rerr)
+	call, err := t.syscall(pid, tr, unix.SYS_CLONE, flags)
+	child := call.child
+	if err == nil && call.ret < 0 {
+		err = fmt.Errorf("clone in %d: %w", pid, unix.Errno(-call.ret))
 	}
 	if child == 0 {
 		if err == nil {
@@ -211,7 +148,7 @@ func (t *Tracer) inject(pid int, parent bool) (int, error) {
 	// tracer go away before it is released.
 	_ = unix.Tgkill(child, child, unix.SIGSTOP)
 	if err == nil {
-		err = t.prepareCopy(child, saved, poked, at, orig)
+		err = t.prepareCopy(child, call.saved, call.poked, call.at, call.orig)
 	}
 	if err != nil {
 		_ = unix.Kill(child, unix.SIGKILL)
@@ -219,6 +156,95 @@ func (t *Tracer) inject(pid int, parent bool) (int, error) {
 		return 0, err
 	}
 	return child, nil
+}
+
+// injected is what one injected system call left: its return value, a
+// child it made, and what the caller needs to give a copy the state from
+// before the call.
+type injected struct {
+	ret   int64
+	child int
+	saved unix.PtraceRegs
+	poked bool
+	at    uintptr
+	orig  [8]byte
+}
+
+// syscall runs system call nr with args in the stopped tracee pid and
+// puts its registers (and text) back, so that the call it was
+// interrupted in restarts. It runs on the tracer thread.
+func (t *Tracer) syscall(pid int, tr *tracee, nr uint64, args ...uint64) (injected, error) {
+	var call injected
+	if !tr.stopped {
+		sig, err := t.waitStop(pid, tr)
+		if err != nil {
+			return call, err
+		}
+		if sig != int(unix.SIGTRAP) {
+			return call, fmt.Errorf("pid %d is stopped by %v (job control): %w", pid, unix.Signal(sig), errdefs.ErrFailedPrecondition)
+		}
+	}
+	saved := &call.saved
+	if err := unix.PtraceGetRegs(pid, saved); err != nil {
+		return call, fmt.Errorf("registers of %d: %w", pid, err)
+	}
+	// A process stopped on its way out of a system call sits just past
+	// a syscall instruction; elsewhere one is written over the current
+	// instruction for the duration.
+	call.at = uintptr(saved.Rip)
+	if int64(saved.Orig_rax) >= 0 && saved.Rip >= 2 {
+		var b [2]byte
+		if _, err := unix.PtracePeekText(pid, uintptr(saved.Rip-2), b[:]); err == nil && b == syscallInsn {
+			call.at = uintptr(saved.Rip - 2)
+		}
+	}
+	if call.at == uintptr(saved.Rip) {
+		if _, err := unix.PtracePeekText(pid, call.at, call.orig[:]); err != nil {
+			return call, fmt.Errorf("text of %d: %w", pid, err)
+		}
+		code := call.orig
+		copy(code[:], syscallInsn[:])
+		if _, err := unix.PtracePokeText(pid, call.at, code[:]); err != nil {
+			return call, fmt.Errorf("text of %d: %w", pid, err)
+		}
+		call.poked = true
+	}
+	restore := func() error {
+		var errs []error
+		if call.poked {
+			if _, err := unix.PtracePokeText(pid, call.at, call.orig[:]); err != nil {
+				errs = append(errs, fmt.Errorf("restore text of %d: %w", pid, err))
+			}
+		}
+		if err := unix.PtraceSetRegs(pid, saved); err != nil {
+			errs = append(errs, fmt.Errorf("restore registers of %d: %w", pid, err))
+		}
+		return errors.Join(errs...)
+	}
+
+	regs := *saved
+	var a [6]uint64
+	copy(a[:], args)
+	// orig_rax -1: no restart of the interrupted call before ours.
+	regs.Orig_rax = ^uint64(0)
+	regs.Rax = nr
+	regs.Rdi, regs.Rsi, regs.Rdx, regs.R10, regs.R8, regs.R9 = a[0], a[1], a[2], a[3], a[4], a[5]
+	regs.Rip = uint64(call.at)
+	if err := unix.PtraceSetRegs(pid, &regs); err != nil {
+		return call, errors.Join(fmt.Errorf("inject into %d: %w", pid, err), restore())
+	}
+	child, err := t.step(pid, tr)
+	call.child = child
+	if err == nil {
+		var after unix.PtraceRegs
+		if err = unix.PtraceGetRegs(pid, &after); err == nil {
+			call.ret = int64(after.Rax)
+		}
+	}
+	if rerr := restore(); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	return call, err
 }
 
 // step single-steps pid through the injected clone and returns the new
@@ -392,4 +418,97 @@ func threads(pid int) (int, error) {
 		return 0, err
 	}
 	return len(ents), nil
+}
+
+// Protect write-protects pid's private memory at this instant, for a
+// reader that holds references to its pages (internal/criu's Stream):
+// it injects a fork without an exit signal, kills the child and injects
+// the wait4 that reaps it. The fork write-protects every private page in
+// pid's page tables, so pid's next write to one copies it and the page a
+// reader holds stays as it was; the child is gone before anything else
+// sees it. pid stays seized and stopped; Release lets it go.
+//
+// Memory shared with other processes (MAP_SHARED, System V) is not
+// protected: a fork shares it.
+func (t *Tracer) Protect(pid int) error {
+	if err := t.Seize(pid); err != nil {
+		return err
+	}
+	return t.do(func() error {
+		tr := t.seized[pid]
+		// Flags 0: a plain fork whose end signals no one.
+		call, err := t.syscall(pid, tr, unix.SYS_CLONE, 0)
+		child := call.child
+		if child == 0 && err == nil {
+			err = fmt.Errorf("fork in %d: %w", pid, unix.Errno(-call.ret))
+		}
+		if child == 0 {
+			return err
+		}
+		// The child is traced (PTRACE_O_TRACECLONE) and stopped: kill it
+		// and take its end as its tracer, after which its parent can
+		// reap it.
+		_ = unix.Kill(child, unix.SIGKILL)
+		if werr := waitExit(child); werr != nil {
+			return errors.Join(err, werr)
+		}
+		if err != nil {
+			return err
+		}
+		w, err := t.syscall(pid, tr, unix.SYS_WAIT4, uint64(child), 0, unix.WALL, 0)
+		if err == nil && w.ret < 0 && unix.Errno(-w.ret) != unix.ECHILD {
+			err = fmt.Errorf("reap the fork of %d: %w", pid, unix.Errno(-w.ret))
+		}
+		return err
+	})
+}
+
+// Release lets a seized original go: it runs on.
+func (t *Tracer) Release(pid int) error {
+	return t.do(func() error { return t.release(pid) })
+}
+
+// waitExit waits, as its tracer, for a killed process's end.
+func waitExit(pid int) error {
+	for {
+		ws, err := wait(pid)
+		if err != nil {
+			return err
+		}
+		if ws.Exited() || ws.Signaled() {
+			return nil
+		}
+		// A stop on the way to the kill: let it go on to it.
+		_ = unix.PtraceCont(pid, 0)
+	}
+}
+
+// ProtectFrozen write-protects the private memory of every process in
+// pids, which a frozen cgroup holds (see Protect). A frozen process runs
+// no injected code, so: seize them all, thaw (each stops for its tracer
+// instead of running), protect each, freeze again and let them go, to
+// the freezer. On return the cgroup is frozen unless thaw or freeze
+// failed; on error some processes may be protected and others not.
+func ProtectFrozen(pids []int, thaw, freeze func() error) error {
+	t := NewTracer()
+	defer t.Close()
+	for _, pid := range pids {
+		if err := t.Seize(pid); err != nil {
+			return err
+		}
+	}
+	if err := thaw(); err != nil {
+		return err
+	}
+	var err error
+	for _, pid := range pids {
+		if err = t.Protect(pid); err != nil {
+			break
+		}
+	}
+	// Frozen again before the release: released, they go to the freezer.
+	if ferr := freeze(); ferr != nil {
+		return errors.Join(err, fmt.Errorf("freeze again: %w", ferr))
+	}
+	return err
 }

@@ -20,3 +20,7 @@ func (t *Tracer) Seize(pid int) error                     { return errArch }
 func (t *Tracer) Clone(pid int, parent bool) (int, error) { return 0, errArch }
 func (t *Tracer) Detach(copyPid int) error                { return errArch }
 func (t *Tracer) Kill(copyPid int) error                  { return errArch }
+func (t *Tracer) Protect(pid int) error                   { return errArch }
+func (t *Tracer) Release(pid int) error                   { return errArch }
+
+func ProtectFrozen(pids []int, thaw, freeze func() error) error { return errArch }
