@@ -48,15 +48,17 @@ func (t *Tool) Dump(ctx context.Context, o DumpOptions) (DumpStats, error) {
 	}
 	logPath := filepath.Join(dirs.workPath, dumpLog)
 	if o.Stream != nil {
-		// The RPC has no field for it; a configuration file does.
 		if o.Stream.dir != o.ImagesDir {
 			return st, &Error{Op: "dump", Err: fmt.Errorf("the stream listens in %s, not in the images directory %s: %w", o.Stream.dir, o.ImagesDir, errdefs.ErrInvalidArgument)}
 		}
-		conf := filepath.Join(dirs.workPath, "stream.conf")
-		if err := os.WriteFile(conf, []byte("stream\n"), 0o600); err != nil {
-			return st, &Error{Op: "dump", Err: err}
+		start := time.Now()
+		if err := t.dumpCLI(ctx, o, dirs); err != nil {
+			return st, err
 		}
-		opts.ConfigFile = proto.String(conf)
+		took := time.Since(start)
+		st, _ = ReadDumpStats(dirs.workPath)
+		st.TotalMS = ms(took)
+		return st, nil
 	}
 	start := time.Now()
 	var notify func(string) error

@@ -37,11 +37,12 @@ const streamSocket = "streamer-capture.sock"
 // the stream holds, unless its memory was write-protected first (a fork,
 // see internal/template's Protect: the process then gets a copy of a
 // page on its first write and the held page stays as dumped). Without
-// that, the stream must copy: Hold(false), the default, reads every file
-// into memory as it arrives.
+// that, the stream must copy: Hold(false), the default, writes every
+// file into the images directory as it arrives, as CRIU itself would.
 //
-// After the dump, WriteTo writes the files into a directory (the copy,
-// now off the frozen window) and Close releases what the stream holds.
+// After the dump, WriteTo writes the held files into the images
+// directory (the copy, now off the frozen window) and Close releases what
+// the stream holds.
 type Stream struct {
 	dir  string
 	l    *net.UnixListener
@@ -56,10 +57,10 @@ type Stream struct {
 }
 
 type streamFile struct {
-	name  string
-	pipes []int // read ends of held pipes, in order
-	data  []byte
-	size  int64
+	name    string
+	pipes   []int // read ends of held pipes, in order
+	written bool  // written into the images directory as it came
+	size    int64
 }
 
 // Listen starts a stream for a dump into imagesDir, taking its pipes from
@@ -166,31 +167,37 @@ func nextFile(c *net.UnixConn) (string, int, error) {
 	return name, fds[0], nil
 }
 
-// receive takes one file until CRIU closes its pipe.
+// receive takes one file until CRIU closes its pipe: held in pipes, or
+// (not holding when it arrives) written into the images directory.
 func (s *Stream) receive(f *streamFile, src int) error {
+	if !s.hold.Load() {
+		out, err := os.OpenFile(filepath.Join(s.dir, f.name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return err
+		}
+		f.written = true
+		for {
+			n, err := unix.Splice(src, nil, int(out.Fd()), nil, s.pool.size, unix.SPLICE_F_MOVE)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil {
+				out.Close()
+				return err
+			}
+			if n == 0 {
+				return out.Close()
+			}
+			f.size += n
+		}
+	}
 	w := -1 // write end of the pipe being filled
 	defer func() {
 		if w >= 0 {
 			unix.Close(w)
 		}
 	}()
-	buf := make([]byte, 64<<10)
 	for {
-		if !s.hold.Load() {
-			n, err := unix.Read(src, buf)
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			if n == 0 {
-				return nil
-			}
-			f.data = append(f.data, buf[:n]...)
-			f.size += int64(n)
-			continue
-		}
 		if w >= 0 && !writable(w) {
 			unix.Close(w)
 			w = -1
@@ -256,12 +263,13 @@ func (s *Stream) Bytes() int64 {
 	return n
 }
 
-// WriteTo writes the received files into dir (after Finish), releasing
-// each held pipe as it is emptied.
-func (s *Stream) WriteTo(dir string) error {
+// WriteTo writes the held files into the images directory (after
+// Finish), releasing each held pipe as it is emptied.
+func (s *Stream) WriteTo() error {
 	if err := s.Finish(); err != nil {
 		return err
 	}
+	dir := s.dir
 	s.mu.Lock()
 	files := s.files
 	s.mu.Unlock()
@@ -274,18 +282,15 @@ func (s *Stream) WriteTo(dir string) error {
 }
 
 func (f *streamFile) writeTo(path string) error {
+	if f.written {
+		return nil
+	}
 	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
-	if len(f.data) > 0 {
-		if _, err := out.Write(f.data); err != nil {
-			out.Close()
-			return err
-		}
-	}
 	fd := int(out.Fd())
-	var written int64 = int64(len(f.data))
+	var written int64
 	for len(f.pipes) > 0 {
 		r := f.pipes[0]
 		for {
@@ -305,7 +310,7 @@ func (f *streamFile) writeTo(path string) error {
 		unix.Close(r)
 		f.pipes = f.pipes[1:]
 	}
-	f.data = nil
+	f.written = true
 	if err := out.Close(); err != nil {
 		return err
 	}
@@ -325,7 +330,7 @@ func (s *Stream) Close() {
 		for _, r := range f.pipes {
 			unix.Close(r)
 		}
-		f.pipes, f.data = nil, nil
+		f.pipes = nil
 	}
 	s.files = nil
 }

@@ -1,0 +1,84 @@
+package criu
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"testing"
+)
+
+// TestDumpStream dumps through a Stream, copying and holding, writes the
+// images out and restores them: the process counts on from the dump.
+// The stream must deliver the same files as a dump into a directory.
+func TestDumpStream(t *testing.T) {
+	pool := NewPipePool(32)
+	defer pool.Close()
+	if err := pool.Fill(); err != nil {
+		t.Fatal(err)
+	}
+	var plain []string
+	for _, hold := range []bool{false, true} {
+		t.Run("hold="+strconv.FormatBool(hold), func(t *testing.T) {
+			tool := realTool(t)
+			ctx := testCtx(t)
+			c := startCounter(t, 8<<20)
+			before := waitCount(t, c.port, 3)
+			images, dumpWork, restoreWork := dirs3(t)
+			s, err := Listen(images, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			ds, err := tool.Dump(ctx, DumpOptions{
+				Pid: c.pid(), ImagesDir: images, WorkDir: dumpWork, Stream: s,
+				PreDump: func() error { s.Hold(hold); return nil },
+			})
+			if err != nil {
+				b, _ := os.ReadFile(filepath.Join(dumpWork, "dump.log"))
+				t.Fatalf("%v\n%s", err, b)
+			}
+			t.Logf("dump %+v, %d bytes streamed", ds, s.Bytes())
+			if s.Bytes() < 8<<20 {
+				t.Fatalf("streamed %d bytes for an 8 MiB heap", s.Bytes())
+			}
+			c.kill()
+			if err := s.WriteTo(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(images, streamSocket)); !os.IsNotExist(err) {
+				t.Errorf("the stream's socket is still in the images: %v", err)
+			}
+			names := imageNames(t, images)
+			if plain == nil {
+				plain = names
+			} else if len(names) != len(plain) {
+				t.Errorf("holding wrote %v, copying %v", names, plain)
+			}
+			rs, err := tool.Restore(ctx, RestoreOptions{ImagesDir: images, WorkDir: restoreWork, RstSibling: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			adopt(t, rs.Pid)
+			after := mustCount(t, c.port)
+			if after < before || after > before+30 {
+				t.Errorf("restored count %d, dumped at %d or a little later", after, before)
+			}
+			waitCount(t, c.port, after+2)
+		})
+	}
+}
+
+func imageNames(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return names
+}
