@@ -221,6 +221,14 @@ type Checkpoint struct {
 	// StallMS is how long the sandbox was frozen.
 	StallMS    float64 `json:"stall_ms"`
 	DurationMS float64 `json:"duration_ms"`
+	// Capture is how a full checkpoint took the processes' memory:
+	// "copy" (CRIU copied every page while the sandbox was frozen) or
+	// "copy-on-write" (the memory was write-protected in the frozen
+	// window and its pages copied after the thaw). CaptureNote says why
+	// a sandbox with enough memory to gain from copy-on-write was copied
+	// (a process with threads, memory shared between processes).
+	Capture     string `json:"capture,omitempty"`
+	CaptureNote string `json:"capture_note,omitempty"`
 	// BytesWritten is what the checkpoint added to storage at creation
 	// (an fs checkpoint shares all data copy-on-write: metadata only; a
 	// full checkpoint writes the memory pages no earlier checkpoint of

@@ -96,7 +96,7 @@ func parseSize(s string) (int64, error) {
 func daemonCmd(g *globals) *cobra.Command {
 	var poolSize, cacheDir, budget, ioBudget string
 	var workers, criuLog int
-	var dynMods bool
+	var dynMods, cow bool
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the molt daemon in the foreground",
@@ -126,7 +126,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
-					CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods},
+					CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow},
 				Socket: g.socket,
 			})
 		},
@@ -136,6 +136,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&budget, "standby-budget", "2G", "memory for pre-restored standbys (hot rollback) across the host; 0 disables them")
 	c.Flags().IntVar(&workers, "sched-workers", 0, "checkpoint background jobs (storing, standbys, GC) run at once host-wide (0: 1 on up to 2 CPUs, else half the CPUs)")
 	c.Flags().StringVar(&ioBudget, "sched-io", "0", "bytes per second background jobs may write, as 200M (0: unlimited)")
+	c.Flags().BoolVar(&cow, "cow-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory write-protect it in the frozen window and copy the pages after the thaw (single-threaded processes without shared memory; others are copied frozen, and the checkpoint says why)")
 	c.Flags().BoolVar(&dynMods, "cgroup-favordynmods", true, "set favordynmods on the host's cgroup2 mount and keep it set: cgroup moves (every restore, fork and standby does some) skip an RCU grace period each; forks and exits host-wide cost a little more")
 	c.Flags().IntVar(&criuLog, "criu-log-level", core.DefaultCRIULogLevel, "CRIU's log level for checkpoints and restores: 1 errors, 2 and warnings, 4 debugging (adds milliseconds to every checkpoint's frozen window)")
 	return c
@@ -575,6 +576,9 @@ func checkpointCmd(g *globals) *cobra.Command {
 			return g.print(ck, func() {
 				fmt.Printf("id:       %s\nsandbox:  %s\nparent:   %s\nkind:     %s\nlabel:    %s\ncreated:  %s\nstall:    %.2f ms\nduration: %.2f ms\n",
 					ck.ID, ck.Sandbox, dash(ck.Parent), ck.Kind, dash(ck.Label), ck.Created.Local().Format(time.RFC3339), ck.StallMS, ck.DurationMS)
+				if ck.Capture != "" {
+					fmt.Printf("capture:  %s%s\n", ck.Capture, captureNote(ck))
+				}
 			})
 		},
 	}
@@ -739,4 +743,13 @@ func resumeCmd(g *globals) *cobra.Command {
 			return g.print(sb, func() { fmt.Println(sb.ID, sb.State) })
 		},
 	}
+}
+
+// captureNote is why a full checkpoint copied its memory frozen, if it
+// says, as " (why)".
+func captureNote(ck v1.Checkpoint) string {
+	if ck.CaptureNote == "" {
+		return ""
+	}
+	return " (" + ck.CaptureNote + ")"
 }

@@ -73,6 +73,10 @@ type Config struct {
 	// wait for an RCU grace period; forks and exits then cost a little
 	// more host-wide.
 	NoFavorDynMods bool
+	// NoCOWCapture makes every full checkpoint copy the processes'
+	// memory while the sandbox is frozen (v1.Checkpoint.Capture "copy"),
+	// as before copy-on-write capture: for comparisons.
+	NoCOWCapture bool
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -118,6 +122,9 @@ type Manager struct {
 	metrics   *metrics
 
 	dynModsSets atomic.Int64 // times this manager set favordynmods
+
+	streamMu sync.Mutex
+	pipes    *criu.PipePool // pipes for streamed dumps (pipePool)
 
 	stampsMu sync.Mutex
 	stamps   map[string]stamp // objects hashed by this daemon, as they were then
@@ -239,6 +246,11 @@ func (m *Manager) Close() error {
 	}
 	m.closeSpares()
 	m.sby.wg.Wait()
+	m.streamMu.Lock()
+	if m.pipes != nil {
+		m.pipes.Close()
+	}
+	m.streamMu.Unlock()
 	m.stopRetiring()
 	m.turns.mu.Lock()
 	var turnIDs []string

@@ -163,17 +163,37 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	}
 	var freezeStart time.Time
 	var snapped chan error
+	// A tree with much private memory is captured copy-on-write when it
+	// can be (cow.go); CRIU then streams its images to the daemon.
+	capt := capture{mode: captureCopy}
+	if pids, perr := cg.Pids(); perr == nil && !m.cfg.NoCOWCapture && anonBytes(pids) >= cowMinAnon {
+		capt.stream = true
+	}
+	var stream *criu.Stream
+	defer func() {
+		if stream != nil {
+			stream.Close()
+		}
+	}()
 	for {
-		freezeStart, snapped, err = m.dumpTree(ctx, tool, rec, cg, id, staging, work, outside)
+		freezeStart, snapped, stream, err = m.dumpTree(ctx, tool, rec, cg, id, staging, work, outside, &capt)
 		if !errors.Is(err, errIPCAppeared) {
 			break
 		}
 		// An IPC object appeared before the freeze: dump with the
-		// namespace.
+		// namespace (and without the stream, whose files may be there).
 		if terr := cg.Thaw(); terr != nil {
 			return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
 		}
 		outside &^= unix.CLONE_NEWIPC
+		if stream != nil {
+			stream.Close()
+			stream = nil
+			if err := clearDir(staging); err != nil {
+				return v1.Checkpoint{}, err
+			}
+		}
+		capt = capture{mode: captureCopy, note: "retried with the IPC namespace"}
 	}
 	if err != nil {
 		err = fmt.Errorf("dump: %w", err)
@@ -203,6 +223,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
 		Created: time.Now().UTC(), StallMS: ms(stall), Keep: keep,
+		Capture: capt.mode, CaptureNote: capt.note,
 	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: outside&unix.CLONE_NEWNET != 0,
 		ExternalUTS: outside&unix.CLONE_NEWUTS != 0, ExternalIPC: outside&unix.CLONE_NEWIPC != 0}
 	// The consistent instant is captured and the sandbox runs on. The
@@ -216,8 +237,10 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	job := m.pipe.add(ck)
 	r.Success()
 	keepStaging = true
+	held := stream
+	stream = nil // persist writes it out and closes it
 	m.background(rec.ID, sched.Persist, "persist "+ck.ID, func(ctx context.Context, t *sched.Task) error {
-		m.persist(ctx, t, job, rec, staging, work, start)
+		m.persist(ctx, t, job, rec, staging, work, held, start)
 		return job.err
 	})
 	ck.Pending = true
@@ -234,14 +257,22 @@ var errIPCAppeared = errors.New("the sandbox made System V IPC objects before th
 // notification it freezes the cgroup and starts the root's read-only
 // snapshot, whose result arrives on snapped (nil if it never started);
 // CRIU dumps the frozen tree meanwhile. The cgroup is left frozen.
-func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec, cg *cgroup.Cgroup, id, staging, work string, outside int) (freezeStart time.Time, snapped chan error, err error) {
+func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec, cg *cgroup.Cgroup, id, staging, work string, outside int, capt *capture) (freezeStart time.Time, snapped chan error, stream *criu.Stream, err error) {
 	// A CRIU started ahead in those namespaces (after the sandbox's
-	// previous checkpoint), or a new one.
-	spare := m.takeDumpSpare(rec, outside)
+	// previous checkpoint), or a new one. A streamed dump runs its own
+	// (criu.Stream).
+	var spare *criu.Spare
+	if capt.stream {
+		if stream, err = criu.Listen(staging, m.pipePool()); err != nil {
+			return freezeStart, nil, nil, err
+		}
+	} else {
+		spare = m.takeDumpSpare(rec, outside)
+	}
 	var nss []ns.Ref
 	if spare == nil && outside != 0 {
 		if nss, err = ns.Open(rec.Init.Pid, outside); err != nil {
-			return freezeStart, nil, err
+			return freezeStart, nil, stream, err
 		}
 		defer ns.Close(nss)
 	}
@@ -250,6 +281,7 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
 		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
 		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Namespaces: nss, Spare: spare, LogLevel: m.criuLogLevel(),
+		Stream: stream,
 		PreDump: func() error {
 			freezeStart = time.Now()
 			if err := cg.Freeze(ctx); err != nil {
@@ -262,6 +294,12 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 					return errIPCAppeared
 				}
 			}
+			if stream != nil {
+				if err := m.protect(ctx, cg, rec.Init.Pid, stream, capt); err != nil {
+					return err
+				}
+				stream.Hold(capt.mode == captureCOW)
+			}
 			// The snapshot (a btrfs transaction commit, 3-5 ms on a
 			// quiet pool) runs while CRIU dumps: nothing writes to the
 			// root until the thaw, which waits for it. The writable copy
@@ -272,10 +310,15 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 			return nil
 		},
 	})
+	if stream != nil {
+		if serr := stream.Finish(); serr != nil && err == nil {
+			err = serr
+		}
+	}
 	if freezeStart.IsZero() {
 		freezeStart = time.Now()
 	}
-	return freezeStart, snapped, err
+	return freezeStart, snapped, stream, err
 }
 
 // persist stores a captured full checkpoint (after the previous pending
@@ -283,12 +326,25 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 // On failure the checkpoint's directory goes, its children and the
 // sandbox's head move to its parent, and the error is kept for whoever
 // waits on it.
-func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, rec sandboxRec, staging, work string, start time.Time) {
+func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, rec sandboxRec, staging, work string, stream *criu.Stream, start time.Time) {
 	defer os.RemoveAll(work)
 	defer os.RemoveAll(staging)
+	var err error
+	if stream != nil {
+		// The pages it holds are copied now, off the frozen window (and
+		// before waiting for the previous checkpoint: held pages keep the
+		// processes' copies alive).
+		if err = m.fail("full:stream"); err == nil {
+			err = stream.WriteTo()
+		}
+		stream.Close()
+		m.refillPipes()
+	}
 	job.waitPrevious()
 	ck := m.pipe.ckOf(job) // reparent may have moved its parent meanwhile
-	err := m.persistImages(ctx, t, &ck, rec, staging, start)
+	if err == nil {
+		err = m.persistImages(ctx, t, &ck, rec, staging, start)
+	}
 	if err != nil {
 		m.metrics.checkpoint.WithLabelValues(v1.KindFull, "failed").Inc()
 		_ = removeTree(m.ckDir(ck.ID))

@@ -48,6 +48,9 @@ type Stream struct {
 	l    *net.UnixListener
 	pool *PipePool
 	hold atomic.Bool
+	// copyPages are processes (their PIDs in the images) whose pages are
+	// copied even when holding: memory that was not write-protected.
+	copyPages map[int]bool
 
 	wg    sync.WaitGroup
 	mu    sync.Mutex
@@ -59,6 +62,7 @@ type Stream struct {
 type streamFile struct {
 	name    string
 	pipes   []int // read ends of held pipes, in order
+	hold    bool  // held in pipes, else written as it comes
 	written bool  // written into the images directory as it came
 	size    int64
 }
@@ -76,6 +80,18 @@ func Listen(imagesDir string, pool *PipePool) (*Stream, error) {
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
+}
+
+// CopyPagesOf makes a holding stream copy the pages of the process with
+// PID pid (as the images number it) all the same. Call it before the
+// dump.
+func (s *Stream) CopyPagesOf(pid int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.copyPages == nil {
+		s.copyPages = map[int]bool{}
+	}
+	s.copyPages[pid] = true
 }
 
 // Hold switches between holding references (true) and copying (false).
@@ -98,6 +114,8 @@ func (s *Stream) serve() {
 		return // closed before CRIU connected: the dump failed early
 	}
 	defer c.Close()
+	// CRIU opens a process's pagemap image and then its pages image.
+	lastPagemap := -1
 	for {
 		name, fd, err := nextFile(c)
 		if err != nil {
@@ -107,6 +125,17 @@ func (s *Stream) serve() {
 			return
 		}
 		f := &streamFile{name: name}
+		// Only page images are held: the rest is small, and copying it
+		// keeps whatever else CRIU reads from the live tree as it was.
+		if v, ok := strings.CutPrefix(name, "pagemap-"); ok {
+			lastPagemap, _ = strconv.Atoi(strings.TrimSuffix(v, ".img"))
+		}
+		s.mu.Lock()
+		f.hold = s.hold.Load() && strings.HasPrefix(name, "pages-") && !s.copyPages[lastPagemap]
+		s.mu.Unlock()
+		if !strings.HasPrefix(name, "pagemap-") && !strings.HasPrefix(name, "pages-") {
+			lastPagemap = -1
+		}
 		s.mu.Lock()
 		s.files = append(s.files, f)
 		s.mu.Unlock()
@@ -170,7 +199,7 @@ func nextFile(c *net.UnixConn) (string, int, error) {
 // receive takes one file until CRIU closes its pipe: held in pipes, or
 // (not holding when it arrives) written into the images directory.
 func (s *Stream) receive(f *streamFile, src int) error {
-	if !s.hold.Load() {
+	if !f.hold {
 		out, err := os.OpenFile(filepath.Join(s.dir, f.name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
 			return err
@@ -252,8 +281,10 @@ func (s *Stream) Finish() error {
 	return s.err
 }
 
-// Bytes is the size of everything received.
+// Bytes is the size of everything received (after Finish, which it
+// calls).
 func (s *Stream) Bytes() int64 {
+	_ = s.Finish()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var n int64

@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -445,21 +446,30 @@ func (t *Tracer) Protect(pid int) error {
 		if child == 0 {
 			return err
 		}
+		// The parent reaps it by its number in the parent's PID
+		// namespace (the event gave the tracer's).
+		nsChild, nerr := nsPid(child)
 		// The child is traced (PTRACE_O_TRACECLONE) and stopped: kill it
 		// and take its end as its tracer, after which its parent can
 		// reap it.
 		_ = unix.Kill(child, unix.SIGKILL)
 		if werr := waitExit(child); werr != nil {
-			return errors.Join(err, werr)
+			return errors.Join(err, fmt.Errorf("end of the fork: %w", werr))
+		}
+		if err == nil {
+			err = nerr
 		}
 		if err != nil {
 			return err
 		}
-		w, err := t.syscall(pid, tr, unix.SYS_WAIT4, uint64(child), 0, unix.WALL, 0)
-		if err == nil && w.ret < 0 && unix.Errno(-w.ret) != unix.ECHILD {
-			err = fmt.Errorf("reap the fork of %d: %w", pid, unix.Errno(-w.ret))
+		w, err := t.syscall(pid, tr, unix.SYS_WAIT4, uint64(nsChild), 0, unix.WALL, 0)
+		if err == nil && w.ret != int64(nsChild) {
+			err = fmt.Errorf("reap the fork of %d: wait4 returned %d", pid, w.ret)
 		}
-		return err
+		if err != nil {
+			return fmt.Errorf("reap: %w", err)
+		}
+		return nil
 	})
 }
 
@@ -484,25 +494,27 @@ func waitExit(pid int) error {
 }
 
 // ProtectFrozen write-protects the private memory of every process in
-// pids, which a frozen cgroup holds (see Protect). A frozen process runs
-// no injected code, so: seize them all, thaw (each stops for its tracer
-// instead of running), protect each, freeze again and let them go, to
-// the freezer. On return the cgroup is frozen unless thaw or freeze
-// failed; on error some processes may be protected and others not.
-func ProtectFrozen(pids []int, thaw, freeze func() error) error {
+// protect, which a frozen cgroup holds with the rest of stop (see
+// Protect). A frozen process runs no injected code, so: seize every
+// process in stop and protect, thaw (each stops for its tracer instead
+// of running), protect, freeze again and let them go, to the freezer. On
+// return the cgroup is frozen unless thaw or freeze failed; on error
+// some processes may be protected and others not.
+func ProtectFrozen(stop, protect []int, thaw, freeze func() error) error {
 	t := NewTracer()
 	defer t.Close()
-	for _, pid := range pids {
+	for _, pid := range append(append([]int(nil), stop...), protect...) {
 		if err := t.Seize(pid); err != nil {
-			return err
+			return fmt.Errorf("%s: %w", describe(pid), err)
 		}
 	}
 	if err := thaw(); err != nil {
 		return err
 	}
 	var err error
-	for _, pid := range pids {
+	for _, pid := range protect {
 		if err = t.Protect(pid); err != nil {
+			err = fmt.Errorf("%s: %w", describe(pid), err)
 			break
 		}
 	}
@@ -511,4 +523,36 @@ func ProtectFrozen(pids []int, thaw, freeze func() error) error {
 		return errors.Join(err, fmt.Errorf("freeze again: %w", ferr))
 	}
 	return err
+}
+
+// describe names pid by its command and state, for errors.
+func describe(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "pid " + strconv.Itoa(pid)
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open || end+2 >= len(s) {
+		return "pid " + strconv.Itoa(pid)
+	}
+	return fmt.Sprintf("pid %d (%s, state %c)", pid, s[open+1:end], s[end+2])
+}
+
+// nsPid returns pid's number in its own PID namespace (the last of
+// NSpid).
+func nsPid(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				return strconv.Atoi(f[len(f)-1])
+			}
+		}
+	}
+	return 0, fmt.Errorf("pid %d: no NSpid", pid)
 }

@@ -23,4 +23,4 @@ func (t *Tracer) Kill(copyPid int) error                  { return errArch }
 func (t *Tracer) Protect(pid int) error                   { return errArch }
 func (t *Tracer) Release(pid int) error                   { return errArch }
 
-func ProtectFrozen(pids []int, thaw, freeze func() error) error { return errArch }
+func ProtectFrozen(stop, protect []int, thaw, freeze func() error) error { return errArch }

@@ -410,7 +410,7 @@ func TestProtectFrozen(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	err = ProtectFrozen([]int{pid}, cg.Thaw, func() error { return cg.Freeze(ctx) })
+	err = ProtectFrozen(nil, []int{pid}, cg.Thaw, func() error { return cg.Freeze(ctx) })
 	took := time.Since(start)
 	if err != nil {
 		t.Fatal(err)
@@ -458,7 +458,7 @@ func TestProtectFrozenRefusesThreads(t *testing.T) {
 		t.Fatal(err)
 	}
 	thawed := false
-	err = ProtectFrozen([]int{pid}, func() error { thawed = true; return cg.Thaw() }, func() error { return cg.Freeze(ctx) })
+	err = ProtectFrozen(nil, []int{pid}, func() error { thawed = true; return cg.Thaw() }, func() error { return cg.Freeze(ctx) })
 	if !errors.Is(err, errdefs.ErrNotSupported) {
 		t.Fatalf("ProtectFrozen of a threaded process: %v, want ErrNotSupported", err)
 	}

@@ -1,0 +1,124 @@
+package core
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+)
+
+// cowHolder holds 48 MiB of 'A's; /tmp/fill makes it write 'B' over all
+// of it (then /tmp/filled), /tmp/check makes it write how many bytes are
+// not 'A' to /tmp/result.
+const cowHolder = `
+import os, time
+b = bytearray(b'A' * (48 << 20))
+open('/tmp/ready', 'w').close()
+while True:
+    time.sleep(0.01)
+    if os.path.exists('/tmp/fill'):
+        os.remove('/tmp/fill')
+        b[:] = b'B' * len(b)
+        open('/tmp/filled', 'w').close()
+    if os.path.exists('/tmp/check'):
+        os.remove('/tmp/check')
+        with open('/tmp/result.tmp', 'w') as f:
+            f.write(str(len(b) - b.count(b'A')))
+        os.rename('/tmp/result.tmp', '/tmp/result')
+`
+
+func waitFile(t *testing.T, m *Manager, sb, path string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := run(t, m, sb, "cat "+path+" 2>/dev/null && echo .")
+		if strings.HasSuffix(r.Stdout, ".\n") {
+			return strings.TrimSuffix(r.Stdout, ".\n")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within 20 s", path)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestCOWCapture: a full checkpoint of a sandbox with 48 MiB of private
+// memory is taken copy-on-write, and the pages it stores are those of
+// the instant even though the process rewrote all of them after the
+// thaw and before the checkpoint copied them (persist is held until
+// then): a rollback brings back a heap of 'A's.
+func TestCOWCapture(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", cowHolder}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, m, sb.ID, "/tmp/ready")
+	gate := make(chan struct{})
+	m.failpoint = func(step string) error {
+		if step == "full:stream" {
+			<-gate
+		}
+		return nil
+	}
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+	if err != nil {
+		close(gate)
+		t.Fatal(err)
+	}
+	t.Logf("checkpoint: stall %.1f ms, capture %s %s", ck.StallMS, ck.Capture, ck.CaptureNote)
+	if ck.Capture != captureCOW {
+		close(gate)
+		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureCOW)
+	}
+	run(t, m, sb.ID, "touch /tmp/fill")
+	waitFile(t, m, sb.ID, "/tmp/filled")
+	close(gate)
+	if _, err := m.awaitCheckpoint(ctx, ck.ID); err != nil {
+		t.Fatal(err)
+	}
+	res, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rollback: %+v", res)
+	run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
+	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
+		t.Fatalf("after the rollback %s bytes of the heap are not 'A': the checkpoint stored pages written after its instant", got)
+	}
+}
+
+// TestCOWCaptureFallsBack: a sandbox whose big process has threads is
+// copied while frozen, and the checkpoint says why.
+func TestCOWCaptureFallsBack(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c",
+		"import threading, time\nb = bytearray(b'A' * (48 << 20))\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, m, sb.ID, "/tmp/ready")
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.Capture != captureCopy || !strings.Contains(ck.CaptureNote, "threads") {
+		t.Fatalf("capture %q (%q), want %q saying why", ck.Capture, ck.CaptureNote, captureCopy)
+	}
+	if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, m, sb.ID, "/tmp/ready")
+}
