@@ -146,8 +146,10 @@ func (m *Manager) protect(ctx context.Context, cg *cgroup.Cgroup, init int, stre
 		capt.note = why
 		return nil
 	}
-	// PID 1 (molt's pid1, a few pages) is stopped with the rest but
-	// copied: an injected fork does not come back from it.
+	// PID 1 (molt's pid1, a few pages) is often this daemon's child
+	// (started by it, or restored by its CRIU): it is stopped with
+	// SIGSTOP rather than traced (see ProtectFrozen), and its pages are
+	// copied.
 	var rest []int
 	for _, pid := range pids {
 		if pid != init {

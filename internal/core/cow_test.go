@@ -2,6 +2,8 @@ package core
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -84,12 +86,43 @@ func TestCOWCapture(t *testing.T) {
 	if _, err := m.awaitCheckpoint(ctx, ck.ID); err != nil {
 		t.Fatal(err)
 	}
+	before, err := m.lookupSandbox(sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
 	res, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("rollback: %+v", res)
-	run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
+	// The replaced init was this process's child: its reaper must still
+	// be waiting for it (the capture stopped it without ptrace), so it
+	// does not stay behind as a zombie.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", before.Init.Pid))
+		if err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replaced init %d is still there: %s", before.Init.Pid, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// A tree restored from pages written after the instant can hang
+	// (the session's shell did not answer in such a run): bounded.
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.SessionRun(ctx, sb.ID, "t", v1.SessionRunRequest{Command: "rm -f /tmp/result; touch /tmp/check"})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the session did not answer within 20 s of the rollback")
+	}
 	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
 		t.Fatalf("after the rollback %s bytes of the heap are not 'A': the checkpoint stored pages written after its instant", got)
 	}

@@ -494,19 +494,40 @@ func waitExit(pid int) error {
 }
 
 // ProtectFrozen write-protects the private memory of every process in
-// protect, which a frozen cgroup holds with the rest of stop (see
+// protect, which a frozen cgroup holds with the processes in stop (see
 // Protect). A frozen process runs no injected code, so: seize every
-// process in stop and protect, thaw (each stops for its tracer instead
-// of running), protect, freeze again and let them go, to the freezer. On
-// return the cgroup is frozen unless thaw or freeze failed; on error
-// some processes may be protected and others not.
+// process in protect, stop those in stop with SIGSTOP, thaw (each stops
+// instead of running), protect, freeze again, let them go to the freezer
+// and continue those in stop (SIGCONT; they stay frozen). On return the
+// cgroup is frozen unless thaw or freeze failed; on error some processes
+// may be protected and others not.
+//
+// stop is for processes that are children of this process: a wait for
+// one of them by any thread here (a reaper's wait4 or os.Process.Wait)
+// would take the report of its ptrace stop, which is meant for the
+// tracer, and end as if it had exited. A job-control stop is reported
+// only to waits that ask for stops.
 func ProtectFrozen(stop, protect []int, thaw, freeze func() error) error {
 	t := NewTracer()
 	defer t.Close()
-	for _, pid := range append(append([]int(nil), stop...), protect...) {
+	for _, pid := range protect {
 		if err := t.Seize(pid); err != nil {
 			return fmt.Errorf("%s: %w", describe(pid), err)
 		}
+	}
+	var stopped []int
+	defer func() {
+		for _, pid := range stopped {
+			_ = unix.Kill(pid, unix.SIGCONT)
+		}
+	}()
+	for _, pid := range stop {
+		// From an ancestor namespace SIGSTOP reaches a namespace's init
+		// too; frozen, it is taken at the thaw, before any user code.
+		if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+			return fmt.Errorf("stop %d: %w", pid, err)
+		}
+		stopped = append(stopped, pid)
 	}
 	if err := thaw(); err != nil {
 		return err
@@ -518,7 +539,8 @@ func ProtectFrozen(stop, protect []int, thaw, freeze func() error) error {
 			break
 		}
 	}
-	// Frozen again before the release: released, they go to the freezer.
+	// Frozen again before the release and SIGCONT: they go to the
+	// freezer.
 	if ferr := freeze(); ferr != nil {
 		return errors.Join(err, fmt.Errorf("freeze again: %w", ferr))
 	}

@@ -467,3 +467,60 @@ func TestProtectFrozenRefusesThreads(t *testing.T) {
 	}
 	_ = cg.Thaw()
 }
+
+// TestProtectFrozenStopsOwnChildren: a process in stop (a child of this
+// process, as a sandbox's PID 1 is of the daemon) is held still by
+// ProtectFrozen without ptrace, so a concurrent wait for it here (a
+// reaper) goes on waiting, and the process runs on afterwards.
+func TestProtectFrozenStopsOwnChildren(t *testing.T) {
+	testutil.RequireRoot(t)
+	p := start(t, "-c", holder)
+	p.line(t)
+	pid := p.cmd.Process.Pid
+	reaped := make(chan unix.WaitStatus, 1)
+	go func() {
+		var ws unix.WaitStatus
+		for {
+			_, err := unix.Wait4(pid, &ws, 0, nil)
+			if err != unix.EINTR {
+				reaped <- ws
+				return
+			}
+		}
+	}()
+	cg, err := cgroup.New("molt-protect-own-"+strconv.Itoa(os.Getpid()), cgroup.Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Destroy(context.Background())
+	if err := cg.Add(pid); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := cg.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ProtectFrozen([]int{pid}, nil, cg.Thaw, func() error { return cg.Freeze(ctx) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ws := <-reaped:
+		t.Fatalf("the reaper's wait returned (status %#x) while the process lives", ws)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if _, err := io.WriteString(p.in, "B\n"); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.line(t); s != "ok" {
+		t.Fatalf("after ProtectFrozen the process said %q", s)
+	}
+	_ = p.cmd.Process.Kill()
+	select {
+	case <-reaped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reaper did not reap the killed process")
+	}
+}
