@@ -38,12 +38,16 @@ const cowMinAnon = 32 << 20
 // without making one while CRIU writes.
 const streamPipes = 160
 
-// pipePool returns the host's pool of stream pipes, filling it.
+// pipePool returns the host's pool of stream pipes, made and filled at
+// the first use (before that dump's freeze).
 func (m *Manager) pipePool() *criu.PipePool {
 	m.streamMu.Lock()
 	defer m.streamMu.Unlock()
 	if m.pipes == nil {
 		m.pipes = criu.NewPipePool(streamPipes)
+		if err := m.pipes.Fill(); err != nil {
+			m.log.Debug("stream pipes", "err", err)
+		}
 	}
 	return m.pipes
 }

@@ -42,11 +42,6 @@ func (t *Tool) Dump(ctx context.Context, o DumpOptions) (DumpStats, error) {
 		return st, &Error{Op: "dump", Err: err}
 	}
 	defer dirs.close()
-	opts, err := o.rpcOpts(int(dirs.images.Fd()), int(dirs.work.Fd()))
-	if err != nil {
-		return st, &Error{Op: "dump", Err: err}
-	}
-	logPath := filepath.Join(dirs.workPath, dumpLog)
 	if o.Stream != nil {
 		if o.Stream.dir != o.ImagesDir {
 			return st, &Error{Op: "dump", Err: fmt.Errorf("the stream listens in %s, not in the images directory %s: %w", o.Stream.dir, o.ImagesDir, errdefs.ErrInvalidArgument)}
@@ -55,11 +50,13 @@ func (t *Tool) Dump(ctx context.Context, o DumpOptions) (DumpStats, error) {
 		if err := t.dumpCLI(ctx, o, dirs); err != nil {
 			return st, err
 		}
-		took := time.Since(start)
-		st, _ = ReadDumpStats(dirs.workPath)
-		st.TotalMS = ms(took)
-		return st, nil
+		return dumpStats(dirs.workPath, start), nil
 	}
+	opts, err := o.rpcOpts(int(dirs.images.Fd()), int(dirs.work.Fd()))
+	if err != nil {
+		return st, &Error{Op: "dump", Err: err}
+	}
+	logPath := filepath.Join(dirs.workPath, dumpLog)
 	start := time.Now()
 	var notify func(string) error
 	if o.PreDump != nil || o.PostDump != nil {
@@ -99,10 +96,16 @@ func (t *Tool) Dump(ctx context.Context, o DumpOptions) (DumpStats, error) {
 		}
 		return st, e
 	}
+	return dumpStats(dirs.workPath, start), nil
+}
+
+// dumpStats reads a finished dump's statistics from its work directory,
+// with the time since start as the whole call.
+func dumpStats(work string, start time.Time) DumpStats {
 	took := time.Since(start)
-	st, _ = ReadDumpStats(dirs.workPath)
+	st, _ := ReadDumpStats(work)
 	st.TotalMS = ms(took)
-	return st, nil
+	return st
 }
 
 // ReadDumpStats reads CRIU's statistics of a dump from dir/stats-dump
