@@ -142,6 +142,9 @@ type capture struct {
 // dump (capt.mode becomes captureCOW), or says in capt.note why it
 // cannot. It returns an error only when the tree is not frozen after.
 func (m *Manager) protect(ctx context.Context, cg *cgroup.Cgroup, init int, stream *criu.Stream, capt *capture) error {
+	if err := m.fail("full:protect"); err != nil {
+		return err
+	}
 	pids, err := cg.Pids()
 	if err != nil {
 		return err

@@ -2,8 +2,10 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -154,4 +156,57 @@ func TestCOWCaptureFallsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFile(t, m, sb.ID, "/tmp/ready")
+}
+
+// TestCOWCaptureFailureLeavesSandboxRunning: a copy-on-write capture
+// that fails in the frozen window (the pre-dump step of the streamed
+// dump), while the held pages are written out, or at the commit lists
+// no checkpoint, leaves no checkpoint directory or staging directory,
+// and the sandbox runs on with its memory; the next one works.
+func TestCOWCaptureFailureLeavesSandboxRunning(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", cowHolder}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, m, sb.ID, "/tmp/ready")
+	staging := func() []string {
+		got, _ := filepath.Glob(filepath.Join("/dev/shm", m.stagingPrefix()+"*"))
+		return got
+	}
+	for _, step := range []string{"full:protect", "full:stream", "full:record"} {
+		t.Run(step, func(t *testing.T) {
+			failAt(m, step)
+			_, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+			m.failpoint = nil
+			if !errors.Is(err, errInjected) {
+				t.Fatalf("checkpoint: %v; want the injected failure", err)
+			}
+			if cks, _ := m.Checkpoints(sb.ID); len(cks) != 0 {
+				t.Fatalf("failed checkpoint listed: %+v", cks)
+			}
+			if e := entries(t, m.path("checkpoints")); len(e) != 0 {
+				t.Fatalf("failed checkpoint left %v", e)
+			}
+			if s := staging(); len(s) != 0 {
+				t.Fatalf("failed checkpoint left staging %v", s)
+			}
+			run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
+			if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
+				t.Fatalf("heap after the failed checkpoint: %s bytes not 'A'", got)
+			}
+		})
+	}
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.Capture != captureCOW {
+		t.Fatalf("capture after the failures %q (%s)", ck.Capture, ck.CaptureNote)
+	}
 }

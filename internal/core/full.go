@@ -327,8 +327,6 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 // sandbox's head move to its parent, and the error is kept for whoever
 // waits on it.
 func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, rec sandboxRec, staging, work string, stream *criu.Stream, start time.Time) {
-	defer os.RemoveAll(work)
-	defer os.RemoveAll(staging)
 	var err error
 	if stream != nil {
 		// The pages it holds are copied now, off the frozen window (and
@@ -345,6 +343,9 @@ func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, r
 	if err == nil {
 		err = m.persistImages(ctx, t, &ck, rec, staging, start)
 	}
+	// Gone before the waiters are released.
+	os.RemoveAll(staging)
+	os.RemoveAll(work)
 	if err != nil {
 		m.metrics.checkpoint.WithLabelValues(v1.KindFull, "failed").Inc()
 		_ = removeTree(m.ckDir(ck.ID))
