@@ -141,14 +141,18 @@ type capture struct {
 // protect write-protects the frozen tree's private memory for a streamed
 // dump (capt.mode becomes captureCOW), or says in capt.note why it
 // cannot. It returns an error only when the tree is not frozen after.
-func (m *Manager) protect(ctx context.Context, cg *cgroup.Cgroup, init int, stream *criu.Stream, capt *capture) error {
+func (m *Manager) protect(ctx context.Context, cg *cgroup.Cgroup, rec sandboxRec, stream *criu.Stream, capt *capture) error {
 	if err := m.fail("full:protect"); err != nil {
 		return err
 	}
-	pids, err := cg.Pids()
+	// Only the live tree: the cgroup also holds the sandbox's standbys
+	// (stopped, in PID namespaces of their own), which CRIU does not
+	// dump, and a process traced here would stop CRIU from seizing it.
+	pids, _, err := treePids(rec.ID, rec.Init)
 	if err != nil {
 		return err
 	}
+	init := rec.Init.Pid
 	if why := cowObstacle(pids); why != "" {
 		capt.note = why
 		return nil

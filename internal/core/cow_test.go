@@ -210,3 +210,56 @@ func TestCOWCaptureFailureLeavesSandboxRunning(t *testing.T) {
 		t.Fatalf("capture after the failures %q (%s)", ck.Capture, ck.CaptureNote)
 	}
 }
+
+// TestCOWCaptureWithStandby: the sandbox's cgroup also holds the standby
+// of its last checkpoint (stopped, in a PID namespace of its own, the
+// daemon's child). A copy-on-write capture protects the live tree only:
+// it does not wait for the standby to stop for a tracer (which it never
+// does: the daemon's reaper takes the stop) and leaves nothing traced
+// for CRIU.
+func TestCOWCaptureWithStandby(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	m.cfg.StandbyBudget = 1 << 30
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", cowHolder}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, m, sb.ID, "/tmp/ready")
+	var last v1.Checkpoint
+	for i := 0; i < 3; i++ {
+		ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+		if err != nil {
+			t.Fatalf("checkpoint %d: %v", i, err)
+		}
+		t.Logf("checkpoint %d: stall %.1f ms, capture %s %s", i, ck.StallMS, ck.Capture, ck.CaptureNote)
+		if ck.Capture != captureCOW {
+			t.Fatalf("checkpoint %d: capture %q (%s), want %q", i, ck.Capture, ck.CaptureNote, captureCOW)
+		}
+		if i > 0 && ck.StallMS > 1000 {
+			t.Fatalf("checkpoint %d: stall %.0f ms with a standby in the cgroup", i, ck.StallMS)
+		}
+		for deadline := time.Now().Add(20 * time.Second); m.standbyOf(sb.ID) == nil; {
+			if time.Now().After(deadline) {
+				t.Fatalf("no standby for checkpoint %d within 20 s", i)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		last = ck
+	}
+	res, err := m.Rollback(ctx, sb.ID, last.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Tier != v1.TierHot {
+		t.Fatalf("rollback tier %s, want hot", res.Tier)
+	}
+	run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
+	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
+		t.Fatalf("heap after the rollback: %s bytes not 'A'", got)
+	}
+}

@@ -166,7 +166,8 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	// A tree with much private memory is captured copy-on-write when it
 	// can be (cow.go); CRIU then streams its images to the daemon.
 	capt := capture{mode: captureCopy}
-	if pids, perr := cg.Pids(); perr == nil && !m.cfg.NoCOWCapture && anonBytes(pids) >= cowMinAnon {
+	// The live tree's memory: standbys in the cgroup are not dumped.
+	if pids, _, perr := treePids(rec.ID, rec.Init); perr == nil && !m.cfg.NoCOWCapture && anonBytes(pids) >= cowMinAnon {
 		capt.stream = true
 	}
 	var stream *criu.Stream
@@ -295,7 +296,7 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 				}
 			}
 			if stream != nil {
-				if err := m.protect(ctx, cg, rec.Init.Pid, stream, capt); err != nil {
+				if err := m.protect(ctx, cg, rec, stream, capt); err != nil {
 					return err
 				}
 				stream.Hold(capt.mode == captureCOW)

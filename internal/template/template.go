@@ -25,6 +25,7 @@ var syscallInsn = [2]byte{0x0f, 0x05}
 type Tracer struct {
 	reqs chan func()
 	done chan struct{}
+	tid  int // the tracer thread's; read after done is closed
 	// On the tracer thread only:
 	seized map[int]*tracee
 }
@@ -42,6 +43,7 @@ func NewTracer() *Tracer {
 		// The thread is never unlocked: it exits with the goroutine, and
 		// the kernel detaches whatever it still traces.
 		runtime.LockOSThread()
+		t.tid = unix.Gettid()
 		for f := range t.reqs {
 			f()
 		}
@@ -57,7 +59,11 @@ func (t *Tracer) do(f func() error) error {
 }
 
 // Close releases every original still seized (it runs on) and kills
-// every copy still held, then ends the tracer's thread.
+// every copy still held, then ends the tracer's thread and waits for it
+// to be gone. A process that was not in a ptrace stop cannot be detached
+// (ESRCH); the kernel detaches it as the thread exits, and until then it
+// is still traced: another tracer (CRIU) that seizes it then fails with
+// EPERM.
 func (t *Tracer) Close() {
 	_ = t.do(func() error {
 		for pid, tr := range t.seized {
@@ -72,6 +78,16 @@ func (t *Tracer) Close() {
 	})
 	close(t.reqs)
 	<-t.done
+	if t.tid == os.Getpid() {
+		return // the main thread does not exit
+	}
+	task := "/proc/self/task/" + strconv.Itoa(t.tid)
+	for deadline := time.Now().Add(stopTimeout); time.Now().Before(deadline); {
+		if _, err := os.Stat(task); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
 }
 
 // Seize attaches to pid and asks it to stop at its next return to user
@@ -338,8 +354,16 @@ func (t *Tracer) release(pid int) error {
 	}
 	delete(t.seized, pid)
 	err := unix.PtraceDetach(pid)
+	if errors.Is(err, unix.ESRCH) && unix.PtraceInterrupt(pid) == nil {
+		// Not in a ptrace stop (detach needs one): stop it first. A
+		// stop is taken before the cgroup freezer's, so a frozen
+		// process stops too.
+		if ws, werr := wait(pid); werr == nil && ws.Stopped() {
+			err = unix.PtraceDetach(pid)
+		}
+	}
 	if errors.Is(err, unix.ESRCH) {
-		err = nil // gone, or not stopped yet: the kernel detached it
+		err = nil // gone; or the kernel detaches it as the tracer's thread exits (Close)
 	}
 	for _, sig := range tr.held {
 		_ = unix.Tgkill(pid, pid, unix.Signal(sig))

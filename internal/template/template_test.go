@@ -524,3 +524,91 @@ func TestProtectFrozenStopsOwnChildren(t *testing.T) {
 		t.Fatal("the reaper did not reap the killed process")
 	}
 }
+
+func tracerPid(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "TracerPid:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no TracerPid in the status of %d", pid)
+	return ""
+}
+
+// TestCloseDetaches: once Close returns, no process it seized is traced
+// any more, whether it is in a ptrace stop (seized, thawed), frozen
+// (seized while frozen and never thawed) or running (continued by the
+// tracer: detach fails on a tracee that is not stopped), so another
+// tracer (CRIU) can seize it at once.
+func TestCloseDetaches(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, c := range []struct{ thaw, run bool }{{false, false}, {true, false}, {true, true}} {
+		thaw := c.thaw
+		p := start(t, "-c", "print('ready', flush=True)\nimport time\ntime.sleep(60)")
+		p.line(t)
+		pid := p.cmd.Process.Pid
+		cg, err := cgroup.New("molt-close-test-"+strconv.Itoa(os.Getpid()), cgroup.Resources{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cg.Add(pid); err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if err := cg.Freeze(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tr := NewTracer()
+		if err := tr.Seize(pid); err != nil {
+			t.Fatal(err)
+		}
+		if thaw {
+			if err := cg.Thaw(); err != nil {
+				t.Fatal(err)
+			}
+			waitState(t, pid, "t")
+		}
+		if c.run {
+			if err := tr.do(func() error {
+				if _, err := wait(pid); err != nil {
+					return err
+				}
+				return unix.PtraceCont(pid, 0)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			waitState(t, pid, "S")
+			// Release detaches it before it returns, not when the
+			// tracer's thread exits.
+			if err := tr.Release(pid); err != nil {
+				t.Fatal(err)
+			}
+			if got := tracerPid(t, pid); got != "0" {
+				t.Fatalf("%+v: after Release pid %d is still traced by %s", c, pid, got)
+			}
+		}
+		t0 := time.Now()
+		tr.Close()
+		took := time.Since(t0)
+		if got := tracerPid(t, pid); got != "0" {
+			t.Fatalf("%+v: after Close pid %d is still traced by %s", c, pid, got)
+		}
+		if took > time.Second {
+			t.Fatalf("%+v: Close took %v", c, took)
+		}
+		t.Logf("%+v: Close took %v", c, took)
+		// Another tracer can seize it now.
+		if _, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(pid), 0, 0, 0, 0); e != 0 {
+			t.Fatalf("%+v: seize after Close: %v", c, e)
+		}
+		_ = cg.Thaw()
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+		_ = cg.Destroy(ctx)
+	}
+}
