@@ -65,21 +65,25 @@ func (t *Tracer) do(f func() error) error {
 // is still traced: another tracer (CRIU) that seizes it then fails with
 // EPERM.
 func (t *Tracer) Close() {
+	traced := false // something may still be traced by the thread
 	_ = t.do(func() error {
 		for pid, tr := range t.seized {
 			if tr.copy {
 				_ = unix.Kill(pid, unix.SIGKILL)
 				delete(t.seized, pid)
+				traced = true
 				continue
 			}
-			_ = t.release(pid)
+			if t.release(pid) != nil {
+				traced = true
+			}
 		}
 		return nil
 	})
 	close(t.reqs)
 	<-t.done
-	if t.tid == os.Getpid() {
-		return // the main thread does not exit
+	if !traced || t.tid == os.Getpid() {
+		return // all detached; or the main thread, which does not exit
 	}
 	task := "/proc/self/task/" + strconv.Itoa(t.tid)
 	for deadline := time.Now().Add(stopTimeout); time.Now().Before(deadline); {
@@ -355,20 +359,23 @@ func (t *Tracer) release(pid int) error {
 	delete(t.seized, pid)
 	err := unix.PtraceDetach(pid)
 	if errors.Is(err, unix.ESRCH) && unix.PtraceInterrupt(pid) == nil {
-		// Not in a ptrace stop (detach needs one): stop it first. A
-		// stop is taken before the cgroup freezer's, so a frozen
-		// process stops too.
+		// Not in a ptrace stop (detach needs one, and a tracee that
+		// was continued is not in one): stop it first. The wait is
+		// bounded; a tracee that does not stop stays traced until the
+		// tracer's thread exits (Close).
 		if ws, werr := wait(pid); werr == nil && ws.Stopped() {
 			err = unix.PtraceDetach(pid)
 		}
 	}
-	if errors.Is(err, unix.ESRCH) {
-		err = nil // gone; or the kernel detaches it as the tracer's thread exits (Close)
+	if errors.Is(err, unix.ESRCH) && unix.Kill(pid, 0) != nil {
+		err = nil // gone
 	}
 	for _, sig := range tr.held {
 		_ = unix.Tgkill(pid, pid, unix.Signal(sig))
 	}
 	if err != nil {
+		// Still traced: the kernel detaches it when the tracer's thread
+		// exits (Close waits for that).
 		return fmt.Errorf("detach %d: %w", pid, err)
 	}
 	return nil
