@@ -111,6 +111,11 @@ type Progress struct {
 type Resources struct {
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	Pids        int64 `json:"pids,omitempty"`
+	// StandbyBudgetBytes bounds the memory of the sandbox's standbys
+	// (pre-restored checkpoints for hot rollback, counted by the size of
+	// their images) within the host's standby budget: 0 takes the
+	// daemon's default per-sandbox budget, -1 allows none.
+	StandbyBudgetBytes int64 `json:"standby_budget_bytes,omitempty"`
 }
 
 // SandboxCreateRequest creates a sandbox from an image.
@@ -142,11 +147,14 @@ type Sandbox struct {
 	// Standby is set when a pre-restored standby of the sandbox's head
 	// is ready (a rollback to it is hot); Standbys lists every checkpoint
 	// of the sandbox with one.
-	Standby     string    `json:"standby,omitempty"`
-	Standbys    []string  `json:"standbys,omitempty"`
-	Sessions    []Session `json:"sessions,omitempty"`
-	MemoryBytes int64     `json:"memory_bytes,omitempty"`
-	Processes   int       `json:"processes,omitempty"`
+	Standby  string   `json:"standby,omitempty"`
+	Standbys []string `json:"standbys,omitempty"`
+	// StandbyBytes is the memory its standbys hold (by image size),
+	// against the sandbox's and the host's standby budgets.
+	StandbyBytes int64     `json:"standby_bytes,omitempty"`
+	Sessions     []Session `json:"sessions,omitempty"`
+	MemoryBytes  int64     `json:"memory_bytes,omitempty"`
+	Processes    int       `json:"processes,omitempty"`
 }
 
 // Session is a persistent shell inside a sandbox.

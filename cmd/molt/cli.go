@@ -94,7 +94,7 @@ func parseSize(s string) (int64, error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var poolSize, cacheDir, budget, ioBudget string
+	var poolSize, cacheDir, budget, sbBudget, ioBudget string
 	var workers, criuLog int
 	var dynMods, cow bool
 	c := &cobra.Command{
@@ -107,6 +107,10 @@ func daemonCmd(g *globals) *cobra.Command {
 				return err
 			}
 			sbyBudget, err := parseSize(budget)
+			if err != nil {
+				return err
+			}
+			perSandbox, err := parseSize(sbBudget)
 			if err != nil {
 				return err
 			}
@@ -126,7 +130,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
-					CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow},
+					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow},
 				Socket: g.socket,
 			})
 		},
@@ -134,6 +138,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&poolSize, "pool-size", "32G", "size of the btrfs loop file when the root is not on btrfs")
 	c.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "cache for debootstrap trees (env MOLT_CACHE_DIR)")
 	c.Flags().StringVar(&budget, "standby-budget", "2G", "memory for pre-restored standbys (hot rollback) across the host; 0 disables them")
+	c.Flags().StringVar(&sbBudget, "sandbox-standby-budget", "0", "default memory for one sandbox's standbys, within --standby-budget (0: no bound of its own; molt create --standby-budget sets one per sandbox)")
 	c.Flags().IntVar(&workers, "sched-workers", 0, "checkpoint background jobs (storing, standbys, GC) run at once host-wide (0: 1 on up to 2 CPUs, else half the CPUs)")
 	c.Flags().StringVar(&ioBudget, "sched-io", "0", "bytes per second background jobs may write, as 200M (0: unlimited)")
 	c.Flags().BoolVar(&cow, "cow-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory write-protect it in the frozen window and copy the pages after the thaw (single-threaded processes without shared memory; others are copied frozen, and the checkpoint says why)")
@@ -274,7 +279,7 @@ func parseEnv(kvs []string) (map[string]string, error) {
 }
 
 func createCmd(g *globals) *cobra.Command {
-	var name, hostname, memory string
+	var name, hostname, memory, standbyBudget string
 	var env []string
 	var pids int64
 	c := &cobra.Command{
@@ -292,8 +297,18 @@ func createCmd(g *globals) *cobra.Command {
 					return err
 				}
 			}
+			var sby int64 // the daemon's default
+			switch standbyBudget {
+			case "":
+			case "0", "none":
+				sby = -1
+			default:
+				if sby, err = parseSize(standbyBudget); err != nil {
+					return err
+				}
+			}
 			sb, err := g.client().Create(ctx, v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
-				Resources: v1.Resources{MemoryBytes: mem, Pids: pids}})
+				Resources: v1.Resources{MemoryBytes: mem, Pids: pids, StandbyBudgetBytes: sby}})
 			if err != nil {
 				return err
 			}
@@ -305,6 +320,7 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE for every command (repeatable)")
 	c.Flags().StringVar(&memory, "memory", "", "memory limit (e.g. 2G)")
 	c.Flags().Int64Var(&pids, "pids", 0, "process limit")
+	c.Flags().StringVar(&standbyBudget, "standby-budget", "", "memory for this sandbox's standbys (hot rollback), within the host's (e.g. 512M; 0 for none; default: the daemon's --sandbox-standby-budget)")
 	return c
 }
 
@@ -362,6 +378,9 @@ func inspectCmd(g *globals) *cobra.Command {
 				}
 				if sb.State == v1.StateRunning {
 					fmt.Printf("init pid:  %d\nprocesses: %d\nmemory:    %s\n", sb.Pid, sb.Processes, human(sb.MemoryBytes))
+					if len(sb.Standbys) > 0 {
+						fmt.Printf("standbys:  %s (%s)\n", strings.Join(sb.Standbys, ", "), human(sb.StandbyBytes))
+					}
 				}
 				for _, s := range sb.Sessions {
 					fmt.Printf("session:   %s (pid %d)\n", s.Name, s.Pid)

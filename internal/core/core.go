@@ -52,6 +52,11 @@ type Config struct {
 	// size of their checkpoints' images) across the host; 0 disables
 	// standbys, so every rollback restores with CRIU.
 	StandbyBudget int64
+	// SandboxStandbyBudget is the default bound of one sandbox's
+	// standbys, for sandboxes created without their own
+	// (v1.Resources.StandbyBudgetBytes); 0 leaves them bounded by
+	// StandbyBudget only.
+	SandboxStandbyBudget int64
 	// CRIULogLevel is the log level of CRIU's dumps and restores (1
 	// errors, 2 and warnings, 3 and information, 4 and debugging); 0
 	// means DefaultCRIULogLevel. Errors are quoted from the log either

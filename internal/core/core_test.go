@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -687,5 +688,104 @@ func TestKeptStandbys(t *testing.T) {
 	rollback(a, v1.TierHot, "a")  // kept, standby made again meanwhile
 	if _, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFS, Keep: true}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("keep on an fs checkpoint: %v", err)
+	}
+}
+
+// TestSandboxStandbyBudget: a sandbox's own standby budget bounds its
+// standbys within the host's: with room for one, the head's standby is
+// kept and a kept checkpoint's is evicted (a rollback to it is warm, with
+// its state); a sandbox that allows none gets none; a bad budget is
+// refused at create.
+func TestSandboxStandbyBudget(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	m.cfg.StandbyBudget = 1 << 30
+	ctx := context.Background()
+	if _, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{StandbyBudgetBytes: -2}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("create with standby budget -2: %v", err)
+	}
+	settle := func() {
+		t.Helper()
+		m.pipe.wg.Wait()
+		m.sby.wg.Wait()
+	}
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "export X=a")
+	a, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Label: "a", Keep: true, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.ImageBytes <= 0 {
+		t.Fatalf("checkpoint a has no image size: %+v", a)
+	}
+	settle()
+	// Room for one standby of this size: the sandbox record is the
+	// daemon's default budget's user.
+	m.cfg.SandboxStandbyBudget = a.ImageBytes * 3 / 2
+	run(t, m, sb.ID, "export X=b")
+	b, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Label: "b", Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.ImageBytes+a.ImageBytes <= m.cfg.SandboxStandbyBudget {
+		t.Fatalf("images of %d and %d bytes fit the budget of %d: the test needs them not to", a.ImageBytes, b.ImageBytes, m.cfg.SandboxStandbyBudget)
+	}
+	var got []string
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		settle()
+		got = m.standbyCheckpoints(sb.ID)
+		if slices.Equal(got, []string{b.ID}) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !slices.Equal(got, []string{b.ID}) {
+		t.Fatalf("standbys %v, want only the head's %s (a is %s)", got, b.ID, a.ID)
+	}
+	rep, err := m.Sandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.StandbyBytes != b.ImageBytes || rep.StandbyBytes > m.cfg.SandboxStandbyBudget {
+		t.Fatalf("sandbox reports %d bytes of standbys, want %d within %d", rep.StandbyBytes, b.ImageBytes, m.cfg.SandboxStandbyBudget)
+	}
+	res, err := m.Rollback(ctx, sb.ID, a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Tier != v1.TierWarm {
+		t.Fatalf("rollback to the evicted standby's checkpoint: tier %s, want warm", res.Tier)
+	}
+	if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "a\n" {
+		t.Fatalf("after rollback X=%q", r.Stdout)
+	}
+
+	none, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{StandbyBudgetBytes: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, none.ID, "export X=n")
+	n, err := m.Checkpoint(ctx, none.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * standbyDelay)
+	settle()
+	if got := m.standbyCheckpoints(none.ID); len(got) != 0 {
+		t.Fatalf("a sandbox that allows no standbys has %v", got)
+	}
+	run(t, m, none.ID, "export X=m")
+	res, err = m.Rollback(ctx, none.ID, n.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Tier != v1.TierWarm {
+		t.Fatalf("rollback without standbys: tier %s", res.Tier)
+	}
+	if r := run(t, m, none.ID, "echo $X"); r.Stdout != "n\n" {
+		t.Fatalf("after rollback X=%q", r.Stdout)
 	}
 }

@@ -40,6 +40,9 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 	if _, err := m.Image(req.Image); err != nil {
 		return v1.Sandbox{}, err
 	}
+	if b := req.Resources.StandbyBudgetBytes; b < -1 {
+		return v1.Sandbox{}, fmt.Errorf("standby budget %d: want bytes, 0 for the daemon's default or -1 for none: %w", b, errdefs.ErrInvalidArgument)
+	}
 	rec := sandboxRec{Sandbox: v1.Sandbox{
 		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
 		Env: req.Env, Resources: req.Resources,
@@ -228,7 +231,7 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
 	if s := m.standbyOf(rec.ID); s != nil {
 		sb.Standby = s.ck
 	}
-	sb.Standbys = m.standbyCheckpoints(rec.ID)
+	sb.Standbys, sb.StandbyBytes = m.standbyCheckpoints(rec.ID), m.standbyBytes(rec.ID)
 	if sb.State == v1.StateRunning {
 		if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
 			if st, err := cg.Stats(); err == nil {

@@ -28,8 +28,13 @@ import (
 // likely returns to: its head, when the head is a full checkpoint, and
 // the full checkpoints the caller marked to keep (newest first). They
 // are made in the background, one at a time, once the head has stayed
-// put for standbyDelay; the sum of all standbys' image sizes stays
-// within Config.StandbyBudget. Standbys live only in the daemon: a
+// put for standbyDelay. Their memory (the size of their checkpoints'
+// images) is bounded per sandbox (v1.Resources.StandbyBudgetBytes, or
+// Config.SandboxStandbyBudget) and across the host
+// (Config.StandbyBudget): the wanted checkpoints are admitted in that
+// order while they fit both, and a sandbox's standbys that no longer
+// fit (a new head before kept ones) are evicted; other sandboxes'
+// standbys are not. Standbys live only in the daemon: a
 // restarted daemon kills the ones it finds and makes new ones on the
 // next checkpoint or rollback.
 type standby struct {
@@ -69,6 +74,17 @@ func (m *Manager) standbyCheckpoints(id string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// standbyBytes is the memory the sandbox's standbys hold.
+func (m *Manager) standbyBytes(id string) int64 {
+	m.sby.mu.Lock()
+	defer m.sby.mu.Unlock()
+	var n int64
+	for _, s := range m.sby.m[id] {
+		n += s.bytes
+	}
+	return n
 }
 
 func (s *standby) drop(kill bool) {
@@ -217,6 +233,57 @@ func (m *Manager) wantedStandbys(rec sandboxRec) []checkpointRec {
 	return out
 }
 
+// sandboxStandbyBudget is the bound of the sandbox's standbys' memory
+// (before the host's): -1 for none allowed, 0 for no bound of its own.
+func (m *Manager) sandboxStandbyBudget(rec sandboxRec) int64 {
+	if b := rec.Resources.StandbyBudgetBytes; b != 0 {
+		return b
+	}
+	return m.cfg.SandboxStandbyBudget
+}
+
+// admitStandbys keeps, in order, the wanted checkpoints whose standbys
+// fit the sandbox's budget and what the other sandboxes' standbys leave
+// of the host's; refused says why the first one left out was (nil if
+// none was).
+func (m *Manager) admitStandbys(rec sandboxRec, wanted []checkpointRec) (admitted []checkpointRec, refused error) {
+	own := m.sandboxStandbyBudget(rec)
+	if own < 0 {
+		if len(wanted) > 0 {
+			refused = fmt.Errorf("sandbox %s allows no standbys", rec.ID)
+		}
+		return nil, refused
+	}
+	m.sby.mu.Lock()
+	var others int64
+	for id, set := range m.sby.m {
+		if id == rec.ID {
+			continue
+		}
+		for _, s := range set {
+			others += s.bytes
+		}
+	}
+	m.sby.mu.Unlock()
+	var sum int64
+	for _, c := range wanted {
+		switch {
+		case own > 0 && sum+c.ImageBytes > own:
+			if refused == nil {
+				refused = fmt.Errorf("standby of %s needs %d bytes; the sandbox's standbys before it take %d of its budget of %d", c.ID, c.ImageBytes, sum, own)
+			}
+		case others+sum+c.ImageBytes > m.cfg.StandbyBudget:
+			if refused == nil {
+				refused = fmt.Errorf("standby of %s needs %d bytes; %d of the host's budget of %d are taken", c.ID, c.ImageBytes, others+sum, m.cfg.StandbyBudget)
+			}
+		default:
+			admitted = append(admitted, c)
+			sum += c.ImageBytes
+		}
+	}
+	return admitted, refused
+}
+
 // prepareStandby drops the sandbox's standbys the policy no longer wants
 // and prepares the first wanted one that is missing; more reports that
 // others are still missing.
@@ -229,7 +296,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	if m.report(rec).State != v1.StateRunning {
 		return false, nil
 	}
-	wanted := m.wantedStandbys(rec)
+	wanted, refused := m.admitStandbys(rec, m.wantedStandbys(rec))
 	want := map[string]bool{}
 	for _, c := range wanted {
 		want[c.ID] = true
@@ -250,20 +317,9 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 		}
 	}
 	if len(missing) == 0 {
-		return false, nil
+		return false, refused
 	}
 	ck := missing[0]
-	m.sby.mu.Lock()
-	var used int64
-	for _, set := range m.sby.m {
-		for _, s := range set {
-			used += s.bytes
-		}
-	}
-	m.sby.mu.Unlock()
-	if used+ck.ImageBytes > m.cfg.StandbyBudget {
-		return false, fmt.Errorf("standby of %s needs %d bytes; %d of the budget of %d are used", ck.ID, ck.ImageBytes, used, m.cfg.StandbyBudget)
-	}
 	if err := m.verify(ck, false); err != nil {
 		return false, err
 	}
