@@ -101,6 +101,7 @@ func (m *Manager) criuLogLevel() int {
 // Manager owns the pool, the metadata and every sandbox of one root.
 type Manager struct {
 	cfg      Config
+	commits  commitGate
 	pool     *pool.Pool
 	db       *store.DB
 	launcher *sandbox.Launcher

@@ -118,6 +118,13 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 			os.RemoveAll(staging)
 		}
 	}()
+	// From the syncfs to the thaw no background commit of the pool
+	// starts (commitgate.go).
+	releaseCommits, err := m.commits.foreground(ctx)
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	defer releaseCommits()
 	if err := fsnap.SyncFS(root); err != nil {
 		return v1.Checkpoint{}, err
 	}
@@ -217,6 +224,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
 	}
 	stall := time.Since(freezeStart)
+	releaseCommits()
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
@@ -386,6 +394,12 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 	if err := charge(ctx, t, 0); err != nil {
 		return err
 	}
+	// Nor while a capture is under way on this host (commitgate.go).
+	releaseCommits, err := m.commits.background(ctx)
+	if err != nil {
+		return err
+	}
+	defer releaseCommits()
 	// The writable copy the first rollback to this checkpoint takes
 	// (without it, that rollback snapshots the files itself).
 	if err := fsnap.Snapshot(m.ckFS(ck.ID), m.ckFSNext(ck.ID), false); err != nil {
@@ -395,6 +409,7 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 	if err := fsnap.SyncFS(m.ckDir(ck.ID)); err != nil {
 		return err
 	}
+	releaseCommits()
 	if err := m.fail("full:record"); err != nil {
 		return err
 	}
