@@ -263,3 +263,49 @@ func TestCOWCaptureWithStandby(t *testing.T) {
 		t.Fatalf("heap after the rollback: %s bytes not 'A'", got)
 	}
 }
+
+// TestCOWCaptureWithZombie: a process that never reaps its exited child
+// (a zombie in the tree, as sloppy agent scripts leave) is still
+// captured copy-on-write, and a rollback brings back its heap with the
+// zombie child.
+func TestCOWCaptureWithZombie(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := "import os\nif os.fork() == 0:\n    os._exit(0)\n" + cowHolder
+	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", holder}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, m, sb.ID, "/tmp/ready")
+	zombies := func() string {
+		t.Helper()
+		return strings.TrimSpace(run(t, m, sb.ID, "ps -eo stat= | grep -c '^Z' || true").Stdout)
+	}
+	if z := zombies(); z != "1" {
+		t.Fatalf("%s zombies before the checkpoint, want 1", z)
+	}
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checkpoint: stall %.1f ms, capture %s %s", ck.StallMS, ck.Capture, ck.CaptureNote)
+	if ck.Capture != captureCOW {
+		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureCOW)
+	}
+	run(t, m, sb.ID, "touch /tmp/fill")
+	waitFile(t, m, sb.ID, "/tmp/filled")
+	if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
+	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
+		t.Fatalf("heap after the rollback: %s bytes not 'A'", got)
+	}
+	if z := zombies(); z != "1" {
+		t.Fatalf("%s zombies after the rollback, want the one of the checkpoint", z)
+	}
+}
