@@ -30,7 +30,7 @@ const testImage = "debian"
 
 // openManager opens a Manager on a fresh root with the Debian image
 // (from the debootstrap cache after the first build on this host).
-func openManager(t *testing.T) *Manager {
+func openManager(t testing.TB) *Manager {
 	t.Helper()
 	testutil.RequireRoot(t)
 	m, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR")})
@@ -46,7 +46,7 @@ func openManager(t *testing.T) *Manager {
 
 // closeManager removes m's sandboxes and unmounts its pool when the test
 // ends.
-func closeManager(t *testing.T, m *Manager) {
+func closeManager(t testing.TB, m *Manager) {
 	t.Cleanup(func() {
 		ctx := context.Background()
 		sbs, _ := m.Sandboxes()
@@ -62,7 +62,7 @@ func closeManager(t *testing.T, m *Manager) {
 	})
 }
 
-func run(t *testing.T, m *Manager, sb, cmd string) v1.SessionRunResult {
+func run(t testing.TB, m *Manager, sb, cmd string) v1.SessionRunResult {
 	t.Helper()
 	res, err := m.SessionRun(context.Background(), sb, "t", v1.SessionRunRequest{Command: cmd})
 	if err != nil {
@@ -354,7 +354,7 @@ func TestReopenAfterHostRestart(t *testing.T) {
 	}
 }
 
-func requireCRIU(t *testing.T, m *Manager) {
+func requireCRIU(t testing.TB, m *Manager) {
 	t.Helper()
 	if _, err := m.criuReady(context.Background()); err != nil {
 		testutil.Unavailable(t, err.Error())

@@ -33,7 +33,7 @@ while True:
         os.rename('/tmp/result.tmp', '/tmp/result')
 `
 
-func waitFile(t *testing.T, m *Manager, sb, path string) string {
+func waitFile(t testing.TB, m *Manager, sb, path string) string {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
