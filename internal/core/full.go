@@ -316,10 +316,9 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 			// took CPU from the protection's fork and exit, which the
 			// stall waits for, and gained nothing over CRIU, which takes
 			// longer than it anyway (stall p50 36 / 48 ms against 38 /
-			// 36 ms, 10 checkpoints each). The
-			// writable copy a rollback takes is made from it later, in
-			// persist: a second snapshot here would serialize behind
-			// the first.
+			// 36 ms, 10 checkpoints each). The writable copy a rollback
+			// takes is made from it later, in persist: a second
+			// snapshot here would serialize behind the first.
 			snapped = make(chan error, 1)
 			go func() { snapped <- fsnap.Snapshot(root, m.ckFS(id), true) }()
 			return nil

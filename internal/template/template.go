@@ -59,11 +59,11 @@ func (t *Tracer) do(f func() error) error {
 }
 
 // Close releases every original still seized (it runs on) and kills
-// every copy still held, then ends the tracer's thread and waits for it
-// to be gone. A process that was not in a ptrace stop cannot be detached
-// (ESRCH); the kernel detaches it as the thread exits, and until then it
-// is still traced: another tracer (CRIU) that seizes it then fails with
-// EPERM.
+// every copy still held, then ends the tracer's thread. If a process may
+// still be traced (a killed copy, or an original release could not
+// detach), it waits for the thread to be gone: the kernel detaches what
+// a thread traces as it exits, and until then another tracer (CRIU) that
+// seizes the process fails with EPERM.
 func (t *Tracer) Close() {
 	traced := false // something may still be traced by the thread
 	_ = t.do(func() error {
