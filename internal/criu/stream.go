@@ -8,12 +8,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 
 	imgstreamer "github.com/checkpoint-restore/go-criu/v7/crit/images/img-streamer"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
@@ -278,8 +280,82 @@ func (s *Stream) Finish() error {
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !done && s.err == nil {
+		s.err = s.checkCopied()
+	}
 	return s.err
 }
+
+// checkCopied verifies, once every file has arrived, that the pages of
+// each process named by CopyPagesOf were copied and not held. Which page
+// image is a process's follows from CRIU's order (its pagemap image is
+// opened right before its pages image); its pagemap image names it
+// (pages_id), and this makes sure the two agree: a held page image of a
+// process whose memory was not write-protected could change after the
+// thaw. Caller holds s.mu.
+func (s *Stream) checkCopied() error {
+	pids := make([]int, 0, len(s.copyPages))
+	for pid := range s.copyPages {
+		pids = append(pids, pid)
+	}
+	slices.Sort(pids)
+	for _, pid := range pids {
+		id, err := pagesID(filepath.Join(s.dir, fmt.Sprintf("pagemap-%d.img", pid)))
+		if err != nil {
+			return fmt.Errorf("image stream: pages of pid %d: %w", pid, err)
+		}
+		name := fmt.Sprintf("pages-%d.img", id)
+		i := slices.IndexFunc(s.files, func(f *streamFile) bool { return f.name == name })
+		switch {
+		case i < 0:
+			return fmt.Errorf("image stream: pid %d's pagemap names %s, which never came", pid, name)
+		case s.files[i].hold:
+			return fmt.Errorf("image stream: %s, the pages of pid %d, was held by reference, not copied: CRIU no longer opens a process's pages image right after its pagemap image (run the daemon with --cow-capture=false): %w", name, pid, errdefs.ErrFailedPrecondition)
+		}
+	}
+	return nil
+}
+
+// pagesID reads the pages_id of a pagemap image's head: its magic (after
+// the common images magic) and then its first entry, a 32-bit
+// little-endian size and a PagemapHead.
+func pagesID(path string) (uint32, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	word := func() (uint32, bool) {
+		if len(b) < 4 {
+			return 0, false
+		}
+		v := binary.LittleEndian.Uint32(b)
+		b = b[4:]
+		return v, true
+	}
+	m, ok := word()
+	if ok && (m == imgCommonMagic || m == imgServiceMagic) {
+		m, ok = word()
+	}
+	if !ok || m != pagemapMagic {
+		return 0, fmt.Errorf("%s: not a pagemap image (magic %#x)", filepath.Base(path), m)
+	}
+	n, ok := word()
+	if !ok || int(n) > len(b) {
+		return 0, fmt.Errorf("%s: truncated head", filepath.Base(path))
+	}
+	var head pagemap.PagemapHead
+	if err := proto.Unmarshal(b[:n], &head); err != nil {
+		return 0, fmt.Errorf("%s: head: %w", filepath.Base(path), err)
+	}
+	return head.GetPagesId(), nil
+}
+
+// CRIU's image magics (criu/include/magic.h).
+const (
+	imgCommonMagic  = 0x54564319
+	imgServiceMagic = 0x55105940
+	pagemapMagic    = 0x56084025
+)
 
 // Bytes is the size of everything received (after Finish, which it
 // calls).

@@ -1,11 +1,19 @@
 package criu
 
 import (
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"testing"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/molt-sh/molt/internal/errdefs"
 )
 
 // TestDumpStream dumps through a Stream, copying and holding, writes the
@@ -49,6 +57,14 @@ func TestDumpStream(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(images, streamSocket)); !os.IsNotExist(err) {
 				t.Errorf("the stream's socket is still in the images: %v", err)
 			}
+			// The pagemap image names the pages image CRIU wrote.
+			id, err := pagesID(filepath.Join(images, fmt.Sprintf("pagemap-%d.img", c.pid())))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(images, fmt.Sprintf("pages-%d.img", id))); err != nil {
+				t.Fatalf("pagemap names pages %d: %v", id, err)
+			}
 			names := imageNames(t, images)
 			if plain == nil {
 				plain = names
@@ -81,4 +97,47 @@ func imageNames(t *testing.T, dir string) []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// TestStreamCheckCopied: Finish refuses a dump in which the pages image a
+// process's pagemap names was held by reference although CopyPagesOf
+// asked for a copy, and accepts it copied.
+func TestStreamCheckCopied(t *testing.T) {
+	head, err := proto.Marshal(&pagemap.PagemapHead{PagesId: proto.Uint32(7)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := binary.LittleEndian.AppendUint32(nil, imgCommonMagic)
+	img = binary.LittleEndian.AppendUint32(img, pagemapMagic)
+	img = binary.LittleEndian.AppendUint32(img, uint32(len(head)))
+	img = append(img, head...)
+	for _, held := range []bool{false, true} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "pagemap-1.img"), img, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		pool := NewPipePool(1)
+		s, err := Listen(dir, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.CopyPagesOf(1)
+		s.files = []*streamFile{{name: "pages-6.img", hold: true}, {name: "pages-7.img", hold: held}}
+		err = s.Finish()
+		s.Close()
+		pool.Close()
+		if held != errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Fatalf("pages-7 held %v: Finish %v", held, err)
+		}
+	}
+	if _, err := pagesID(filepath.Join(t.TempDir(), "none")); err == nil {
+		t.Fatal("pagesID of a missing image")
+	}
+	bad := filepath.Join(t.TempDir(), "pagemap-2.img")
+	if err := os.WriteFile(bad, img[:9], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pagesID(bad); err == nil {
+		t.Fatal("pagesID of a truncated image")
+	}
 }
