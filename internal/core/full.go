@@ -118,16 +118,6 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 			os.RemoveAll(staging)
 		}
 	}()
-	// From the syncfs to the thaw no background commit of the pool
-	// starts (commitgate.go).
-	releaseCommits, err := m.commits.foreground(ctx)
-	if err != nil {
-		return v1.Checkpoint{}, err
-	}
-	defer releaseCommits()
-	if err := fsnap.SyncFS(root); err != nil {
-		return v1.Checkpoint{}, err
-	}
 	// One instant for files and processes: freeze the cgroup (cgroup2,
 	// about a millisecond), snapshot the root, let CRIU dump the frozen
 	// tree (it freezes through the same cgroup, so it does not stop each
@@ -140,6 +130,16 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		return v1.Checkpoint{}, err
 	}
 	if err := m.quiet(rec.ID, time.Second); err != nil {
+		return v1.Checkpoint{}, err
+	}
+	// From the syncfs to the thaw no background commit of the pool
+	// starts (commitgate.go).
+	releaseCommits, err := m.commits.foreground(ctx)
+	if err != nil {
+		return v1.Checkpoint{}, err
+	}
+	defer releaseCommits()
+	if err := fsnap.SyncFS(root); err != nil {
 		return v1.Checkpoint{}, err
 	}
 	// CRIU starts (tens of milliseconds) before the freeze: the freeze
