@@ -218,6 +218,19 @@ type CheckpointRequest struct {
 	Keep bool `json:"keep,omitempty"`
 }
 
+// StallParts are the parts of a full checkpoint's frozen window (ms).
+// The snapshot runs next to CRIU, so the parts overlap; the stall is
+// about the protection plus the longer of the other two.
+type StallParts struct {
+	// ProtectMS is the write protection of a copy-on-write capture
+	// (0 for a copy).
+	ProtectMS float64 `json:"protect_ms,omitempty"`
+	// CRIUMS is how long CRIU held the tree (its own statistics).
+	CRIUMS float64 `json:"criu_ms"`
+	// SnapshotMS is the read-only btrfs snapshot of the root.
+	SnapshotMS float64 `json:"snapshot_ms"`
+}
+
 // Checkpoint is one node of a sandbox's checkpoint tree.
 type Checkpoint struct {
 	ID      string    `json:"id"`
@@ -237,6 +250,8 @@ type Checkpoint struct {
 	// (a process with threads, memory shared between processes).
 	Capture     string `json:"capture,omitempty"`
 	CaptureNote string `json:"capture_note,omitempty"`
+	// StallParts says where a full checkpoint's stall went.
+	StallParts *StallParts `json:"stall_parts,omitempty"`
 	// BytesWritten is what the checkpoint added to storage at creation
 	// (an fs checkpoint shares all data copy-on-write: metadata only; a
 	// full checkpoint writes the memory pages no earlier checkpoint of

@@ -598,6 +598,9 @@ func checkpointCmd(g *globals) *cobra.Command {
 				if ck.Capture != "" {
 					fmt.Printf("capture:  %s%s\n", ck.Capture, captureNote(ck))
 				}
+				if p := ck.StallParts; p != nil {
+					fmt.Printf("frozen:   protection %.2f ms, CRIU %.2f ms, snapshot %.2f ms (next to CRIU)\n", p.ProtectMS, p.CRIUMS, p.SnapshotMS)
+				}
 			})
 		},
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/criu"
@@ -136,6 +137,9 @@ type capture struct {
 	stream bool   // CRIU streams the images (criu.Stream)
 	mode   string // captureCopy or captureCOW
 	note   string // why not captureCOW, for a tree that would have used it
+	// The frozen window's parts (v1.StallParts); snapshot is written
+	// before the snapshot's result is sent.
+	protect, criu, snapshot time.Duration
 }
 
 // protect write-protects the frozen tree's private memory for a streamed
@@ -167,7 +171,10 @@ func (m *Manager) protect(ctx context.Context, cg *cgroup.Cgroup, rec sandboxRec
 			rest = append(rest, pid)
 		}
 	}
-	if err := template.ProtectFrozen([]int{init}, rest, cg.Thaw, func() error { return cg.Freeze(ctx) }); err != nil {
+	t0 := time.Now()
+	err = template.ProtectFrozen([]int{init}, rest, cg.Thaw, func() error { return cg.Freeze(ctx) })
+	capt.protect = time.Since(t0) // in the stall even when it failed
+	if err != nil {
 		capt.note = "write protection: " + err.Error()
 		return cg.Freeze(ctx)
 	}

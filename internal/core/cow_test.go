@@ -77,10 +77,15 @@ func TestCOWCapture(t *testing.T) {
 		close(gate)
 		t.Fatal(err)
 	}
-	t.Logf("checkpoint: stall %.1f ms, capture %s %s", ck.StallMS, ck.Capture, ck.CaptureNote)
+	t.Logf("checkpoint: stall %.1f ms, capture %s %s, parts %+v", ck.StallMS, ck.Capture, ck.CaptureNote, ck.StallParts)
 	if ck.Capture != captureCOW {
 		close(gate)
 		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureCOW)
+	}
+	if p := ck.StallParts; p == nil || p.ProtectMS <= 0 || p.CRIUMS <= 0 || p.SnapshotMS <= 0 ||
+		p.ProtectMS+p.CRIUMS > ck.StallMS+1 || p.SnapshotMS > ck.StallMS+1 {
+		close(gate)
+		t.Fatalf("stall parts %+v of a %.1f ms stall: want each part above 0, the protection and CRIU within the stall", p, ck.StallMS)
 	}
 	run(t, m, sb.ID, "touch /tmp/fill")
 	waitFile(t, m, sb.ID, "/tmp/filled")
@@ -151,6 +156,9 @@ func TestCOWCaptureFallsBack(t *testing.T) {
 	}
 	if ck.Capture != captureCopy || !strings.Contains(ck.CaptureNote, "threads") {
 		t.Fatalf("capture %q (%q), want %q saying why", ck.Capture, ck.CaptureNote, captureCopy)
+	}
+	if p := ck.StallParts; p == nil || p.ProtectMS != 0 || p.CRIUMS <= 0 {
+		t.Fatalf("stall parts %+v of a copying capture: want no protection and CRIU's time", p)
 	}
 	if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
 		t.Fatal(err)

@@ -233,6 +233,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
 		Created: time.Now().UTC(), StallMS: ms(stall), Keep: keep,
 		Capture: capt.mode, CaptureNote: capt.note,
+		StallParts: &v1.StallParts{ProtectMS: ms(capt.protect), CRIUMS: ms(capt.criu), SnapshotMS: ms(capt.snapshot)},
 	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: outside&unix.CLONE_NEWNET != 0,
 		ExternalUTS: outside&unix.CLONE_NEWUTS != 0, ExternalIPC: outside&unix.CLONE_NEWIPC != 0}
 	// The consistent instant is captured and the sandbox runs on. The
@@ -286,7 +287,7 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 		defer ns.Close(nss)
 	}
 	root := m.sbRoot(rec.ID)
-	_, err = tool.Dump(ctx, criu.DumpOptions{
+	ds, err := tool.Dump(ctx, criu.DumpOptions{
 		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
 		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
 		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Namespaces: nss, Spare: spare, LogLevel: m.criuLogLevel(),
@@ -320,10 +321,16 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 			// takes is made from it later, in persist: a second
 			// snapshot here would serialize behind the first.
 			snapped = make(chan error, 1)
-			go func() { snapped <- fsnap.Snapshot(root, m.ckFS(id), true) }()
+			go func() {
+				t0 := time.Now()
+				err := fsnap.Snapshot(root, m.ckFS(id), true)
+				capt.snapshot = time.Since(t0)
+				snapped <- err
+			}()
 			return nil
 		},
 	})
+	capt.criu = time.Duration(ds.FrozenMS * float64(time.Millisecond))
 	if stream != nil {
 		if serr := stream.Finish(); serr != nil && err == nil {
 			err = serr
