@@ -46,24 +46,13 @@ func (g *commitGate) foreground(ctx context.Context) (release func(), err error)
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			g.mu.Lock()
-			g.fg--
-			g.wake()
-			g.mu.Unlock()
+			g.releaser(&g.fg)()
 			return nil, ctx.Err()
 		}
 		g.mu.Lock()
 	}
 	g.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			g.mu.Lock()
-			g.fg--
-			g.wake()
-			g.mu.Unlock()
-		})
-	}, nil
+	return g.releaser(&g.fg), nil
 }
 
 // background waits until no foreground work holds or waits for the gate
@@ -82,13 +71,19 @@ func (g *commitGate) background(ctx context.Context) (release func(), err error)
 	}
 	g.bg++
 	g.mu.Unlock()
+	return g.releaser(&g.bg), nil
+}
+
+// releaser returns the release of one hold counted in n; it may be
+// called more than once.
+func (g *commitGate) releaser(n *int) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			g.mu.Lock()
-			g.bg--
+			*n--
 			g.wake()
 			g.mu.Unlock()
 		})
-	}, nil
+	}
 }

@@ -361,6 +361,25 @@ func requireCRIU(t testing.TB, m *Manager) {
 	}
 }
 
+// checkpointFailsAt takes a full checkpoint of sb that fails at step
+// (a failpoint) and checks that it lists nothing and leaves no checkpoint
+// directory.
+func checkpointFailsAt(t *testing.T, m *Manager, sb, step string) {
+	t.Helper()
+	failAt(m, step)
+	_, err := m.Checkpoint(context.Background(), sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	m.failpoint = nil
+	if !errors.Is(err, errInjected) {
+		t.Fatalf("checkpoint: %v; want the injected failure", err)
+	}
+	if cks, _ := m.Checkpoints(sb); len(cks) != 0 {
+		t.Fatalf("failed checkpoint listed: %+v", cks)
+	}
+	if e := entries(t, m.path("checkpoints")); len(e) != 0 {
+		t.Fatalf("failed checkpoint left %v", e)
+	}
+}
+
 // TestFullCheckpointFailureLeavesSandboxRunning: a full checkpoint that
 // fails after the freeze and snapshot, or before its record, leaves the
 // sandbox thawed and running and lists nothing.
@@ -375,18 +394,7 @@ func TestFullCheckpointFailureLeavesSandboxRunning(t *testing.T) {
 	run(t, m, sb.ID, "x=7")
 	for _, step := range []string{"full:snapshot", "full:record"} {
 		t.Run(step, func(t *testing.T) {
-			failAt(m, step)
-			_, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
-			m.failpoint = nil
-			if !errors.Is(err, errInjected) {
-				t.Fatalf("checkpoint: %v; want the injected failure", err)
-			}
-			if cks, _ := m.Checkpoints(sb.ID); len(cks) != 0 {
-				t.Fatalf("failed checkpoint listed: %+v", cks)
-			}
-			if e := entries(t, m.path("checkpoints")); len(e) != 0 {
-				t.Fatalf("failed checkpoint left %v", e)
-			}
+			checkpointFailsAt(t, m, sb.ID, step)
 			if r := run(t, m, sb.ID, "echo $x"); r.Stdout != "7\n" {
 				t.Fatalf("sandbox after failed checkpoint: %+v", r)
 			}

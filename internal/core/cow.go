@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/template"
@@ -137,9 +138,9 @@ type capture struct {
 	stream bool   // CRIU streams the images (criu.Stream)
 	mode   string // captureCopy or captureCOW
 	note   string // why not captureCOW, for a tree that would have used it
-	// The frozen window's parts (v1.StallParts); snapshot is written
-	// before the snapshot's result is sent.
-	protect, criu, snapshot time.Duration
+	// The frozen window's parts; SnapshotMS is written before the
+	// snapshot's result is sent.
+	parts v1.StallParts
 }
 
 // protect write-protects the frozen tree's private memory for a streamed
@@ -173,7 +174,7 @@ func (m *Manager) protect(ctx context.Context, cg *cgroup.Cgroup, rec sandboxRec
 	}
 	t0 := time.Now()
 	err = template.ProtectFrozen([]int{init}, rest, cg.Thaw, func() error { return cg.Freeze(ctx) })
-	capt.protect = time.Since(t0) // in the stall even when it failed
+	capt.parts.ProtectMS = ms(time.Since(t0)) // in the stall even when it failed
 	if err != nil {
 		capt.note = "write protection: " + err.Error()
 		return cg.Freeze(ctx)

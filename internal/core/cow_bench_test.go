@@ -50,14 +50,7 @@ func BenchmarkCOWRewrite(b *testing.B) {
 	m := openManager(b)
 	requireCRIU(b, m)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", rewriter}}); err != nil {
-		b.Fatal(err)
-	}
-	waitFile(b, m, sb.ID, "/tmp/ready")
+	sb := pythonSandbox(b, m, rewriter)
 	root := m.sbRoot(sb.ID)
 	touch := func() float64 {
 		b.Helper()

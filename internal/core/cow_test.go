@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,6 +32,22 @@ while True:
         os.rename('/tmp/result.tmp', '/tmp/result')
 `
 
+// pythonSandbox creates a sandbox that runs script with python3 in the
+// background and waits for the script to create /tmp/ready.
+func pythonSandbox(t testing.TB, m *Manager, script string) v1.Sandbox {
+	t.Helper()
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", script}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, m, sb.ID, "/tmp/ready")
+	return sb
+}
+
 func waitFile(t testing.TB, m *Manager, sb, path string) string {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -57,14 +72,7 @@ func TestCOWCapture(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", cowHolder}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFile(t, m, sb.ID, "/tmp/ready")
+	sb := pythonSandbox(t, m, cowHolder)
 	gate := make(chan struct{})
 	m.failpoint = func(step string) error {
 		if step == "full:stream" {
@@ -141,15 +149,7 @@ func TestCOWCaptureFallsBack(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c",
-		"import threading, time\nb = bytearray(b'A' * (48 << 20))\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)"}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFile(t, m, sb.ID, "/tmp/ready")
+	sb := pythonSandbox(t, m, "import threading, time\nb = bytearray(b'A' * (48 << 20))\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)")
 	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
 		t.Fatal(err)
@@ -175,32 +175,14 @@ func TestCOWCaptureFailureLeavesSandboxRunning(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", cowHolder}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFile(t, m, sb.ID, "/tmp/ready")
+	sb := pythonSandbox(t, m, cowHolder)
 	staging := func() []string {
 		got, _ := filepath.Glob(filepath.Join("/dev/shm", m.stagingPrefix()+"*"))
 		return got
 	}
 	for _, step := range []string{"full:protect", "full:stream", "full:record"} {
 		t.Run(step, func(t *testing.T) {
-			failAt(m, step)
-			_, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
-			m.failpoint = nil
-			if !errors.Is(err, errInjected) {
-				t.Fatalf("checkpoint: %v; want the injected failure", err)
-			}
-			if cks, _ := m.Checkpoints(sb.ID); len(cks) != 0 {
-				t.Fatalf("failed checkpoint listed: %+v", cks)
-			}
-			if e := entries(t, m.path("checkpoints")); len(e) != 0 {
-				t.Fatalf("failed checkpoint left %v", e)
-			}
+			checkpointFailsAt(t, m, sb.ID, step)
 			if s := staging(); len(s) != 0 {
 				t.Fatalf("failed checkpoint left staging %v", s)
 			}
@@ -230,14 +212,7 @@ func TestCOWCaptureWithStandby(t *testing.T) {
 	requireCRIU(t, m)
 	m.cfg.StandbyBudget = 1 << 30
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", cowHolder}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFile(t, m, sb.ID, "/tmp/ready")
+	sb := pythonSandbox(t, m, cowHolder)
 	var last v1.Checkpoint
 	for i := 0; i < 3; i++ {
 		ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
@@ -280,15 +255,8 @@ func TestCOWCaptureWithZombie(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
 	holder := "import os\nif os.fork() == 0:\n    os._exit(0)\n" + cowHolder
-	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", holder}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFile(t, m, sb.ID, "/tmp/ready")
+	sb := pythonSandbox(t, m, holder)
 	zombies := func() string {
 		t.Helper()
 		return strings.TrimSpace(run(t, m, sb.ID, "ps -eo stat= | grep -c '^Z' || true").Stdout)

@@ -233,7 +233,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
 		Created: time.Now().UTC(), StallMS: ms(stall), Keep: keep,
 		Capture: capt.mode, CaptureNote: capt.note,
-		StallParts: &v1.StallParts{ProtectMS: ms(capt.protect), CRIUMS: ms(capt.criu), SnapshotMS: ms(capt.snapshot)},
+		StallParts: &capt.parts,
 	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: outside&unix.CLONE_NEWNET != 0,
 		ExternalUTS: outside&unix.CLONE_NEWUTS != 0, ExternalIPC: outside&unix.CLONE_NEWIPC != 0}
 	// The consistent instant is captured and the sandbox runs on. The
@@ -324,13 +324,13 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 			go func() {
 				t0 := time.Now()
 				err := fsnap.Snapshot(root, m.ckFS(id), true)
-				capt.snapshot = time.Since(t0)
+				capt.parts.SnapshotMS = ms(time.Since(t0))
 				snapped <- err
 			}()
 			return nil
 		},
 	})
-	capt.criu = time.Duration(ds.FrozenMS * float64(time.Millisecond))
+	capt.parts.CRIUMS = ds.FrozenMS
 	if stream != nil {
 		if serr := stream.Finish(); serr != nil && err == nil {
 			err = serr

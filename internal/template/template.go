@@ -384,12 +384,7 @@ func (t *Tracer) release(pid int) error {
 // Detach lets the copy go: it stops at once (job control: the SIGSTOP
 // queued at its birth) and runs on SIGCONT.
 func (t *Tracer) Detach(copyPid int) error {
-	return t.do(func() error {
-		tr, ok := t.seized[copyPid]
-		if !ok || !tr.copy {
-			return fmt.Errorf("pid %d is not a copy held by this tracer: %w", copyPid, errdefs.ErrInvalidArgument)
-		}
-		delete(t.seized, copyPid)
+	return t.takeCopy(copyPid, func() error {
 		if err := unix.PtraceDetach(copyPid); err != nil {
 			return fmt.Errorf("detach copy %d: %w", copyPid, err)
 		}
@@ -399,13 +394,18 @@ func (t *Tracer) Detach(copyPid int) error {
 
 // Kill kills a copy.
 func (t *Tracer) Kill(copyPid int) error {
+	return t.takeCopy(copyPid, func() error { return unix.Kill(copyPid, unix.SIGKILL) })
+}
+
+// takeCopy runs f on the tracer thread once it has taken copyPid, a copy
+// this tracer holds, out of its hands.
+func (t *Tracer) takeCopy(copyPid int, f func() error) error {
 	return t.do(func() error {
-		tr, ok := t.seized[copyPid]
-		if !ok || !tr.copy {
+		if tr, ok := t.seized[copyPid]; !ok || !tr.copy {
 			return fmt.Errorf("pid %d is not a copy held by this tracer: %w", copyPid, errdefs.ErrInvalidArgument)
 		}
 		delete(t.seized, copyPid)
-		return unix.Kill(copyPid, unix.SIGKILL)
+		return f()
 	})
 }
 

@@ -304,17 +304,7 @@ func TestCloneFrozen(t *testing.T) {
 	}()
 	last := <-lines
 	pid := p.cmd.Process.Pid
-	cg, err := cgroup.New("molt-template-test-"+strconv.Itoa(os.Getpid()), cgroup.Resources{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Destroy(context.Background())
-	if err := cg.Add(pid); err != nil {
-		t.Fatal(err)
-	}
-	if err := cg.Freeze(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	cg := frozenCgroup(t, "molt-template-test", pid)
 	tr := NewTracer()
 	defer tr.Close()
 	if err := tr.Seize(pid); err != nil {
@@ -397,20 +387,10 @@ func TestProtectFrozen(t *testing.T) {
 		t.Fatalf("a pass over present, writable pages faulted %d times", n)
 	}
 	pid := p.cmd.Process.Pid
-	cg, err := cgroup.New("molt-protect-test-"+strconv.Itoa(os.Getpid()), cgroup.Resources{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Destroy(context.Background())
-	if err := cg.Add(pid); err != nil {
-		t.Fatal(err)
-	}
+	cg := frozenCgroup(t, "molt-protect-test", pid)
 	ctx := context.Background()
-	if err := cg.Freeze(ctx); err != nil {
-		t.Fatal(err)
-	}
 	start := time.Now()
-	err = ProtectFrozen(nil, []int{pid}, cg.Thaw, func() error { return cg.Freeze(ctx) })
+	err := ProtectFrozen(nil, []int{pid}, cg.Thaw, func() error { return cg.Freeze(ctx) })
 	took := time.Since(start)
 	if err != nil {
 		t.Fatal(err)
@@ -445,20 +425,10 @@ func TestProtectFrozenRefusesThreads(t *testing.T) {
 	p := start(t, "-c", "import threading, sys\nthreading.Thread(target=sys.stdin.read, daemon=True).start()\nprint('ready', flush=True)\nimport time\ntime.sleep(60)")
 	p.line(t)
 	pid := p.cmd.Process.Pid
-	cg, err := cgroup.New("molt-protect-threads-"+strconv.Itoa(os.Getpid()), cgroup.Resources{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Destroy(context.Background())
-	if err := cg.Add(pid); err != nil {
-		t.Fatal(err)
-	}
+	cg := frozenCgroup(t, "molt-protect-threads", pid)
 	ctx := context.Background()
-	if err := cg.Freeze(ctx); err != nil {
-		t.Fatal(err)
-	}
 	thawed := false
-	err = ProtectFrozen(nil, []int{pid}, func() error { thawed = true; return cg.Thaw() }, func() error { return cg.Freeze(ctx) })
+	err := ProtectFrozen(nil, []int{pid}, func() error { thawed = true; return cg.Thaw() }, func() error { return cg.Freeze(ctx) })
 	if !errors.Is(err, errdefs.ErrNotSupported) {
 		t.Fatalf("ProtectFrozen of a threaded process: %v, want ErrNotSupported", err)
 	}
@@ -488,18 +458,8 @@ func TestProtectFrozenStopsOwnChildren(t *testing.T) {
 			}
 		}
 	}()
-	cg, err := cgroup.New("molt-protect-own-"+strconv.Itoa(os.Getpid()), cgroup.Resources{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Destroy(context.Background())
-	if err := cg.Add(pid); err != nil {
-		t.Fatal(err)
-	}
+	cg := frozenCgroup(t, "molt-protect-own", pid)
 	ctx := context.Background()
-	if err := cg.Freeze(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if err := ProtectFrozen([]int{pid}, nil, cg.Thaw, func() error { return cg.Freeze(ctx) }); err != nil {
 		t.Fatal(err)
 	}
@@ -523,6 +483,24 @@ func TestProtectFrozenStopsOwnChildren(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the reaper did not reap the killed process")
 	}
+}
+
+// frozenCgroup puts pid into a new cgroup, removed when the test ends,
+// and freezes it.
+func frozenCgroup(t *testing.T, name string, pid int) *cgroup.Cgroup {
+	t.Helper()
+	cg, err := cgroup.New(name+"-"+strconv.Itoa(os.Getpid()), cgroup.Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cg.Destroy(context.Background()) })
+	if err := cg.Add(pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.Freeze(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return cg
 }
 
 func tracerPid(t *testing.T, pid int) string {
@@ -552,17 +530,7 @@ func TestCloseDetaches(t *testing.T) {
 		p := start(t, "-c", "print('ready', flush=True)\nimport time\ntime.sleep(60)")
 		p.line(t)
 		pid := p.cmd.Process.Pid
-		cg, err := cgroup.New("molt-close-test-"+strconv.Itoa(os.Getpid()), cgroup.Resources{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cg.Add(pid); err != nil {
-			t.Fatal(err)
-		}
-		ctx := context.Background()
-		if err := cg.Freeze(ctx); err != nil {
-			t.Fatal(err)
-		}
+		cg := frozenCgroup(t, fmt.Sprintf("molt-close-test-%v-%v", c.thaw, c.run), pid)
 		tr := NewTracer()
 		if err := tr.Seize(pid); err != nil {
 			t.Fatal(err)
@@ -609,6 +577,5 @@ func TestCloseDetaches(t *testing.T) {
 		_ = cg.Thaw()
 		_ = p.cmd.Process.Kill()
 		_ = p.cmd.Wait()
-		_ = cg.Destroy(ctx)
 	}
 }
