@@ -280,9 +280,6 @@ func (s *Stream) Finish() error {
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !done && s.err == nil {
-		s.err = s.checkCopied()
-	}
 	return s.err
 }
 
@@ -371,7 +368,8 @@ func (s *Stream) Bytes() int64 {
 }
 
 // WriteTo writes the held files into the images directory (after
-// Finish), releasing each held pipe as it is emptied.
+// Finish), releasing each held pipe as it is emptied. It first checks
+// that the pages CopyPagesOf asked for were copied (checkCopied).
 func (s *Stream) WriteTo() error {
 	if err := s.Finish(); err != nil {
 		return err
@@ -379,7 +377,11 @@ func (s *Stream) WriteTo() error {
 	dir := s.dir
 	s.mu.Lock()
 	files := s.files
+	err := s.checkCopied() // after the thaw: reads an image
 	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	for _, f := range files {
 		if err := f.writeTo(filepath.Join(dir, f.name)); err != nil {
 			return fmt.Errorf("image stream: %w", err)

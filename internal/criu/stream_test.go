@@ -99,7 +99,7 @@ func imageNames(t *testing.T, dir string) []string {
 	return names
 }
 
-// TestStreamCheckCopied: Finish refuses a dump in which the pages image a
+// TestStreamCheckCopied: WriteTo refuses a dump in which the pages image a
 // process's pagemap names was held by reference although CopyPagesOf
 // asked for a copy, and accepts it copied.
 func TestStreamCheckCopied(t *testing.T) {
@@ -123,11 +123,11 @@ func TestStreamCheckCopied(t *testing.T) {
 		}
 		s.CopyPagesOf(1)
 		s.files = []*streamFile{{name: "pages-6.img", hold: true}, {name: "pages-7.img", hold: held}}
-		err = s.Finish()
+		err = s.WriteTo()
 		s.Close()
 		pool.Close()
 		if held != errors.Is(err, errdefs.ErrFailedPrecondition) {
-			t.Fatalf("pages-7 held %v: Finish %v", held, err)
+			t.Fatalf("pages-7 held %v: WriteTo %v", held, err)
 		}
 	}
 	if _, err := pagesID(filepath.Join(t.TempDir(), "none")); err == nil {
