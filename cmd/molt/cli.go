@@ -300,11 +300,14 @@ func createCmd(g *globals) *cobra.Command {
 			var sby int64 // the daemon's default
 			switch standbyBudget {
 			case "":
-			case "0", "none":
+			case "none":
 				sby = -1
 			default:
 				if sby, err = parseSize(standbyBudget); err != nil {
 					return err
+				}
+				if sby == 0 { // 0, 0M...: none (the API's 0 is the default)
+					sby = -1
 				}
 			}
 			sb, err := g.client().Create(ctx, v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
