@@ -434,11 +434,17 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		}
 		m.killStrays(s)
 		// A daemon that died inside a checkpoint may have left the
-		// sandbox frozen.
+		// sandbox frozen, and its PID 1 stopped (SIGSTOP, while the
+		// tree's memory was write-protected: see protect). Nothing else
+		// stops PID 1: from inside its namespace SIGSTOP does not reach
+		// it.
 		if cg, err := cgroup.Load(cgroupName(s.ID)); err == nil {
 			if err := cg.Thaw(); err != nil {
 				m.log.Warn("cannot thaw sandbox", "sandbox", s.ID, "err", err)
 			}
+		}
+		if s.Init.Alive() {
+			_ = unix.Kill(s.Init.Pid, unix.SIGCONT)
 		}
 	}
 	ents, _ = os.ReadDir(m.path("sandboxes"))

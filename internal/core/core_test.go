@@ -578,7 +578,9 @@ func TestStandbyBudget(t *testing.T) {
 }
 
 // TestReopenThawsFrozenSandbox: a daemon killed inside a checkpoint
-// leaves the sandbox's cgroup frozen; the next daemon thaws it.
+// leaves the sandbox's cgroup frozen, and its PID 1 stopped if it was
+// killed while the tree's memory was being write-protected; the next
+// daemon thaws the cgroup and continues PID 1.
 func TestReopenThawsFrozenSandbox(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
@@ -586,6 +588,10 @@ func TestReopenThawsFrozenSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := unix.Kill(sb.Pid, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitState(t, sb.Pid, "T")
 	cg, err := cgroup.Load(cgroupName(sb.ID))
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,14 @@ import (
 // syscallInsn is x86-64's syscall instruction.
 var syscallInsn = [2]byte{0x0f, 0x05}
 
+// seizeOpts are the ptrace options of a seized process: the tracer
+// takes the children an injected clone makes.
+const seizeOpts = unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEVFORK
+
+// forkEventHook, when set (by tests), runs on the tracer thread at the
+// fork event of an injected clone, with the new child's pid.
+var forkEventHook func(child int)
+
 // Tracer injects clones into processes from one locked OS thread.
 // Its methods may be called from any goroutine, one at a time per
 // process.
@@ -110,8 +118,7 @@ func (t *Tracer) Seize(pid int) error {
 		} else if n != 1 {
 			return fmt.Errorf("pid %d has %d threads: only single-threaded processes can be copied: %w", pid, n, errdefs.ErrNotSupported)
 		}
-		const opts = unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEVFORK
-		if _, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(pid), 0, opts, 0, 0); e != 0 {
+		if _, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(pid), 0, seizeOpts, 0, 0); e != 0 {
 			return fmt.Errorf("seize %d: %w", pid, e)
 		}
 		t.seized[pid] = &tracee{}
@@ -165,8 +172,9 @@ func (t *Tracer) inject(pid int, parent bool) (int, error) {
 		return 0, err
 	}
 	t.seized[child] = &tracee{copy: true}
-	// Queued first, so that the copy stops rather than runs should the
-	// tracer go away before it is released.
+	// Queued first: the copy stops at once when Detach lets it go.
+	// Should the tracer go away before that, the copy is killed (it
+	// inherited PTRACE_O_EXITKILL, see syscall).
 	_ = unix.Tgkill(child, child, unix.SIGSTOP)
 	if err == nil {
 		err = t.prepareCopy(child, call.saved, call.poked, call.at, call.orig)
@@ -209,6 +217,14 @@ func (t *Tracer) syscall(pid int, tr *tracee, nr uint64, args ...uint64) (inject
 	if err := unix.PtraceGetRegs(pid, saved); err != nil {
 		return call, fmt.Errorf("registers of %d: %w", pid, err)
 	}
+	// Until its registers and text are back, a tracee whose tracer goes
+	// away (the daemon killed) goes with it: left to run, it would go on
+	// with the injected registers or text, and the child of an injected
+	// fork would run on as a second copy of it, repeating what it does.
+	// The child inherits the option, so it is killed as well.
+	if err := unix.PtraceSetOptions(pid, seizeOpts|unix.PTRACE_O_EXITKILL); err != nil {
+		return call, fmt.Errorf("options of %d: %w", pid, err)
+	}
 	// A process stopped on its way out of a system call sits just past
 	// a syscall instruction; elsewhere one is written over the current
 	// instruction for the duration.
@@ -239,6 +255,11 @@ func (t *Tracer) syscall(pid int, tr *tracee, nr uint64, args ...uint64) (inject
 		}
 		if err := unix.PtraceSetRegs(pid, saved); err != nil {
 			errs = append(errs, fmt.Errorf("restore registers of %d: %w", pid, err))
+		}
+		if len(errs) == 0 {
+			if err := unix.PtraceSetOptions(pid, seizeOpts); err != nil {
+				errs = append(errs, fmt.Errorf("options of %d: %w", pid, err))
+			}
 		}
 		return errors.Join(errs...)
 	}
@@ -291,6 +312,9 @@ func (t *Tracer) step(pid int, tr *tracee) (int, error) {
 				return child, fmt.Errorf("new child of %d: %w", pid, err)
 			}
 			child = int(msg)
+			if forkEventHook != nil {
+				forkEventHook(child)
+			}
 			if err := unix.PtraceSingleStep(pid); err != nil {
 				return child, fmt.Errorf("step %d: %w", pid, err)
 			}

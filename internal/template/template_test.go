@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -162,7 +163,7 @@ func TestCloneInSyscall(t *testing.T) {
 	if err := tr.Detach(cp); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, cp, "T")
+	testutil.WaitState(t, cp, "T")
 	_ = unix.Kill(cp, unix.SIGUSR1)
 	_ = unix.Kill(cp, unix.SIGCONT)
 	if got, want := p.line(t), fmt.Sprintf("%d A", cp); got != want {
@@ -249,37 +250,16 @@ func TestCloseKillsHeldCopies(t *testing.T) {
 	}
 }
 
-func statFields(t *testing.T, pid int) []string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := string(b)
-	return strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-}
-
-func state(t *testing.T, pid int) string { return statFields(t, pid)[0] }
+func state(t *testing.T, pid int) string { return testutil.StatFields(t, pid)[0] }
 
 func parentOf(t *testing.T, pid int) int {
-	n, _ := strconv.Atoi(statFields(t, pid)[1])
+	n, _ := strconv.Atoi(testutil.StatFields(t, pid)[1])
 	return n
 }
 
 func cpuTicks(t *testing.T, pid int) int {
-	n, _ := strconv.Atoi(statFields(t, pid)[11]) // utime
+	n, _ := strconv.Atoi(testutil.StatFields(t, pid)[11]) // utime
 	return n
-}
-
-func waitState(t *testing.T, pid int, want string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for state(t, pid) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d in state %s, want %s", pid, state(t, pid), want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // TestCloneFrozen is the way a checkpoint uses the tracer: seize a
@@ -539,7 +519,7 @@ func TestCloseDetaches(t *testing.T) {
 			if err := cg.Thaw(); err != nil {
 				t.Fatal(err)
 			}
-			waitState(t, pid, "t")
+			testutil.WaitState(t, pid, "t")
 		}
 		if c.run {
 			if err := tr.do(func() error {
@@ -550,7 +530,7 @@ func TestCloseDetaches(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			waitState(t, pid, "S")
+			testutil.WaitState(t, pid, "S")
 			// Release detaches it before it returns, not when the
 			// tracer's thread exits.
 			if err := tr.Release(pid); err != nil {
@@ -577,5 +557,73 @@ func TestCloseDetaches(t *testing.T) {
 		_ = cg.Thaw()
 		_ = p.cmd.Process.Kill()
 		_ = p.cmd.Wait()
+	}
+}
+
+// TestProtectTracerKilled: a tracer killed while an injected fork is in
+// flight (a daemon killed inside a checkpoint's protection) takes the
+// process and the fork's child with it. Left to run, the child would go
+// on as a second copy of the process, repeating what it does, and the
+// process itself would run on with injected registers. The tracer runs
+// in a child test process that kills itself at the fork event.
+func TestProtectTracerKilled(t *testing.T) {
+	if s := os.Getenv("MOLT_TEST_PROTECT_PID"); s != "" {
+		pid, _ := strconv.Atoi(s)
+		forkEventHook = func(child int) {
+			fmt.Printf("forked %d\n", child)
+			_ = unix.Kill(os.Getpid(), unix.SIGKILL)
+		}
+		err := NewTracer().Protect(pid)
+		t.Fatalf("Protect returned (%v): the hook did not kill this process", err)
+	}
+	testutil.RequireRoot(t)
+	// The loop prints a line per pass: a copy that runs on shows in
+	// /proc as a process not in state Z.
+	p := start(t, "-c", "import time\nb = bytearray(8 << 20)\nprint('ready', flush=True)\nwhile True: time.sleep(0.005)")
+	p.line(t)
+	pid := p.cmd.Process.Pid
+	cmd := exec.Command(os.Args[0], "-test.run=^TestProtectTracerKilled$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "MOLT_TEST_PROTECT_PID="+strconv.Itoa(pid))
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ProcessState.Sys().(syscall.WaitStatus).Signal() != unix.SIGKILL {
+		t.Fatalf("tracer process: %v, want killed by its hook; output:\n%s", err, out)
+	}
+	var child int
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "forked "); ok {
+			child, _ = strconv.Atoi(v)
+		}
+	}
+	if child == 0 {
+		t.Fatalf("no fork event reported; output:\n%s", out)
+	}
+	// The process: killed, not left to run.
+	werr := make(chan error, 1)
+	go func() { werr <- p.cmd.Wait() }()
+	select {
+	case err := <-werr:
+		if !errors.As(err, &ee) || ee.ProcessState.Sys().(syscall.WaitStatus).Signal() != unix.SIGKILL {
+			t.Errorf("process after its tracer was killed mid-fork: %v, want killed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("process %d still runs after its tracer was killed mid-fork (state %s)", pid, state(t, pid))
+	}
+	// The fork's child: gone (or a zombie), never running on.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
+		if err != nil {
+			break
+		}
+		s := string(b)
+		if st := s[strings.LastIndexByte(s, ')')+2]; st == 'Z' || st == 'X' {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = unix.Kill(child, unix.SIGKILL)
+			t.Fatalf("the injected fork's child %d runs on after its tracer was killed: %s", child, s)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -3,7 +3,10 @@ package testutil
 
 import (
 	"os"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 // RequireRoot skips t when the test does not run as root, unless
@@ -28,4 +31,29 @@ func Unavailable(t testing.TB, reason string) {
 		t.Fatalf("required capability missing: %s", reason)
 	}
 	t.Skip(reason)
+}
+
+// StatFields returns the fields of /proc/PID/stat after the command:
+// [0] is the state, [1] the parent's pid, [11] utime.
+func StatFields(t testing.TB, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+}
+
+// WaitState waits up to 5 s for pid to be in state want (as
+// /proc/PID/stat shows it: "S", "T", "t", ...).
+func WaitState(t testing.TB, pid int, want string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for StatFields(t, pid)[0] != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d in state %s, want %s", pid, StatFields(t, pid)[0], want)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
