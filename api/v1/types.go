@@ -64,6 +64,9 @@ type Pool struct {
 	Device    string `json:"device,omitempty"`
 	SizeBytes uint64 `json:"size_bytes"`
 	FreeBytes uint64 `json:"free_bytes"`
+	// NodeSize is the filesystem's metadata node size in bytes (set when
+	// it was made; see molt daemon --pool-node-size).
+	NodeSize int `json:"node_size"`
 }
 
 // Feature is one probed capability. When Supported is false, Reason says why.

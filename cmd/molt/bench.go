@@ -16,6 +16,7 @@ import (
 
 func benchCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "Benchmarks that print molt next to baselines from one run"}
+	c.PersistentFlags().IntVar(&benchNodeSize, "pool-node-size", 0, "the benchmark daemon's pool node size in bytes (0: the default, 8192)")
 	c.PersistentFlags().BoolVar(&benchCOW, "cow-capture", true, "the benchmark daemon's --cow-capture: false copies every page in the frozen window")
 	c.PersistentFlags().BoolVar(&benchDynMods, "cgroup-favordynmods", true, "the benchmark daemon's --cgroup-favordynmods; false also clears the option on the host's cgroup2 mount first")
 	var iters, baseIters, files int
@@ -197,12 +198,16 @@ var benchDynMods = true
 // benchCOW is bench's --cow-capture.
 var benchCOW = true
 
+// benchNodeSize is bench's --pool-node-size.
+var benchNodeSize int
+
 // benchTweak applies bench's own flags to a benchmark daemon's
 // configuration, then tweak. With --cgroup-favordynmods=false it clears
 // the option on the host first: a daemon that ran before may have set it.
 func benchTweak(tweak func(*core.Config)) func(*core.Config) {
 	return func(c *core.Config) {
 		c.NoCOWCapture = !benchCOW
+		c.PoolNodeSize = benchNodeSize
 		if !benchDynMods {
 			c.NoFavorDynMods = true
 			if _, err := cgroup.SetDynMods(false); err != nil {

@@ -94,7 +94,7 @@ func parseSize(s string) (int64, error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var poolSize, cacheDir, budget, sbBudget, ioBudget string
+	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget string
 	var workers, criuLog int
 	var dynMods, cow bool
 	c := &cobra.Command{
@@ -103,6 +103,10 @@ func daemonCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			size, err := parseSize(poolSize)
+			if err != nil {
+				return err
+			}
+			nodes, err := parseSize(nodeSize)
 			if err != nil {
 				return err
 			}
@@ -129,13 +133,14 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{Root: g.root, PoolSize: size, CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow},
 				Socket: g.socket,
 			})
 		},
 	}
 	c.Flags().StringVar(&poolSize, "pool-size", "32G", "size of the btrfs loop file when the root is not on btrfs")
+	c.Flags().StringVar(&nodeSize, "pool-node-size", "8K", "btrfs metadata node size of a new loop file (4K to 64K): small nodes keep snapshots of a long-lived, often checkpointed root cheap; an existing pool keeps its own")
 	c.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "cache for debootstrap trees (env MOLT_CACHE_DIR)")
 	c.Flags().StringVar(&budget, "standby-budget", "2G", "memory for pre-restored standbys (hot rollback) across the host; 0 disables them")
 	c.Flags().StringVar(&sbBudget, "sandbox-standby-budget", "0", "default memory for one sandbox's standbys, within --standby-budget (0: no bound of its own; molt create --standby-budget sets one per sandbox)")
@@ -159,7 +164,7 @@ func hostCmd(g *globals) *cobra.Command {
 			}
 			return g.print(h, func() {
 				fmt.Printf("molt %s on Linux %s, cgroup %s\n", h.Version, h.Kernel, h.Cgroup)
-				fmt.Printf("root %s, pool %s (%s free of %s)", h.Root, h.Pool.Dir, human(int64(h.Pool.FreeBytes)), human(int64(h.Pool.SizeBytes)))
+				fmt.Printf("root %s, pool %s (%s free of %s, %s nodes)", h.Root, h.Pool.Dir, human(int64(h.Pool.FreeBytes)), human(int64(h.Pool.SizeBytes)), human(int64(h.Pool.NodeSize)))
 				if h.Pool.Loop {
 					fmt.Printf(", loop file %s on %s", h.Pool.Backing, h.Pool.Device)
 				}

@@ -39,6 +39,9 @@ type Config struct {
 	Root string
 	// PoolSize is the size of the loop file when Root is not on btrfs.
 	PoolSize int64
+	// PoolNodeSize is the btrfs node size of a new loop file (0:
+	// pool.DefaultNodeSize).
+	PoolNodeSize int
 	// CacheDir caches debootstrap trees between pools.
 	CacheDir string
 	// InitBinary is the host binary holding molt's stage 1 (sandbox
@@ -185,7 +188,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := pool.Open(ctx, pool.Config{Root: cfg.Root, Size: cfg.PoolSize})
+	p, err := pool.Open(ctx, pool.Config{Root: cfg.Root, Size: cfg.PoolSize, NodeSize: cfg.PoolNodeSize})
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -468,7 +471,7 @@ func (m *Manager) Host() v1.Host {
 		Version: m.cfg.Version,
 		Kernel:  m.kernel,
 		Root:    m.cfg.Root,
-		Pool:    v1.Pool{Dir: m.pool.Dir, Loop: m.pool.Loop, Backing: m.pool.Backing, Device: m.pool.Device},
+		Pool:    v1.Pool{Dir: m.pool.Dir, Loop: m.pool.Loop, Backing: m.pool.Backing, Device: m.pool.Device, NodeSize: m.pool.NodeSize},
 		Cgroup:  cgroup.Mode(),
 		Started: m.started,
 	}

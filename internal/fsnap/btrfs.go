@@ -22,6 +22,7 @@ const (
 	iocSubvolGetflags = 0x80089419 // _IOR(0x94, 25, __u64)
 	iocSubvolSetflags = 0x4008941a // _IOW(0x94, 26, __u64)
 	iocSnapDestroyV2  = 0x5000943f // _IOW(0x94, 63, struct btrfs_ioctl_vol_args_v2)
+	iocFsInfo         = 0x8400941f // _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)
 
 	subvolReadonly = 1 << 1 // BTRFS_SUBVOL_RDONLY
 	firstFreeIno   = 256    // BTRFS_FIRST_FREE_OBJECTID: the root inode of every subvolume
@@ -43,8 +44,21 @@ type volArgsV2 struct {
 	name    [4040]byte
 }
 
-// Both structs must be exactly 4096 bytes, as the request numbers say.
+// struct btrfs_ioctl_fs_info_args, up to the fields read here.
+type fsInfoArgs struct {
+	maxID      uint64
+	numDevices uint64
+	fsid       [16]byte
+	nodesize   uint32
+	sectorsize uint32
+	rest       [1024 - 40]byte
+}
+
+// The vol args structs must be exactly 4096 bytes, the fs info one 1024,
+// as the request numbers say.
 var (
+	_ [unsafe.Sizeof(fsInfoArgs{}) - 1024]struct{}
+	_ [1024 - unsafe.Sizeof(fsInfoArgs{})]struct{}
 	_ [unsafe.Sizeof(volArgs{}) - 4096]struct{}
 	_ [4096 - unsafe.Sizeof(volArgs{})]struct{}
 	_ [unsafe.Sizeof(volArgsV2{}) - 4096]struct{}
@@ -65,6 +79,21 @@ func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
 		return errno
 	}
 	return nil
+}
+
+// NodeSize returns the metadata node size of the btrfs filesystem that
+// holds path (fixed when it was made: mkfs.btrfs -n).
+func NodeSize(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("node size of %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	var args fsInfoArgs
+	if err := ioctl(fd, iocFsInfo, unsafe.Pointer(&args)); err != nil {
+		return 0, fmt.Errorf("node size of %s: %w", path, err)
+	}
+	return int(args.nodesize), nil
 }
 
 // IsBtrfs reports whether path is on a btrfs filesystem.

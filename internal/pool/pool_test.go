@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/pool"
 	"github.com/molt-sh/molt/internal/testutil"
@@ -215,5 +216,49 @@ func TestOpenConcurrent(t *testing.T) {
 	}
 	if n := mountsAt(t, filepath.Join(root, "pool")); n != 1 {
 		t.Errorf("%d mounts after concurrent Opens, want 1", n)
+	}
+}
+
+// A new pool image gets the default node size, or the one asked for;
+// an existing image keeps its own; a size btrfs cannot make is refused
+// before anything is made.
+func TestNodeSize(t *testing.T) {
+	root := loopRoot(t)
+	if p := open(t, root); p.NodeSize != pool.DefaultNodeSize {
+		t.Fatalf("new pool: node size %d, want %d", p.NodeSize, pool.DefaultNodeSize)
+	}
+
+	root = loopRoot(t)
+	p, err := pool.Open(t.Context(), pool.Config{Root: root, Size: 512 << 20, NodeSize: 4 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.NodeSize != 4<<10 {
+		t.Fatalf("pool made with 4 KiB nodes reports %d", p.NodeSize)
+	}
+	if err := p.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	p, err = pool.Open(t.Context(), pool.Config{Root: root, Size: 512 << 20, NodeSize: 16 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Unmount(); err != nil {
+			t.Error(err)
+		}
+	})
+	if p.NodeSize != 4<<10 {
+		t.Fatalf("reopened pool made with 4 KiB nodes reports %d", p.NodeSize)
+	}
+
+	for _, bad := range []int{-1, 1024, 6 << 10, 128 << 10} {
+		root := loopRoot(t)
+		if _, err := pool.Open(t.Context(), pool.Config{Root: root, NodeSize: bad}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("node size %d: %v, want ErrInvalidArgument", bad, err)
+		}
+		if _, err := os.Stat(filepath.Join(root, "pool.img")); err == nil {
+			t.Errorf("node size %d: a pool image was made", bad)
+		}
 	}
 }
