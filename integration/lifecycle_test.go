@@ -144,3 +144,33 @@ func hasSysResource() bool {
 	}
 	return false
 }
+
+// TestHostPool: the daemon's fresh loop pool reports its node size (the
+// default, 8 KiB) through molt host, and the pool feature names it.
+func TestHostPool(t *testing.T) {
+	var host struct {
+		Pool struct {
+			Loop     bool `json:"loop"`
+			NodeSize int  `json:"node_size"`
+		} `json:"pool"`
+		Features []struct {
+			Name   string `json:"name"`
+			Detail string `json:"detail"`
+		} `json:"features"`
+	}
+	mustJSON(t, &host, "host")
+	if !host.Pool.Loop {
+		t.Skip("the state root is on btrfs: its node size is the host's")
+	}
+	if host.Pool.NodeSize != 8192 {
+		t.Fatalf("pool node size %d, want 8192", host.Pool.NodeSize)
+	}
+	for _, f := range host.Features {
+		if f.Name == "btrfs-pool" && !strings.Contains(f.Detail, "8 KiB nodes") {
+			t.Fatalf("btrfs-pool feature: %q does not name the node size", f.Detail)
+		}
+	}
+	if out := must(t, "host"); !strings.Contains(out, "8.0 KiB nodes") {
+		t.Fatalf("molt host does not show the node size:\n%s", out)
+	}
+}

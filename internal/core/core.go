@@ -535,10 +535,16 @@ func (m *Manager) criuFeature() v1.Feature {
 }
 
 func poolDetail(p *pool.Pool) string {
+	d := "state root is on btrfs"
 	if p.Loop {
-		return "loop file " + p.Backing + " on " + p.Device
+		d = "loop file " + p.Backing + " on " + p.Device
 	}
-	return "state root is on btrfs"
+	d += fmt.Sprintf(", %d KiB nodes", p.NodeSize>>10)
+	if p.NodeSize > pool.DefaultNodeSize {
+		// See pool.DefaultNodeSize.
+		d += fmt.Sprintf(" (snapshots of a long-lived root slow down as they pile up; a pool made with %d KiB nodes does not)", pool.DefaultNodeSize>>10)
+	}
+	return d
 }
 
 func notFound(kind, ref string) error {
