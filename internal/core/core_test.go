@@ -16,6 +16,7 @@ import (
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/sbinit"
+	"github.com/molt-sh/molt/internal/store"
 	"github.com/molt-sh/molt/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -801,5 +802,62 @@ func TestSandboxStandbyBudget(t *testing.T) {
 	}
 	if r := run(t, m, none.ID, "echo $X"); r.Stdout != "n\n" {
 		t.Fatalf("after rollback X=%q", r.Stdout)
+	}
+}
+
+// TestStandbyPriority: a standby is restored by a CRIU of the lowest
+// priority (backgroundNice), but its processes get their own dumped
+// priorities back: after a hot rollback a process that ran at nice 5
+// runs at nice 5 again, and the others at 0.
+func TestStandbyPriority(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	m.cfg.StandbyBudget = 1 << 30
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "nice -n 5 sleep 1000 & echo started")
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); !slices.Contains(m.standbyCheckpoints(sb.ID), ck.ID); {
+		if time.Now().After(deadline) {
+			t.Fatal("no standby within 20 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := m.Rollback(ctx, sb.ID, ck.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Tier != v1.TierHot {
+		t.Fatalf("rollback with a standby ready: tier %s", res.Tier)
+	}
+	var rec sandboxRec
+	if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err != nil {
+		t.Fatal(err)
+	}
+	tree, _, err := treePids(sb.ID, rec.Init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleeps := 0
+	for _, pid := range tree {
+		f := testutil.StatFields(t, pid)
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		nice, want := f[16], "0"
+		if strings.TrimSpace(string(comm)) == "sleep" {
+			want = "5"
+			sleeps++
+		}
+		if nice != want {
+			t.Errorf("pid %d (%s) runs at nice %s after the hot rollback, want %s", pid, strings.TrimSpace(string(comm)), nice, want)
+		}
+	}
+	if sleeps != 1 {
+		t.Fatalf("%d sleep processes in the restored tree %v, want 1", sleeps, tree)
 	}
 }

@@ -702,7 +702,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	}
 	// Restored stopped: the turn inspector follows the new tree before
 	// it runs, so nothing it does after the restore goes unseen.
-	init, err := m.restoreTree(ctx, rec, procs, next, true, true)
+	init, err := m.restoreTree(ctx, rec, procs, next, true, true, false)
 	if err != nil {
 		_ = removeTree(next)
 		return v1.RollbackResult{}, err
@@ -747,6 +747,23 @@ func (m *Manager) takeOver(rec *sandboxRec, init sandbox.Init, root string) erro
 	return nil
 }
 
+// backgroundNice is the nice value of CRIU when it restores a standby:
+// the restore (mostly the page faults of writing the tree's memory, 12-15
+// µs each here) yields the CPU to the sandboxes and to the critical path
+// of checkpoints and rollbacks, such as the next capture's frozen window.
+// The restored tasks inherit it from CRIU and get their own dumped
+// priority back as CRIU finishes.
+const backgroundNice = 19
+
+// setBackground gives the process pid (single-threaded: CRIU before it
+// forks the tree) backgroundNice.
+func setBackground(pid int) error {
+	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, backgroundNice); err != nil {
+		return fmt.Errorf("lower the priority of %d: %w", pid, err)
+	}
+	return nil
+}
+
 // waitGone waits until init has exited (its PID namespace torn down).
 func waitGone(init sandbox.Init, limit time.Duration) {
 	deadline := time.Now().Add(limit)
@@ -761,14 +778,15 @@ func waitGone(init sandbox.Init, limit time.Duration) {
 // hostname (a fork's differs from the dumped one). On failure nothing of
 // the new tree remains; processes already in the cgroup are untouched.
 func (m *Manager) restoreProcesses(ctx context.Context, rec *sandboxRec, ck checkpointRec, root string) (sandbox.Init, error) {
-	return m.restoreTree(ctx, rec, ck, root, false, false)
+	return m.restoreTree(ctx, rec, ck, root, false, false, false)
 }
 
 // restoreTree is restoreProcesses, optionally leaving every restored task
 // stopped (a standby). With spare, the restore runs on the sandbox's
 // spare CRIU if one is ready, and starts the next one afterwards: for a
-// sandbox that restores again and again (rollbacks, standbys).
-func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpointRec, root string, stopped, spare bool) (sandbox.Init, error) {
+// sandbox that restores again and again (rollbacks, standbys). With
+// background, CRIU runs at the lowest priority (see backgroundNice).
+func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpointRec, root string, stopped, spare, background bool) (sandbox.Init, error) {
 	tool, err := m.criuReady(ctx)
 	if err != nil {
 		return sandbox.Init{}, err
@@ -795,6 +813,14 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		// from (a fork's are another sandbox's).
 		CgroupMode: "ignore", Started: cg.Add, LogLevel: m.criuLogLevel(),
 	}
+	if background {
+		opts.Started = func(pid int) error {
+			if err := cg.Add(pid); err != nil {
+				return err
+			}
+			return setBackground(pid)
+		}
+	}
 	if outside := ck.outside(); outside != 0 {
 		// The tree joins CRIU's namespaces of these types: fresh ones,
 		// named as the sandbox. A spare was started in fresh ones and
@@ -805,6 +831,12 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		}
 		if s != nil && outside&unix.CLONE_NEWUTS != 0 {
 			if err := s.SetHostname(rec.Hostname); err != nil {
+				s.Kill()
+				s = nil
+			}
+		}
+		if s != nil && background {
+			if err := setBackground(s.Pid()); err != nil {
 				s.Kill()
 				s = nil
 			}

@@ -330,7 +330,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	if err := fsnap.Snapshot(m.ckFS(ck.ID), root, false); err != nil {
 		return false, err
 	}
-	init, err := m.restoreTree(ctx, &rec, ck, root, true, true)
+	init, err := m.restoreTree(ctx, &rec, ck, root, true, true, true)
 	if err != nil {
 		_ = removeTree(root)
 		return false, err
