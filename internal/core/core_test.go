@@ -652,18 +652,26 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// standbySandbox returns a manager with room for standbys (1 GiB) and a
+// sandbox of the test image in it.
+func standbySandbox(t *testing.T) (*Manager, v1.Sandbox) {
+	t.Helper()
+	m := openManager(t)
+	requireCRIU(t, m)
+	m.cfg.StandbyBudget = 1 << 30
+	sb, err := m.Create(context.Background(), v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, sb
+}
+
 // TestKeptStandbys: a checkpoint marked keep has a standby besides the
 // head's, so rollbacks to either are hot; an unmarked former head loses
 // its standby.
 func TestKeptStandbys(t *testing.T) {
-	m := openManager(t)
-	requireCRIU(t, m)
-	m.cfg.StandbyBudget = 1 << 30
+	m, sb := standbySandbox(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
 	settle := func() {
 		t.Helper()
 		m.pipe.wg.Wait()
@@ -810,14 +818,8 @@ func TestSandboxStandbyBudget(t *testing.T) {
 // priorities back: after a hot rollback a process that ran at nice 5
 // runs at nice 5 again, and the others at 0.
 func TestStandbyPriority(t *testing.T) {
-	m := openManager(t)
-	requireCRIU(t, m)
-	m.cfg.StandbyBudget = 1 << 30
+	m, sb := standbySandbox(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
 	run(t, m, sb.ID, "nice -n 5 sleep 1000 & echo started")
 	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
