@@ -100,7 +100,9 @@ func processWorkloads(ctx context.Context, c *client.Client, heapMiB int) []work
 			}
 			deadline := time.Now().Add(60 * time.Second)
 			for time.Now().Before(deadline) {
-				r, err := c.SessionRun(ctx, sb.ID, "probe", v1.SessionRunRequest{Command: "test -e /tmp/heap-ready"})
+				// In the session already there: a session of its own
+				// would leave a second shell in every tree measured.
+				r, err := c.SessionRun(ctx, sb.ID, "main", v1.SessionRunRequest{Command: "test -e /tmp/heap-ready"})
 				if err != nil {
 					return sb, err
 				}
