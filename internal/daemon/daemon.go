@@ -56,6 +56,7 @@ func Run(ctx context.Context, cfg Config) error {
 		log = slog.Default()
 		cfg.Logger = log
 	}
+	setProcs()
 	m, err := core.Open(ctx, cfg.Config)
 	if err != nil {
 		return err

@@ -52,6 +52,7 @@ func StartEphemeralWith(ctx context.Context, parent, cacheDir, version string, t
 	if tweak != nil {
 		tweak(&cfg)
 	}
+	setProcs()
 	m, err := core.Open(ctx, cfg)
 	if err != nil {
 		os.RemoveAll(root)
