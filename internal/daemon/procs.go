@@ -14,8 +14,8 @@ import (
 // checks only every 10 ms. With as many Ps as CPUs (two here), a
 // goroutine woken meanwhile waited for that: a hot rollback's wait for
 // the turn inspector's ring-buffer reader took 8-12 ms in a third of the
-// rollbacks of `molt bench rollback`, and its p99 was 14-18 ms. With
-// spare Ps it found one at once (p99 8-10 ms). More than a few spare Ps
+// rollbacks of `molt bench rollback`, and its p99 was 13-18 ms. With
+// spare Ps it found one at once (p99 6-10 ms). More than a few spare Ps
 // would give the garbage collector more workers than the CPUs can run
 // next to the sandboxes (it takes a quarter of the Ps while marking).
 const extraProcs = 4

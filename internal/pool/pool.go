@@ -29,7 +29,7 @@ const DefaultSize = 32 << 30
 // snapshot of a subvolume that keeps changing (a sandbox's root,
 // checkpointed again and again) costs more the more snapshots of it
 // exist, and far less so with smaller nodes: the 500th snapshot of one
-// live subvolume took 31.7 ms with 16 KiB nodes, 1.7 ms with 8 KiB
+// live subvolume took 31.7-32.2 ms with 16 KiB nodes, 1.7-2.0 ms with 8 KiB
 // (BENCHMARKS.md, "Snapshots of a long lineage").
 const DefaultNodeSize = 8 << 10
 
