@@ -694,9 +694,16 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		return v1.RollbackResult{}, err
 	}
 	// The checkpoint's writable copy, if no rollback took it yet, else a
-	// snapshot (a btrfs transaction commit: 5-12 ms here).
+	// snapshot (a btrfs transaction commit), which goes ahead of
+	// background commits (commitgate.go).
 	if err := os.Rename(m.ckFSNext(ck.ID), next); err != nil {
-		if err := fsnap.Snapshot(m.ckFS(ck.ID), next, false); err != nil {
+		releaseCommits, err := m.commits.foreground(ctx)
+		if err != nil {
+			return v1.RollbackResult{}, err
+		}
+		err = fsnap.Snapshot(m.ckFS(ck.ID), next, false)
+		releaseCommits()
+		if err != nil {
 			return v1.RollbackResult{}, err
 		}
 	}

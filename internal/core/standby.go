@@ -327,7 +327,15 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	if err := removeTree(root); err != nil {
 		return false, err
 	}
-	if err := fsnap.Snapshot(m.ckFS(ck.ID), root, false); err != nil {
+	// The snapshot commits the pool: not while a capture is under way on
+	// this host (commitgate.go).
+	releaseCommits, err := m.commits.background(ctx)
+	if err != nil {
+		return false, err
+	}
+	err = fsnap.Snapshot(m.ckFS(ck.ID), root, false)
+	releaseCommits()
+	if err != nil {
 		return false, err
 	}
 	init, err := m.restoreTree(ctx, &rec, ck, root, true, true, true)
