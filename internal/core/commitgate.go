@@ -11,10 +11,12 @@ import (
 // which persist ends: in a tree search (one sandbox capturing, storing the
 // previous capture and rolling back in turn) that made the capture's
 // snapshot the long pole of its stall (25-43 ms against 10-19 ms for
-// CRIU). Foreground holders (captures, from their syncfs to the thaw) go
-// first: a background commit does not start while one holds or waits, and
-// a foreground holder waits for background commits already running before
-// it begins, outside its frozen window.
+// CRIU). Foreground holders (captures, from their syncfs to the thaw; a
+// rollback's snapshot of the checkpoint's files) go first: a background
+// commit (persist's closing snapshot and syncfs; a standby's snapshot)
+// does not start while one holds or waits, and a foreground holder waits
+// for background commits already running before it begins, outside its
+// frozen window.
 type commitGate struct {
 	mu      sync.Mutex
 	fg, bg  int
