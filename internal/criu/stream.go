@@ -313,46 +313,17 @@ func (s *Stream) checkCopied() error {
 	return nil
 }
 
-// pagesID reads the pages_id of a pagemap image's head: its magic (after
-// the common images magic) and then its first entry, a 32-bit
-// little-endian size and a PagemapHead.
+// pagesID reads the pages_id of a pagemap image's head.
 func pagesID(path string) (uint32, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	word := func() (uint32, bool) {
-		if len(b) < 4 {
-			return 0, false
-		}
-		v := binary.LittleEndian.Uint32(b)
-		b = b[4:]
-		return v, true
-	}
-	m, ok := word()
-	if ok && (m == imgCommonMagic || m == imgServiceMagic) {
-		m, ok = word()
-	}
-	if !ok || m != pagemapMagic {
-		return 0, fmt.Errorf("%s: not a pagemap image (magic %#x)", filepath.Base(path), m)
-	}
-	n, ok := word()
-	if !ok || int(n) > len(b) {
-		return 0, fmt.Errorf("%s: truncated head", filepath.Base(path))
-	}
 	var head pagemap.PagemapHead
-	if err := proto.Unmarshal(b[:n], &head); err != nil {
-		return 0, fmt.Errorf("%s: head: %w", filepath.Base(path), err)
+	if err := readHead(path, pagemapMagic, &head); err != nil {
+		return 0, err
 	}
 	return head.GetPagesId(), nil
 }
 
-// CRIU's image magics (criu/include/magic.h).
-const (
-	imgCommonMagic  = 0x54564319
-	imgServiceMagic = 0x55105940
-	pagemapMagic    = 0x56084025
-)
+// pagemapMagic is the pagemap image's own magic (criu/include/magic.h).
+const pagemapMagic = 0x56084025
 
 // Bytes is the size of everything received (after Finish, which it
 // calls).
