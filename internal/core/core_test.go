@@ -652,6 +652,22 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// rollbackTo rolls sandbox sb back to ck and checks the tier it took and
+// the session variable X it brought back.
+func rollbackTo(t *testing.T, m *Manager, sb string, ck v1.Checkpoint, tier, x string) {
+	t.Helper()
+	res, err := m.Rollback(context.Background(), sb, ck.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Tier != tier {
+		t.Fatalf("rollback to %s: tier %s, want %s (standbys %v)", ck.ID, res.Tier, tier, m.standbyCheckpoints(sb))
+	}
+	if r := run(t, m, sb, "echo $X"); r.Stdout != x+"\n" {
+		t.Fatalf("rollback to %s: X=%q, want %q", ck.ID, r.Stdout, x)
+	}
+}
+
 // standbySandbox returns a manager with room for standbys (1 GiB) and a
 // sandbox of the test image in it.
 func standbySandbox(t *testing.T) (*Manager, v1.Sandbox) {
@@ -680,16 +696,7 @@ func TestKeptStandbys(t *testing.T) {
 	rollback := func(ck v1.Checkpoint, tier, x string) {
 		t.Helper()
 		settle()
-		res, err := m.Rollback(ctx, sb.ID, ck.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Tier != tier {
-			t.Fatalf("rollback to %s: tier %s, want %s (standbys %v)", ck.Label, res.Tier, tier, m.standbyCheckpoints(sb.ID))
-		}
-		if r := run(t, m, sb.ID, "echo $X"); r.Stdout != x+"\n" {
-			t.Fatalf("rollback to %s: X=%q", ck.Label, r.Stdout)
-		}
+		rollbackTo(t, m, sb.ID, ck, tier, x)
 	}
 	run(t, m, sb.ID, "export X=a")
 	a, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Label: "a", Keep: true, Wait: true})
@@ -775,16 +782,7 @@ func TestSandboxStandbyBudget(t *testing.T) {
 	if rep.StandbyBytes != b.ImageBytes || rep.StandbyBytes > m.cfg.SandboxStandbyBudget {
 		t.Fatalf("sandbox reports %d bytes of standbys, want %d within %d", rep.StandbyBytes, b.ImageBytes, m.cfg.SandboxStandbyBudget)
 	}
-	res, err := m.Rollback(ctx, sb.ID, a.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Tier != v1.TierWarm {
-		t.Fatalf("rollback to the evicted standby's checkpoint: tier %s, want warm", res.Tier)
-	}
-	if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "a\n" {
-		t.Fatalf("after rollback X=%q", r.Stdout)
-	}
+	rollbackTo(t, m, sb.ID, a, v1.TierWarm, "a") // its standby was evicted
 
 	none, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{StandbyBudgetBytes: -1}})
 	if err != nil {
@@ -801,16 +799,7 @@ func TestSandboxStandbyBudget(t *testing.T) {
 		t.Fatalf("a sandbox that allows no standbys has %v", got)
 	}
 	run(t, m, none.ID, "export X=m")
-	res, err = m.Rollback(ctx, none.ID, n.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Tier != v1.TierWarm {
-		t.Fatalf("rollback without standbys: tier %s", res.Tier)
-	}
-	if r := run(t, m, none.ID, "echo $X"); r.Stdout != "n\n" {
-		t.Fatalf("after rollback X=%q", r.Stdout)
-	}
+	rollbackTo(t, m, none.ID, n, v1.TierWarm, "n") // no standbys allowed
 }
 
 // TestStandbyPriority: a standby is restored by a CRIU of the lowest
