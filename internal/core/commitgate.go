@@ -42,38 +42,43 @@ func (g *commitGate) waitChange() <-chan struct{} {
 func (g *commitGate) foreground(ctx context.Context) (release func(), err error) {
 	g.mu.Lock()
 	g.fg++ // waiting counts: no new background commit starts meanwhile
-	for g.bg > 0 {
-		ch := g.waitChange()
-		g.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			g.releaser(&g.fg)()
-			return nil, ctx.Err()
-		}
-		g.mu.Lock()
-	}
+	err = g.waitWhile(ctx, func() bool { return g.bg > 0 })
 	g.mu.Unlock()
-	return g.releaser(&g.fg), nil
+	release = g.releaser(&g.fg)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return release, nil
 }
 
 // background waits until no foreground work holds or waits for the gate
 // and holds it for a background commit.
 func (g *commitGate) background(ctx context.Context) (release func(), err error) {
 	g.mu.Lock()
-	for g.fg > 0 {
+	defer g.mu.Unlock()
+	if err := g.waitWhile(ctx, func() bool { return g.fg > 0 }); err != nil {
+		return nil, err
+	}
+	g.bg++
+	return g.releaser(&g.bg), nil
+}
+
+// waitWhile waits, with g.mu held on entry and on return, until busy
+// reports false or ctx is done.
+func (g *commitGate) waitWhile(ctx context.Context, busy func() bool) error {
+	for busy() {
 		ch := g.waitChange()
 		g.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			g.mu.Lock()
+			return ctx.Err()
 		}
 		g.mu.Lock()
 	}
-	g.bg++
-	g.mu.Unlock()
-	return g.releaser(&g.bg), nil
+	return nil
 }
 
 // releaser returns the release of one hold counted in n; it may be
