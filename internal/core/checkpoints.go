@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -520,8 +521,7 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 		// sound: the invariant holds on every tier. (Objects checked at
 		// the standby's preparation are only stat'ed again.)
 		if err := m.verify(ck, false); err != nil {
-			_ = unix.Kill(s.init.Pid, unix.SIGKILL)
-			_ = removeTree(s.root)
+			m.discard(s, true)
 			return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
 		}
 		res, err := m.promote(ctx, &rec, ck, s)
@@ -598,23 +598,36 @@ func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointR
 // processes are gone).
 func (m *Manager) swapRoot(id, next string) error {
 	retired, err := m.replaceRoot(id, next)
-	if err != nil {
+	if err != nil || retired == "" {
 		return err
 	}
 	return removeTree(retired)
 }
 
-// replaceRoot renames next into place as the sandbox's root and returns
-// where the old root went (root.old-*, which start-up removes if a crash
-// leaves it). On failure the old root is put back.
+// replaceRoot puts next in place as the sandbox's root and returns where
+// the old root went (root.old-*, which start-up removes if a crash
+// leaves it). The two trade places in one exchange (renameat2
+// RENAME_EXCHANGE), so that at every instant the sandbox has a root, the
+// old or the new: with two renames a crash between them left none, and
+// start-up then removed the only copy as a retired root. On failure
+// nothing moved.
 func (m *Manager) replaceRoot(id, next string) (string, error) {
-	retired := filepath.Join(m.sbDir(id), "root.old-"+newID())
-	if err := os.Rename(m.sbRoot(id), retired); err != nil {
-		return "", err
+	root := m.sbRoot(id)
+	err := unix.Renameat2(unix.AT_FDCWD, next, unix.AT_FDCWD, root, unix.RENAME_EXCHANGE)
+	if errors.Is(err, unix.ENOENT) {
+		if _, serr := os.Lstat(root); errors.Is(serr, fs.ErrNotExist) {
+			// No root to trade with: next simply moves in.
+			return "", os.Rename(next, root)
+		}
 	}
-	if err := os.Rename(next, m.sbRoot(id)); err != nil {
-		_ = os.Rename(retired, m.sbRoot(id))
-		return "", err
+	if err != nil {
+		return "", &os.LinkError{Op: "exchange", Old: next, New: root, Err: err}
+	}
+	retired := filepath.Join(m.sbDir(id), "root.old-"+newID())
+	if err := os.Rename(next, retired); err != nil {
+		// The old root stays where next was: the caller removes it
+		// from there.
+		return next, nil
 	}
 	return retired, nil
 }

@@ -141,6 +141,10 @@ type Manager struct {
 	// failpoint, when set (by tests), is called at named steps of
 	// multi-step operations; a non-nil error makes that step fail.
 	failpoint func(step string) error
+	// crash, when set (by tests), is called at named steps where a
+	// daemon that dies must leave nothing the next one cannot finish;
+	// tests kill the process there.
+	crash func(step string)
 	// netnsInImages, when set (by tests), makes full checkpoints as molt
 	// made them before external_net: CRIU runs in the daemon's network
 	// namespace and the images carry the sandbox's.
@@ -289,6 +293,14 @@ func (m *Manager) path(elem ...string) string {
 	return filepath.Join(append([]string{m.pool.Dir}, elem...)...)
 }
 
+// crashpoint marks a step at which tests kill the daemon (see crash in
+// Manager).
+func (m *Manager) crashpoint(step string) {
+	if m.crash != nil {
+		m.crash(step)
+	}
+}
+
 func (m *Manager) fail(step string) error {
 	if m.failpoint != nil {
 		return m.failpoint(step)
@@ -417,6 +429,9 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	}
 	sbs, err := store.List[sandboxRec](m.db, store.Sandboxes)
 	if err != nil {
+		return err
+	}
+	if err := m.finishTakeovers(sbs); err != nil {
 		return err
 	}
 	known = map[string]bool{}

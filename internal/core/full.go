@@ -714,7 +714,15 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		_ = removeTree(next)
 		return v1.RollbackResult{}, err
 	}
+	key, err := m.recordTakeover(rec.ID, "rollback", init, next, ck.ID)
+	if err != nil {
+		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		waitGone(init, 5*time.Second)
+		_ = removeTree(next)
+		return v1.RollbackResult{}, err
+	}
 	if err := m.takeOver(rec, init, next); err != nil {
+		m.forgetTakeover(key)
 		return v1.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = init, v1.StateRunning, "", ck.ID
@@ -725,7 +733,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		return v1.RollbackResult{}, err
 	}
 	m.turnBaselineAsync(*rec, ts)
-	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
+	if err := m.commitTakeover(*rec, key); err != nil {
 		return v1.RollbackResult{}, err
 	}
 	res := v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierWarm}
@@ -735,22 +743,31 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	return res, nil
 }
 
-// takeOver makes the tree of init, running on root, the sandbox's: the
-// old tree is killed (killing a PID namespace's init kills all of it)
-// without waiting, root is renamed into place, and the old root is
-// retired (deleted in the background once its tree is gone; see
-// retire). On failure the new tree is killed.
+// takeOver makes the tree of init, running on root, the sandbox's: root
+// trades places with the sandbox's root, then the old tree is killed
+// (killing a PID namespace's init kills all of it) without waiting, and
+// the old root is retired (deleted in the background once its tree is
+// gone; see retire). On failure the new tree is killed and the old one
+// runs on, on its own root.
+//
+// The caller has recorded the takeover (takeoverRec), so that a daemon
+// that dies from the exchange on leaves a switch the next one completes.
 func (m *Manager) takeOver(rec *sandboxRec, init sandbox.Init, root string) error {
+	m.crashpoint("takeover:begin")
+	retired, err := m.replaceRoot(rec.ID, root)
+	if err != nil {
+		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		return fmt.Errorf("switch root: %w", err)
+	}
+	m.crashpoint("takeover:switched")
 	old := rec.Init
 	if old.Alive() {
 		_ = unix.Kill(old.Pid, unix.SIGKILL)
 	}
-	retired, err := m.replaceRoot(rec.ID, root)
-	if err != nil {
-		_ = unix.Kill(init.Pid, unix.SIGKILL)
-		return fmt.Errorf("switch root: %w (the sandbox's processes are gone; start it again)", err)
+	m.crashpoint("takeover:killed")
+	if retired != "" {
+		m.retire(rec.ID, retired, old)
 	}
-	m.retire(rec.ID, retired, old)
 	return nil
 }
 

@@ -95,10 +95,13 @@ func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, pr
 	}
 	r.Add(func() error { return removeTree(dir) })
 	if sby != nil {
-		r.Add(func() error { sby.drop(true); return nil })
+		r.Add(func() error { m.discard(sby, true); return nil })
 		if err := os.Rename(sby.root, m.sbRoot(rec.ID)); err != nil {
 			return v1.Sandbox{}, err
 		}
+		// The standby is the fork's now, never its sandbox's.
+		m.forgetTakeover(sby.key)
+		sby.key = ""
 	} else if err := fsnap.Snapshot(src, m.sbRoot(rec.ID), false); err != nil {
 		return v1.Sandbox{}, err
 	}
@@ -377,7 +380,13 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	m.dropStandby(rec.ID, false)
 	m.removeRetired(rec.ID)
 	m.turnForget(rec.ID)
-	if err := m.db.DeletePrefix(store.Turns, rec.ID+"/"); err != nil {
+	err = m.db.Update(func(tx *store.Tx) error {
+		if err := tx.DeletePrefix(store.Turns, rec.ID+"/"); err != nil {
+			return err
+		}
+		return tx.DeletePrefix(store.Takeovers, rec.ID+"/")
+	})
+	if err != nil {
 		return err
 	}
 	// The record goes first: from here on the sandbox is not listed, and

@@ -43,6 +43,7 @@ type standby struct {
 	init    sandbox.Init
 	root    string
 	bytes   int64
+	key     string // of its takeover record (takeoverRec)
 }
 
 type standbys struct {
@@ -87,12 +88,15 @@ func (m *Manager) standbyBytes(id string) int64 {
 	return n
 }
 
-func (s *standby) drop(kill bool) {
+// discard kills the standby's processes (with kill; else they are gone
+// already), removes its root and deletes its takeover record.
+func (m *Manager) discard(s *standby, kill bool) {
 	if kill && s.init.Alive() {
 		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
 		waitGone(s.init, 5*time.Second)
 	}
 	_ = removeTree(s.root)
+	m.forgetTakeover(s.key)
 }
 
 // dropStandby forgets the sandbox's standbys, killing their processes
@@ -103,14 +107,14 @@ func (m *Manager) dropStandby(id string, kill bool) {
 	delete(m.sby.m, id)
 	m.sby.mu.Unlock()
 	for _, s := range set {
-		s.drop(kill)
+		m.discard(s, kill)
 	}
 }
 
 // dropStandbyOf drops the sandbox's standby of checkpoint ck, if any.
 func (m *Manager) dropStandbyOf(id, ck string, kill bool) {
 	if s := m.takeStandby(id, ck); s != nil {
-		s.drop(kill)
+		m.discard(s, kill)
 	}
 }
 
@@ -343,6 +347,15 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 		_ = removeTree(root)
 		return false, err
 	}
+	// Recorded before a rollback can promote it, so that the promotion
+	// itself writes nothing more than it did without the record.
+	key, err := m.recordTakeover(id, "standby-"+newID(), init, root, ck.ID)
+	if err != nil {
+		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		waitGone(init, 5*time.Second)
+		_ = removeTree(root)
+		return false, err
+	}
 	m.sby.mu.Lock()
 	if m.sby.m == nil {
 		m.sby.m = map[string]map[string]*standby{}
@@ -350,7 +363,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	if m.sby.m[id] == nil {
 		m.sby.m[id] = map[string]*standby{}
 	}
-	m.sby.m[id][ck.ID] = &standby{sandbox: id, ck: ck.ID, init: init, root: root, bytes: ck.ImageBytes}
+	m.sby.m[id][ck.ID] = &standby{sandbox: id, ck: ck.ID, init: init, root: root, bytes: ck.ImageBytes, key: key}
 	m.sby.mu.Unlock()
 	return len(missing) > 1, nil
 }
@@ -360,7 +373,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 // Caller holds the sandbox lock and has taken s out of the pool.
 func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec, s *standby) (v1.RollbackResult, error) {
 	if !s.init.Alive() {
-		_ = removeTree(s.root)
+		m.discard(s, false)
 		return v1.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
 	}
 	// The standby runs first; then it takes over (the old tree, in its
@@ -369,16 +382,17 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	ts := m.turnPrepare(*rec, s.init)
 	if err := continueTree(*rec, s.init); err != nil {
 		ts.mu.Unlock()
-		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
+		m.discard(s, true)
 		return v1.RollbackResult{}, err
 	}
 	if err := m.takeOver(rec, s.init, s.root); err != nil {
 		ts.mu.Unlock()
+		m.discard(s, true)
 		return v1.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = s.init, v1.StateRunning, "", ck.ID
 	m.turnBaselineAsync(*rec, ts)
-	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
+	if err := m.commitTakeover(*rec, s.key); err != nil {
 		return v1.RollbackResult{}, err
 	}
 	return v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierHot}, nil
@@ -456,12 +470,14 @@ func treePids(id string, init sandbox.Init) (tree, others []int, err error) {
 }
 
 // killStrays kills the processes of a sandbox's cgroup that are not in
-// its live init's PID namespace (standbys of a previous daemon) and
-// removes their roots and the retired roots a crash left.
+// its live init's PID namespace (standbys of a previous daemon, a tree
+// restored for a rollback that did not finish) and removes their roots
+// and the retired roots a crash left.
 func (m *Manager) killStrays(rec sandboxRec) {
 	dirs, _ := filepath.Glob(filepath.Join(m.sbDir(rec.ID), "standby-*"))
 	retired, _ := filepath.Glob(filepath.Join(m.sbDir(rec.ID), "root.old-*"))
 	dirs = append(dirs, retired...)
+	dirs = append(dirs, filepath.Join(m.sbDir(rec.ID), "root.next"))
 	if rec.Init.Alive() {
 		_, strays, _ := treePids(rec.ID, rec.Init)
 		for _, pid := range strays {

@@ -1,6 +1,7 @@
 package fsnap
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -23,6 +24,7 @@ const (
 	iocSubvolSetflags = 0x4008941a // _IOW(0x94, 26, __u64)
 	iocSnapDestroyV2  = 0x5000943f // _IOW(0x94, 63, struct btrfs_ioctl_vol_args_v2)
 	iocFsInfo         = 0x8400941f // _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)
+	iocGetSubvolInfo  = 0x81f8943c // _IOR(0x94, 60, struct btrfs_ioctl_get_subvol_info_args)
 
 	subvolReadonly = 1 << 1 // BTRFS_SUBVOL_RDONLY
 	firstFreeIno   = 256    // BTRFS_FIRST_FREE_OBJECTID: the root inode of every subvolume
@@ -54,9 +56,23 @@ type fsInfoArgs struct {
 	rest       [1024 - 40]byte
 }
 
+// struct btrfs_ioctl_get_subvol_info_args, up to the fields read here.
+type subvolInfoArgs struct {
+	treeid     uint64
+	name       [256]byte
+	parentID   uint64
+	dirid      uint64
+	generation uint64
+	flags      uint64
+	uuid       [16]byte
+	rest       [504 - 312]byte
+}
+
 // The vol args structs must be exactly 4096 bytes, the fs info one 1024,
-// as the request numbers say.
+// the subvolume info one 504, as the request numbers say.
 var (
+	_ [unsafe.Sizeof(subvolInfoArgs{}) - 504]struct{}
+	_ [504 - unsafe.Sizeof(subvolInfoArgs{})]struct{}
 	_ [unsafe.Sizeof(fsInfoArgs{}) - 1024]struct{}
 	_ [1024 - unsafe.Sizeof(fsInfoArgs{})]struct{}
 	_ [unsafe.Sizeof(volArgs{}) - 4096]struct{}
@@ -94,6 +110,24 @@ func NodeSize(path string) (int, error) {
 		return 0, fmt.Errorf("node size of %s: %w", path, err)
 	}
 	return int(args.nodesize), nil
+}
+
+// SubvolumeUUID returns the UUID of the subvolume whose root is path, in
+// hex. Unlike the subvolume's ID, which a filesystem may give again once
+// the newest subvolume is deleted, a UUID names one subvolume for good:
+// it tells a directory that was renamed into place from one that was
+// not.
+func SubvolumeUUID(path string) (string, error) {
+	fd, err := openSubvolume(path)
+	if err != nil {
+		return "", fmt.Errorf("uuid of %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	var args subvolInfoArgs
+	if err := ioctl(fd, iocGetSubvolInfo, unsafe.Pointer(&args)); err != nil {
+		return "", fmt.Errorf("uuid of %s: %w", path, err)
+	}
+	return hex.EncodeToString(args.uuid[:]), nil
 }
 
 // IsBtrfs reports whether path is on a btrfs filesystem.

@@ -454,3 +454,55 @@ func BenchmarkSnapshot(b *testing.B) {
 		b.Fatal(err)
 	}
 }
+
+// TestSubvolumeUUID: the UUID is the one btrfs-progs shows, differs
+// between a subvolume and its snapshot, and follows a subvolume through
+// an exchange of two paths.
+func TestSubvolumeUUID(t *testing.T) {
+	dir := btrfsDir(t)
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	if err := fsnap.CreateSubvolume(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsnap.Snapshot(a, b, false); err != nil {
+		t.Fatal(err)
+	}
+	ua, err := fsnap.SubvolumeUUID(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ub, err := fsnap.SubvolumeUUID(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ua) != 32 || ua == ub {
+		t.Fatalf("uuids %q and %q: want two different 32-digit ones", ua, ub)
+	}
+	if path, err := exec.LookPath("btrfs"); err == nil {
+		out, err := exec.Command(path, "subvolume", "show", a).CombinedOutput()
+		if err != nil {
+			t.Fatalf("btrfs subvolume show: %v: %s", err, out)
+		}
+		var shown string
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "UUID:" {
+				shown = strings.ReplaceAll(f[1], "-", "")
+			}
+		}
+		if shown != ua {
+			t.Fatalf("uuid %s, btrfs-progs shows %q", ua, shown)
+		}
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := fsnap.SubvolumeUUID(b); err != nil || got != ua {
+		t.Fatalf("after the exchange b is %q, %v; want %s", got, err, ua)
+	}
+	if err := os.Mkdir(filepath.Join(a, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fsnap.SubvolumeUUID(filepath.Join(a, "d")); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("uuid of a plain directory: %v, want ErrInvalidArgument", err)
+	}
+}

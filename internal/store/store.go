@@ -27,6 +27,9 @@ const (
 	Checkpoints = "checkpoints"
 	// Turns holds each sandbox's turn log, keyed "<sandbox>/<turn>".
 	Turns = "turns"
+	// Takeovers holds the switches of a sandbox's live tree that may
+	// be under way, keyed "<sandbox>/<name>".
+	Takeovers = "takeovers"
 )
 
 // DB is an open metadata database.
@@ -43,7 +46,7 @@ func Open(path string) (*DB, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{Images, Sandboxes, Checkpoints, Turns} {
+		for _, b := range []string{Images, Sandboxes, Checkpoints, Turns, Takeovers} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
 				return err
 			}
@@ -115,16 +118,7 @@ func (d *DB) ForEachPrefix(bucket, prefix string, fn func(key string, b []byte) 
 
 // DeletePrefix removes every key of bucket that starts with prefix.
 func (d *DB) DeletePrefix(bucket, prefix string) error {
-	return d.Update(func(t *Tx) error {
-		c := t.tx.Bucket([]byte(bucket)).Cursor()
-		p := []byte(prefix)
-		for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Seek(p) {
-			if err := c.Delete(); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	return d.Update(func(t *Tx) error { return t.DeletePrefix(bucket, prefix) })
 }
 
 // Unmarshal decodes a raw record.
@@ -161,4 +155,16 @@ func (t *Tx) Get(bucket, key string, v any) error {
 // Delete removes key from bucket.
 func (t *Tx) Delete(bucket, key string) error {
 	return t.tx.Bucket([]byte(bucket)).Delete([]byte(key))
+}
+
+// DeletePrefix removes every key of bucket that starts with prefix.
+func (t *Tx) DeletePrefix(bucket, prefix string) error {
+	c := t.tx.Bucket([]byte(bucket)).Cursor()
+	p := []byte(prefix)
+	for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Seek(p) {
+		if err := c.Delete(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -1,0 +1,175 @@
+package core
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/store"
+	"golang.org/x/sys/unix"
+)
+
+// crashChild, in the environment of a re-run of the test binary, makes
+// TestRollbackCrash play the daemon that dies (see rollbackCrashChild).
+const crashChild = "MOLT_TEST_ROLLBACK_CRASH"
+
+type crashCase struct {
+	Root, Sandbox, Tier, Step string
+}
+
+// TestRollbackCrash kills a daemon (SIGKILL, in a child process) at each
+// step of a rollback's switch of the live tree, hot and warm, and checks
+// what the next daemon makes of it. From the exchange of the roots on,
+// the rollback is completed: the sandbox runs the checkpoint's tree (its
+// session variable is the checkpoint's), its record names that tree and
+// that checkpoint, and no other process, root or record is left. Before
+// the exchange, the sandbox runs on as it was. Without the takeover
+// record the completed cases find the sandbox lost (its recorded init
+// killed) and the new tree running on, unreachable.
+func TestRollbackCrash(t *testing.T) {
+	if env := os.Getenv(crashChild); env != "" {
+		var c crashCase
+		if err := json.Unmarshal([]byte(env), &c); err != nil {
+			t.Fatal(err)
+		}
+		rollbackCrashChild(t, c)
+		return
+	}
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := m.cfg
+	// Each Manager here stands for a daemon of its own: the agents this
+	// process keeps per init (with the sessions they know) go with it.
+	closeDaemon := func(m *Manager) {
+		var rec sandboxRec
+		if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err == nil {
+			sandbox.Forget(rec.Init)
+		}
+		m.Close()
+	}
+	closeDaemon(m)
+	// The sandbox goes with the last daemon, before the pool is
+	// unmounted (closeManager's clean-up, which runs after this one).
+	var cur *Manager
+	t.Cleanup(func() {
+		if cur != nil {
+			if err := cur.Remove(ctx, sb.ID); err != nil {
+				t.Errorf("remove %s: %v", sb.ID, err)
+			}
+			cur.Close()
+		}
+	})
+	for _, c := range []struct {
+		tier, step string
+		done       bool // the rollback is completed
+	}{
+		{v1.TierHot, "takeover:begin", false},
+		{v1.TierHot, "takeover:switched", true},
+		{v1.TierHot, "takeover:killed", true},
+		{v1.TierWarm, "takeover:begin", false},
+		{v1.TierWarm, "takeover:switched", true},
+		{v1.TierWarm, "takeover:killed", true},
+	} {
+		env, _ := json.Marshal(crashCase{Root: cfg.Root, Sandbox: sb.ID, Tier: c.tier, Step: c.step})
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestRollbackCrash$", "-test.v")
+		cmd.Env = append(os.Environ(), crashChild+"="+string(env))
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Fatalf("%s rollback, crash at %s: the daemon was not killed there (%v):\n%s", c.tier, c.step, err, out.String())
+		}
+		m, err = Open(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur = m
+		want := "b" // set after the checkpoint
+		if c.done {
+			want = "a"
+		}
+		if got := run(t, m, sb.ID, "echo $X").Stdout; got != want+"\n" {
+			t.Fatalf("%s rollback, crash at %s: X=%q after the restart, want %q", c.tier, c.step, got, want)
+		}
+		var rec sandboxRec
+		if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err != nil {
+			t.Fatal(err)
+		}
+		if s := m.report(rec); s.State != v1.StateRunning {
+			t.Fatalf("%s rollback, crash at %s: sandbox %s (%s)", c.tier, c.step, s.State, s.Reason)
+		}
+		tree, others, err := treePids(sb.ID, rec.Init)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(others) > 0 {
+			t.Fatalf("%s rollback, crash at %s: processes outside the sandbox's tree left in its cgroup: %v (tree %v)", c.tier, c.step, others, tree)
+		}
+		for _, e := range entries(t, m.sbDir(sb.ID)) {
+			if e != "root" {
+				t.Fatalf("%s rollback, crash at %s: %s left in the sandbox's directory", c.tier, c.step, e)
+			}
+		}
+		var left []string
+		if err := m.db.ForEachPrefix(store.Takeovers, "", func(k string, _ []byte) error {
+			left = append(left, k)
+			return nil
+		}); err != nil || len(left) > 0 {
+			t.Fatalf("%s rollback, crash at %s: takeover records left: %v %v", c.tier, c.step, left, err)
+		}
+		t.Logf("%s rollback, killed at %s: X=%s after the restart", c.tier, c.step, want)
+		cur = nil
+		closeDaemon(m)
+	}
+	if cur, err = Open(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rollbackCrashChild is the daemon that dies: it takes a full checkpoint
+// of the sandbox with X=a, sets X=b, waits for a standby (hot) and rolls
+// back, killing itself at c.Step.
+func rollbackCrashChild(t *testing.T, c crashCase) {
+	ctx := context.Background()
+	m, err := Open(ctx, Config{Root: c.Root, PoolSize: 8 << 30, StandbyBudget: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, c.Sandbox, "export X=a")
+	ck, err := m.Checkpoint(ctx, c.Sandbox, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, c.Sandbox, "export X=b")
+	if c.Tier == v1.TierHot {
+		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(strings.Join(m.standbyCheckpoints(c.Sandbox), " "), ck.ID); {
+			if time.Now().After(deadline) {
+				t.Fatal("no standby")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	m.crash = func(step string) {
+		if step == c.Step {
+			_ = unix.Kill(os.Getpid(), unix.SIGKILL)
+			select {}
+		}
+	}
+	res, err := m.RollbackWith(ctx, c.Sandbox, v1.RollbackRequest{Checkpoint: ck.ID, Tier: c.Tier})
+	t.Fatalf("rollback returned (%+v, %v) without reaching %s", res, err, c.Step)
+}
