@@ -20,6 +20,7 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/revert"
+	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
@@ -550,10 +551,16 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 		m.log.Info("restoring the full ancestor's processes failed; restarting", "sandbox", rec.ID, "checkpoint", ck.ID, "ancestor", procs.ID, "err", err)
 	}
 	wasRunning := m.report(rec).State == v1.StateRunning
-	if err := m.switchRoot(ctx, rec, ck); err != nil {
+	key, err := m.switchRoot(ctx, rec, ck)
+	if err != nil {
 		return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
 	}
 	rec.Head = ck.ID
+	// The files are the checkpoint's from here on, whatever happens to
+	// the restart: the record says so first.
+	if err := m.commitTakeover(rec, key); err != nil {
+		return v1.RollbackResult{}, err
+	}
 	res := v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierRestart}
 	if wasRunning || rec.State == v1.StateLost || rec.State == v1.StateHibernated {
 		if err := m.restart(ctx, &rec); err != nil {
@@ -563,45 +570,56 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 		res.Note = "fs checkpoint: files restored; processes were restarted (neither it nor an ancestor holds usable process state)"
 	} else {
 		res.Note = "fs checkpoint: files restored; the sandbox stays " + rec.State
-		if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
-			return v1.RollbackResult{}, err
-		}
 	}
 	res.DurationMS = ms(time.Since(start))
 	return res, nil
 }
 
 // switchRoot replaces the sandbox's root by a writable snapshot of the
-// checkpoint. The snapshot is made first, so a failure there leaves the
-// sandbox untouched; then the processes are killed and the directories
-// swapped by rename.
-func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointRec) error {
+// checkpoint and returns the key of the switch's takeover record, which
+// the caller deletes as it writes the sandbox's new head
+// (commitTakeover). The snapshot is made first, so a failure there
+// leaves the sandbox untouched; then the processes are killed and the
+// directories exchanged.
+func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointRec) (string, error) {
 	next := filepath.Join(m.sbDir(rec.ID), "root.next")
 	if err := removeTree(next); err != nil {
-		return err
+		return "", err
 	}
 	if err := fsnap.Snapshot(m.ckFS(ck.ID), next, false); err != nil {
-		return err
+		return "", err
 	}
 	if err := m.fail("rollback:snapshot"); err != nil {
 		_ = removeTree(next)
-		return err
+		return "", err
+	}
+	// No tree takes over: a daemon that dies past the exchange leaves a
+	// sandbox on the checkpoint's files, which start-up records as its
+	// head.
+	key, err := m.recordTakeover(rec.ID, "rollback", sandbox.Init{}, next, ck.ID)
+	if err != nil {
+		_ = removeTree(next)
+		return "", err
 	}
 	if err := m.killProcesses(ctx, rec); err != nil {
 		_ = removeTree(next)
-		return err
+		m.forgetTakeover(key)
+		return "", err
 	}
-	return m.swapRoot(rec.ID, next)
-}
-
-// swapRoot makes next the sandbox's root and deletes the old one (its
-// processes are gone).
-func (m *Manager) swapRoot(id, next string) error {
-	retired, err := m.replaceRoot(id, next)
-	if err != nil || retired == "" {
-		return err
+	retired, err := m.replaceRoot(rec.ID, next)
+	if err != nil {
+		_ = removeTree(next)
+		m.forgetTakeover(key)
+		return "", err
 	}
-	return removeTree(retired)
+	if retired != "" {
+		// The old root's processes are gone. One left behind is a
+		// root.old-*, which start-up removes.
+		if err := removeTree(retired); err != nil {
+			m.log.Warn("cannot remove the sandbox's old root", "sandbox", rec.ID, "path", retired, "err", err)
+		}
+	}
+	return key, nil
 }
 
 // replaceRoot puts next in place as the sandbox's root and returns where
@@ -623,6 +641,7 @@ func (m *Manager) replaceRoot(id, next string) (string, error) {
 	if err != nil {
 		return "", &os.LinkError{Op: "exchange", Old: next, New: root, Err: err}
 	}
+	m.crashpoint("takeover:switched")
 	retired := filepath.Join(m.sbDir(id), "root.old-"+newID())
 	if err := os.Rename(next, retired); err != nil {
 		// The old root stays where next was: the caller removes it

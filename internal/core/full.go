@@ -759,7 +759,6 @@ func (m *Manager) takeOver(rec *sandboxRec, init sandbox.Init, root string) erro
 		_ = unix.Kill(init.Pid, unix.SIGKILL)
 		return fmt.Errorf("switch root: %w", err)
 	}
-	m.crashpoint("takeover:switched")
 	old := rec.Init
 	if old.Alive() {
 		_ = unix.Kill(old.Pid, unix.SIGKILL)

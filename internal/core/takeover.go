@@ -33,7 +33,7 @@ import (
 // is a switch that happened: the daemon completes it. Any other record
 // is a switch that never started, and goes.
 type takeoverRec struct {
-	Init sandbox.Init `json:"init"` // the new tree's init
+	Init sandbox.Init `json:"init"` // the new tree's init; none for an fs rollback
 	// Root is the UUID of the new tree's root subvolume (a UUID, not a
 	// path: after the exchange the paths name each other's roots).
 	Root string `json:"root"`
@@ -121,11 +121,16 @@ func (m *Manager) finishTakeovers(sbs []sandboxRec) error {
 				_ = unix.Kill(old.Pid, unix.SIGKILL)
 				waitGone(old, 5*time.Second)
 			}
-			s.Init, s.Head = t.Init, t.Head
-			s.State, s.Reason = v1.StateRunning, ""
-			if t.Init.Alive() {
-				if err := continueTree(*s, t.Init); err != nil {
-					m.log.Warn("cannot continue the sandbox's new tree", "sandbox", s.ID, "err", err)
+			s.Head = t.Head
+			// An fs rollback's switch has no tree of its own: the
+			// sandbox's processes were killed before it, and it is
+			// reported lost until started.
+			if t.Init != (sandbox.Init{}) {
+				s.Init, s.State, s.Reason = t.Init, v1.StateRunning, ""
+				if t.Init.Alive() {
+					if err := continueTree(*s, t.Init); err != nil {
+						m.log.Warn("cannot continue the sandbox's new tree", "sandbox", s.ID, "err", err)
+					}
 				}
 			}
 			// After the exchange t.Path holds the old root, unless it

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -51,13 +52,21 @@ func TestRollbackCrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The fs rollback's sandbox has no full checkpoint, whose processes
+	// its rollback would restore.
+	fsb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := m.cfg
 	// Each Manager here stands for a daemon of its own: the agents this
 	// process keeps per init (with the sessions they know) go with it.
 	closeDaemon := func(m *Manager) {
-		var rec sandboxRec
-		if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err == nil {
-			sandbox.Forget(rec.Init)
+		for _, id := range []string{sb.ID, fsb.ID} {
+			var rec sandboxRec
+			if err := m.db.Get(store.Sandboxes, id, &rec); err == nil {
+				sandbox.Forget(rec.Init)
+			}
 		}
 		m.Close()
 	}
@@ -67,8 +76,10 @@ func TestRollbackCrash(t *testing.T) {
 	var cur *Manager
 	t.Cleanup(func() {
 		if cur != nil {
-			if err := cur.Remove(ctx, sb.ID); err != nil {
-				t.Errorf("remove %s: %v", sb.ID, err)
+			for _, id := range []string{sb.ID, fsb.ID} {
+				if err := cur.Remove(ctx, id); err != nil {
+					t.Errorf("remove %s: %v", id, err)
+				}
 			}
 			cur.Close()
 		}
@@ -83,8 +94,14 @@ func TestRollbackCrash(t *testing.T) {
 		{v1.TierWarm, "takeover:begin", false},
 		{v1.TierWarm, "takeover:switched", true},
 		{v1.TierWarm, "takeover:killed", true},
+		// Last: an fs rollback leaves the sandbox without processes.
+		{v1.KindFS, "takeover:switched", true},
 	} {
-		env, _ := json.Marshal(crashCase{Root: cfg.Root, Sandbox: sb.ID, Tier: c.tier, Step: c.step})
+		id := sb.ID
+		if c.tier == v1.KindFS {
+			id = fsb.ID
+		}
+		env, _ := json.Marshal(crashCase{Root: cfg.Root, Sandbox: id, Tier: c.tier, Step: c.step})
 		cmd := exec.Command(os.Args[0], "-test.run", "^TestRollbackCrash$", "-test.v")
 		cmd.Env = append(os.Environ(), crashChild+"="+string(env))
 		var out bytes.Buffer
@@ -99,6 +116,26 @@ func TestRollbackCrash(t *testing.T) {
 			t.Fatal(err)
 		}
 		cur = m
+		if c.tier == v1.KindFS {
+			var rec sandboxRec
+			if err := m.db.Get(store.Sandboxes, fsb.ID, &rec); err != nil {
+				t.Fatal(err)
+			}
+			var ck checkpointRec
+			if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil || ck.Kind != v1.KindFS {
+				t.Fatalf("fs rollback, crash at %s: head %s (%+v, %v), want the fs checkpoint", c.step, rec.Head, ck, err)
+			}
+			if b, err := os.ReadFile(filepath.Join(m.sbRoot(fsb.ID), "f")); err != nil || string(b) != "a\n" {
+				t.Fatalf("fs rollback, crash at %s: /f %q, %v; want the checkpoint's", c.step, b, err)
+			}
+			if st := m.report(rec).State; st != v1.StateLost {
+				t.Fatalf("fs rollback, crash at %s: sandbox %s, want lost (its processes were killed)", c.step, st)
+			}
+			t.Logf("fs rollback, killed at %s: head and files the checkpoint's", c.step)
+			cur = nil
+			closeDaemon(m)
+			continue
+		}
 		want := "b" // set after the checkpoint
 		if c.done {
 			want = "a"
@@ -150,12 +187,16 @@ func rollbackCrashChild(t *testing.T, c crashCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, m, c.Sandbox, "export X=a")
-	ck, err := m.Checkpoint(ctx, c.Sandbox, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	kind := v1.KindFull
+	if c.Tier == v1.KindFS {
+		kind, c.Tier = v1.KindFS, ""
+	}
+	run(t, m, c.Sandbox, "export X=a; echo a > /f")
+	ck, err := m.Checkpoint(ctx, c.Sandbox, v1.CheckpointRequest{Kind: kind, Wait: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, m, c.Sandbox, "export X=b")
+	run(t, m, c.Sandbox, "export X=b; echo b > /f")
 	if c.Tier == v1.TierHot {
 		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(strings.Join(m.standbyCheckpoints(c.Sandbox), " "), ck.ID); {
 			if time.Now().After(deadline) {
