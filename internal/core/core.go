@@ -460,6 +460,17 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			if err := cg.Thaw(); err != nil {
 				m.log.Warn("cannot thaw sandbox", "sandbox", s.ID, "err", err)
 			}
+			// A sandbox that is not running has no processes: stop and
+			// hibernate write their record before they kill the tree,
+			// and a crash in between leaves the tree to this.
+			if s.State == v1.StateStopped || s.State == v1.StateHibernated {
+				if pids, _ := cg.Pids(); len(pids) > 0 {
+					m.log.Warn("killing the processes a crash left in a sandbox that is not running", "sandbox", s.ID, "state", s.State, "processes", len(pids))
+					if err := cg.Kill(ctx); err != nil {
+						m.log.Warn("cannot kill the processes of a sandbox that is not running", "sandbox", s.ID, "err", err)
+					}
+				}
+			}
 		}
 		if s.Init.Alive() {
 			_ = unix.Kill(s.Init.Pid, unix.SIGCONT)

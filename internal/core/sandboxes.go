@@ -283,15 +283,22 @@ func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
 		return v1.Sandbox{}, err
 	}
 	defer unlock()
-	if err := m.killProcesses(ctx, rec); err != nil {
-		return v1.Sandbox{}, fmt.Errorf("stop %s: %w", rec.ID, err)
-	}
-	m.turnForget(rec.ID)
-	rec.State, rec.Reason, rec.Init = v1.StateStopped, "", sandbox.Init{}
-	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
+	// The record goes first, as in Hibernate: start-up kills what a
+	// crash left running of a stopped sandbox.
+	next := rec
+	next.State, next.Reason, next.Init = v1.StateStopped, "", sandbox.Init{}
+	if err := m.db.Put(store.Sandboxes, rec.ID, next); err != nil {
 		return v1.Sandbox{}, err
 	}
-	return m.report(rec), nil
+	if err := m.killProcesses(ctx, rec); err != nil {
+		err = fmt.Errorf("stop %s: %w", rec.ID, err)
+		if perr := m.db.Put(store.Sandboxes, rec.ID, rec); perr != nil {
+			err = errors.Join(err, perr)
+		}
+		return v1.Sandbox{}, err
+	}
+	m.turnForget(rec.ID)
+	return m.report(next), nil
 }
 
 // killProcesses kills every process of the sandbox, its standbys and

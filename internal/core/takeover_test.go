@@ -20,14 +20,14 @@ import (
 )
 
 // crashChild, in the environment of a re-run of the test binary, makes
-// TestRollbackCrash play the daemon that dies (see rollbackCrashChild).
+// TestCrashRecovery play the daemon that dies (see rollbackCrashChild).
 const crashChild = "MOLT_TEST_ROLLBACK_CRASH"
 
 type crashCase struct {
 	Root, Sandbox, Tier, Step string
 }
 
-// TestRollbackCrash kills a daemon (SIGKILL, in a child process) at each
+// TestCrashRecovery kills a daemon (SIGKILL, in a child process) at each
 // step of a rollback's switch of the live tree, hot and warm, and checks
 // what the next daemon makes of it. From the exchange of the roots on,
 // the rollback is completed: the sandbox runs the checkpoint's tree (its
@@ -36,7 +36,7 @@ type crashCase struct {
 // the exchange, the sandbox runs on as it was. Without the takeover
 // record the completed cases find the sandbox lost (its recorded init
 // killed) and the new tree running on, unreachable.
-func TestRollbackCrash(t *testing.T) {
+func TestCrashRecovery(t *testing.T) {
 	if env := os.Getenv(crashChild); env != "" {
 		var c crashCase
 		if err := json.Unmarshal([]byte(env), &c); err != nil {
@@ -94,6 +94,9 @@ func TestRollbackCrash(t *testing.T) {
 		{v1.TierWarm, "takeover:begin", false},
 		{v1.TierWarm, "takeover:switched", true},
 		{v1.TierWarm, "takeover:killed", true},
+		// Not a rollback: a hibernation killed after its record, before
+		// its processes were gone. It stays hibernated, and resumes.
+		{v1.StateHibernated, "hibernate:recorded", true},
 		// Last: an fs rollback leaves the sandbox without processes.
 		{v1.KindFS, "takeover:switched", true},
 	} {
@@ -102,7 +105,7 @@ func TestRollbackCrash(t *testing.T) {
 			id = fsb.ID
 		}
 		env, _ := json.Marshal(crashCase{Root: cfg.Root, Sandbox: id, Tier: c.tier, Step: c.step})
-		cmd := exec.Command(os.Args[0], "-test.run", "^TestRollbackCrash$", "-test.v")
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestCrashRecovery$", "-test.v")
 		cmd.Env = append(os.Environ(), crashChild+"="+string(env))
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
@@ -116,6 +119,32 @@ func TestRollbackCrash(t *testing.T) {
 			t.Fatal(err)
 		}
 		cur = m
+		if c.tier == v1.StateHibernated {
+			var rec sandboxRec
+			if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err != nil {
+				t.Fatal(err)
+			}
+			if st := m.report(rec).State; st != v1.StateHibernated {
+				t.Fatalf("hibernation killed at %s: sandbox %s after the restart, want hibernated", c.step, st)
+			}
+			cg, err := m.loadCgroup(rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pids, err := cg.Pids(); err != nil || len(pids) > 0 {
+				t.Fatalf("hibernation killed at %s: processes %v (%v) left in the hibernated sandbox", c.step, pids, err)
+			}
+			if _, err := m.Resume(ctx, sb.ID); err != nil {
+				t.Fatalf("hibernation killed at %s: resume: %v", c.step, err)
+			}
+			if got := run(t, m, sb.ID, "echo $X").Stdout; got != "a\n" {
+				t.Fatalf("hibernation killed at %s: X=%q after resume, want a", c.step, got)
+			}
+			t.Logf("hibernation killed at %s: hibernated after the restart, resumed with X=a", c.step)
+			cur = nil
+			closeDaemon(m)
+			continue
+		}
 		if c.tier == v1.KindFS {
 			var rec sandboxRec
 			if err := m.db.Get(store.Sandboxes, fsb.ID, &rec); err != nil {
@@ -150,9 +179,15 @@ func TestRollbackCrash(t *testing.T) {
 		if s := m.report(rec); s.State != v1.StateRunning {
 			t.Fatalf("%s rollback, crash at %s: sandbox %s (%s)", c.tier, c.step, s.State, s.Reason)
 		}
-		tree, others, err := treePids(sb.ID, rec.Init)
-		if err != nil {
-			t.Fatal(err)
+		// Start-up kills the strays without waiting for them to go.
+		var tree, others []int
+		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if tree, others, err = treePids(sb.ID, rec.Init); err != nil {
+				t.Fatal(err)
+			}
+			if len(others) == 0 || time.Now().After(deadline) {
+				break
+			}
 		}
 		if len(others) > 0 {
 			t.Fatalf("%s rollback, crash at %s: processes outside the sandbox's tree left in its cgroup: %v (tree %v)", c.tier, c.step, others, tree)
@@ -180,12 +215,23 @@ func TestRollbackCrash(t *testing.T) {
 
 // rollbackCrashChild is the daemon that dies: it takes a full checkpoint
 // of the sandbox with X=a, sets X=b, waits for a standby (hot) and rolls
-// back, killing itself at c.Step.
+// back, killing itself at c.Step; or it hibernates the sandbox with X=a.
 func rollbackCrashChild(t *testing.T, c crashCase) {
 	ctx := context.Background()
 	m, err := Open(ctx, Config{Root: c.Root, PoolSize: 8 << 30, StandbyBudget: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
+	}
+	m.crash = func(step string) {
+		if step == c.Step {
+			_ = unix.Kill(os.Getpid(), unix.SIGKILL)
+			select {}
+		}
+	}
+	if c.Tier == v1.StateHibernated {
+		run(t, m, c.Sandbox, "export X=a")
+		_, err := m.Hibernate(ctx, c.Sandbox)
+		t.Fatalf("hibernate returned (%v) without reaching %s", err, c.Step)
 	}
 	kind := v1.KindFull
 	if c.Tier == v1.KindFS {
@@ -203,12 +249,6 @@ func rollbackCrashChild(t *testing.T, c crashCase) {
 				t.Fatal("no standby")
 			}
 			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	m.crash = func(step string) {
-		if step == c.Step {
-			_ = unix.Kill(os.Getpid(), unix.SIGKILL)
-			select {}
 		}
 	}
 	res, err := m.RollbackWith(ctx, c.Sandbox, v1.RollbackRequest{Checkpoint: ck.ID, Tier: c.Tier})
