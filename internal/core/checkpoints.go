@@ -712,6 +712,7 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 			defer m.scheduleStandby(ck.Sandbox)
 		}
 	}
+	batch := newID()
 	var reseeded atomic.Int64
 	sem := make(chan struct{}, forkParallelism())
 	var wg sync.WaitGroup
@@ -724,7 +725,7 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 			rec := sandboxRec{Sandbox: v1.Sandbox{
 				ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
 				Head: ck.ID, ForkedFrom: ck.ID,
-			}, MachineID: newMachineID()}
+			}, MachineID: newMachineID(), Batch: batch}
 			if i == 0 && sby != nil {
 				res.Sandboxes[i], errs[i] = m.createFrom(ctx, rec, m.ckFS(ck.ID), procs, sby)
 				if errs[i] == nil {
@@ -745,6 +746,12 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err == nil {
+		m.crashpoint("fork:made")
+		if err := m.closeBatch(res.Sandboxes); err != nil {
+			errs[0] = fmt.Errorf("record the forks: %w", err)
+		}
+	}
 	for i, err := range errs {
 		if err != nil {
 			for j, made := range res.Sandboxes {
@@ -761,6 +768,25 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 	res.Reseeded = int(reseeded.Load())
 	m.metrics.forks.Add(float64(n))
 	return res, nil
+}
+
+// closeBatch clears the batch of a fork call's sandboxes, all in one
+// transaction: from then on they are ordinary sandboxes, which start-up
+// keeps.
+func (m *Manager) closeBatch(sbs []v1.Sandbox) error {
+	return m.db.Update(func(tx *store.Tx) error {
+		for _, sb := range sbs {
+			var rec sandboxRec
+			if err := tx.Get(store.Sandboxes, sb.ID, &rec); err != nil {
+				return err
+			}
+			rec.Batch = ""
+			if err := tx.Put(store.Sandboxes, sb.ID, rec); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // reseed gives every session of a fork a fresh seed for $RANDOM from the

@@ -26,6 +26,10 @@ type sandboxRec struct {
 	v1.Sandbox
 	Init      sandbox.Init `json:"init"`
 	MachineID string       `json:"machine_id"`
+	// Batch names the fork call that made the sandbox until that call
+	// has made all of its forks: start-up removes a sandbox whose batch
+	// a crash left open, so a fork is all or nothing across crashes too.
+	Batch string `json:"batch,omitempty"`
 }
 
 func cgroupName(id string) string { return "molt/" + id }

@@ -76,9 +76,10 @@ func TestCrashRecovery(t *testing.T) {
 	var cur *Manager
 	t.Cleanup(func() {
 		if cur != nil {
-			for _, id := range []string{sb.ID, fsb.ID} {
-				if err := cur.Remove(ctx, id); err != nil {
-					t.Errorf("remove %s: %v", id, err)
+			sbs, _ := cur.Sandboxes()
+			for _, s := range sbs {
+				if err := cur.Remove(ctx, s.ID); err != nil {
+					t.Errorf("remove %s: %v", s.ID, err)
 				}
 			}
 			cur.Close()
@@ -97,6 +98,9 @@ func TestCrashRecovery(t *testing.T) {
 		// Not a rollback: a hibernation killed after its record, before
 		// its processes were gone. It stays hibernated, and resumes.
 		{v1.StateHibernated, "hibernate:recorded", true},
+		// A fork call killed once all its forks are made, before it
+		// returned: none of them stays.
+		{"fork", "fork:made", false},
 		// Last: an fs rollback leaves the sandbox without processes.
 		{v1.KindFS, "takeover:switched", true},
 	} {
@@ -105,6 +109,7 @@ func TestCrashRecovery(t *testing.T) {
 			id = fsb.ID
 		}
 		env, _ := json.Marshal(crashCase{Root: cfg.Root, Sandbox: id, Tier: c.tier, Step: c.step})
+		cgroups := cgroupDirs(t)
 		cmd := exec.Command(os.Args[0], "-test.run", "^TestCrashRecovery$", "-test.v")
 		cmd.Env = append(os.Environ(), crashChild+"="+string(env))
 		var out bytes.Buffer
@@ -119,6 +124,27 @@ func TestCrashRecovery(t *testing.T) {
 			t.Fatal(err)
 		}
 		cur = m
+		if c.tier == "fork" {
+			sbs, err := m.Sandboxes()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(sbs) != 2 {
+				t.Fatalf("fork killed at %s: %d sandboxes listed after the restart, want the 2 it forked none to: %+v", c.step, len(sbs), sbs)
+			}
+			if dirs := entries(t, m.path("sandboxes")); len(dirs) != 2 {
+				t.Fatalf("fork killed at %s: sandbox directories %v after the restart", c.step, dirs)
+			}
+			for d := range cgroupDirs(t) {
+				if !cgroups[d] {
+					t.Fatalf("fork killed at %s: cgroup %s left", c.step, d)
+				}
+			}
+			t.Logf("fork killed at %s: no fork left", c.step)
+			cur = nil
+			closeDaemon(m)
+			continue
+		}
 		if c.tier == v1.StateHibernated {
 			var rec sandboxRec
 			if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err != nil {
@@ -227,6 +253,14 @@ func rollbackCrashChild(t *testing.T, c crashCase) {
 			_ = unix.Kill(os.Getpid(), unix.SIGKILL)
 			select {}
 		}
+	}
+	if c.Tier == "fork" {
+		ck, err := m.Checkpoint(ctx, c.Sandbox, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = m.Fork(ctx, "", v1.ForkRequest{Checkpoint: ck.ID, N: 3})
+		t.Fatalf("fork returned (%v) without reaching %s", err, c.Step)
 	}
 	if c.Tier == v1.StateHibernated {
 		run(t, m, c.Sandbox, "export X=a")
