@@ -712,8 +712,9 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 			defer m.scheduleStandby(ck.Sandbox)
 		}
 	}
-	batch := newID()
 	var reseeded atomic.Int64
+	recs := make([]sandboxRec, n)
+	reverts := make([]*revert.Reverter, n)
 	sem := make(chan struct{}, forkParallelism())
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
@@ -725,42 +726,67 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 			rec := sandboxRec{Sandbox: v1.Sandbox{
 				ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
 				Head: ck.ID, ForkedFrom: ck.ID,
-			}, MachineID: newMachineID(), Batch: batch}
+			}, MachineID: newMachineID()}
+			var r *revert.Reverter
+			var err error
 			if i == 0 && sby != nil {
-				res.Sandboxes[i], errs[i] = m.createFrom(ctx, rec, m.ckFS(ck.ID), procs, sby)
-				if errs[i] == nil {
+				made, mr, merr := m.makeSandbox(ctx, rec, m.ckFS(ck.ID), procs, sby)
+				if merr == nil {
 					m.metrics.forksHot.Inc()
+					rec, r = made, mr
 				} else {
-					m.log.Info("standby not adopted by fork; restoring instead", "checkpoint", ck.ID, "err", errs[i])
+					m.log.Info("standby not adopted by fork; restoring instead", "checkpoint", ck.ID, "err", merr)
 					rec.ID = newID()
-					res.Sandboxes[i], errs[i] = m.createFrom(ctx, rec, m.ckFS(ck.ID), procs, nil)
+					rec, r, err = m.makeSandbox(ctx, rec, m.ckFS(ck.ID), procs, nil)
 				}
 			} else {
-				res.Sandboxes[i], errs[i] = m.createFrom(ctx, rec, m.ckFS(ck.ID), procs, nil)
+				rec, r, err = m.makeSandbox(ctx, rec, m.ckFS(ck.ID), procs, nil)
 			}
-			if errs[i] == nil && req.Reseed {
+			if err == nil && req.Reseed {
 				var k int
-				k, errs[i] = m.reseed(ctx, rec.ID)
+				k, err = m.reseed(ctx, rec)
 				reseeded.Add(int64(k))
 			}
+			if err == nil {
+				m.turnReset(ctx, rec)
+				id := rec.ID
+				r.Add(func() error { m.turnForget(id); return nil })
+			}
+			recs[i], reverts[i], errs[i] = rec, r, err
 		}()
 	}
 	wg.Wait()
+	// The forks are recorded together, in one transaction, once all are
+	// made: a call that fails, or a daemon that dies before this, leaves
+	// none listed (start-up removes the unlisted directories and
+	// cgroups). It is also one write where there was one per fork.
 	if err := errors.Join(errs...); err == nil {
 		m.crashpoint("fork:made")
-		if err := m.closeBatch(res.Sandboxes); err != nil {
+		err := m.db.Update(func(tx *store.Tx) error {
+			for _, rec := range recs {
+				if err := tx.Put(store.Sandboxes, rec.ID, rec); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
 			errs[0] = fmt.Errorf("record the forks: %w", err)
 		}
 	}
 	for i, err := range errs {
 		if err != nil {
-			for j, made := range res.Sandboxes {
-				if errs[j] == nil {
-					_ = m.Remove(context.Background(), made.ID)
+			for _, r := range reverts {
+				if r != nil {
+					r.Fail()
 				}
 			}
 			return v1.ForkResult{}, fmt.Errorf("fork %s (%d of %d): %w", ck.ID, i+1, n, err)
 		}
+	}
+	for i, r := range reverts {
+		r.Success()
+		res.Sandboxes[i] = m.report(recs[i])
 	}
 	d := time.Since(start)
 	res.DurationMS = ms(d)
@@ -770,34 +796,11 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 	return res, nil
 }
 
-// closeBatch clears the batch of a fork call's sandboxes, all in one
-// transaction: from then on they are ordinary sandboxes, which start-up
-// keeps.
-func (m *Manager) closeBatch(sbs []v1.Sandbox) error {
-	return m.db.Update(func(tx *store.Tx) error {
-		for _, sb := range sbs {
-			var rec sandboxRec
-			if err := tx.Get(store.Sandboxes, sb.ID, &rec); err != nil {
-				return err
-			}
-			rec.Batch = ""
-			if err := tx.Put(store.Sandboxes, sb.ID, rec); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-}
-
 // reseed gives every session of a fork a fresh seed for $RANDOM from the
 // kernel ($SRANDOM reads getrandom). $RANDOM is not part of a session's
 // state digest, so this is not a turn effect. It returns how many
 // sessions it reseeded.
-func (m *Manager) reseed(ctx context.Context, id string) (int, error) {
-	rec, err := m.lookupSandbox(id)
-	if err != nil {
-		return 0, err
-	}
+func (m *Manager) reseed(ctx context.Context, rec sandboxRec) (int, error) {
 	st, err := m.call(ctx, rec, sbinit.Request{Op: "status"})
 	if err != nil {
 		return 0, fmt.Errorf("reseed: %w", err)

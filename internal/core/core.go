@@ -431,27 +431,6 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Forks of a call a crash kept from finishing go, as that call
-	// would have removed them: their directories and cgroups go below
-	// with the other unlisted ones.
-	kept := sbs[:0]
-	for _, s := range sbs {
-		if s.Batch == "" {
-			kept = append(kept, s)
-			continue
-		}
-		m.log.Warn("removing a fork of a call that did not finish", "sandbox", s.ID, "checkpoint", s.ForkedFrom)
-		err := m.db.Update(func(tx *store.Tx) error {
-			if err := tx.DeletePrefix(store.Turns, s.ID+"/"); err != nil {
-				return err
-			}
-			return tx.Delete(store.Sandboxes, s.ID)
-		})
-		if err != nil {
-			return err
-		}
-	}
-	sbs = kept
 	if err := m.finishTakeovers(sbs); err != nil {
 		return err
 	}

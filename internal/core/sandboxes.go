@@ -26,10 +26,6 @@ type sandboxRec struct {
 	v1.Sandbox
 	Init      sandbox.Init `json:"init"`
 	MachineID string       `json:"machine_id"`
-	// Batch names the fork call that made the sandbox until that call
-	// has made all of its forks: start-up removes a sandbox whose batch
-	// a crash left open, so a fork is all or nothing across crashes too.
-	Batch string `json:"batch,omitempty"`
 }
 
 func cgroupName(id string) string { return "molt/" + id }
@@ -58,26 +54,13 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 	return sb, nil
 }
 
-// createFrom makes the sandbox described by rec with a writable snapshot
-// of src as its root, starts it (a fresh init, or the processes of the
-// full checkpoint procs), and records it. With sby, a standby of procs
-// (taken out of its sandbox's pool) becomes the new sandbox instead: its
-// root and stopped tree are adopted, no CRIU restore runs. On failure
-// nothing is left behind (a standby is killed).
+// createFrom makes the sandbox described by rec (see makeSandbox) and
+// records it. On failure nothing is left behind (a standby is killed).
 func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, procs *checkpointRec, sby *standby) (v1.Sandbox, error) {
 	if rec.Name != "" {
 		if err := validName("sandbox", rec.Name); err != nil {
 			return v1.Sandbox{}, err
 		}
-	}
-	if rec.Hostname == "" {
-		rec.Hostname = rec.Name
-		if rec.Hostname == "" {
-			rec.Hostname = "molt-" + rec.ID
-		}
-	}
-	if err := validHostname(rec.Hostname); err != nil {
-		return v1.Sandbox{}, err
 	}
 	// Name uniqueness is checked and claimed under m.mu via the record
 	// lock of the name.
@@ -88,37 +71,73 @@ func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, pr
 			return v1.Sandbox{}, fmt.Errorf("sandbox name %q: %w", rec.Name, errdefs.ErrAlreadyExists)
 		}
 	}
+	rec, r, err := m.makeSandbox(ctx, rec, src, procs, sby)
+	if err != nil {
+		return v1.Sandbox{}, err
+	}
+	defer r.Fail()
+	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
+		return v1.Sandbox{}, err
+	}
+	r.Success()
+	m.turnReset(ctx, rec)
+	return m.report(rec), nil
+}
+
+// makeSandbox makes the sandbox described by rec with a writable
+// snapshot of src as its root and starts it (a fresh init, or the
+// processes of the full checkpoint procs), but does not record it: the
+// caller writes the returned record, then calls Success on the returned
+// Reverter, or Fail, which removes all of it. Until then the sandbox is
+// an unlisted directory and cgroup, which start-up removes should the
+// daemon die. With sby, a standby of procs (taken out of its sandbox's
+// pool) becomes the new sandbox instead: its root and stopped tree are
+// adopted, no CRIU restore runs. On failure nothing is left behind (a
+// standby is killed).
+func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, procs *checkpointRec, sby *standby) (sandboxRec, *revert.Reverter, error) {
+	if rec.Hostname == "" {
+		rec.Hostname = rec.Name
+		if rec.Hostname == "" {
+			rec.Hostname = "molt-" + rec.ID
+		}
+	}
+	if err := validHostname(rec.Hostname); err != nil {
+		return rec, nil, err
+	}
 	unlock := m.lock(rec.ID)
 	defer unlock()
 
 	r := revert.New()
-	defer r.Fail()
 	dir := m.sbDir(rec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return v1.Sandbox{}, err
+		return rec, nil, err
+	}
+	fail := func(err error) (sandboxRec, *revert.Reverter, error) {
+		r.Fail()
+		return rec, nil, err
 	}
 	r.Add(func() error { return removeTree(dir) })
 	if sby != nil {
 		r.Add(func() error { m.discard(sby, true); return nil })
 		if err := os.Rename(sby.root, m.sbRoot(rec.ID)); err != nil {
-			return v1.Sandbox{}, err
+			return fail(err)
 		}
 		// The standby is the fork's now, never its sandbox's.
 		m.forgetTakeover(sby.key)
 		sby.key = ""
 	} else if err := fsnap.Snapshot(src, m.sbRoot(rec.ID), false); err != nil {
-		return v1.Sandbox{}, err
+		return fail(err)
 	}
 	if err := m.fail("create:snapshot"); err != nil {
-		return v1.Sandbox{}, err
+		return fail(err)
 	}
 	cg, err := cgroup.New(cgroupName(rec.ID), cgroup.Resources{MemoryMax: rec.Resources.MemoryBytes, PidsMax: rec.Resources.Pids})
 	if err != nil {
-		return v1.Sandbox{}, err
+		return fail(err)
 	}
 	r.Add(func() error { return cg.Destroy(context.Background()) })
 	if err := m.fail("create:cgroup"); err != nil {
-		return v1.Sandbox{}, err
+		return fail(err)
 	}
 	var init sandbox.Init
 	if sby != nil {
@@ -129,21 +148,17 @@ func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, pr
 		init, err = m.startInit(ctx, &rec, cg)
 	}
 	if err != nil {
-		return v1.Sandbox{}, err
+		return fail(err)
 	}
+	r.Add(func() error { sandbox.Forget(init); return nil })
 	if err := m.fail("create:started"); err != nil {
-		return v1.Sandbox{}, err
+		return fail(err)
 	}
 	rec.Init = init
 	rec.State = v1.StateRunning
 	rec.Reason = ""
 	rec.Created = time.Now().UTC()
-	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
-		return v1.Sandbox{}, err
-	}
-	r.Success()
-	m.turnReset(ctx, rec)
-	return m.report(rec), nil
+	return rec, r, nil
 }
 
 func validHostname(h string) error {
