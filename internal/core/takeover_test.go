@@ -8,7 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -20,29 +20,44 @@ import (
 )
 
 // crashChild, in the environment of a re-run of the test binary, makes
-// TestCrashRecovery play the daemon that dies (see rollbackCrashChild).
-const crashChild = "MOLT_TEST_ROLLBACK_CRASH"
+// TestCrashRecovery play the daemon that dies (see crashingDaemon).
+const crashChild = "MOLT_TEST_CRASH_CHILD"
 
+// A crashCase tells the daemon that dies what to do to Sandbox, and at
+// which crash point (Manager.crash) to die.
 type crashCase struct {
-	Root, Sandbox, Tier, Step string
+	Root, Sandbox, Op, Step string
 }
 
-// TestCrashRecovery kills a daemon (SIGKILL, in a child process) at each
-// step of a rollback's switch of the live tree, hot and warm, and checks
-// what the next daemon makes of it. From the exchange of the roots on,
-// the rollback is completed: the sandbox runs the checkpoint's tree (its
-// session variable is the checkpoint's), its record names that tree and
-// that checkpoint, and no other process, root or record is left. Before
-// the exchange, the sandbox runs on as it was. Without the takeover
-// record the completed cases find the sandbox lost (its recorded init
-// killed) and the new tree running on, unreachable.
+// The operations of crashingDaemon: rollbacks take their tier's name.
+const (
+	opHibernate  = "hibernate"
+	opFork       = "fork"
+	opFSRollback = "fs-rollback"
+)
+
+// TestCrashRecovery kills a daemon (SIGKILL, in a child process) at named
+// steps of multi-step operations and checks what the next daemon makes of
+// it:
+//   - a hot or warm rollback killed before the exchange of the roots runs
+//     on as it was; from the exchange on it is completed: the sandbox runs
+//     the checkpoint's tree (its session variable is the checkpoint's),
+//     its record names that tree and that checkpoint, and no other
+//     process, root or takeover record is left (without the takeover
+//     record the sandbox was lost, its new tree running on unreachable);
+//   - an fs rollback killed after its exchange leaves the checkpoint's
+//     files and the checkpoint as the head;
+//   - a hibernation killed after its record, before its processes were
+//     gone, stays hibernated with no process, and resumes;
+//   - a fork call killed once its forks are made, before it returned,
+//     leaves none of them.
 func TestCrashRecovery(t *testing.T) {
 	if env := os.Getenv(crashChild); env != "" {
 		var c crashCase
 		if err := json.Unmarshal([]byte(env), &c); err != nil {
 			t.Fatal(err)
 		}
-		rollbackCrashChild(t, c)
+		crashingDaemon(t, c)
 		return
 	}
 	m := openManager(t)
@@ -63,15 +78,12 @@ func TestCrashRecovery(t *testing.T) {
 	// process keeps per init (with the sessions they know) go with it.
 	closeDaemon := func(m *Manager) {
 		for _, id := range []string{sb.ID, fsb.ID} {
-			var rec sandboxRec
-			if err := m.db.Get(store.Sandboxes, id, &rec); err == nil {
-				sandbox.Forget(rec.Init)
-			}
+			sandbox.Forget(record(t, m, id).Init)
 		}
 		m.Close()
 	}
 	closeDaemon(m)
-	// The sandbox goes with the last daemon, before the pool is
+	// The sandboxes go with the last daemon, before the pool is
 	// unmounted (closeManager's clean-up, which runs after this one).
 	var cur *Manager
 	t.Cleanup(func() {
@@ -85,164 +97,157 @@ func TestCrashRecovery(t *testing.T) {
 			cur.Close()
 		}
 	})
+	rolledBack := func(x string) func(*testing.T, *Manager) {
+		return func(t *testing.T, m *Manager) { checkRollbackCrash(t, m, sb.ID, x) }
+	}
 	for _, c := range []struct {
-		tier, step string
-		done       bool // the rollback is completed
+		op, step string
+		check    func(*testing.T, *Manager)
 	}{
-		{v1.TierHot, "takeover:begin", false},
-		{v1.TierHot, "takeover:switched", true},
-		{v1.TierHot, "takeover:killed", true},
-		{v1.TierWarm, "takeover:begin", false},
-		{v1.TierWarm, "takeover:switched", true},
-		{v1.TierWarm, "takeover:killed", true},
-		// Not a rollback: a hibernation killed after its record, before
-		// its processes were gone. It stays hibernated, and resumes.
-		{v1.StateHibernated, "hibernate:recorded", true},
-		// A fork call killed once all its forks are made, before it
-		// returned: none of them stays.
-		{"fork", "fork:made", false},
-		// Last: an fs rollback leaves the sandbox without processes.
-		{v1.KindFS, "takeover:switched", true},
-	} {
-		id := sb.ID
-		if c.tier == v1.KindFS {
-			id = fsb.ID
-		}
-		env, _ := json.Marshal(crashCase{Root: cfg.Root, Sandbox: id, Tier: c.tier, Step: c.step})
-		cgroups := cgroupDirs(t)
-		cmd := exec.Command(os.Args[0], "-test.run", "^TestCrashRecovery$", "-test.v")
-		cmd.Env = append(os.Environ(), crashChild+"="+string(env))
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-			t.Fatalf("%s rollback, crash at %s: the daemon was not killed there (%v):\n%s", c.tier, c.step, err, out.String())
-		}
-		m, err = Open(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cur = m
-		if c.tier == "fork" {
-			sbs, err := m.Sandboxes()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(sbs) != 2 {
-				t.Fatalf("fork killed at %s: %d sandboxes listed after the restart, want the 2 it forked none to: %+v", c.step, len(sbs), sbs)
-			}
-			if dirs := entries(t, m.path("sandboxes")); len(dirs) != 2 {
-				t.Fatalf("fork killed at %s: sandbox directories %v after the restart", c.step, dirs)
-			}
-			for d := range cgroupDirs(t) {
-				if !cgroups[d] {
-					t.Fatalf("fork killed at %s: cgroup %s left", c.step, d)
-				}
-			}
-			t.Logf("fork killed at %s: no fork left", c.step)
-			cur = nil
-			closeDaemon(m)
-			continue
-		}
-		if c.tier == v1.StateHibernated {
-			var rec sandboxRec
-			if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err != nil {
-				t.Fatal(err)
-			}
+		{v1.TierHot, "takeover:begin", rolledBack("b")},
+		{v1.TierHot, "takeover:switched", rolledBack("a")},
+		{v1.TierHot, "takeover:killed", rolledBack("a")},
+		{v1.TierWarm, "takeover:begin", rolledBack("b")},
+		{v1.TierWarm, "takeover:switched", rolledBack("a")},
+		{v1.TierWarm, "takeover:killed", rolledBack("a")},
+		{opHibernate, "hibernate:recorded", func(t *testing.T, m *Manager) {
+			rec := record(t, m, sb.ID)
 			if st := m.report(rec).State; st != v1.StateHibernated {
-				t.Fatalf("hibernation killed at %s: sandbox %s after the restart, want hibernated", c.step, st)
+				t.Fatalf("sandbox %s after the restart, want hibernated", st)
 			}
 			cg, err := m.loadCgroup(rec)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if pids, err := cg.Pids(); err != nil || len(pids) > 0 {
-				t.Fatalf("hibernation killed at %s: processes %v (%v) left in the hibernated sandbox", c.step, pids, err)
+				t.Fatalf("processes %v (%v) left in the hibernated sandbox", pids, err)
 			}
 			if _, err := m.Resume(ctx, sb.ID); err != nil {
-				t.Fatalf("hibernation killed at %s: resume: %v", c.step, err)
+				t.Fatalf("resume: %v", err)
 			}
 			if got := run(t, m, sb.ID, "echo $X").Stdout; got != "a\n" {
-				t.Fatalf("hibernation killed at %s: X=%q after resume, want a", c.step, got)
+				t.Fatalf("X=%q after resume, want a", got)
 			}
-			t.Logf("hibernation killed at %s: hibernated after the restart, resumed with X=a", c.step)
-			cur = nil
-			closeDaemon(m)
-			continue
-		}
-		if c.tier == v1.KindFS {
-			var rec sandboxRec
-			if err := m.db.Get(store.Sandboxes, fsb.ID, &rec); err != nil {
-				t.Fatal(err)
-			}
+		}},
+		{opFork, "fork:made", nil}, // checked below, against the cgroups before
+		// Last: it leaves its sandbox without processes.
+		{opFSRollback, "takeover:switched", func(t *testing.T, m *Manager) {
+			rec := record(t, m, fsb.ID)
 			var ck checkpointRec
 			if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil || ck.Kind != v1.KindFS {
-				t.Fatalf("fs rollback, crash at %s: head %s (%+v, %v), want the fs checkpoint", c.step, rec.Head, ck, err)
+				t.Fatalf("head %s (%+v, %v), want the fs checkpoint", rec.Head, ck, err)
 			}
 			if b, err := os.ReadFile(filepath.Join(m.sbRoot(fsb.ID), "f")); err != nil || string(b) != "a\n" {
-				t.Fatalf("fs rollback, crash at %s: /f %q, %v; want the checkpoint's", c.step, b, err)
+				t.Fatalf("/f %q, %v; want the checkpoint's", b, err)
 			}
 			if st := m.report(rec).State; st != v1.StateLost {
-				t.Fatalf("fs rollback, crash at %s: sandbox %s, want lost (its processes were killed)", c.step, st)
+				t.Fatalf("sandbox %s, want lost (its processes were killed)", st)
 			}
-			t.Logf("fs rollback, killed at %s: head and files the checkpoint's", c.step)
-			cur = nil
-			closeDaemon(m)
-			continue
-		}
-		want := "b" // set after the checkpoint
-		if c.done {
-			want = "a"
-		}
-		if got := run(t, m, sb.ID, "echo $X").Stdout; got != want+"\n" {
-			t.Fatalf("%s rollback, crash at %s: X=%q after the restart, want %q", c.tier, c.step, got, want)
-		}
-		var rec sandboxRec
-		if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err != nil {
-			t.Fatal(err)
-		}
-		if s := m.report(rec); s.State != v1.StateRunning {
-			t.Fatalf("%s rollback, crash at %s: sandbox %s (%s)", c.tier, c.step, s.State, s.Reason)
-		}
-		// Start-up kills the strays without waiting for them to go.
-		var tree, others []int
-		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			if tree, others, err = treePids(sb.ID, rec.Init); err != nil {
+		}},
+	} {
+		t.Run(c.op+"@"+c.step, func(t *testing.T) {
+			id := sb.ID
+			if c.op == opFSRollback {
+				id = fsb.ID
+			}
+			cgroups := cgroupDirs(t)
+			env, _ := json.Marshal(crashCase{Root: cfg.Root, Sandbox: id, Op: c.op, Step: c.step})
+			cmd := exec.Command(os.Args[0], "-test.run", "^TestCrashRecovery$", "-test.v")
+			cmd.Env = append(os.Environ(), crashChild+"="+string(env))
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			err := cmd.Run()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("the daemon was not killed at %s (%v):\n%s", c.step, err, out.String())
+			}
+			m, err := Open(ctx, cfg)
+			if err != nil {
 				t.Fatal(err)
 			}
-			if len(others) == 0 || time.Now().After(deadline) {
-				break
+			cur = m
+			if c.op == opFork {
+				sbs, err := m.Sandboxes()
+				if err != nil || len(sbs) != 2 {
+					t.Fatalf("%d sandboxes listed after the restart (%v), want the 2 forked from: %+v", len(sbs), err, sbs)
+				}
+				if dirs := entries(t, m.path("sandboxes")); len(dirs) != 2 {
+					t.Fatalf("sandbox directories %v after the restart", dirs)
+				}
+				for d := range cgroupDirs(t) {
+					if !cgroups[d] {
+						t.Fatalf("cgroup %s left", d)
+					}
+				}
+			} else {
+				c.check(t, m)
 			}
+			cur = nil
+			closeDaemon(m)
+		})
+		if t.Failed() {
+			return
 		}
-		if len(others) > 0 {
-			t.Fatalf("%s rollback, crash at %s: processes outside the sandbox's tree left in its cgroup: %v (tree %v)", c.tier, c.step, others, tree)
-		}
-		for _, e := range entries(t, m.sbDir(sb.ID)) {
-			if e != "root" {
-				t.Fatalf("%s rollback, crash at %s: %s left in the sandbox's directory", c.tier, c.step, e)
-			}
-		}
-		var left []string
-		if err := m.db.ForEachPrefix(store.Takeovers, "", func(k string, _ []byte) error {
-			left = append(left, k)
-			return nil
-		}); err != nil || len(left) > 0 {
-			t.Fatalf("%s rollback, crash at %s: takeover records left: %v %v", c.tier, c.step, left, err)
-		}
-		t.Logf("%s rollback, killed at %s: X=%s after the restart", c.tier, c.step, want)
-		cur = nil
-		closeDaemon(m)
 	}
 	if cur, err = Open(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// rollbackCrashChild is the daemon that dies: it takes a full checkpoint
-// of the sandbox with X=a, sets X=b, waits for a standby (hot) and rolls
-// back, killing itself at c.Step; or it hibernates the sandbox with X=a.
-func rollbackCrashChild(t *testing.T, c crashCase) {
+// record is sandbox id's record.
+func record(t *testing.T, m *Manager, id string) sandboxRec {
+	t.Helper()
+	var rec sandboxRec
+	if err := m.db.Get(store.Sandboxes, id, &rec); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// checkRollbackCrash checks a hot or warm rollback of sandbox id after a
+// restart: running, with session variable X, no process outside its
+// tree, no directory but its root, no takeover record.
+func checkRollbackCrash(t *testing.T, m *Manager, id, x string) {
+	t.Helper()
+	if got := run(t, m, id, "echo $X").Stdout; got != x+"\n" {
+		t.Fatalf("X=%q after the restart, want %q", got, x)
+	}
+	rec := record(t, m, id)
+	if s := m.report(rec); s.State != v1.StateRunning {
+		t.Fatalf("sandbox %s (%s)", s.State, s.Reason)
+	}
+	// Start-up kills the strays without waiting for them to go.
+	var tree, others []int
+	var err error
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if tree, others, err = treePids(id, rec.Init); err != nil {
+			t.Fatal(err)
+		}
+		if len(others) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(others) > 0 {
+		t.Fatalf("processes outside the sandbox's tree left in its cgroup: %v (tree %v)", others, tree)
+	}
+	if dirs := entries(t, m.sbDir(id)); !slices.Equal(dirs, []string{"root"}) {
+		t.Fatalf("sandbox directory holds %v, want its root only", dirs)
+	}
+	var left []string
+	if err := m.db.ForEachPrefix(store.Takeovers, "", func(k string, _ []byte) error {
+		left = append(left, k)
+		return nil
+	}); err != nil || len(left) > 0 {
+		t.Fatalf("takeover records left: %v %v", left, err)
+	}
+}
+
+// crashingDaemon is the daemon that dies at c.Step. For a rollback
+// (c.Op a tier) it takes a full checkpoint of the sandbox with X=a, sets
+// X=b, waits for a standby (hot) and rolls back; for an fs rollback the
+// same with an fs checkpoint and a file; it hibernates the sandbox with
+// X=a, or forks three sandboxes from a full checkpoint of it.
+func crashingDaemon(t *testing.T, c crashCase) {
 	ctx := context.Background()
 	m, err := Open(ctx, Config{Root: c.Root, PoolSize: 8 << 30, StandbyBudget: 1 << 30})
 	if err != nil {
@@ -254,7 +259,12 @@ func rollbackCrashChild(t *testing.T, c crashCase) {
 			select {}
 		}
 	}
-	if c.Tier == "fork" {
+	run(t, m, c.Sandbox, "export X=a; echo a > /f")
+	switch c.Op {
+	case opHibernate:
+		_, err := m.Hibernate(ctx, c.Sandbox)
+		t.Fatalf("hibernate returned (%v) without reaching %s", err, c.Step)
+	case opFork:
 		ck, err := m.Checkpoint(ctx, c.Sandbox, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 		if err != nil {
 			t.Fatal(err)
@@ -262,29 +272,22 @@ func rollbackCrashChild(t *testing.T, c crashCase) {
 		_, err = m.Fork(ctx, "", v1.ForkRequest{Checkpoint: ck.ID, N: 3})
 		t.Fatalf("fork returned (%v) without reaching %s", err, c.Step)
 	}
-	if c.Tier == v1.StateHibernated {
-		run(t, m, c.Sandbox, "export X=a")
-		_, err := m.Hibernate(ctx, c.Sandbox)
-		t.Fatalf("hibernate returned (%v) without reaching %s", err, c.Step)
+	kind, tier := v1.KindFull, c.Op
+	if c.Op == opFSRollback {
+		kind, tier = v1.KindFS, ""
 	}
-	kind := v1.KindFull
-	if c.Tier == v1.KindFS {
-		kind, c.Tier = v1.KindFS, ""
-	}
-	run(t, m, c.Sandbox, "export X=a; echo a > /f")
 	ck, err := m.Checkpoint(ctx, c.Sandbox, v1.CheckpointRequest{Kind: kind, Wait: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, m, c.Sandbox, "export X=b; echo b > /f")
-	if c.Tier == v1.TierHot {
-		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(strings.Join(m.standbyCheckpoints(c.Sandbox), " "), ck.ID); {
+	if tier == v1.TierHot {
+		for deadline := time.Now().Add(20 * time.Second); !slices.Contains(m.standbyCheckpoints(c.Sandbox), ck.ID); time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatal("no standby")
 			}
-			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	res, err := m.RollbackWith(ctx, c.Sandbox, v1.RollbackRequest{Checkpoint: ck.ID, Tier: c.Tier})
+	res, err := m.RollbackWith(ctx, c.Sandbox, v1.RollbackRequest{Checkpoint: ck.ID, Tier: tier})
 	t.Fatalf("rollback returned (%+v, %v) without reaching %s", res, err, c.Step)
 }
