@@ -416,40 +416,47 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
 
 func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
 	m.dropStandbyOf(ck.Sandbox, ck.ID, true)
-	if err := m.reparent(ck); err != nil {
-		return err
-	}
-	if err := m.db.Delete(store.Checkpoints, ck.ID); err != nil {
+	if err := m.reparent(ck, true); err != nil {
 		return err
 	}
 	return removeTree(m.ckDir(ck.ID))
 }
 
 // reparent takes ck out of the tree: its children (committed or
-// pending) and its sandbox's head move to its parent. Caller holds the
-// sandbox lock.
-func (m *Manager) reparent(ck checkpointRec) error {
-	all, err := store.List[checkpointRec](m.db, store.Checkpoints)
-	if err != nil {
-		return err
-	}
-	for _, c := range all {
-		if c.Parent == ck.ID {
-			c.Parent = ck.Parent
-			if err := m.db.Put(store.Checkpoints, c.ID, c); err != nil {
+// pending) and its sandbox's head move to its parent; with drop, its
+// record goes too. The records change in one transaction, so a crash
+// leaves the tree before or after, never half moved (a checkpoint
+// directory left without its record is removed at start-up). Caller
+// holds the sandbox lock.
+func (m *Manager) reparent(ck checkpointRec, drop bool) error {
+	// Pending children first: one that commits from here on names the
+	// parent.
+	m.pipe.reparent(ck.ID, ck.Parent)
+	return m.db.Update(func(tx *store.Tx) error {
+		all, err := store.ListIn[checkpointRec](tx, store.Checkpoints)
+		if err != nil {
+			return err
+		}
+		for _, c := range all {
+			if c.Parent == ck.ID {
+				c.Parent = ck.Parent
+				if err := tx.Put(store.Checkpoints, c.ID, c); err != nil {
+					return err
+				}
+			}
+		}
+		var sb sandboxRec
+		if err := tx.Get(store.Sandboxes, ck.Sandbox, &sb); err == nil && sb.Head == ck.ID {
+			sb.Head = ck.Parent
+			if err := tx.Put(store.Sandboxes, sb.ID, sb); err != nil {
 				return err
 			}
 		}
-	}
-	m.pipe.reparent(ck.ID, ck.Parent)
-	var sb sandboxRec
-	if err := m.db.Get(store.Sandboxes, ck.Sandbox, &sb); err == nil && sb.Head == ck.ID {
-		sb.Head = ck.Parent
-		if err := m.db.Put(store.Sandboxes, sb.ID, sb); err != nil {
-			return err
+		if drop {
+			return tx.Delete(store.Checkpoints, ck.ID)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // Rollback returns a sandbox to a checkpoint. For an fs checkpoint the

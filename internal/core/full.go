@@ -435,7 +435,9 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 func (m *Manager) unlinkFailed(ck checkpointRec) {
 	unlock := m.lock(ck.Sandbox)
 	defer unlock()
-	m.reparent(ck)
+	if err := m.reparent(ck, false); err != nil {
+		m.log.Warn("cannot take a failed checkpoint out of the tree", "checkpoint", ck.ID, "err", err)
+	}
 }
 
 func imageBytes(objs []object) int64 {

@@ -84,19 +84,30 @@ func (d *DB) Delete(bucket, key string) error {
 	return d.Update(func(tx *Tx) error { return tx.Delete(bucket, key) })
 }
 
-// List calls fn with every record of bucket, in key order, decoding each
-// into a fresh T.
+// List returns every record of bucket, in key order, each decoded into
+// a fresh T.
 func List[T any](d *DB, bucket string) ([]T, error) {
 	var out []T
 	err := d.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte(bucket)).ForEach(func(k, b []byte) error {
-			var v T
-			if err := json.Unmarshal(b, &v); err != nil {
-				return fmt.Errorf("%s %q: %w", bucket, k, err)
-			}
-			out = append(out, v)
-			return nil
-		})
+		var err error
+		out, err = list[T](tx, bucket)
+		return err
+	})
+	return out, err
+}
+
+// ListIn is List inside the transaction tx.
+func ListIn[T any](tx *Tx, bucket string) ([]T, error) { return list[T](tx.tx, bucket) }
+
+func list[T any](tx *bolt.Tx, bucket string) ([]T, error) {
+	var out []T
+	err := tx.Bucket([]byte(bucket)).ForEach(func(k, b []byte) error {
+		var v T
+		if err := json.Unmarshal(b, &v); err != nil {
+			return fmt.Errorf("%s %q: %w", bucket, k, err)
+		}
+		out = append(out, v)
+		return nil
 	})
 	return out, err
 }
