@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -28,9 +31,14 @@ type RollbackConfig struct {
 type RollbackRow struct {
 	Workload string `json:"workload"`
 	Stall    Stats  `json:"checkpoint_stall"`
-	Hot      Stats  `json:"hot"`
-	Warm     Stats  `json:"warm"`
-	Cold     Stats  `json:"cold_copy_and_restore"`
+	// StallParts are the p50s of the stall's parts (v1.StallParts)
+	// over the same checkpoints.
+	StallParts v1.StallParts `json:"checkpoint_stall_parts_p50"`
+	// Captures counts those checkpoints by capture (v1.CaptureCOW...).
+	Captures map[string]int `json:"captures"`
+	Hot      Stats          `json:"hot"`
+	Warm     Stats          `json:"warm"`
+	Cold     Stats          `json:"cold_copy_and_restore"`
 }
 
 // RollbackResult is the outcome of RunRollback.
@@ -60,15 +68,23 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 			return res, err
 		}
 		row := RollbackRow{Workload: w.name}
-		var stall Sample
+		var stall, protect, criu, snap Sample
 		var ck v1.Checkpoint
+		row.Captures = map[string]int{}
 		for i := 0; i < stallSamples; i++ {
 			if ck, err = c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}); err != nil {
 				return res, err
 			}
 			stall = append(stall, msDur(ck.StallMS))
+			if p := ck.StallParts; p != nil {
+				protect = append(protect, msDur(p.ProtectMS))
+				criu = append(criu, msDur(p.CRIUMS))
+				snap = append(snap, msDur(p.SnapshotMS))
+			}
+			row.Captures[ck.Capture]++
 		}
 		row.Stall = stall.Stats()
+		row.StallParts = v1.StallParts{ProtectMS: protect.Stats().P50, CRIUMS: criu.Stats().P50, SnapshotMS: snap.Stats().P50}
 
 		var hot, warm Sample
 		for i := 0; i < cfg.Iterations; i++ {
@@ -157,6 +173,15 @@ func PrintRollback(w io.Writer, r RollbackResult) {
 		}
 		fmt.Fprintf(w, "%s: hot p50 %.1f ms (target <= 5: %s), p99 %.1f ms (target <= 20: %s); checkpoint stall p50 %.1f ms (target <= 15: %s)\n",
 			row.Workload, row.Hot.P50, check(row.Hot.P50 <= 5), row.Hot.P99, check(row.Hot.P99 <= 20), row.Stall.P50, check(row.Stall.P50 <= 15))
+	}
+	for _, row := range r.Rows {
+		var caps []string
+		for _, k := range slices.Sorted(maps.Keys(row.Captures)) {
+			caps = append(caps, fmt.Sprintf("%s %d", k, row.Captures[k]))
+		}
+		p := row.StallParts
+		fmt.Fprintf(w, "%s: stall parts p50: write protection %.1f ms, CRIU %.1f ms, root snapshot %.1f ms beside CRIU; captures: %s\n",
+			row.Workload, p.ProtectMS, p.CRIUMS, p.SnapshotMS, strings.Join(caps, ", "))
 	}
 }
 
