@@ -20,7 +20,6 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/revert"
-	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
@@ -558,7 +557,8 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 		m.log.Info("restoring the full ancestor's processes failed; restarting", "sandbox", rec.ID, "checkpoint", ck.ID, "ancestor", procs.ID, "err", err)
 	}
 	wasRunning := m.report(rec).State == v1.StateRunning
-	key, err := m.switchRoot(ctx, rec, ck)
+	restart := wasRunning || rec.State == v1.StateLost || rec.State == v1.StateHibernated
+	key, err := m.switchRoot(ctx, rec, ck, restart)
 	if err != nil {
 		return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
 	}
@@ -569,7 +569,7 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 		return v1.RollbackResult{}, err
 	}
 	res := v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierRestart}
-	if wasRunning || rec.State == v1.StateLost || rec.State == v1.StateHibernated {
+	if restart {
 		if err := m.restart(ctx, &rec); err != nil {
 			return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: files restored, but the sandbox did not start: %w", rec.ID, ck.ID, err)
 		}
@@ -583,12 +583,13 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 }
 
 // switchRoot replaces the sandbox's root by a writable snapshot of the
-// checkpoint and returns the key of the switch's takeover record, which
+// checkpoint (restart says that the caller starts a fresh init next)
+// and returns the key of the switch's takeover record, which
 // the caller deletes as it writes the sandbox's new head
 // (commitTakeover). The snapshot is made first, so a failure there
 // leaves the sandbox untouched; then the processes are killed and the
 // directories exchanged.
-func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointRec) (string, error) {
+func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointRec, restart bool) (string, error) {
 	next := filepath.Join(m.sbDir(rec.ID), "root.next")
 	if err := removeTree(next); err != nil {
 		return "", err
@@ -602,8 +603,8 @@ func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointR
 	}
 	// No tree takes over: a daemon that dies past the exchange leaves a
 	// sandbox on the checkpoint's files, which start-up records as its
-	// head.
-	key, err := m.recordTakeover(rec.ID, "rollback", sandbox.Init{}, next, ck.ID)
+	// head, and restarts with restart.
+	key, err := m.recordTakeover(rec.ID, "rollback", takeoverRec{Path: next, Head: ck.ID, Restart: restart})
 	if err != nil {
 		_ = removeTree(next)
 		return "", err

@@ -431,7 +431,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := m.finishTakeovers(sbs); err != nil {
+	if err := m.finishTakeovers(ctx, sbs); err != nil {
 		return err
 	}
 	known = map[string]bool{}

@@ -716,7 +716,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		_ = removeTree(next)
 		return v1.RollbackResult{}, err
 	}
-	key, err := m.recordTakeover(rec.ID, "rollback", init, next, ck.ID)
+	key, err := m.recordTakeover(rec.ID, "rollback", takeoverRec{Init: init, Path: next, Head: ck.ID})
 	if err != nil {
 		_ = unix.Kill(init.Pid, unix.SIGKILL)
 		waitGone(init, 5*time.Second)

@@ -349,7 +349,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	}
 	// Recorded before a rollback can promote it, so that the promotion
 	// itself writes nothing more than it did without the record.
-	key, err := m.recordTakeover(id, "standby-"+newID(), init, root, ck.ID)
+	key, err := m.recordTakeover(id, "standby-"+newID(), takeoverRec{Init: init, Path: root, Head: ck.ID})
 	if err != nil {
 		_ = unix.Kill(init.Pid, unix.SIGKILL)
 		waitGone(init, 5*time.Second)

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -39,19 +40,22 @@ type takeoverRec struct {
 	Root string `json:"root"`
 	Path string `json:"path"` // where that root waits to be switched in
 	Head string `json:"head"` // the checkpoint the sandbox goes back to
+	// Restart: an fs rollback that starts a fresh init once its files
+	// are in place (the sandbox was running).
+	Restart bool `json:"restart,omitempty"`
 }
 
-// recordTakeover writes the takeover of sandbox id by the tree of init,
-// on root, to checkpoint head, under key (unique to the new tree), and
+// recordTakeover writes the takeover t of sandbox id (t.Root is filled
+// in from t.Path) under the key id/name, unique to the new tree, and
 // returns the key.
-func (m *Manager) recordTakeover(id, name string, init sandbox.Init, root, head string) (string, error) {
-	uuid, err := fsnap.SubvolumeUUID(root)
+func (m *Manager) recordTakeover(id, name string, t takeoverRec) (string, error) {
+	uuid, err := fsnap.SubvolumeUUID(t.Path)
 	if err != nil {
 		return "", err
 	}
+	t.Root = uuid
 	key := id + "/" + name
-	rec := takeoverRec{Init: init, Root: uuid, Path: root, Head: head}
-	if err := m.db.Put(store.Takeovers, key, rec); err != nil {
+	if err := m.db.Put(store.Takeovers, key, t); err != nil {
 		return "", err
 	}
 	return key, nil
@@ -85,7 +89,8 @@ func (m *Manager) forgetTakeover(key string) {
 // live trees a crashed daemon left half done (see takeoverRec), and
 // deletes every takeover record. sbs are the sandboxes' records, updated
 // in place.
-func (m *Manager) finishTakeovers(sbs []sandboxRec) error {
+func (m *Manager) finishTakeovers(ctx context.Context, sbs []sandboxRec) error {
+	var restart []*sandboxRec
 	pending := map[string][]takeoverRec{}
 	var stale []string
 	err := m.db.ForEachPrefix(store.Takeovers, "", func(key string, b []byte) error {
@@ -123,8 +128,12 @@ func (m *Manager) finishTakeovers(sbs []sandboxRec) error {
 			}
 			s.Head = t.Head
 			// An fs rollback's switch has no tree of its own: the
-			// sandbox's processes were killed before it, and it is
+			// sandbox's processes were killed before it. It starts a
+			// fresh init below if the rollback would have, else it is
 			// reported lost until started.
+			if t.Restart {
+				restart = append(restart, s)
+			}
 			if t.Init != (sandbox.Init{}) {
 				s.Init, s.State, s.Reason = t.Init, v1.StateRunning, ""
 				if t.Init.Alive() {
@@ -148,7 +157,7 @@ func (m *Manager) finishTakeovers(sbs []sandboxRec) error {
 			}
 		}
 	}
-	return m.db.Update(func(tx *store.Tx) error {
+	err = m.db.Update(func(tx *store.Tx) error {
 		for _, key := range stale {
 			if err := tx.Delete(store.Takeovers, key); err != nil {
 				return err
@@ -156,4 +165,13 @@ func (m *Manager) finishTakeovers(sbs []sandboxRec) error {
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	for _, s := range restart {
+		if err := m.restart(ctx, s); err != nil {
+			m.log.Warn("cannot restart the sandbox after its interrupted rollback; start it by hand", "sandbox", s.ID, "err", err)
+		}
+	}
+	return nil
 }

@@ -45,8 +45,8 @@ const (
 //     its record names that tree and that checkpoint, and no other
 //     process, root or takeover record is left (without the takeover
 //     record the sandbox was lost, its new tree running on unreachable);
-//   - an fs rollback killed after its exchange leaves the checkpoint's
-//     files and the checkpoint as the head;
+//   - an fs rollback killed after its exchange is completed: the
+//     checkpoint's files, the checkpoint as the head, a fresh init;
 //   - a hibernation killed after its record, before its processes were
 //     gone, stays hibernated with no process, and resumes;
 //   - a fork call killed once its forks are made, before it returned,
@@ -130,7 +130,6 @@ func TestCrashRecovery(t *testing.T) {
 			}
 		}},
 		{opFork, "fork:made", nil}, // checked below, against the cgroups before
-		// Last: it leaves its sandbox without processes.
 		{opFSRollback, "takeover:switched", func(t *testing.T, m *Manager) {
 			rec := record(t, m, fsb.ID)
 			var ck checkpointRec
@@ -140,8 +139,13 @@ func TestCrashRecovery(t *testing.T) {
 			if b, err := os.ReadFile(filepath.Join(m.sbRoot(fsb.ID), "f")); err != nil || string(b) != "a\n" {
 				t.Fatalf("/f %q, %v; want the checkpoint's", b, err)
 			}
-			if st := m.report(rec).State; st != v1.StateLost {
-				t.Fatalf("sandbox %s, want lost (its processes were killed)", st)
+			// Restarted, as the rollback would have: a fresh init on the
+			// checkpoint's files.
+			if s := m.report(rec); s.State != v1.StateRunning {
+				t.Fatalf("sandbox %s (%s), want running again", s.State, s.Reason)
+			}
+			if got := run(t, m, fsb.ID, "cat /f; echo ${X:-unset}").Stdout; got != "a\nunset\n" {
+				t.Fatalf("after the restart: %q, want the checkpoint's file and a fresh session", got)
 			}
 		}},
 	} {
