@@ -341,17 +341,27 @@ for line in sys.stdin:
     print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f, flush=True)
 `
 
-// TestProtectFrozen: after ProtectFrozen the process's private pages are
-// write-protected (its next pass over them faults once per page, where
-// the pass before faulted on none), the fork it was made to do is gone
-// (no child, no zombie), and the process runs on from its read.
+// TestProtectFrozen: after ProtectFrozen the private pages of each
+// process it protected are write-protected (its next pass over them
+// faults once per page, where the pass before faulted on none), the
+// forks they were made to do are gone (no child, no zombie), and they
+// run on from their reads. Two processes, so that the forks' ends
+// overlap the next fork (ProtectAll's two passes).
 func TestProtectFrozen(t *testing.T) {
 	testutil.RequireRoot(t)
-	p := start(t, "-c", writer)
-	if s := p.line(t); s != "ready" {
-		t.Fatalf("writer said %q", s)
+	type writerProc struct {
+		p   *proc
+		pid int
 	}
-	pass := func() int {
+	var ws []writerProc
+	for range 2 {
+		p := start(t, "-c", writer)
+		if s := p.line(t); s != "ready" {
+			t.Fatalf("writer said %q", s)
+		}
+		ws = append(ws, writerProc{p, p.cmd.Process.Pid})
+	}
+	pass := func(p *proc) int {
 		t.Helper()
 		if _, err := io.WriteString(p.in, "w\n"); err != nil {
 			t.Fatal(err)
@@ -363,38 +373,52 @@ func TestProtectFrozen(t *testing.T) {
 		return n
 	}
 	const pages = 32 << 20 >> 12
-	if n := pass(); n > pages/8 {
-		t.Fatalf("a pass over present, writable pages faulted %d times", n)
+	for _, w := range ws {
+		if n := pass(w.p); n > pages/8 {
+			t.Fatalf("a pass over present, writable pages faulted %d times", n)
+		}
 	}
-	pid := p.cmd.Process.Pid
-	cg := frozenCgroup(t, "molt-protect-test", pid)
+	cg := frozenCgroup(t, "molt-protect-test", ws[0].pid)
+	if err := cg.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.Add(ws[1].pid); err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
+	if err := cg.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
-	err := ProtectFrozen(nil, []int{pid}, cg.Thaw, func() error { return cg.Freeze(ctx) })
+	err := ProtectFrozen(nil, []int{ws[0].pid, ws[1].pid}, cg.Thaw, func() error { return cg.Freeze(ctx) })
 	took := time.Since(start)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("protected %d MiB in %v", 32, took)
+	t.Logf("protected 2 x %d MiB in %v", 32, took)
 	time.Sleep(20 * time.Millisecond)
-	if s := state(t, pid); s == "t" {
-		t.Fatal("the process is still stopped by a tracer after ProtectFrozen")
+	for _, w := range ws {
+		if s := state(t, w.pid); s == "t" {
+			t.Fatalf("pid %d is still stopped by a tracer after ProtectFrozen", w.pid)
+		}
 	}
 	if err := cg.Thaw(); err != nil {
 		t.Fatal(err)
 	}
-	kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := strings.TrimSpace(string(kids)); s != "" {
-		t.Fatalf("the process has children after ProtectFrozen: %s", s)
-	}
-	if n := pass(); n < pages*9/10 {
-		t.Fatalf("the first pass after ProtectFrozen faulted %d times, want about %d (one per write-protected page)", n, pages)
-	}
-	if n := pass(); n > pages/8 {
-		t.Fatalf("the second pass faulted %d times: its pages should be its own again", n)
+	for _, w := range ws {
+		kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", w.pid, w.pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := strings.TrimSpace(string(kids)); s != "" {
+			t.Fatalf("pid %d has children after ProtectFrozen: %s", w.pid, s)
+		}
+		if n := pass(w.p); n < pages*9/10 {
+			t.Fatalf("pid %d: the first pass after ProtectFrozen faulted %d times, want about %d (one per write-protected page)", w.pid, n, pages)
+		}
+		if n := pass(w.p); n > pages/8 {
+			t.Fatalf("pid %d: the second pass faulted %d times: its pages should be its own again", w.pid, n)
+		}
 	}
 }
 
