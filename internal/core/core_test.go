@@ -63,6 +63,16 @@ func closeManager(t testing.TB, m *Manager) {
 	})
 }
 
+// newSandbox creates a sandbox of the test image.
+func newSandbox(t testing.TB, m *Manager) v1.Sandbox {
+	t.Helper()
+	sb, err := m.Create(context.Background(), v1.SandboxCreateRequest{Image: testImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
+
 func run(t testing.TB, m *Manager, sb, cmd string) v1.SessionRunResult {
 	t.Helper()
 	res, err := m.SessionRun(context.Background(), sb, "t", v1.SessionRunRequest{Command: cmd})
@@ -148,10 +158,7 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 func TestCheckpointFailureLeavesSandboxRunning(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	run(t, m, sb.ID, "echo 1 > /root/n; x=7")
 	good, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{})
 	if err != nil {
@@ -193,10 +200,7 @@ func TestCheckpointFailureLeavesSandboxRunning(t *testing.T) {
 func TestRollbackFailureKeepsSandbox(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	run(t, m, sb.ID, "echo old > /root/f")
 	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{})
 	if err != nil {
@@ -232,10 +236,7 @@ func TestRollbackFailureKeepsSandbox(t *testing.T) {
 func TestReconcile(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -272,10 +273,7 @@ func TestReconcile(t *testing.T) {
 func TestInitBinaryWriteStaysInRoot(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	host := t.TempDir()
 	run(t, m, sb.ID, fmt.Sprintf("rm -rf /.molt.bak; mv /.molt /.molt.bak; ln -s %s /.molt", host))
 	if _, err := m.Stop(ctx, sb.ID); err != nil {
@@ -388,10 +386,7 @@ func TestFullCheckpointFailureLeavesSandboxRunning(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	run(t, m, sb.ID, "x=7")
 	for _, step := range []string{"full:snapshot", "full:record"} {
 		t.Run(step, func(t *testing.T) {
@@ -414,10 +409,7 @@ func TestFullRestoreAfterHostRestart(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	run(t, m, sb.ID, "export X=42; cd /tmp")
 	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
 	if err != nil {
@@ -460,10 +452,7 @@ func TestDeletingCheckpointsReleasesSpace(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c",
 		"import os, time\nb = bytearray(os.urandom(48 << 20))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)"}}); err != nil {
 		t.Fatal(err)
@@ -535,10 +524,7 @@ func TestStandbyBudget(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	run(t, m, sb.ID, "export X=42")
 	for _, c := range []struct {
 		budget int64
@@ -585,10 +571,7 @@ func TestStandbyBudget(t *testing.T) {
 func TestReopenThawsFrozenSandbox(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	if err := unix.Kill(sb.Pid, unix.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -619,10 +602,7 @@ func TestReopenThawsFrozenSandbox(t *testing.T) {
 func TestMetrics(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -739,10 +719,7 @@ func TestSandboxStandbyBudget(t *testing.T) {
 		m.pipe.wg.Wait()
 		m.sby.wg.Wait()
 	}
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	run(t, m, sb.ID, "export X=a")
 	a, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Label: "a", Keep: true, Wait: true})
 	if err != nil {

@@ -37,10 +37,7 @@ while True:
 func pythonSandbox(t testing.TB, m *Manager, script string) v1.Sandbox {
 	t.Helper()
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", script}}); err != nil {
 		t.Fatal(err)
 	}

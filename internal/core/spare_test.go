@@ -149,10 +149,7 @@ func TestNetnsInImagesStillRestores(t *testing.T) {
 	ctx := context.Background()
 	for _, inImages := range []bool{true, false} {
 		m.netnsInImages = inImages
-		sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-		if err != nil {
-			t.Fatal(err)
-		}
+		sb := newSandbox(t, m)
 		run(t, m, sb.ID, "export X=42")
 		if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Args: []string{"python3", "-c", serverScript}, Detach: true}); err != nil {
 			t.Fatal(err)

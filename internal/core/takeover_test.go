@@ -63,16 +63,10 @@ func TestCrashRecovery(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	// The fs rollback's sandbox has no full checkpoint, whose processes
 	// its rollback would restore.
-	fsb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fsb := newSandbox(t, m)
 	cfg := m.cfg
 	// Each Manager here stands for a daemon of its own: the agents this
 	// process keeps per init (with the sessions they know) go with it.
@@ -193,6 +187,7 @@ func TestCrashRecovery(t *testing.T) {
 			return
 		}
 	}
+	var err error
 	if cur, err = Open(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -68,10 +68,7 @@ func TestTurnDecisions(t *testing.T) {
 		testutil.Unavailable(t, "eBPF inspector: "+why)
 	}
 	ctx := context.Background()
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := newSandbox(t, m)
 	sess := func(cmd string) {
 		t.Helper()
 		r, err := m.SessionRun(ctx, sb.ID, "a", v1.SessionRunRequest{Command: cmd, TimeoutMS: 30000})
