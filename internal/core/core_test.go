@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,6 +153,57 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestForkFailureLeavesNothing: a fork call one of whose forks fails
+// (the third to start, the first two made by then or being made) lists
+// no fork and leaves no process, directory or cgroup of any; a call
+// whose forks all succeed lists them all.
+func TestForkFailureLeavesNothing(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgBefore := cgroupDirs(t)
+	var started atomic.Int32
+	m.failpoint = func(step string) error {
+		if step == "create:started" && started.Add(1) == 3 {
+			return errInjected
+		}
+		return nil
+	}
+	_, err = m.Fork(ctx, "", v1.ForkRequest{Checkpoint: ck.ID, N: 4})
+	m.failpoint = nil
+	if !errors.Is(err, errInjected) {
+		t.Fatalf("fork: %v; want the injected failure", err)
+	}
+	if sbs, _ := m.Sandboxes(); len(sbs) != 1 {
+		t.Fatalf("after a failed fork %d sandboxes are listed, want the one forked from", len(sbs))
+	}
+	if e := entries(t, m.path("sandboxes")); !slices.Equal(e, []string{sb.ID}) {
+		t.Fatalf("failed fork left %v", e)
+	}
+	for d := range cgroupDirs(t) {
+		if !cgBefore[d] {
+			t.Fatalf("failed fork left cgroup %s", d)
+		}
+	}
+	res, err := m.Fork(ctx, "", v1.ForkRequest{Checkpoint: ck.ID, N: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range res.Sandboxes {
+		if r := run(t, m, f.ID, "echo ok"); r.Stdout != "ok\n" {
+			t.Fatalf("fork %s: %+v", f.ID, r)
+		}
+	}
+	if sbs, _ := m.Sandboxes(); len(sbs) != 3 {
+		t.Fatalf("after forking 2: %d sandboxes listed, want 3", len(sbs))
 	}
 }
 
