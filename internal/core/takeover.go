@@ -2,10 +2,7 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"strings"
 	"time"
 
@@ -18,9 +15,10 @@ import (
 
 // A takeoverRec records a switch of a sandbox's live tree that may be
 // under way: a rollback that promotes a standby (hot) or restores a tree
-// next to the live one (warm). The switch is the exchange of the new
-// tree's root with the sandbox's (replaceRoot), then the kill of the old
-// tree; the sandbox's record names the new init only once that is done.
+// next to the live one (warm), or an fs rollback's switch to the
+// checkpoint's files (no tree). The switch is the exchange of the new
+// root with the sandbox's (replaceRoot), then the kill of the old tree;
+// the sandbox's record names the new init only once that is done.
 // A daemon that dies in between left a sandbox whose record names a dead
 // init, or a live one about to be killed, next to a new tree that runs on
 // unreachable.
@@ -145,11 +143,7 @@ func (m *Manager) finishTakeovers(ctx context.Context, sbs []sandboxRec) error {
 			// After the exchange t.Path holds the old root, unless it
 			// was already moved aside (root.old-*, removed with the
 			// other leftovers).
-			if _, err := os.Lstat(t.Path); err == nil {
-				if err := removeTree(t.Path); err != nil {
-					m.log.Warn("cannot remove the sandbox's old root", "sandbox", s.ID, "path", t.Path, "err", err)
-				}
-			} else if !errors.Is(err, fs.ErrNotExist) {
+			if err := removeTree(t.Path); err != nil {
 				m.log.Warn("cannot remove the sandbox's old root", "sandbox", s.ID, "path", t.Path, "err", err)
 			}
 			if err := m.db.Put(store.Sandboxes, s.ID, *s); err != nil {
