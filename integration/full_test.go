@@ -369,6 +369,46 @@ func TestDaemonKilledDuringCheckpoint(t *testing.T) {
 	}
 }
 
+// TestDaemonKilledDuringRollbacks: a daemon killed (SIGKILL) at some
+// point of a run of rollbacks to a full checkpoint (hot once a standby
+// is ready, warm before) leaves, after a restart, a running sandbox in
+// one of the two states it moved between, which rolls back again. The
+// kill lands wherever the run happens to be; internal/core's
+// TestCrashRecovery kills at each step of a rollback's switch.
+func TestDaemonKilledDuringRollbacks(t *testing.T) {
+	requireCRIU(t)
+	sb := newSandbox(t)
+	must(t, "exec", sb, "--session", "main", "--", "export X=a")
+	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "full", "--wait"))
+	for _, delay := range []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 60 * time.Millisecond, 150 * time.Millisecond} {
+		must(t, "exec", sb, "--session", "main", "--", "export X=b")
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for molt(t, "rollback", sb, ck).code == 0 && molt(t, "exec", sb, "--session", "main", "--", "export X=b").code == 0 {
+			}
+		}()
+		time.Sleep(delay)
+		killDaemon()
+		<-done
+		if err := startDaemon(); err != nil {
+			t.Fatal(err)
+		}
+		if s := inspect(t, sb); s.State != "running" {
+			t.Fatalf("killed %v into the rollbacks: sandbox %s (%s)", delay, s.State, s.Reason)
+		}
+		got := must(t, "exec", sb, "--session", "main", "--", "echo $X")
+		if got != "a\n" && got != "b\n" {
+			t.Fatalf("killed %v into the rollbacks: X=%q, want a or b", delay, got)
+		}
+		must(t, "rollback", sb, ck)
+		if got := must(t, "exec", sb, "--session", "main", "--", "echo $X"); got != "a\n" {
+			t.Fatalf("rollback after the restart: X=%q, want a", got)
+		}
+		t.Logf("killed %v into the rollbacks: X=%s after the restart", delay, strings.TrimSpace(got))
+	}
+}
+
 // A full checkpoint returns as soon as its instant is captured, pending;
 // it is listed as pending until committed, and a rollback to it waits
 // for the commit.
