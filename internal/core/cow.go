@@ -68,16 +68,7 @@ func (m *Manager) refillPipes() {
 func anonBytes(pids []int) int64 {
 	var n int64
 	for _, pid := range pids {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				n += kb << 10
-			}
-		}
+		n += template.RssAnon(pid)
 	}
 	return n
 }

@@ -3,12 +3,12 @@
 package template
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -613,8 +613,12 @@ func ProtectFrozen(stop, protect []int, thaw, freeze func() error) error {
 		return err
 	}
 	// The largest first: its fork's end overlaps the others' forks.
+	size := make(map[int]int64, len(protect))
+	for _, pid := range protect {
+		size[pid] = RssAnon(pid)
+	}
 	order := slices.Clone(protect)
-	sort.SliceStable(order, func(i, j int) bool { return rssAnon(order[i]) > rssAnon(order[j]) })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(size[b], size[a]) })
 	err := t.ProtectAll(order...)
 	// Frozen again before the release and SIGCONT: they go to the
 	// freezer.
@@ -624,17 +628,17 @@ func ProtectFrozen(stop, protect []int, thaw, freeze func() error) error {
 	return err
 }
 
-// rssAnon is pid's resident private memory in KiB (RssAnon), 0 if
-// unknown.
-func rssAnon(pid int) int64 {
+// RssAnon is pid's resident private memory in bytes (RssAnon in
+// /proc/PID/status), 0 if unknown.
+func RssAnon(pid int) int64 {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		return 0
 	}
 	for line := range strings.Lines(string(b)) {
 		if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
-			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return n
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
 		}
 	}
 	return 0
