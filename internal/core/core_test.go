@@ -156,6 +156,34 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 	}
 }
 
+// TestStopFailureKeepsSandbox: a stop or hibernation whose kill fails
+// says so and leaves the sandbox running, recorded as running, its
+// session intact.
+func TestStopFailureKeepsSandbox(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	run(t, m, sb.ID, "export X=kept")
+	for name, op := range map[string]func() error{
+		"stop":      func() error { _, err := m.Stop(ctx, sb.ID); return err },
+		"hibernate": func() error { _, err := m.Hibernate(ctx, sb.ID); return err },
+	} {
+		failAt(m, "stop:kill")
+		err := op()
+		m.failpoint = nil
+		if !errors.Is(err, errInjected) {
+			t.Fatalf("%s: %v; want the injected failure", name, err)
+		}
+		if s, err := m.Sandbox(ctx, sb.ID); err != nil || s.State != v1.StateRunning {
+			t.Fatalf("after a failed %s: %+v, %v; want running", name, s, err)
+		}
+		if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "kept\n" {
+			t.Fatalf("after a failed %s: X=%q", name, r.Stdout)
+		}
+	}
+}
+
 // TestForkFailureLeavesNothing: a fork call one of whose forks fails
 // (the third to start, the first two made by then or being made) lists
 // no fork and leaves no process, directory or cgroup of any; a call

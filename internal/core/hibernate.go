@@ -2,12 +2,10 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
-	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/store"
 )
 
@@ -30,23 +28,10 @@ func (m *Manager) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error)
 	if rec.Head != ck.ID {
 		return v1.Sandbox{}, fmt.Errorf("hibernate %s: the sandbox moved to %s while checkpoint %s was stored; not stopped: %w", rec.ID, rec.Head, ck.ID, errdefs.ErrUnavailable)
 	}
-	// The record goes first: a daemon that dies before the processes
-	// are gone leaves a hibernated sandbox, whose processes start-up
-	// kills (reconcile), rather than a lost one that Resume refuses.
-	next := rec
-	next.State, next.Reason, next.Init = v1.StateHibernated, "hibernated at checkpoint "+ck.ID, sandbox.Init{}
-	if err := m.db.Put(store.Sandboxes, rec.ID, next); err != nil {
-		return v1.Sandbox{}, err
+	next, err := m.stopTree(ctx, rec, v1.StateHibernated, "hibernated at checkpoint "+ck.ID)
+	if err != nil {
+		return v1.Sandbox{}, fmt.Errorf("hibernate %s: checkpoint %s taken, but stopping failed: %w", rec.ID, ck.ID, err)
 	}
-	m.crashpoint("hibernate:recorded")
-	if err := m.killProcesses(ctx, rec); err != nil {
-		err = fmt.Errorf("hibernate %s: checkpoint %s taken, but stopping failed: %w", rec.ID, ck.ID, err)
-		if perr := m.db.Put(store.Sandboxes, rec.ID, rec); perr != nil {
-			err = errors.Join(err, perr)
-		}
-		return v1.Sandbox{}, err
-	}
-	m.turnForget(rec.ID)
 	return m.report(next), nil
 }
 

@@ -302,22 +302,38 @@ func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
 		return v1.Sandbox{}, err
 	}
 	defer unlock()
-	// The record goes first, as in Hibernate: start-up kills what a
-	// crash left running of a stopped sandbox.
-	next := rec
-	next.State, next.Reason, next.Init = v1.StateStopped, "", sandbox.Init{}
-	if err := m.db.Put(store.Sandboxes, rec.ID, next); err != nil {
-		return v1.Sandbox{}, err
+	next, err := m.stopTree(ctx, rec, v1.StateStopped, "")
+	if err != nil {
+		return v1.Sandbox{}, fmt.Errorf("stop %s: %w", rec.ID, err)
 	}
-	if err := m.killProcesses(ctx, rec); err != nil {
-		err = fmt.Errorf("stop %s: %w", rec.ID, err)
+	return m.report(next), nil
+}
+
+// stopTree kills the sandbox's processes and leaves it in state
+// (stopped or hibernated) with reason, and returns its new record. The
+// record goes first: a daemon that dies before the processes are gone
+// leaves a sandbox in its new state, whose processes start-up kills
+// (reconcile), rather than a lost one that Resume refuses. If the kill
+// fails, the old record is put back.
+func (m *Manager) stopTree(ctx context.Context, rec sandboxRec, state, reason string) (sandboxRec, error) {
+	next := rec
+	next.State, next.Reason, next.Init = state, reason, sandbox.Init{}
+	if err := m.db.Put(store.Sandboxes, rec.ID, next); err != nil {
+		return rec, err
+	}
+	m.crashpoint("stop:recorded")
+	err := m.fail("stop:kill")
+	if err == nil {
+		err = m.killProcesses(ctx, rec)
+	}
+	if err != nil {
 		if perr := m.db.Put(store.Sandboxes, rec.ID, rec); perr != nil {
 			err = errors.Join(err, perr)
 		}
-		return v1.Sandbox{}, err
+		return rec, err
 	}
 	m.turnForget(rec.ID)
-	return m.report(next), nil
+	return next, nil
 }
 
 // killProcesses kills every process of the sandbox, its standbys and

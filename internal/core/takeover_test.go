@@ -104,7 +104,7 @@ func TestCrashRecovery(t *testing.T) {
 		{v1.TierWarm, "takeover:begin", rolledBack("b")},
 		{v1.TierWarm, "takeover:switched", rolledBack("a")},
 		{v1.TierWarm, "takeover:killed", rolledBack("a")},
-		{opHibernate, "hibernate:recorded", func(t *testing.T, m *Manager) {
+		{opHibernate, "stop:recorded", func(t *testing.T, m *Manager) {
 			rec := record(t, m, sb.ID)
 			if st := m.report(rec).State; st != v1.StateHibernated {
 				t.Fatalf("sandbox %s after the restart, want hibernated", st)
