@@ -4,6 +4,7 @@ package template
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -158,11 +160,27 @@ func (t *Tracer) Clone(pid int, parent bool) (copyPid int, err error) {
 // inject runs on the tracer thread.
 func (t *Tracer) inject(pid int, parent bool) (int, error) {
 	tr := t.seized[pid]
+	// What clone leaves out of the child, taken from pid so that the
+	// copy is pid at this instant: the address the kernel clears when
+	// the process ends (set_tid_address; glibc's thread descriptor) and
+	// its robust futex list (set_robust_list).
+	tidAddr, err := t.tidAddress(pid, tr)
+	if err != nil {
+		return 0, err
+	}
+	var rl robustList
+	if err := rl.read(pid); err != nil {
+		return 0, err
+	}
 	flags := uint64(unix.SIGCHLD)
 	if parent {
 		flags |= unix.CLONE_PARENT
 	}
-	call, err := t.syscall(pid, tr, unix.SYS_CLONE, flags)
+	if tidAddr != 0 {
+		flags |= unix.CLONE_CHILD_CLEARTID
+	}
+	// clone(flags, stack, parent_tid, child_tid, tls) on x86-64.
+	call, err := t.syscall(pid, tr, unix.SYS_CLONE, flags, 0, 0, tidAddr)
 	child := call.child
 	if err == nil && call.ret < 0 {
 		err = fmt.Errorf("clone in %d: %w", pid, unix.Errno(-call.ret))
@@ -174,12 +192,16 @@ func (t *Tracer) inject(pid int, parent bool) (int, error) {
 		return 0, err
 	}
 	t.seized[child] = &tracee{copy: true}
-	// Queued first: the copy stops at once when Detach lets it go.
-	// Should the tracer go away before that, the copy is killed (it
-	// inherited PTRACE_O_EXITKILL, see syscall).
-	_ = unix.Tgkill(child, child, unix.SIGSTOP)
 	if err == nil {
-		err = t.prepareCopy(child, call.saved, call.poked, call.at, call.orig)
+		err = t.prepareCopy(child, call.saved, call.poked, call.at, call.orig, rl)
+	}
+	if err == nil {
+		// Queued while held: the copy stops at once when Detach lets
+		// it go. Should the tracer go away before that, the copy is
+		// killed (it inherited PTRACE_O_EXITKILL, see syscall). Queued
+		// after prepareCopy, whose injection would take it as a signal
+		// on its way.
+		err = unix.Tgkill(child, child, unix.SIGSTOP)
 	}
 	if err != nil {
 		_ = unix.Kill(child, unix.SIGKILL)
@@ -206,14 +228,8 @@ type injected struct {
 // interrupted in restarts. It runs on the tracer thread.
 func (t *Tracer) syscall(pid int, tr *tracee, nr uint64, args ...uint64) (injected, error) {
 	var call injected
-	if !tr.stopped {
-		sig, err := t.waitStop(pid, tr)
-		if err != nil {
-			return call, err
-		}
-		if sig != int(unix.SIGTRAP) {
-			return call, fmt.Errorf("pid %d is stopped by %v (job control): %w", pid, unix.Signal(sig), errdefs.ErrFailedPrecondition)
-		}
+	if err := t.stop(pid, tr); err != nil {
+		return call, err
 	}
 	saved := &call.saved
 	if err := unix.PtraceGetRegs(pid, saved); err != nil {
@@ -291,6 +307,54 @@ func (t *Tracer) syscall(pid int, tr *tracee, nr uint64, args ...uint64) (inject
 	return call, err
 }
 
+// robustList is a process's robust futex list head (get_robust_list).
+type robustList struct {
+	head uintptr
+	len  uintptr
+}
+
+func (rl *robustList) read(pid int) error {
+	if _, _, e := unix.Syscall(unix.SYS_GET_ROBUST_LIST, uintptr(pid), uintptr(unsafe.Pointer(&rl.head)), uintptr(unsafe.Pointer(&rl.len))); e != 0 {
+		return fmt.Errorf("robust list of %d: %w", pid, e)
+	}
+	return nil
+}
+
+// tidAddress returns the stopped tracee's clear_child_tid address (0 if
+// it has none), read by an injected prctl(PR_GET_TID_ADDRESS) into a
+// word below its stack's red zone, which is put back after. It runs on
+// the tracer thread.
+func (t *Tracer) tidAddress(pid int, tr *tracee) (uint64, error) {
+	if err := t.stop(pid, tr); err != nil {
+		return 0, err
+	}
+	var regs unix.PtraceRegs
+	if err := unix.PtraceGetRegs(pid, &regs); err != nil {
+		return 0, fmt.Errorf("registers of %d: %w", pid, err)
+	}
+	// x86-64 leaves the 128 bytes below the stack pointer to the
+	// function that owns them; further down is free.
+	scratch := uintptr(regs.Rsp-512) &^ 7
+	var saved, got [8]byte
+	if _, err := unix.PtracePeekData(pid, scratch, saved[:]); err != nil {
+		return 0, fmt.Errorf("stack of %d: %w", pid, err)
+	}
+	call, err := t.syscall(pid, tr, unix.SYS_PRCTL, unix.PR_GET_TID_ADDRESS, uint64(scratch))
+	if err == nil && call.ret != 0 {
+		err = unix.Errno(-call.ret)
+	}
+	if err == nil {
+		_, err = unix.PtracePeekData(pid, scratch, got[:])
+	}
+	if _, perr := unix.PtracePokeData(pid, scratch, saved[:]); perr != nil {
+		err = errors.Join(err, fmt.Errorf("put back the stack of %d: %w", pid, perr))
+	}
+	if err != nil {
+		return 0, fmt.Errorf("tid address of %d: %w", pid, err)
+	}
+	return binary.LittleEndian.Uint64(got[:]), nil
+}
+
 // step single-steps pid through the injected clone and returns the new
 // child's pid from the fork event.
 func (t *Tracer) step(pid int, tr *tracee) (int, error) {
@@ -337,10 +401,26 @@ func (t *Tracer) step(pid int, tr *tracee) (int, error) {
 
 // prepareCopy waits for the new copy's first stop and gives it the
 // original's registers (and text) from before the injection.
-func (t *Tracer) prepareCopy(child int, saved unix.PtraceRegs, poked bool, at uintptr, orig [8]byte) error {
+func (t *Tracer) prepareCopy(child int, saved unix.PtraceRegs, poked bool, at uintptr, orig [8]byte, rl robustList) error {
 	tr := t.seized[child]
 	if _, err := t.waitStop(child, tr); err != nil {
 		return err
+	}
+	if rl.head != 0 {
+		// The copy stands just past its clone: run set_robust_list on
+		// that syscall instruction before its registers go back.
+		call, err := t.syscall(child, tr, unix.SYS_SET_ROBUST_LIST, uint64(rl.head), uint64(rl.len))
+		if err == nil && call.ret != 0 {
+			err = unix.Errno(-call.ret)
+		}
+		if err == nil {
+			// The injection put the copy's options back without
+			// PTRACE_O_EXITKILL, which it inherited: it keeps it.
+			err = unix.PtraceSetOptions(child, seizeOpts|unix.PTRACE_O_EXITKILL)
+		}
+		if err != nil {
+			return fmt.Errorf("robust list of copy %d: %w", child, err)
+		}
 	}
 	if poked {
 		if _, err := unix.PtracePokeText(child, at, orig[:]); err != nil {
@@ -349,6 +429,22 @@ func (t *Tracer) prepareCopy(child int, saved unix.PtraceRegs, poked bool, at ui
 	}
 	if err := unix.PtraceSetRegs(child, &saved); err != nil {
 		return fmt.Errorf("registers of copy %d: %w", child, err)
+	}
+	return nil
+}
+
+// stop waits for the seized pid's first ptrace stop, unless it was
+// waited for already. It runs on the tracer thread.
+func (t *Tracer) stop(pid int, tr *tracee) error {
+	if tr.stopped {
+		return nil
+	}
+	sig, err := t.waitStop(pid, tr)
+	if err != nil {
+		return err
+	}
+	if sig != int(unix.SIGTRAP) {
+		return fmt.Errorf("pid %d is stopped by %v (job control): %w", pid, unix.Signal(sig), errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }

@@ -138,6 +138,18 @@ func TestCloneInSyscall(t *testing.T) {
 	if ppid := parentOf(t, cp); ppid != os.Getpid() {
 		t.Fatalf("copy's parent %d, want the original's parent %d (CLONE_PARENT)", ppid, os.Getpid())
 	}
+	// clone(2) gives a child no robust futex list; the copy has the
+	// original's (glibc registers one for every thread).
+	var orl, crl robustList
+	if err := orl.read(pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := crl.read(cp); err != nil {
+		t.Fatal(err)
+	}
+	if orl.head == 0 || crl != orl {
+		t.Fatalf("copy's robust list %+v, original's %+v", crl, orl)
+	}
 
 	if _, err := io.WriteString(p.in, "B\n"); err != nil {
 		t.Fatal(err)

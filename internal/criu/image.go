@@ -1,0 +1,112 @@
+package criu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+
+	"github.com/checkpoint-restore/go-criu/v7/magic"
+	"google.golang.org/protobuf/proto"
+)
+
+// An imageEntry is one entry of a CRIU image and the raw data that
+// follows it in the file (a pipe's queued bytes), if any.
+type imageEntry struct {
+	msg   proto.Message
+	extra []byte
+}
+
+var magics = magic.LoadMagic()
+
+// magicOf is the magic of CRIU's image kind name ("CORE", "FILES", ...).
+func magicOf(name string) (uint32, error) {
+	v, ok := magics.ByName[name]
+	if !ok {
+		return 0, fmt.Errorf("unknown CRIU image kind %s", name)
+	}
+	return uint32(v), nil
+}
+
+// readEntries decodes the CRIU image at path, of kind name: a leading
+// common magic (except for the inventory), the image's own magic, then
+// entries, each a 32-bit little-endian size and the message, which
+// newEntry makes (it is told the entry's index: a pagemap's first entry
+// differs from the rest). extraLen, if set, tells how many raw bytes
+// follow an entry. Sizes are checked: a truncated file is an error.
+func readEntries(path, name string, newEntry func(i int) proto.Message, extraLen func(proto.Message) int) ([]imageEntry, error) {
+	want, err := magicOf(name)
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if name != "INVENTORY" {
+		if len(b) < 4 || binary.LittleEndian.Uint32(b) != imgCommonMagic {
+			return nil, fmt.Errorf("%s: not a CRIU image", path)
+		}
+		b = b[4:]
+	}
+	if len(b) < 4 || binary.LittleEndian.Uint32(b) != want {
+		return nil, fmt.Errorf("%s: not a CRIU %s image", path, name)
+	}
+	b = b[4:]
+	var out []imageEntry
+	for len(b) > 0 {
+		if len(b) < 4 {
+			return nil, fmt.Errorf("%s: short file", path)
+		}
+		n := int(binary.LittleEndian.Uint32(b))
+		if n > len(b)-4 {
+			return nil, fmt.Errorf("%s: short file", path)
+		}
+		m := newEntry(len(out))
+		if err := proto.Unmarshal(b[4:4+n], m); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		b = b[4+n:]
+		e := imageEntry{msg: m}
+		if extraLen != nil {
+			k := extraLen(m)
+			if k < 0 || k > len(b) {
+				return nil, fmt.Errorf("%s: short file", path)
+			}
+			e.extra, b = b[:k], b[k:]
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// writeEntries writes a CRIU image of kind name at path, which must not
+// exist.
+func writeEntries(path, name string, entries []imageEntry) error {
+	own, err := magicOf(name)
+	if err != nil {
+		return err
+	}
+	var b []byte
+	if name != "INVENTORY" {
+		b = binary.LittleEndian.AppendUint32(b, imgCommonMagic)
+	}
+	b = binary.LittleEndian.AppendUint32(b, own)
+	for _, e := range entries {
+		m, err := proto.Marshal(e.msg)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(m)))
+		b = append(b, m...)
+		b = append(b, e.extra...)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
