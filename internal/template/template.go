@@ -164,7 +164,12 @@ func (t *Tracer) inject(pid int, parent bool) (int, error) {
 	// copy is pid at this instant: the address the kernel clears when
 	// the process ends (set_tid_address; glibc's thread descriptor) and
 	// its robust futex list (set_robust_list).
-	tidAddr, err := t.tidAddress(pid, tr)
+	tidAddr, err := t.prctlGet(pid, tr, unix.PR_GET_TID_ADDRESS, 8)
+	if err != nil {
+		return 0, err
+	}
+	// And the signal it gets when its parent ends (prctl(2)).
+	pdeath, err := t.prctlGet(pid, tr, unix.PR_GET_PDEATHSIG, 4)
 	if err != nil {
 		return 0, err
 	}
@@ -193,7 +198,7 @@ func (t *Tracer) inject(pid int, parent bool) (int, error) {
 	}
 	t.seized[child] = &tracee{copy: true}
 	if err == nil {
-		err = t.prepareCopy(child, call.saved, call.poked, call.at, call.orig, rl)
+		err = t.prepareCopy(child, call.saved, call.poked, call.at, call.orig, rl, pdeath)
 	}
 	if err == nil {
 		// Queued while held: the copy stops at once when Detach lets
@@ -257,6 +262,12 @@ func (t *Tracer) syscall(pid int, tr *tracee, nr uint64, args ...uint64) (inject
 		if _, err := unix.PtracePeekText(pid, call.at, call.orig[:]); err != nil {
 			return call, fmt.Errorf("text of %d: %w", pid, err)
 		}
+	}
+	// A process stopped where its interrupted system call restarts sits
+	// on the syscall instruction: no text is written (a write, even of
+	// the same bytes, makes the page of code a private copy, which a
+	// dump then holds).
+	if call.at == uintptr(saved.Rip) && [2]byte(call.orig[:2]) != syscallInsn {
 		code := call.orig
 		copy(code[:], syscallInsn[:])
 		if _, err := unix.PtracePokeText(pid, call.at, code[:]); err != nil {
@@ -320,11 +331,13 @@ func (rl *robustList) read(pid int) error {
 	return nil
 }
 
-// tidAddress returns the stopped tracee's clear_child_tid address (0 if
-// it has none), read by an injected prctl(PR_GET_TID_ADDRESS) into a
-// word below its stack's red zone, which is put back after. It runs on
-// the tracer thread.
-func (t *Tracer) tidAddress(pid int, tr *tracee) (uint64, error) {
+// prctlGet runs prctl(op, &word) in the stopped tracee and returns the
+// word it wrote (the first size bytes of it), for the getters whose
+// value no file in /proc shows. The word is the one at the stack
+// pointer, which is present (a word further down could be a page never
+// touched, which the call would bring in: one more page in the
+// process's dump), and is put back after. It runs on the tracer thread.
+func (t *Tracer) prctlGet(pid int, tr *tracee, op uint64, size int) (uint64, error) {
 	if err := t.stop(pid, tr); err != nil {
 		return 0, err
 	}
@@ -332,25 +345,28 @@ func (t *Tracer) tidAddress(pid int, tr *tracee) (uint64, error) {
 	if err := unix.PtraceGetRegs(pid, &regs); err != nil {
 		return 0, fmt.Errorf("registers of %d: %w", pid, err)
 	}
-	// x86-64 leaves the 128 bytes below the stack pointer to the
-	// function that owns them; further down is free.
-	scratch := uintptr(regs.Rsp-512) &^ 7
+	scratch := uintptr(regs.Rsp) &^ 7
 	var saved, got [8]byte
 	if _, err := unix.PtracePeekData(pid, scratch, saved[:]); err != nil {
 		return 0, fmt.Errorf("stack of %d: %w", pid, err)
 	}
-	call, err := t.syscall(pid, tr, unix.SYS_PRCTL, unix.PR_GET_TID_ADDRESS, uint64(scratch))
+	call, err := t.syscall(pid, tr, unix.SYS_PRCTL, op, uint64(scratch))
 	if err == nil && call.ret != 0 {
 		err = unix.Errno(-call.ret)
 	}
 	if err == nil {
 		_, err = unix.PtracePeekData(pid, scratch, got[:])
 	}
-	if _, perr := unix.PtracePokeData(pid, scratch, saved[:]); perr != nil {
-		err = errors.Join(err, fmt.Errorf("put back the stack of %d: %w", pid, perr))
+	if got != saved {
+		if _, perr := unix.PtracePokeData(pid, scratch, saved[:]); perr != nil {
+			err = errors.Join(err, fmt.Errorf("put back the stack of %d: %w", pid, perr))
+		}
 	}
 	if err != nil {
-		return 0, fmt.Errorf("tid address of %d: %w", pid, err)
+		return 0, fmt.Errorf("prctl %d in %d: %w", op, pid, err)
+	}
+	if size == 4 {
+		return uint64(binary.LittleEndian.Uint32(got[:])), nil
 	}
 	return binary.LittleEndian.Uint64(got[:]), nil
 }
@@ -401,15 +417,15 @@ func (t *Tracer) step(pid int, tr *tracee) (int, error) {
 
 // prepareCopy waits for the new copy's first stop and gives it the
 // original's registers (and text) from before the injection.
-func (t *Tracer) prepareCopy(child int, saved unix.PtraceRegs, poked bool, at uintptr, orig [8]byte, rl robustList) error {
+func (t *Tracer) prepareCopy(child int, saved unix.PtraceRegs, poked bool, at uintptr, orig [8]byte, rl robustList, pdeath uint64) error {
 	tr := t.seized[child]
 	if _, err := t.waitStop(child, tr); err != nil {
 		return err
 	}
-	if rl.head != 0 {
-		// The copy stands just past its clone: run set_robust_list on
-		// that syscall instruction before its registers go back.
-		call, err := t.syscall(child, tr, unix.SYS_SET_ROBUST_LIST, uint64(rl.head), uint64(rl.len))
+	// The copy stands just past its clone: run what it lacks on that
+	// syscall instruction before its registers go back.
+	set := func(what string, nr uint64, args ...uint64) error {
+		call, err := t.syscall(child, tr, nr, args...)
 		if err == nil && call.ret != 0 {
 			err = unix.Errno(-call.ret)
 		}
@@ -419,7 +435,18 @@ func (t *Tracer) prepareCopy(child int, saved unix.PtraceRegs, poked bool, at ui
 			err = unix.PtraceSetOptions(child, seizeOpts|unix.PTRACE_O_EXITKILL)
 		}
 		if err != nil {
-			return fmt.Errorf("robust list of copy %d: %w", child, err)
+			return fmt.Errorf("%s of copy %d: %w", what, child, err)
+		}
+		return nil
+	}
+	if rl.head != 0 {
+		if err := set("robust list", unix.SYS_SET_ROBUST_LIST, uint64(rl.head), uint64(rl.len)); err != nil {
+			return err
+		}
+	}
+	if pdeath != 0 {
+		if err := set("parent-death signal", unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, pdeath); err != nil {
+			return err
 		}
 	}
 	if poked {
