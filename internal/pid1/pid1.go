@@ -23,7 +23,14 @@
 // followed by data: for table, "tag NUL pid NUL count NUL" per entry.
 package pid1
 
-import _ "embed"
+import (
+	_ "embed"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
 
 //go:generate sh -c "musl-gcc -static -Os -s -Wall -Wextra -Werror -o pid1.bin csrc/pid1.c"
 
@@ -38,3 +45,30 @@ func Binary() []byte { return executable }
 
 // Version is the protocol version pid1 reports; a client refuses another.
 const Version = 1
+
+// Copying: pid1 answers SIGUSR2 from outside its PID namespace by making
+// a copy of itself that stops at once (a child, in the same namespace):
+// a checkpoint that copies the tree instead of dumping it frozen
+// (docs/templates.md) dumps that copy after the thaw and restores it as
+// PID 1. A process of the sandbox cannot trigger it (its signal reads as
+// its own PID, not 0), and a copy let go before its dump ends.
+
+// CopySignal is the signal that asks pid1 for a copy of itself.
+const CopySignal = unix.SIGUSR2
+
+// CanCopy says whether the pid1 running as host PID pid makes copies of
+// itself (one built before copying blocked no SIGUSR2, the mark of
+// those that do: they take it from a signalfd).
+func CanCopy(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "SigBlk:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && mask&(1<<(CopySignal-1)) != 0
+		}
+	}
+	return false
+}

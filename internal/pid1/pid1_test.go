@@ -414,3 +414,74 @@ func TestCRIURoundTrip(t *testing.T) {
 	defer closeEntries(es)
 	echo(t, es[0], "after\n")
 }
+
+// TestCopySelf: SIGUSR2 from outside the namespace makes pid1 copy
+// itself, stopped; from inside it does nothing; a copy let go ends.
+func TestCopySelf(t *testing.T) {
+	in := start(t, true)
+	c := ctx(t)
+	if !CanCopy(in.pid) {
+		t.Fatal("CanCopy: pid1 does not block SIGUSR2")
+	}
+	if CanCopy(os.Getpid()) {
+		t.Fatal("CanCopy says the test process copies itself")
+	}
+	children := func() []string {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", in.pid, in.pid))
+		return strings.Fields(string(b))
+	}
+	// From inside: nothing.
+	_, pidfd, err := in.c.Spawn(c, Spawn{Path: "kill", Args: []string{"kill", "-USR2", "1"}, Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, pidfd)
+	pidfd.Close()
+	time.Sleep(50 * time.Millisecond)
+	if kids := children(); len(kids) != 0 {
+		t.Fatalf("SIGUSR2 from inside the namespace left children %v", kids)
+	}
+	if err := unix.Kill(in.pid, CopySignal); err != nil {
+		t.Fatal(err)
+	}
+	var cp int
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if kids := children(); len(kids) == 1 {
+			cp, _ = strconv.Atoi(kids[0])
+			if testutil.StatFields(t, cp)[0] == "T" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no stopped copy: children %v", children())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", cp)); exe != mustReadlink(t, fmt.Sprintf("/proc/%d/exe", in.pid)) {
+		t.Fatalf("copy runs %q", exe)
+	}
+	// pid1 still serves.
+	if pid, _, err := in.c.Info(c); err != nil || pid != 1 {
+		t.Fatalf("info after the copy: %d, %v", pid, err)
+	}
+	// Let go, the copy is not PID 1: it ends, and pid1 reaps it.
+	if err := unix.Kill(cp, unix.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	for len(children()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the copy let go is still there: %v", children())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func mustReadlink(t *testing.T, p string) string {
+	t.Helper()
+	s, err := os.Readlink(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

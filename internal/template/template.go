@@ -157,6 +157,21 @@ func (t *Tracer) Clone(pid int, parent bool) (copyPid int, err error) {
 	return copyPid, err
 }
 
+// Copy makes a copy of pid as Clone does but keeps pid seized and
+// stopped: a caller copying a tree lets the originals go together
+// (Release) once every copy is made, so that none runs before the last
+// copy is taken.
+func (t *Tracer) Copy(pid int, parent bool) (copyPid int, err error) {
+	if err := t.Seize(pid); err != nil {
+		return 0, err
+	}
+	err = t.do(func() error {
+		copyPid, err = t.inject(pid, parent)
+		return err
+	})
+	return copyPid, err
+}
+
 // inject runs on the tracer thread.
 func (t *Tracer) inject(pid int, parent bool) (int, error) {
 	tr := t.seized[pid]

@@ -549,6 +549,29 @@ out:
 			close(fds[i]);
 }
 
+// copy_self makes a copy of this process for a checkpoint (the
+// template capture, docs/templates.md), on SIGUSR2 from outside the PID
+// namespace (a sender inside would read as itself, not 0). The copy
+// stops at once; the checkpoint dumps it and kills it, and the copy's
+// dump, restored as PID 1, is the sandbox's PID 1: it goes on from here
+// with the state this process had, serving the loop below.
+//
+// Raw system calls, not fork() and raise(): musl's fork stores the
+// child's thread id in the thread descriptor, where raise and the
+// pthread functions take it from, and the restored process's is 1. With
+// a bare clone the copy keeps this process's descriptor, as a copy made
+// by ptrace does.
+//
+// A copy let go before its dump (SIGCONT from a process of the sandbox)
+// is not PID 1: it ends rather than serve as a second one.
+static void copy_self(void) {
+	if (syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0) != 0)
+		return;
+	syscall(SYS_kill, syscall(SYS_getpid), SIGSTOP);
+	if (syscall(SYS_getpid) != 1)
+		syscall(SYS_exit_group, 0);
+}
+
 int main(int argc, char **argv) {
 	if (argc < 2 || !argv[1][0] || strlen(argv[1]) >= sizeof(((struct sockaddr_un *)0)->sun_path) - 1) {
 		fprintf(stderr, "usage: %s SOCKET-NAME\n", argv[0]);
@@ -557,6 +580,7 @@ int main(int argc, char **argv) {
 	sigset_t mask;
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGCHLD);
+	sigaddset(&mask, SIGUSR2);
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
@@ -580,9 +604,12 @@ int main(int argc, char **argv) {
 			continue;
 		if (pf[0].revents) {
 			struct signalfd_siginfo si;
+			int copy = 0;
 			while (read(sfd, &si, sizeof(si)) > 0)
-				;
+				copy |= si.ssi_signo == SIGUSR2 && si.ssi_pid == 0;
 			reap();
+			if (copy)
+				copy_self();
 		}
 		if (pf[1].revents) {
 			int c = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
