@@ -232,6 +232,10 @@ type StallParts struct {
 	CRIUMS float64 `json:"criu_ms"`
 	// SnapshotMS is the read-only btrfs snapshot of the root.
 	SnapshotMS float64 `json:"snapshot_ms"`
+	// CopyMS is a template capture's copying of the tree (seizing every
+	// process, a copy of each, letting them go; 0 otherwise). Its
+	// processes' dumps run after the thaw.
+	CopyMS float64 `json:"copy_ms,omitempty"`
 }
 
 // Checkpoint is one node of a sandbox's checkpoint tree.
@@ -246,11 +250,13 @@ type Checkpoint struct {
 	StallMS    float64 `json:"stall_ms"`
 	DurationMS float64 `json:"duration_ms"`
 	// Capture is how a full checkpoint took the processes' memory:
-	// "copy" (CRIU copied every page while the sandbox was frozen) or
+	// "copy" (CRIU copied every page while the sandbox was frozen),
 	// "copy-on-write" (the memory was write-protected in the frozen
-	// window and its pages copied after the thaw). CaptureNote says why
-	// a sandbox with enough memory to gain from copy-on-write was copied
-	// (a process with threads, memory shared between processes).
+	// window and its pages copied after the thaw) or "template" (each
+	// process was copied in the frozen window, and CRIU dumped the
+	// copies after the thaw). CaptureNote says why a sandbox with enough
+	// memory to gain from those was captured another way (a process with
+	// threads, memory shared between processes, a socket, ...).
 	Capture     string `json:"capture,omitempty"`
 	CaptureNote string `json:"capture_note,omitempty"`
 	// StallParts says where a full checkpoint's stall went.

@@ -18,6 +18,7 @@ func benchCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "Benchmarks that print molt next to baselines from one run"}
 	c.PersistentFlags().IntVar(&benchNodeSize, "pool-node-size", 0, "the benchmark daemon's pool node size in bytes (0: the default, 8192)")
 	c.PersistentFlags().BoolVar(&benchCOW, "cow-capture", true, "the benchmark daemon's --cow-capture: false copies every page in the frozen window")
+	c.PersistentFlags().BoolVar(&benchTemplate, "template-capture", true, "the benchmark daemon's --template-capture")
 	c.PersistentFlags().BoolVar(&benchDynMods, "cgroup-favordynmods", true, "the benchmark daemon's --cgroup-favordynmods; false also clears the option on the host's cgroup2 mount first")
 	var iters, baseIters, files int
 	var sizes []string
@@ -198,6 +199,9 @@ var benchDynMods = true
 // benchCOW is bench's --cow-capture.
 var benchCOW = true
 
+// benchTemplate is bench's --template-capture.
+var benchTemplate = true
+
 // benchNodeSize is bench's --pool-node-size.
 var benchNodeSize int
 
@@ -207,6 +211,7 @@ var benchNodeSize int
 func benchTweak(tweak func(*core.Config)) func(*core.Config) {
 	return func(c *core.Config) {
 		c.NoCOWCapture = !benchCOW
+		c.NoTemplateCapture = !benchTemplate
 		c.PoolNodeSize = benchNodeSize
 		if !benchDynMods {
 			c.NoFavorDynMods = true

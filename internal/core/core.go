@@ -85,6 +85,10 @@ type Config struct {
 	// memory while the sandbox is frozen (v1.Checkpoint.Capture "copy"),
 	// as before copy-on-write capture: for comparisons.
 	NoCOWCapture bool
+	// NoTemplateCapture keeps full checkpoints from copying the tree in
+	// the frozen window and dumping the copies after the thaw
+	// (v1.Checkpoint.Capture "template"; copies.go): for comparisons.
+	NoTemplateCapture bool
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }

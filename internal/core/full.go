@@ -174,7 +174,9 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	// can be (cow.go); CRIU then streams its images to the daemon.
 	capt := capture{mode: captureCopy}
 	// The live tree's memory: standbys in the cgroup are not dumped.
-	if pids, _, perr := treePids(rec.ID, rec.Init); perr == nil && !m.cfg.NoCOWCapture && anonBytes(pids) >= cowMinAnon {
+	pids, _, perr := treePids(rec.ID, rec.Init)
+	big := perr == nil && anonBytes(pids) >= cowMinAnon
+	if big && !m.cfg.NoCOWCapture {
 		capt.stream = true
 	}
 	var stream *criu.Stream
@@ -183,7 +185,33 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 			stream.Close()
 		}
 	}()
-	for {
+	// Better still, a tree that can be copied is copied in the frozen
+	// window and dumped after the thaw (copies.go); one found not to be
+	// once frozen is thawed and captured the other way.
+	var tc *treeCopy
+	defer func() { tc.close() }()
+	if big && !m.cfg.NoTemplateCapture {
+		if why := templateObstacle(rec.Init.Pid, pids); why != "" {
+			capt.note = why
+		} else {
+			freezeStart, snapped, tc, err = m.copyTree(ctx, rec, cg, id, outside, &capt)
+			switch {
+			case err == nil:
+				capt.mode, capt.stream = captureTemplate, false
+			case errors.Is(err, errNoTemplate), errors.Is(err, errIPCAppeared):
+				if errors.Is(err, errIPCAppeared) {
+					outside &^= unix.CLONE_NEWIPC
+				}
+				if terr := cg.Thaw(); terr != nil {
+					return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
+				}
+				capt.note = err.Error()
+				capt.parts = v1.StallParts{}
+				freezeStart, err = time.Time{}, nil
+			}
+		}
+	}
+	for tc == nil && err == nil {
 		freezeStart, snapped, stream, err = m.dumpTree(ctx, tool, rec, cg, id, staging, work, outside, &capt)
 		if !errors.Is(err, errIPCAppeared) {
 			break
@@ -227,6 +255,14 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	releaseCommits()
 	if err != nil {
 		return v1.Checkpoint{}, err
+	}
+	if tc != nil {
+		// The sandbox runs on; its copies are dumped now, before the
+		// call returns: an operation that kills the tree (a rollback,
+		// stop) would kill them too.
+		if err := m.dumpCopies(ctx, tool, rec, tc, staging, work, outside); err != nil {
+			return v1.Checkpoint{}, fmt.Errorf("dump the copies: %w", err)
+		}
 	}
 	m.refillDumpSpare(rec, outside)
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{

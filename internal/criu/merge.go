@@ -49,6 +49,18 @@ type MergePart struct {
 // FileAt is an open file's offset and size at an instant.
 type FileAt struct{ Pos, Size int64 }
 
+// MergeOptions tune Merge.
+type MergeOptions struct {
+	// Shared are the open file descriptions several parts share (each
+	// group one description), as SharedFiles finds them.
+	Shared [][]FileRef
+	// EmptyPipes says every pipe was empty at the instant (the caller
+	// checked while the tree was frozen): the copies share their pipes
+	// with the originals, which may have written to them before the
+	// dumps, so what the dumps found queued is dropped.
+	EmptyPipes bool
+}
+
 // FileRef names an open file of one part: its index in Merge's parts
 // and its descriptor there.
 type FileRef struct{ Part, Fd int }
@@ -58,6 +70,7 @@ const (
 	taskAlive   = 1
 	taskStopped = 3
 
+	vmaKernel      = 1<<2 | 1<<3 | 1<<12 // VMA_AREA_VSYSCALL, VDSO, VVAR
 	vmaFilePrivate = 1 << 6
 	vmaFileShared  = 1 << 7
 	// Kinds of memory whose images name objects a merge does not
@@ -78,7 +91,7 @@ var imagesTakenOnce = regexp.MustCompile(`^(cgroup\.img|seccomp\.img|mountpoints
 // images, descriptor tables) renumbered across the dumps; the process
 // tree rebuilt from the originals' parents; the copies' stopped state
 // made running; open file descriptions that several processes share
-// (shared, found with kcmp(2) between the copies) one file; and what
+// (o.Shared, found with kcmp(2) between the copies) one file; and what
 // every dump holds alike (mounts, namespaces, cgroups) taken once.
 //
 // parts[0] is the tree's root, the init of its PID namespace (As 1),
@@ -87,7 +100,7 @@ var imagesTakenOnce = regexp.MustCompile(`^(cgroup\.img|seccomp\.img|mountpoints
 // terminals, deleted files, ...) make it fail with ErrNotSupported, as
 // does memory shared between processes: the caller dumps such a tree the
 // ordinary way.
-func Merge(dst string, parts []MergePart, shared [][]FileRef) error {
+func Merge(dst string, parts []MergePart, o MergeOptions) error {
 	if err := checkParts(parts); err != nil {
 		return err
 	}
@@ -100,7 +113,7 @@ func Merge(dst string, parts []MergePart, shared [][]FileRef) error {
 	if err := m.checkShared(); err != nil {
 		return err
 	}
-	if err := m.files(shared); err != nil {
+	if err := m.files(o.Shared); err != nil {
 		return err
 	}
 	for i := range parts {
@@ -111,7 +124,7 @@ func Merge(dst string, parts []MergePart, shared [][]FileRef) error {
 	if err := m.pstree(); err != nil {
 		return err
 	}
-	return m.pipesData()
+	return m.pipesData(o.EmptyPipes)
 }
 
 func checkParts(parts []MergePart) error {
@@ -556,7 +569,7 @@ func (m *merger) pstree() error {
 
 // pipesData writes the queued data of every pipe once: the parts that
 // hold an end of the same pipe each dumped its queue.
-func (m *merger) pipesData() error {
+func (m *merger) pipesData(empty bool) error {
 	var out []imageEntry
 	seen := map[uint32]bool{}
 	for _, p := range m.parts {
@@ -569,11 +582,17 @@ func (m *merger) pipesData() error {
 			return err
 		}
 		for _, e := range ents {
-			id := e.msg.(*pipe_data.PipeDataEntry).GetPipeId()
-			if !seen[id] {
-				seen[id] = true
-				out = append(out, e)
+			d := e.msg.(*pipe_data.PipeDataEntry)
+			if seen[d.GetPipeId()] {
+				continue
 			}
+			seen[d.GetPipeId()] = true
+			if empty {
+				d = proto.Clone(d).(*pipe_data.PipeDataEntry)
+				d.Bytes = proto.Uint32(0)
+				e = imageEntry{msg: d}
+			}
+			out = append(out, e)
 		}
 	}
 	if err := writeEntries(filepath.Join(m.dst, "pipes-data.img"), "PIPES_DATA", out); err != nil {
@@ -799,6 +818,24 @@ func SharedFiles(pids []int) ([][]FileRef, error) {
 		}
 		if g != nil {
 			out = append(out, g)
+		}
+	}
+	return out, nil
+}
+
+// MappingStarts returns the start addresses of the memory areas that
+// the images in dir hold for process pid, in the order of /proc/PID/maps,
+// leaving out the kernel's own ([vdso], [vvar], [vsyscall]: CRIU takes
+// [vvar] and [vvar_vclock] as one).
+func MappingStarts(dir string, pid int) ([]uint64, error) {
+	mme, err := readOne[*mm.MmEntry](filepath.Join(dir, fmt.Sprintf("mm-%d.img", pid)))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, 0, len(mme.GetVmas()))
+	for _, v := range mme.GetVmas() {
+		if v.GetStatus()&vmaKernel == 0 {
+			out = append(out, v.GetStart())
 		}
 	}
 	return out, nil

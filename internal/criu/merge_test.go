@@ -292,7 +292,7 @@ func TestMergeCopies(t *testing.T) {
 	if err := os.Mkdir(merged, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := Merge(merged, parts, shared); err != nil {
+	if err := Merge(merged, parts, MergeOptions{Shared: shared}); err != nil {
 		t.Fatal(err)
 	}
 	compareImages(t, ref, merged)

@@ -661,7 +661,7 @@ func (t *Tracer) ProtectAll(pids ...int) error {
 			}
 			// The parent reaps the child by its number in the parent's
 			// PID namespace (the event gave the tracer's).
-			nsChild, nerr := nsPid(call.child)
+			nsChild, nerr := NSPid(call.child)
 			// The child is traced (PTRACE_O_TRACECLONE) and stopped: kill
 			// it; its end is taken below, as its tracer, after which its
 			// parent can reap it.
@@ -796,9 +796,9 @@ func describe(pid int) string {
 	return fmt.Sprintf("pid %d (%s, state %c)", pid, s[open+1:end], s[end+2])
 }
 
-// nsPid returns pid's number in its own PID namespace (the last of
+// NSPid returns pid's number in its own PID namespace (the last of
 // NSpid).
-func nsPid(pid int) (int, error) {
+func NSPid(pid int) (int, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		return 0, err

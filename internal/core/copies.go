@@ -1,0 +1,505 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/criu"
+	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/ns"
+	"github.com/molt-sh/molt/internal/pid1"
+	"github.com/molt-sh/molt/internal/template"
+)
+
+// captureTemplate: in the frozen window molt copies every process of the
+// tree (an injected clone each; pid1 copies itself), and CRIU dumps each
+// copy on its own after the thaw; the dumps are merged into the tree's
+// images (criu.Merge). No CRIU in the frozen window: it holds the freeze,
+// the copies (about 1-2 ms for a 100 MiB heap) and the root's snapshot.
+const captureTemplate = "template"
+
+// errNoTemplate is a tree found, once frozen, not to be copyable: the
+// checkpoint thaws it and captures it another way.
+var errNoTemplate = errors.New("the tree cannot be copied")
+
+// templateObstacle says why the tree of pids (the live tree, init
+// first) cannot be captured by copies ("" if it can), from what can be
+// read before the freeze; copyTree checks what can change again in the
+// frozen window, and the dumps check the rest (criu.Merge refuses the
+// images it cannot combine). What a fork does not give a copy, or gives
+// it shared with the original, rules a tree out: threads (cowObstacle),
+// memory shared between processes (cowObstacle: a copy shares it),
+// mappings a fork leaves out or empties (MADV_DONTFORK, MADV_WIPEONFORK),
+// POSIX timers, file locks, a socket or terminal outside PID 1's
+// listening socket (their queues cannot be read without taking them),
+// and a pid1 too old to copy itself.
+func templateObstacle(init int, pids []int) string {
+	if why := cowObstacle(pids); why != "" {
+		return why
+	}
+	if !pid1.CanCopy(init) {
+		return "the sandbox's pid1 predates copying (restart the sandbox)"
+	}
+	locks, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return err.Error()
+	}
+	for _, pid := range pids {
+		p := "/proc/" + strconv.Itoa(pid)
+		if holdsLock(locks, pid) {
+			return fmt.Sprintf("pid %d holds a file lock", pid)
+		}
+		if timers, err := os.ReadFile(p + "/timers"); err != nil || len(timers) > 0 {
+			return fmt.Sprintf("pid %d has POSIX timers", pid)
+		}
+		smaps, err := os.ReadFile(p + "/smaps")
+		if err != nil {
+			return fmt.Sprintf("pid %d: %v", pid, err)
+		}
+		if why := forkOmits(smaps); why != "" {
+			return fmt.Sprintf("pid %d: %s", pid, why)
+		}
+		if why := fdObstacle(pid, pid == init); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
+// holdsLock says whether /proc/locks lists a lock held by pid.
+func holdsLock(locks []byte, pid int) bool {
+	for line := range strings.Lines(string(locks)) {
+		// "1: POSIX  ADVISORY  WRITE 1234 00:2a:123 0 EOF"
+		f := strings.Fields(line)
+		if len(f) >= 5 && f[4] == strconv.Itoa(pid) {
+			return true
+		}
+	}
+	return false
+}
+
+// forkOmits names a mapping of smaps that a fork leaves out of the child
+// (MADV_DONTFORK: "dc") or empties in it (MADV_WIPEONFORK: "wf").
+func forkOmits(smaps []byte) string {
+	for line := range strings.Lines(string(smaps)) {
+		flags, ok := strings.CutPrefix(line, "VmFlags:")
+		if !ok {
+			continue
+		}
+		for _, f := range strings.Fields(flags) {
+			switch f {
+			case "dc":
+				return "a mapping is not copied by fork (MADV_DONTFORK)"
+			case "wf":
+				return "a mapping is emptied by fork (MADV_WIPEONFORK)"
+			}
+		}
+	}
+	return ""
+}
+
+// fdObstacle says why pid's open files keep it from being copied: a
+// socket (but PID 1's, its listening socket), a terminal, or a kind of
+// file the merge does not combine.
+func fdObstacle(pid int, init bool) string {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Sprintf("pid %d: %v", pid, err)
+	}
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		switch {
+		case strings.HasPrefix(target, "pipe:"),
+			target == "anon_inode:[signalfd]", target == "anon_inode:[eventfd]",
+			target == "anon_inode:[eventpoll]", target == "anon_inode:[timerfd]":
+		case strings.HasPrefix(target, "socket:") && init:
+		case strings.HasPrefix(target, "/dev/pts/"), strings.HasPrefix(target, "/dev/tty"), target == "/dev/console":
+			return fmt.Sprintf("pid %d has a terminal open (%s)", pid, target)
+		case strings.HasPrefix(target, "/") && !strings.HasSuffix(target, " (deleted)"):
+		default:
+			return fmt.Sprintf("pid %d has %s open", pid, target)
+		}
+	}
+	return ""
+}
+
+// treeCopy is a tree copied in the frozen window, waiting for its dumps.
+type treeCopy struct {
+	tracer *template.Tracer // holds the copies of all but PID 1
+	parts  []criu.MergePart // As, Parent, Flags and Files, read frozen
+	copies []int            // host PIDs of the copies, as parts
+	pidns  uint64           // the tree's PID namespace (inode)
+	maps   [][]uint64       // each original's mappings (starts), read frozen
+	closed bool
+}
+
+// close kills the copies still there. It may be called again.
+func (c *treeCopy) close() {
+	if c == nil || c.closed {
+		return
+	}
+	c.closed = true
+	c.tracer.Close()
+	for _, pid := range c.copies {
+		if pid > 0 {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+}
+
+// frozenProc is what copyTree reads of one process while frozen.
+type frozenProc struct {
+	host, ns, parentHost int
+	flags                uint32
+	files                map[int]criu.FileAt
+	maps                 []uint64
+}
+
+// readFrozen reads what a copy does not carry of pid, and says why the
+// tree cannot be copied ("") if pid stands in the way: a zombie, a
+// signal pending (a copy has none), a pipe with data in it (pipes are
+// shared with the original, which reads and writes them on after the
+// thaw).
+func readFrozen(pid int, init bool) (frozenProc, string, error) {
+	fp := frozenProc{host: pid}
+	p := "/proc/" + strconv.Itoa(pid)
+	stat, err := os.ReadFile(p + "/stat")
+	if err != nil {
+		return fp, "", err
+	}
+	s := string(stat)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 7 {
+		return fp, "", fmt.Errorf("stat of %d: %q", pid, s)
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return fp, fmt.Sprintf("pid %d is a zombie", pid), nil
+	}
+	fp.parentHost, _ = strconv.Atoi(f[1])
+	flags, err := strconv.ParseUint(f[6], 10, 32)
+	if err != nil {
+		return fp, "", fmt.Errorf("stat of %d: %w", pid, err)
+	}
+	fp.flags = uint32(flags)
+	status, err := os.ReadFile(p + "/status")
+	if err != nil {
+		return fp, "", err
+	}
+	for line := range strings.Lines(string(status)) {
+		k, v, _ := strings.Cut(line, ":")
+		v = strings.TrimSpace(v)
+		switch k {
+		case "NSpid":
+			nf := strings.Fields(v)
+			fp.ns, _ = strconv.Atoi(nf[len(nf)-1])
+		case "SigPnd", "ShdPnd":
+			mask, _ := strconv.ParseUint(v, 16, 64)
+			if init {
+				// pid1 takes SIGCHLD and its copy signal from its
+				// signalfd after the thaw, before it copies itself.
+				mask &^= 1<<(unix.SIGCHLD-1) | 1<<(pid1.CopySignal-1)
+			}
+			if mask != 0 {
+				return fp, fmt.Sprintf("pid %d has signals pending (%s %s)", pid, k, v), nil
+			}
+		}
+	}
+	if fp.files, err = criu.OpenFiles(pid); err != nil {
+		return fp, "", err
+	}
+	ents, err := os.ReadDir(p + "/fd")
+	if err != nil {
+		return fp, "", err
+	}
+	for _, e := range ents {
+		link := filepath.Join(p, "fd", e.Name())
+		if target, _ := os.Readlink(link); !strings.HasPrefix(target, "pipe:") {
+			continue
+		}
+		if n, err := pipeBytes(link); err != nil {
+			return fp, "", err
+		} else if n > 0 {
+			return fp, fmt.Sprintf("pid %d: a pipe holds %d bytes", pid, n), nil
+		}
+	}
+	maps, err := os.ReadFile(p + "/maps")
+	if err != nil {
+		return fp, "", err
+	}
+	for line := range strings.Lines(string(maps)) {
+		// The kernel's own areas, which a fork always gives (and CRIU
+		// takes [vvar] and [vvar_vclock] as one): see
+		// criu.MappingStarts.
+		if strings.Contains(line, " [vdso]") || strings.Contains(line, " [vvar") || strings.Contains(line, " [vsyscall]") {
+			continue
+		}
+		start, _, _ := strings.Cut(line, "-")
+		if v, err := strconv.ParseUint(start, 16, 64); err == nil {
+			fp.maps = append(fp.maps, v)
+		}
+	}
+	return fp, "", nil
+}
+
+// pipeBytes returns how many bytes the pipe that link names holds.
+func pipeBytes(link string) (int, error) {
+	fd, err := unix.Open(link, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		// The write end of a pipe opens read-only too (pipefs); a pipe
+		// gone meanwhile is empty.
+		if errors.Is(err, unix.ENOENT) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("open %s: %w", link, err)
+	}
+	defer unix.Close(fd)
+	n, err := unix.IoctlGetInt(fd, unix.TIOCINQ) // FIONREAD
+	if err != nil {
+		return 0, fmt.Errorf("FIONREAD %s: %w", link, err)
+	}
+	return n, nil
+}
+
+// copyTree captures the sandbox's tree by copies: it freezes the cgroup,
+// reads what the copies will not carry, seizes every process but PID 1,
+// thaws (each stops for the tracer), has pid1 copy itself and copies the
+// others, freezes again and lets the originals go to the freezer. The
+// root's read-only snapshot runs meanwhile; its result arrives on
+// snapped. The cgroup is left frozen. A tree found not copyable in the
+// window fails with errNoTemplate (the cgroup frozen, nothing copied).
+func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgroup, id string, outside int, capt *capture) (freezeStart time.Time, snapped chan error, tc *treeCopy, err error) {
+	init := rec.Init.Pid
+	freezeStart = time.Now()
+	if err := cg.Freeze(ctx); err != nil {
+		return freezeStart, nil, nil, err
+	}
+	if outside&unix.CLONE_NEWIPC != 0 {
+		if inUse, err := sysvIPCInUse(init); err != nil {
+			return freezeStart, nil, nil, err
+		} else if inUse {
+			return freezeStart, nil, nil, errIPCAppeared
+		}
+	}
+	pids, _, err := treePids(rec.ID, rec.Init)
+	if err != nil {
+		return freezeStart, nil, nil, err
+	}
+	// init first, then parents before children (PIDs in the namespace
+	// grow with age, and a parent is older than its child, but for a
+	// process reparented to init, whose parent is init).
+	procs := make([]frozenProc, 0, len(pids))
+	for _, pid := range pids {
+		fp, why, err := readFrozen(pid, pid == init)
+		if err != nil {
+			return freezeStart, nil, nil, err
+		}
+		if why != "" {
+			return freezeStart, nil, nil, fmt.Errorf("%w: %s", errNoTemplate, why)
+		}
+		procs = append(procs, fp)
+	}
+	slices.SortFunc(procs, func(a, b frozenProc) int { return a.ns - b.ns })
+	if len(procs) == 0 || procs[0].host != init || procs[0].ns != 1 {
+		return freezeStart, nil, nil, fmt.Errorf("%w: the tree's first process is not its init", errNoTemplate)
+	}
+	nsOf := map[int]int{}
+	for _, p := range procs {
+		nsOf[p.host] = p.ns
+	}
+	var pidns unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(init)+"/ns/pid", &pidns); err != nil {
+		return freezeStart, nil, nil, err
+	}
+	tc = &treeCopy{tracer: template.NewTracer(), pidns: pidns.Ino}
+	for i, p := range procs {
+		part := criu.MergePart{As: p.ns, Flags: p.flags, Files: p.files}
+		if i > 0 {
+			parent, ok := nsOf[p.parentHost]
+			if !ok {
+				tc.close()
+				return freezeStart, nil, nil, fmt.Errorf("%w: pid %d's parent %d is outside the tree", errNoTemplate, p.host, p.parentHost)
+			}
+			part.Parent = parent
+		}
+		tc.parts = append(tc.parts, part)
+		tc.maps = append(tc.maps, p.maps)
+	}
+	defer func() {
+		if err != nil {
+			tc.close()
+			tc = nil
+		}
+	}()
+	t0 := time.Now()
+	rest := make([]int, 0, len(procs)-1)
+	for _, p := range procs[1:] {
+		rest = append(rest, p.host)
+	}
+	for _, pid := range rest {
+		if err := tc.tracer.Seize(pid); err != nil {
+			return freezeStart, nil, tc, err
+		}
+	}
+	// Nothing of the tree runs until the second freeze (pid1 only copies
+	// itself and reaps): the snapshot can start now, next to the copies.
+	root := m.sbRoot(rec.ID)
+	snapped = make(chan error, 1)
+	go func() {
+		t0 := time.Now()
+		err := fsnap.Snapshot(root, m.ckFS(id), true)
+		capt.parts.SnapshotMS = ms(time.Since(t0))
+		snapped <- err
+	}()
+	before := childrenOf(init)
+	if err := cg.Thaw(); err != nil {
+		return freezeStart, snapped, tc, err
+	}
+	refreeze := func(err error) error {
+		if ferr := cg.Freeze(ctx); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+		for _, pid := range rest {
+			if rerr := tc.tracer.Release(pid); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+		return err
+	}
+	if err := unix.Kill(init, pid1.CopySignal); err != nil {
+		return freezeStart, snapped, tc, refreeze(fmt.Errorf("ask pid1 for its copy: %w", err))
+	}
+	tc.copies = make([]int, len(procs))
+	for i, pid := range rest {
+		cp, cerr := tc.tracer.Copy(pid, true)
+		if cerr != nil {
+			err = fmt.Errorf("copy of %d: %w", pid, cerr)
+			break
+		}
+		tc.copies[i+1] = cp
+	}
+	// pid1's copy, even after a failure: it goes with the others.
+	cp, werr := waitCopy(init, before, tc.copies)
+	tc.copies[0] = cp
+	err = refreeze(errors.Join(err, werr))
+	capt.parts.CopyMS = ms(time.Since(t0))
+	if err != nil {
+		return freezeStart, snapped, tc, err
+	}
+	return freezeStart, snapped, tc, nil
+}
+
+// childrenOf lists pid's children (host PIDs).
+func childrenOf(pid int) map[int]bool {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	out := map[int]bool{}
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			out[n] = true
+		}
+	}
+	return out
+}
+
+// waitCopy waits for pid1's copy of itself: a child of init, new since
+// before and not one of copies, stopped.
+func waitCopy(init int, before map[int]bool, copies []int) (int, error) {
+	deadline := time.Now().Add(time.Second)
+	for spin := 0; ; spin++ {
+		for pid := range childrenOf(init) {
+			if before[pid] || slices.Contains(copies, pid) {
+				continue
+			}
+			if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+				s := string(st)
+				if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) && s[i+2] == 'T' {
+					return pid, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("pid1 made no copy of itself within a second")
+		}
+		if spin > 200 {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
+// dumpCopies dumps each copy of tc on its own, in the sandbox's
+// namespaces of the types in outside as the tree's dumps are, and merges
+// the dumps into staging. The copies are gone after.
+func (m *Manager) dumpCopies(ctx context.Context, tool *criu.Tool, rec sandboxRec, tc *treeCopy, staging, work string, outside int) error {
+	defer tc.close()
+	shared, err := criu.SharedFiles(tc.copies)
+	if err != nil {
+		return err
+	}
+	var nss []ns.Ref
+	if outside != 0 {
+		if nss, err = ns.Open(rec.Init.Pid, outside); err != nil {
+			return err
+		}
+		defer ns.Close(nss)
+	}
+	ext := fmt.Sprintf("pid[%d]:molt-pidns", tc.pidns)
+	for i, cp := range tc.copies {
+		part := &tc.parts[i]
+		if part.Pid, err = template.NSPid(cp); err != nil {
+			return fmt.Errorf("copy of %d: %w", part.As, err)
+		}
+		part.Dir = filepath.Join(work, "copy-"+strconv.Itoa(part.As))
+		if err := os.Mkdir(part.Dir, 0o700); err != nil {
+			return err
+		}
+		if i > 0 {
+			// Held by the tracer until now: a copy in a ptrace stop
+			// does not run on a SIGCONT from the sandbox. Let go, it
+			// stops at once (the SIGSTOP queued at its birth).
+			if err := tc.tracer.Detach(cp); err != nil {
+				return err
+			}
+		}
+		if _, err := tool.Dump(ctx, criu.DumpOptions{
+			Pid: cp, ImagesDir: part.Dir, ShellJob: true, External: []string{ext},
+			FileLocks: true, CgroupMode: "ignore", NetworkLock: networkLock, Namespaces: nss, LogLevel: m.criuLogLevel(),
+		}); err != nil {
+			return fmt.Errorf("dump the copy of %d: %w", part.As, err)
+		}
+		tc.copies[i] = 0 // CRIU killed it
+	}
+	if err := criu.Merge(staging, tc.parts, criu.MergeOptions{Shared: shared, EmptyPipes: true}); err != nil {
+		return err
+	}
+	return checkMappings(staging, tc)
+}
+
+// checkMappings checks that every merged process maps what its
+// original mapped at the instant: a fork leaves out a mapping marked
+// MADV_DONTFORK, which templateObstacle looked for before the freeze but
+// a process could have marked since.
+func checkMappings(images string, tc *treeCopy) error {
+	for i, p := range tc.parts {
+		starts, err := criu.MappingStarts(images, p.As)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(starts, tc.maps[i]) {
+			return fmt.Errorf("the copy of %d maps %d areas, the original %d at the instant", p.As, len(starts), len(tc.maps[i]))
+		}
+	}
+	return nil
+}
