@@ -444,6 +444,9 @@ func waitCopy(init int, before map[int]bool, copies []int) (int, error) {
 // the dumps into staging. The copies are gone after.
 func (m *Manager) dumpCopies(ctx context.Context, tool *criu.Tool, rec sandboxRec, tc *treeCopy, staging, work string, outside int) error {
 	defer tc.close()
+	if err := m.fail("full:copies"); err != nil {
+		return err
+	}
 	shared, err := criu.SharedFiles(tc.copies)
 	if err != nil {
 		return err

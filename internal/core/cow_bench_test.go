@@ -47,7 +47,7 @@ while True:
 //
 //	go test -run XXX -bench COWRewrite -benchtime 1x ./internal/core
 func BenchmarkCOWRewrite(b *testing.B) {
-	m := openManager(b)
+	m := openCOWManager(b)
 	requireCRIU(b, m)
 	ctx := context.Background()
 	sb := pythonSandbox(b, m, rewriter)

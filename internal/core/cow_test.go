@@ -32,6 +32,16 @@ while True:
         os.rename('/tmp/result.tmp', '/tmp/result')
 `
 
+// openCOWManager opens a Manager whose big trees are captured
+// copy-on-write: the template capture, which would take them first,
+// is off.
+func openCOWManager(t testing.TB) *Manager {
+	t.Helper()
+	m := openManager(t)
+	m.cfg.NoTemplateCapture = true
+	return m
+}
+
 // pythonSandbox creates a sandbox that runs script with python3 in the
 // background and waits for the script to create /tmp/ready.
 func pythonSandbox(t testing.TB, m *Manager, script string) v1.Sandbox {
@@ -66,7 +76,7 @@ func waitFile(t testing.TB, m *Manager, sb, path string) string {
 // thaw and before the checkpoint copied them (persist is held until
 // then): a rollback brings back a heap of 'A's.
 func TestCOWCapture(t *testing.T) {
-	m := openManager(t)
+	m := openCOWManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
 	sb := pythonSandbox(t, m, cowHolder)
@@ -169,7 +179,7 @@ func TestCOWCaptureFallsBack(t *testing.T) {
 // no checkpoint, leaves no checkpoint directory or staging directory,
 // and the sandbox runs on with its memory; the next one works.
 func TestCOWCaptureFailureLeavesSandboxRunning(t *testing.T) {
-	m := openManager(t)
+	m := openCOWManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
 	sb := pythonSandbox(t, m, cowHolder)
@@ -205,7 +215,7 @@ func TestCOWCaptureFailureLeavesSandboxRunning(t *testing.T) {
 // does: the daemon's reaper takes the stop) and leaves nothing traced
 // for CRIU.
 func TestCOWCaptureWithStandby(t *testing.T) {
-	m := openManager(t)
+	m := openCOWManager(t)
 	requireCRIU(t, m)
 	m.cfg.StandbyBudget = 1 << 30
 	ctx := context.Background()
@@ -249,7 +259,7 @@ func TestCOWCaptureWithStandby(t *testing.T) {
 // captured copy-on-write, and a rollback brings back its heap with the
 // zombie child.
 func TestCOWCaptureWithZombie(t *testing.T) {
-	m := openManager(t)
+	m := openCOWManager(t)
 	requireCRIU(t, m)
 	ctx := context.Background()
 	holder := "import os\nif os.fork() == 0:\n    os._exit(0)\n" + cowHolder

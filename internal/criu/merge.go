@@ -81,8 +81,13 @@ const (
 
 // imagesTakenOnce are images of what the processes share (mounts,
 // namespaces, cgroups, seccomp filters): every part's dump must hold the
-// same bytes, and the merge takes one.
-var imagesTakenOnce = regexp.MustCompile(`^(cgroup\.img|seccomp\.img|mountpoints-\d+\.img|tmpfs-dev-\d+\.tar\.gz\.img|utsns-\d+\.img|ipcns-.*\.img|netns-\d+\.img)$`)
+// same bytes, and the merge takes one. Time namespaces' images
+// (clockImages) hold the clocks at each dump: the merge takes the first
+// dump's, the nearest to the instant.
+var (
+	imagesTakenOnce = regexp.MustCompile(`^(cgroup\.img|seccomp\.img|mountpoints-\d+\.img|tmpfs-dev-\d+\.tar\.gz\.img|utsns-\d+\.img|ipcns-.*\.img|netns-\d+\.img)$`)
+	clockImages     = regexp.MustCompile(`^timens-\d+\.img$`)
+)
 
 // Merge writes into dst (an empty directory) the images of the tree made
 // of parts, as one CRIU dump of the originals at the instant of their
@@ -169,7 +174,7 @@ type merger struct {
 var (
 	perTask  = regexp.MustCompile(`^(core|ids|mm|pagemap|fs)-(\d+)\.img$`)
 	perDump  = regexp.MustCompile(`^(fdinfo|pages)-(\d+)\.img$`)
-	ignored  = regexp.MustCompile(`^(pidns-\d+\.img|timens-0\.img|stats-dump|.*\.log)$`)
+	ignored  = regexp.MustCompile(`^(pidns-\d+\.img|stats-dump|.*\.log)$`)
 	sharedIn = []string{"files.img", "pstree.img", "pipes-data.img", "inventory.img"}
 )
 
@@ -189,7 +194,7 @@ func (m *merger) load(i int) error {
 			}
 			continue
 		}
-		if perDump.MatchString(name) || ignored.MatchString(name) || imagesTakenOnce.MatchString(name) || slices.Contains(sharedIn, name) {
+		if perDump.MatchString(name) || ignored.MatchString(name) || imagesTakenOnce.MatchString(name) || clockImages.MatchString(name) || slices.Contains(sharedIn, name) {
 			continue
 		}
 		return fmt.Errorf("merge %s: image %s cannot be merged: %w", p.Dir, name, errdefs.ErrNotSupported)
@@ -250,16 +255,15 @@ func (m *merger) checkShared() error {
 		}
 	}
 	for _, name := range first.names {
-		if !imagesTakenOnce.MatchString(name) && name != "timens-0.img" {
+		clock := clockImages.MatchString(name)
+		if !imagesTakenOnce.MatchString(name) && !clock {
 			continue
 		}
 		want, err := os.ReadFile(filepath.Join(m.parts[0].Dir, name))
 		if err != nil {
 			return fmt.Errorf("merge: %w", err)
 		}
-		// The time namespace's image holds the clocks at each dump; the
-		// first dump's are the nearest to the instant.
-		if name != "timens-0.img" {
+		if !clock {
 			for _, p := range m.parts[1:] {
 				got, err := os.ReadFile(filepath.Join(p.Dir, name))
 				if err != nil || !bytes.Equal(got, want) {
@@ -272,7 +276,7 @@ func (m *merger) checkShared() error {
 		}
 	}
 	for i, d := range m.dumps[1:] {
-		if err := sameNames(first.names, d.names, imagesTakenOnce); err != nil {
+		if err := sameNames(first.names, d.names, imagesTakenOnce, clockImages); err != nil {
 			return fmt.Errorf("merge %s: %w", m.parts[i+1].Dir, err)
 		}
 	}
@@ -309,12 +313,15 @@ func (m *merger) checkShared() error {
 }
 
 // sameNames checks that two dumps hold the same shared images.
-func sameNames(a, b []string, re *regexp.Regexp) error {
+func sameNames(a, b []string, res ...*regexp.Regexp) error {
 	pick := func(names []string) []string {
 		var out []string
 		for _, n := range names {
-			if re.MatchString(n) {
-				out = append(out, n)
+			for _, re := range res {
+				if re.MatchString(n) {
+					out = append(out, n)
+					break
+				}
 			}
 		}
 		return out

@@ -1,0 +1,120 @@
+package core
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+)
+
+// treeSize is how many processes the sandbox's live tree has.
+func treeSize(t *testing.T, m *Manager, id string) int {
+	t.Helper()
+	rec, err := m.lookupSandbox(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, _, err := treePids(id, rec.Init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(pids)
+}
+
+// TestTemplateCapture: a full checkpoint of a sandbox with a 48 MiB heap
+// copies the tree in the frozen window (no CRIU there) and dumps the
+// copies after the thaw. The process then rewrites its whole heap and
+// the session changes a variable; a rollback brings back the heap of 'A's
+// and the variable of the instant, and no copy stays in the sandbox.
+func TestTemplateCapture(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := pythonSandbox(t, m, cowHolder)
+	run(t, m, sb.ID, "export X=before")
+	n := treeSize(t, m, sb.ID)
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checkpoint: stall %.1f ms, capture %s %s, parts %+v, took %.1f ms", ck.StallMS, ck.Capture, ck.CaptureNote, ck.StallParts, ck.DurationMS)
+	if ck.Capture != captureTemplate {
+		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureTemplate)
+	}
+	if p := ck.StallParts; p == nil || p.CopyMS <= 0 || p.CRIUMS != 0 || p.SnapshotMS <= 0 || p.CopyMS > ck.StallMS+1 {
+		t.Fatalf("stall parts %+v of a %.1f ms stall: want the copying within the stall, no CRIU", p, ck.StallMS)
+	}
+	if got := treeSize(t, m, sb.ID); got != n {
+		t.Fatalf("the tree has %d processes after the checkpoint, %d before: copies stayed", got, n)
+	}
+	run(t, m, sb.ID, "export X=after; touch /tmp/fill")
+	waitFile(t, m, sb.ID, "/tmp/filled")
+	if _, err := m.awaitCheckpoint(ctx, ck.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "before\n" {
+		t.Fatalf("session after the rollback: %q, want before", r.Stdout)
+	}
+	run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
+	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
+		t.Fatalf("after the rollback %s bytes of the heap are not 'A'", got)
+	}
+	// The restored tree is captured the same way.
+	ck2, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck2.Capture != captureTemplate {
+		t.Fatalf("capture of the restored tree %q (%s)", ck2.Capture, ck2.CaptureNote)
+	}
+}
+
+// TestTemplateCaptureFallsBack: a tree the copies cannot capture (a
+// process holding a socket, whose queue a copy would share) is captured
+// copy-on-write, and the checkpoint says why.
+func TestTemplateCaptureFallsBack(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := pythonSandbox(t, m, "import socket\ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"+cowHolder)
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.Capture != captureCOW || !strings.Contains(ck.CaptureNote, "socket") {
+		t.Fatalf("capture %q (%q), want %q saying why not %q", ck.Capture, ck.CaptureNote, captureCOW, captureTemplate)
+	}
+}
+
+// TestTemplateCaptureFailure: a template capture whose dumps fail lists
+// no checkpoint, leaves no copy in the sandbox, and the sandbox runs on
+// with its memory; the next checkpoint works.
+func TestTemplateCaptureFailure(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := pythonSandbox(t, m, cowHolder)
+	run(t, m, sb.ID, "x=7")
+	n := treeSize(t, m, sb.ID)
+	checkpointFailsAt(t, m, sb.ID, "full:copies")
+	if got := treeSize(t, m, sb.ID); got != n {
+		t.Fatalf("the tree has %d processes after the failed checkpoint, %d before", got, n)
+	}
+	if r := run(t, m, sb.ID, "echo $x; rm -f /tmp/result; touch /tmp/check"); r.Stdout != "7\n" {
+		t.Fatalf("session after the failed checkpoint: %q", r.Stdout)
+	}
+	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
+		t.Fatalf("heap after the failed checkpoint: %s bytes not 'A'", got)
+	}
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.Capture != captureTemplate {
+		t.Fatalf("capture after the failure %q (%s)", ck.Capture, ck.CaptureNote)
+	}
+}
