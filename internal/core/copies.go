@@ -147,7 +147,9 @@ type treeCopy struct {
 	closed bool
 }
 
-// close kills the copies still there. It may be called again.
+// close kills the copies still there and waits (a second at most) for
+// their parents to reap them: the next capture must not find them in
+// the tree. It may be called again.
 func (c *treeCopy) close() {
 	if c == nil || c.closed {
 		return
@@ -157,6 +159,12 @@ func (c *treeCopy) close() {
 	for _, pid := range c.copies {
 		if pid > 0 {
 			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+	deadline := time.Now().Add(time.Second)
+	for _, pid := range c.copies {
+		for pid > 0 && unix.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Microsecond)
 		}
 	}
 }
@@ -391,9 +399,13 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 		}
 		tc.copies[i+1] = cp
 	}
-	// pid1's copy, even after a failure: it goes with the others.
+	// pid1's copy, even after a failure: it goes with the others. Held
+	// like them, it dies with the daemon should the daemon die first.
 	cp, werr := waitCopy(init, before, tc.copies)
 	tc.copies[0] = cp
+	if werr == nil {
+		werr = tc.tracer.Adopt(cp)
+	}
 	err = refreeze(errors.Join(err, werr))
 	capt.parts.CopyMS = ms(time.Since(t0))
 	if err != nil {
@@ -468,13 +480,11 @@ func (m *Manager) dumpCopies(ctx context.Context, tool *criu.Tool, rec sandboxRe
 		if err := os.Mkdir(part.Dir, 0o700); err != nil {
 			return err
 		}
-		if i > 0 {
-			// Held by the tracer until now: a copy in a ptrace stop
-			// does not run on a SIGCONT from the sandbox. Let go, it
-			// stops at once (the SIGSTOP queued at its birth).
-			if err := tc.tracer.Detach(cp); err != nil {
-				return err
-			}
+		// Held by the tracer until now: a copy in a ptrace stop does not
+		// run on a SIGCONT from the sandbox. Let go, it stops at once
+		// (the SIGSTOP queued at its birth; pid1's stopped itself).
+		if err := tc.tracer.Detach(cp); err != nil {
+			return err
 		}
 		if _, err := tool.Dump(ctx, criu.DumpOptions{
 			Pid: cp, ImagesDir: part.Dir, ShellJob: true, External: []string{ext},
@@ -505,4 +515,38 @@ func checkMappings(images string, tc *treeCopy) error {
 		}
 	}
 	return nil
+}
+
+// waitCopies waits for the dumps of the sandbox's template capture, if
+// one is under way.
+func (m *Manager) waitCopies(id string) {
+	m.mu.Lock()
+	done := m.copying[id]
+	m.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// startDumpCopies dumps tc's copies in the background (dumpCopies), at
+// once rather than through the scheduler: until they are dumped, the
+// copies are processes of the sandbox, which waits for them
+// (waitCopies). The dumps' result arrives on the returned channel.
+func (m *Manager) startDumpCopies(tool *criu.Tool, rec sandboxRec, tc *treeCopy, staging, work string, outside int) <-chan error {
+	done := make(chan struct{})
+	m.mu.Lock()
+	m.copying[rec.ID] = done
+	m.mu.Unlock()
+	res := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), criu.DefaultTimeout)
+		defer cancel()
+		err := m.dumpCopies(ctx, tool, rec, tc, staging, work, outside)
+		m.mu.Lock()
+		delete(m.copying, rec.ID)
+		m.mu.Unlock()
+		close(done)
+		res <- err
+	}()
+	return res
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 )
@@ -45,13 +46,18 @@ func TestTemplateCapture(t *testing.T) {
 	if p := ck.StallParts; p == nil || p.CopyMS <= 0 || p.CRIUMS != 0 || p.SnapshotMS <= 0 || p.CopyMS > ck.StallMS+1 {
 		t.Fatalf("stall parts %+v of a %.1f ms stall: want the copying within the stall, no CRIU", p, ck.StallMS)
 	}
-	if got := treeSize(t, m, sb.ID); got != n {
-		t.Fatalf("the tree has %d processes after the checkpoint, %d before: copies stayed", got, n)
+	// The call returned at the thaw, the copies' dumps under way: the
+	// heap is rewritten meanwhile.
+	if !ck.Pending {
+		t.Fatal("the checkpoint returned committed: its copies were dumped before the call returned")
 	}
 	run(t, m, sb.ID, "export X=after; touch /tmp/fill")
 	waitFile(t, m, sb.ID, "/tmp/filled")
 	if _, err := m.awaitCheckpoint(ctx, ck.ID); err != nil {
 		t.Fatal(err)
+	}
+	if got := treeSize(t, m, sb.ID); got != n {
+		t.Fatalf("the tree has %d processes after the checkpoint, %d before: copies stayed", got, n)
 	}
 	if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
 		t.Fatal(err)
@@ -116,5 +122,66 @@ func TestTemplateCaptureFailure(t *testing.T) {
 	}
 	if ck.Capture != captureTemplate {
 		t.Fatalf("capture after the failure %q (%s)", ck.Capture, ck.CaptureNote)
+	}
+}
+
+// TestTemplateCaptureRollbackRightAfter: a rollback that comes while a
+// template capture's copies are being dumped waits for them (it would
+// kill them with the tree), and both checkpoints stay good.
+func TestTemplateCaptureRollbackRightAfter(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := pythonSandbox(t, m, cowHolder)
+	run(t, m, sb.ID, "export X=one")
+	ck1, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "export X=two")
+	// The second capture's dumps are held until the rollback has had
+	// time to kill the copies, were it not waiting.
+	hold := make(chan struct{})
+	m.failpoint = func(step string) error {
+		if step == "full:copies" {
+			<-hold
+		}
+		return nil
+	}
+	ck2, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
+	if err != nil {
+		close(hold)
+		t.Fatal(err)
+	}
+	if ck1.Capture != captureTemplate || ck2.Capture != captureTemplate {
+		close(hold)
+		t.Fatalf("captures %q (%s), %q (%s)", ck1.Capture, ck1.CaptureNote, ck2.Capture, ck2.CaptureNote)
+	}
+	rolled := make(chan error, 1)
+	go func() {
+		_, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck1.ID, Tier: v1.TierWarm})
+		rolled <- err
+	}()
+	select {
+	case err := <-rolled:
+		close(hold)
+		t.Fatalf("the rollback did not wait for the copies' dumps: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	close(hold)
+	if err := <-rolled; err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "one\n" {
+		t.Fatalf("after the rollback to the first: %q", r.Stdout)
+	}
+	if _, err := m.awaitCheckpoint(ctx, ck2.ID); err != nil {
+		t.Fatalf("the second checkpoint, whose copies the rollback came during: %v", err)
+	}
+	if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck2.ID, Tier: v1.TierWarm}); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "two\n" {
+		t.Fatalf("after the rollback to the second: %q", r.Stdout)
 	}
 }

@@ -118,8 +118,12 @@ type Manager struct {
 	log      *slog.Logger
 	started  time.Time
 
-	mu    sync.Mutex // guards locks and name uniqueness checks
+	mu    sync.Mutex // guards locks, copying and name uniqueness checks
 	locks map[string]*sync.Mutex
+	// copying holds, per sandbox, the end of the dumps of a template
+	// capture's copies (copies.go), closed when they are done: until
+	// then the copies are processes of the sandbox.
+	copying map[string]chan struct{}
 
 	inflight inflight // open daemon connections to each sandbox's init
 
@@ -205,6 +209,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg: cfg, pool: p, db: db, log: cfg.Logger, started: time.Now(),
 		launcher: &sandbox.Launcher{Binary: cfg.InitBinary},
 		locks:    map[string]*sync.Mutex{},
+		copying:  map[string]chan struct{}{},
 		closing:  make(chan struct{}),
 	}
 	m.metrics = newMetrics(m)

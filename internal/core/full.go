@@ -230,6 +230,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 			}
 		}
 		capt = capture{mode: captureCopy, note: "retried with the IPC namespace"}
+		err = nil
 	}
 	if err != nil {
 		err = fmt.Errorf("dump: %w", err)
@@ -256,14 +257,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
-	if tc != nil {
-		// The sandbox runs on; its copies are dumped now, before the
-		// call returns: an operation that kills the tree (a rollback,
-		// stop) would kill them too.
-		if err := m.dumpCopies(ctx, tool, rec, tc, staging, work, outside); err != nil {
-			return v1.Checkpoint{}, fmt.Errorf("dump the copies: %w", err)
-		}
-	}
+
 	m.refillDumpSpare(rec, outside)
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
@@ -285,8 +279,15 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	keepStaging = true
 	held := stream
 	stream = nil // persist writes it out and closes it
+	var copied <-chan error
+	if tc != nil {
+		// The copies are dumped into staging from now on; persist waits
+		// for them.
+		copied = m.startDumpCopies(tool, rec, tc, staging, work, outside)
+		tc = nil
+	}
 	m.background(rec.ID, sched.Persist, "persist "+ck.ID, func(ctx context.Context, t *sched.Task) error {
-		m.persist(ctx, t, job, rec, staging, work, held, start)
+		m.persist(ctx, t, job, rec, staging, work, held, copied, start)
 		return job.err
 	})
 	ck.Pending = true
@@ -383,8 +384,13 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 // On failure the checkpoint's directory goes, its children and the
 // sandbox's head move to its parent, and the error is kept for whoever
 // waits on it.
-func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, rec sandboxRec, staging, work string, stream *criu.Stream, start time.Time) {
+func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, rec sandboxRec, staging, work string, stream *criu.Stream, copied <-chan error, start time.Time) {
 	var err error
+	if copied != nil {
+		if err = <-copied; err != nil {
+			err = fmt.Errorf("dump the copies: %w", err)
+		}
+	}
 	if stream != nil {
 		// The pages it holds are copied now, off the frozen window (and
 		// before waiting for the previous checkpoint: held pages keep the

@@ -221,6 +221,11 @@ func (m *Manager) lockSandbox(ref string) (sandboxRec, func(), error) {
 		return rec, nil, err
 	}
 	unlock := m.lock(rec.ID)
+	// A template capture's copies are processes of the sandbox until
+	// they are dumped: whatever changes the sandbox (kills its tree,
+	// captures it again) waits for that, a few hundred milliseconds at
+	// most after the capture.
+	m.waitCopies(rec.ID)
 	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
 		unlock()
 		return rec, nil, notFound("sandbox", ref)

@@ -157,6 +157,23 @@ func (t *Tracer) Clone(pid int, parent bool) (copyPid int, err error) {
 	return copyPid, err
 }
 
+// Adopt takes pid, a stopped copy made some other way (a process that
+// copied itself), into the tracer's hands as if Clone had made it:
+// Detach, Kill and Close apply, and should the tracer go away first, the
+// kernel kills it (PTRACE_O_EXITKILL). It stays stopped.
+func (t *Tracer) Adopt(pid int) error {
+	return t.do(func() error {
+		if _, ok := t.seized[pid]; ok {
+			return fmt.Errorf("pid %d is traced already: %w", pid, errdefs.ErrInvalidArgument)
+		}
+		if _, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(pid), 0, seizeOpts|unix.PTRACE_O_EXITKILL, 0, 0); e != 0 {
+			return fmt.Errorf("seize copy %d: %w", pid, e)
+		}
+		t.seized[pid] = &tracee{copy: true}
+		return nil
+	})
+}
+
 // Copy makes a copy of pid as Clone does but keeps pid seized and
 // stopped: a caller copying a tree lets the originals go together
 // (Release) once every copy is made, so that none runs before the last
