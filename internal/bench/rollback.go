@@ -68,7 +68,7 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 			return res, err
 		}
 		row := RollbackRow{Workload: w.name}
-		var stall, protect, criu, snap Sample
+		var stall, protect, criu, snap, copying Sample
 		var ck v1.Checkpoint
 		row.Captures = map[string]int{}
 		for i := 0; i < stallSamples; i++ {
@@ -80,11 +80,12 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 				protect = append(protect, msDur(p.ProtectMS))
 				criu = append(criu, msDur(p.CRIUMS))
 				snap = append(snap, msDur(p.SnapshotMS))
+				copying = append(copying, msDur(p.CopyMS))
 			}
 			row.Captures[ck.Capture]++
 		}
 		row.Stall = stall.Stats()
-		row.StallParts = v1.StallParts{ProtectMS: protect.Stats().P50, CRIUMS: criu.Stats().P50, SnapshotMS: snap.Stats().P50}
+		row.StallParts = v1.StallParts{ProtectMS: protect.Stats().P50, CRIUMS: criu.Stats().P50, SnapshotMS: snap.Stats().P50, CopyMS: copying.Stats().P50}
 
 		var hot, warm Sample
 		for i := 0; i < cfg.Iterations; i++ {
@@ -180,8 +181,8 @@ func PrintRollback(w io.Writer, r RollbackResult) {
 			caps = append(caps, fmt.Sprintf("%s %d", k, row.Captures[k]))
 		}
 		p := row.StallParts
-		fmt.Fprintf(w, "%s: stall parts p50: write protection %.1f ms, CRIU %.1f ms, root snapshot %.1f ms beside CRIU; captures: %s\n",
-			row.Workload, p.ProtectMS, p.CRIUMS, p.SnapshotMS, strings.Join(caps, ", "))
+		fmt.Fprintf(w, "%s: stall parts p50: copying the tree %.1f ms, write protection %.1f ms, CRIU %.1f ms, root snapshot %.1f ms beside them; captures: %s\n",
+			row.Workload, p.CopyMS, p.ProtectMS, p.CRIUMS, p.SnapshotMS, strings.Join(caps, ", "))
 	}
 }
 
