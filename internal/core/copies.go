@@ -362,19 +362,9 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 			return freezeStart, nil, tc, err
 		}
 	}
-	// Nothing of the tree runs until the second freeze (pid1 only copies
-	// itself and reaps): the snapshot can start now, next to the copies.
-	root := m.sbRoot(rec.ID)
-	snapped = make(chan error, 1)
-	go func() {
-		t0 := time.Now()
-		err := fsnap.Snapshot(root, m.ckFS(id), true)
-		capt.parts.SnapshotMS = ms(time.Since(t0))
-		snapped <- err
-	}()
 	before := childrenOf(init)
 	if err := cg.Thaw(); err != nil {
-		return freezeStart, snapped, tc, err
+		return freezeStart, nil, tc, err
 	}
 	refreeze := func(err error) error {
 		if ferr := cg.Freeze(ctx); ferr != nil {
@@ -387,6 +377,27 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 		}
 		return err
 	}
+	// What a fork would not carry over, read from the stopped originals
+	// (pid1, molt's own, sets none of it).
+	for _, pid := range rest {
+		why, err := tc.tracer.NotInherited(pid)
+		if err == nil && why != "" {
+			err = fmt.Errorf("%w: %s", errNoTemplate, why)
+		}
+		if err != nil {
+			return freezeStart, nil, tc, refreeze(err)
+		}
+	}
+	// Nothing of the tree runs until the second freeze (pid1 only copies
+	// itself and reaps): the snapshot can start now, next to the copies.
+	root := m.sbRoot(rec.ID)
+	snapped = make(chan error, 1)
+	go func() {
+		t0 := time.Now()
+		err := fsnap.Snapshot(root, m.ckFS(id), true)
+		capt.parts.SnapshotMS = ms(time.Since(t0))
+		snapped <- err
+	}()
 	if err := unix.Kill(init, pid1.CopySignal); err != nil {
 		return freezeStart, snapped, tc, refreeze(fmt.Errorf("ask pid1 for its copy: %w", err))
 	}

@@ -363,44 +363,88 @@ func (rl *robustList) read(pid int) error {
 	return nil
 }
 
-// prctlGet runs prctl(op, &word) in the stopped tracee and returns the
-// word it wrote (the first size bytes of it), for the getters whose
-// value no file in /proc shows. The word is the one at the stack
-// pointer, which is present (a word further down could be a page never
-// touched, which the call would bring in: one more page in the
-// process's dump), and is put back after. It runs on the tracer thread.
-func (t *Tracer) prctlGet(pid int, tr *tracee, op uint64, size int) (uint64, error) {
+// getInto runs system call nr in the stopped tracee with args and, last,
+// the address of a size-byte buffer the call writes, and returns what
+// it wrote: for the getters whose values no file in /proc shows. The
+// buffer is the memory at the stack pointer, which is present (memory
+// further down could be a page never touched, which the call would
+// bring in: one more page in the process's dump); it is put back after.
+// It runs on the tracer thread.
+func (t *Tracer) getInto(pid int, tr *tracee, size int, nr uint64, args ...uint64) ([]byte, error) {
 	if err := t.stop(pid, tr); err != nil {
-		return 0, err
+		return nil, err
 	}
 	var regs unix.PtraceRegs
 	if err := unix.PtraceGetRegs(pid, &regs); err != nil {
-		return 0, fmt.Errorf("registers of %d: %w", pid, err)
+		return nil, fmt.Errorf("registers of %d: %w", pid, err)
 	}
 	scratch := uintptr(regs.Rsp) &^ 7
-	var saved, got [8]byte
-	if _, err := unix.PtracePeekData(pid, scratch, saved[:]); err != nil {
-		return 0, fmt.Errorf("stack of %d: %w", pid, err)
+	saved, got := make([]byte, size), make([]byte, size)
+	if _, err := unix.PtracePeekData(pid, scratch, saved); err != nil {
+		return nil, fmt.Errorf("stack of %d: %w", pid, err)
 	}
-	call, err := t.syscall(pid, tr, unix.SYS_PRCTL, op, uint64(scratch))
+	call, err := t.syscall(pid, tr, nr, append(args, uint64(scratch))...)
 	if err == nil && call.ret != 0 {
 		err = unix.Errno(-call.ret)
 	}
 	if err == nil {
-		_, err = unix.PtracePeekData(pid, scratch, got[:])
+		_, err = unix.PtracePeekData(pid, scratch, got)
 	}
-	if got != saved {
-		if _, perr := unix.PtracePokeData(pid, scratch, saved[:]); perr != nil {
+	if !slices.Equal(got, saved) {
+		if _, perr := unix.PtracePokeData(pid, scratch, saved); perr != nil {
 			err = errors.Join(err, fmt.Errorf("put back the stack of %d: %w", pid, perr))
 		}
 	}
 	if err != nil {
-		return 0, fmt.Errorf("prctl %d in %d: %w", op, pid, err)
+		return nil, fmt.Errorf("system call %d in %d: %w", nr, pid, err)
+	}
+	return got, nil
+}
+
+// prctlGet runs prctl(op, &value) in the stopped tracee and returns the
+// value (size 4 or 8 bytes). It runs on the tracer thread.
+func (t *Tracer) prctlGet(pid int, tr *tracee, op uint64, size int) (uint64, error) {
+	b, err := t.getInto(pid, tr, size, unix.SYS_PRCTL, op)
+	if err != nil {
+		return 0, err
 	}
 	if size == 4 {
-		return uint64(binary.LittleEndian.Uint32(got[:])), nil
+		return uint64(binary.LittleEndian.Uint32(b)), nil
 	}
-	return binary.LittleEndian.Uint64(got[:]), nil
+	return binary.LittleEndian.Uint64(b), nil
+}
+
+// NotInherited says what pid (seized) has set that a fork does not give
+// the child and a copy therefore lacks: an armed interval timer
+// (alarm(2), setitimer(2)) or the child-subreaper mark. "" if nothing.
+func (t *Tracer) NotInherited(pid int) (string, error) {
+	if err := t.Seize(pid); err != nil {
+		return "", err
+	}
+	var why string
+	err := t.do(func() error {
+		tr := t.seized[pid]
+		for which, name := range []string{"ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF"} {
+			// struct itimerval: the interval, then the time left.
+			b, err := t.getInto(pid, tr, 32, unix.SYS_GETITIMER, uint64(which))
+			if err != nil {
+				return err
+			}
+			if !slices.Equal(b, make([]byte, 32)) {
+				why = fmt.Sprintf("pid %d has an interval timer armed (%s)", pid, name)
+				return nil
+			}
+		}
+		sub, err := t.prctlGet(pid, tr, unix.PR_GET_CHILD_SUBREAPER, 4)
+		if err != nil {
+			return err
+		}
+		if sub != 0 {
+			why = fmt.Sprintf("pid %d is a child subreaper", pid)
+		}
+		return nil
+	})
+	return why, err
 }
 
 // step single-steps pid through the injected clone and returns the new

@@ -663,3 +663,40 @@ func TestProtectTracerKilled(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestNotInherited: what a fork does not pass on, set in a process, is
+// reported; a process without it reports nothing, and each runs on.
+func TestNotInherited(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, c := range []struct{ setup, want string }{
+		{"", ""},
+		{"signal.signal(signal.SIGALRM, lambda *a: None); signal.setitimer(signal.ITIMER_REAL, 3600)", "ITIMER_REAL"},
+		{"signal.setitimer(signal.ITIMER_PROF, 3600)", "ITIMER_PROF"},
+		{"ctypes.CDLL(None).prctl(36, 1)", "child subreaper"}, // PR_SET_CHILD_SUBREAPER
+	} {
+		t.Run(c.want, func(t *testing.T) {
+			p := start(t, "-c", "import ctypes, signal, sys\n"+c.setup+"\nprint('ready', flush=True)\nfor line in sys.stdin: print(line.strip(), flush=True)")
+			if got := p.line(t); got != "ready" {
+				t.Fatalf("process said %q", got)
+			}
+			tr := NewTracer()
+			defer tr.Close()
+			why, err := tr.NotInherited(p.cmd.Process.Pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (c.want == "") != (why == "") || !strings.Contains(why, c.want) {
+				t.Fatalf("NotInherited: %q, want %q", why, c.want)
+			}
+			if err := tr.Release(p.cmd.Process.Pid); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.WriteString(p.in, "echo\n"); err != nil {
+				t.Fatal(err)
+			}
+			if got := p.line(t); got != "echo" {
+				t.Fatalf("process after the reads said %q", got)
+			}
+		})
+	}
+}
