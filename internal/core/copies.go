@@ -306,10 +306,8 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	if err != nil {
 		return freezeStart, nil, nil, err
 	}
-	// init first, then parents before children (PIDs in the namespace
-	// grow with age, and a parent is older than its child, but for a
-	// process reparented to init, whose parent is init).
-	procs := make([]frozenProc, 0, len(pids))
+	byHost := map[int]frozenProc{}
+	children := map[int][]int{}
 	for _, pid := range pids {
 		fp, why, err := readFrozen(pid, pid == init)
 		if err != nil {
@@ -318,11 +316,23 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 		if why != "" {
 			return freezeStart, nil, nil, fmt.Errorf("%w: %s", errNoTemplate, why)
 		}
+		byHost[pid] = fp
+		children[fp.parentHost] = append(children[fp.parentHost], pid)
+	}
+	// init first, then parents before children, as the merge wants them.
+	procs := make([]frozenProc, 0, len(pids))
+	if fp, ok := byHost[init]; ok && fp.ns == 1 {
 		procs = append(procs, fp)
 	}
-	slices.SortFunc(procs, func(a, b frozenProc) int { return a.ns - b.ns })
-	if len(procs) == 0 || procs[0].host != init || procs[0].ns != 1 {
-		return freezeStart, nil, nil, fmt.Errorf("%w: the tree's first process is not its init", errNoTemplate)
+	for i := 0; i < len(procs); i++ {
+		kids := children[procs[i].host]
+		slices.Sort(kids)
+		for _, k := range kids {
+			procs = append(procs, byHost[k])
+		}
+	}
+	if len(procs) != len(pids) {
+		return freezeStart, nil, nil, fmt.Errorf("%w: %d of the tree's %d processes do not descend from its init", errNoTemplate, len(pids)-len(procs), len(pids))
 	}
 	nsOf := map[int]int{}
 	for _, p := range procs {
@@ -418,11 +428,32 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 		werr = tc.tracer.Adopt(cp)
 	}
 	err = refreeze(errors.Join(err, werr))
+	if err == nil {
+		err = sameTree(rec, pids, tc.copies)
+	}
 	capt.parts.CopyMS = ms(time.Since(t0))
 	if err != nil {
 		return freezeStart, snapped, tc, err
 	}
 	return freezeStart, snapped, tc, nil
+}
+
+// sameTree checks, with the tree frozen again, that it holds the
+// processes it held at the first freeze and the copies, nothing else:
+// pid1 ran between the two (it copied itself), and a process it started
+// before its copy (a request served then) would be known to its copy
+// but missing from the images.
+func sameTree(rec sandboxRec, pids, copies []int) error {
+	now, _, err := treePids(rec.ID, rec.Init)
+	if err != nil {
+		return err
+	}
+	for _, pid := range now {
+		if !slices.Contains(pids, pid) && !slices.Contains(copies, pid) {
+			return fmt.Errorf("process %d started in the sandbox during the capture: try again", pid)
+		}
+	}
+	return nil
 }
 
 // childrenOf lists pid's children (host PIDs).

@@ -154,14 +154,13 @@ func checkParts(parts []MergePart) error {
 
 // dump is what Merge reads of one part's images.
 type dump struct {
-	names   []string
-	pstree  *pstree.PstreeEntry
-	ids     *criu_core.TaskKobjIdsEntry
-	fds     []*fdinfo.FdinfoEntry // the process's descriptor table
-	files   []*fdinfo.FileEntry
-	byID    map[uint32]*fdinfo.FileEntry
-	newID   map[uint32]uint32 // file ids in the merged images
-	pagesID uint32
+	names  []string
+	pstree *pstree.PstreeEntry
+	ids    *criu_core.TaskKobjIdsEntry
+	fds    []*fdinfo.FdinfoEntry // the process's descriptor table
+	files  []*fdinfo.FileEntry
+	byID   map[uint32]*fdinfo.FileEntry
+	newID  map[uint32]uint32 // file ids in the merged images
 }
 
 type merger struct {
