@@ -425,6 +425,7 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	cp, werr := waitCopy(init, before, tc.copies)
 	tc.copies[0] = cp
 	if werr == nil {
+		m.crashpoint("template:copied")
 		werr = tc.tracer.Adopt(cp)
 	}
 	err = refreeze(errors.Join(err, werr))
@@ -501,6 +502,7 @@ func (m *Manager) dumpCopies(ctx context.Context, tool *criu.Tool, rec sandboxRe
 	if err := m.fail("full:copies"); err != nil {
 		return err
 	}
+	m.crashpoint("template:dumping")
 	shared, err := criu.SharedFiles(tc.copies)
 	if err != nil {
 		return err
@@ -591,4 +593,23 @@ func (m *Manager) startDumpCopies(tool *criu.Tool, rec sandboxRec, tc *treeCopy,
 		res <- err
 	}()
 	return res
+}
+
+// pid1Copies returns the processes of tree that run the init's program
+// but are not the init: copies pid1 made of itself.
+func pid1Copies(init int, tree []int) []int {
+	exe, err := os.Readlink("/proc/" + strconv.Itoa(init) + "/exe")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, pid := range tree {
+		if pid == init {
+			continue
+		}
+		if e, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); err == nil && e == exe {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

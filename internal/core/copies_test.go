@@ -1,12 +1,20 @@
 package core
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/sandbox"
 )
 
 // treeSize is how many processes the sandbox's live tree has.
@@ -183,5 +191,89 @@ func TestTemplateCaptureRollbackRightAfter(t *testing.T) {
 	}
 	if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "two\n" {
 		t.Fatalf("after the rollback to the second: %q", r.Stdout)
+	}
+}
+
+// TestTemplateCaptureCrash kills the daemon (SIGKILL, in a child process
+// as TestCrashRecovery does) in a template capture: once pid1 has copied
+// itself, before the daemon holds the copy; and while the copies wait
+// for their dumps. The next daemon lists no checkpoint, the sandbox's
+// tree is what it was (no copy left), its session and heap are intact,
+// and the next capture works.
+func TestTemplateCaptureCrash(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := pythonSandbox(t, m, cowHolder)
+	n := treeSize(t, m, sb.ID)
+	cfg := m.cfg
+	sandbox.Forget(record(t, m, sb.ID).Init)
+	m.Close()
+	var cur *Manager
+	t.Cleanup(func() {
+		if cur != nil {
+			if err := cur.Remove(ctx, sb.ID); err != nil {
+				t.Errorf("remove %s: %v", sb.ID, err)
+			}
+			cur.Close()
+		}
+	})
+	for _, step := range []string{"template:copied", "template:dumping"} {
+		t.Run(step, func(t *testing.T) {
+			env, _ := json.Marshal(crashCase{Root: cfg.Root, Sandbox: sb.ID, Op: opTemplate, Step: step})
+			cmd := exec.Command(os.Args[0], "-test.run", "^TestCrashRecovery$", "-test.v")
+			cmd.Env = append(os.Environ(), crashChild+"="+string(env))
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			err := cmd.Run()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("the daemon was not killed at %s (%v):\n%s", step, err, out.String())
+			}
+			m, err := Open(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cur = m
+			if cks, err := m.Checkpoints(sb.ID); err != nil || len(cks) != 0 {
+				t.Fatalf("checkpoints after the restart: %+v (%v), want none", cks, err)
+			}
+			// Start-up kills what is left without waiting for it.
+			for deadline := time.Now().Add(2 * time.Second); treeSize(t, m, sb.ID) != n; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					rec := record(t, m, sb.ID)
+					tree, _, _ := treePids(sb.ID, rec.Init)
+					var comms []string
+					for _, pid := range tree {
+						b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+						comms = append(comms, string(b))
+					}
+					t.Fatalf("the tree has %d processes after the restart, %d before: %q", len(tree), n, comms)
+				}
+			}
+			if got := run(t, m, sb.ID, "echo $X; rm -f /tmp/result; touch /tmp/check").Stdout; got != "a\n" {
+				t.Fatalf("X=%q after the restart, want a", got)
+			}
+			if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
+				t.Fatalf("heap after the restart: %s bytes not 'A'", got)
+			}
+			sandbox.Forget(record(t, m, sb.ID).Init)
+			cur = nil
+			m.Close()
+		})
+		if t.Failed() {
+			return
+		}
+	}
+	var err error
+	if cur, err = Open(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := cur.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.Capture != captureTemplate {
+		t.Fatalf("capture after the crashes %q (%s)", ck.Capture, ck.CaptureNote)
 	}
 }

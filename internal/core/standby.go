@@ -479,8 +479,13 @@ func (m *Manager) killStrays(rec sandboxRec) {
 	dirs = append(dirs, retired...)
 	dirs = append(dirs, filepath.Join(m.sbDir(rec.ID), "root.next"))
 	if rec.Init.Alive() {
-		_, strays, _ := treePids(rec.ID, rec.Init)
+		tree, strays, _ := treePids(rec.ID, rec.Init)
 		for _, pid := range strays {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		// And a copy pid1 made of itself for a template capture the
+		// daemon died in before it held the copy (copies.go).
+		for _, pid := range pid1Copies(rec.Init.Pid, tree) {
 			_ = unix.Kill(pid, unix.SIGKILL)
 		}
 	}

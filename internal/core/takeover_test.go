@@ -34,6 +34,7 @@ const (
 	opHibernate  = "hibernate"
 	opFork       = "fork"
 	opFSRollback = "fs-rollback"
+	opTemplate   = "template" // a full checkpoint, captured by copies
 )
 
 // TestCrashRecovery kills a daemon (SIGKILL, in a child process) at named
@@ -263,6 +264,9 @@ func crashingDaemon(t *testing.T, c crashCase) {
 	case opHibernate:
 		_, err := m.Hibernate(ctx, c.Sandbox)
 		t.Fatalf("hibernate returned (%v) without reaching %s", err, c.Step)
+	case opTemplate:
+		ck, err := m.Checkpoint(ctx, c.Sandbox, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+		t.Fatalf("checkpoint returned (%+v, %v) without reaching %s", ck, err, c.Step)
 	case opFork:
 		ck, err := m.Checkpoint(ctx, c.Sandbox, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 		if err != nil {

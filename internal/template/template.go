@@ -307,6 +307,7 @@ func (t *Tracer) syscall(pid int, tr *tracee, nr uint64, args ...uint64) (inject
 		}
 		call.poked = true
 	}
+	stepped := false
 	restore := func() error {
 		var errs []error
 		if call.poked {
@@ -316,6 +317,11 @@ func (t *Tracer) syscall(pid int, tr *tracee, nr uint64, args ...uint64) (inject
 		}
 		if err := unix.PtraceSetRegs(pid, saved); err != nil {
 			errs = append(errs, fmt.Errorf("restore registers of %d: %w", pid, err))
+		}
+		if len(errs) == 0 && stepped {
+			if err := t.park(pid, tr); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		if len(errs) == 0 {
 			if err := unix.PtraceSetOptions(pid, seizeOpts); err != nil {
@@ -337,6 +343,7 @@ func (t *Tracer) syscall(pid int, tr *tracee, nr uint64, args ...uint64) (inject
 		return call, errors.Join(fmt.Errorf("inject into %d: %w", pid, err), restore())
 	}
 	child, err := t.step(pid, tr)
+	stepped = err == nil
 	call.child = child
 	if err == nil {
 		var after unix.PtraceRegs
@@ -445,6 +452,31 @@ func (t *Tracer) NotInherited(pid int) (string, error) {
 		return nil
 	})
 	return why, err
+}
+
+// park turns the stop that ends a single-step into a stop that leaves
+// nothing armed. The single-step leaves the trap flag set until the
+// tracee is resumed or detached by request; a tracee whose tracer dies
+// holding it (the daemon killed) is let go by the kernel with the flag
+// set, takes a trap after its next instruction with no tracer, and dies
+// of it. So: a trap stop is queued (PTRACE_INTERRUPT) and the tracee is
+// continued (PTRACE_CONT clears the flag); it takes that stop before it
+// leaves the kernel, still in the signal handling its step ended in, so
+// it runs no instruction of its own, and an interrupted system call it
+// was in still restarts when it is let go. It runs on the tracer
+// thread.
+func (t *Tracer) park(pid int, tr *tracee) error {
+	if err := unix.PtraceInterrupt(pid); err != nil {
+		return fmt.Errorf("interrupt %d: %w", pid, err)
+	}
+	if err := unix.PtraceCont(pid, 0); err != nil {
+		return fmt.Errorf("continue %d: %w", pid, err)
+	}
+	tr.stopped = false
+	if _, err := t.waitStop(pid, tr); err != nil {
+		return err
+	}
+	return nil
 }
 
 // step single-steps pid through the injected clone and returns the new

@@ -700,3 +700,69 @@ func TestNotInherited(t *testing.T) {
 		})
 	}
 }
+
+// TestTracerKilledAfterCopy: a daemon killed while it holds an original
+// it has injected into and copied (between the copy and the release)
+// leaves the original running on, its interrupted read restarted, and
+// the copy gone. A single-step that ended the injection used to leave
+// the trap flag set, and the original, let go by the kernel, died of
+// the next trap.
+func TestTracerKilledAfterCopy(t *testing.T) {
+	if s := os.Getenv("MOLT_TEST_COPY_PID"); s != "" {
+		pid, _ := strconv.Atoi(s)
+		tr := NewTracer()
+		if _, err := tr.NotInherited(pid); err != nil {
+			t.Fatal(err)
+		}
+		cp, err := tr.Copy(pid, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("copy %d\n", cp)
+		_ = unix.Kill(os.Getpid(), unix.SIGKILL)
+		select {}
+	}
+	testutil.RequireRoot(t)
+	p := start(t, "-c", "import sys\nb = bytearray(8 << 20)\nprint('ready', flush=True)\nfor line in sys.stdin: print(line.strip(), flush=True)")
+	p.line(t)
+	time.Sleep(50 * time.Millisecond) // into read(2)
+	pid := p.cmd.Process.Pid
+	cmd := exec.Command(os.Args[0], "-test.run=^TestTracerKilledAfterCopy$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "MOLT_TEST_COPY_PID="+strconv.Itoa(pid))
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ProcessState.Sys().(syscall.WaitStatus).Signal() != unix.SIGKILL {
+		t.Fatalf("tracer process: %v, want killed; output:\n%s", err, out)
+	}
+	var cp int
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "copy "); ok {
+			cp, _ = strconv.Atoi(v)
+		}
+	}
+	if cp == 0 {
+		t.Fatalf("no copy reported; output:\n%s", out)
+	}
+	defer reap(cp)
+	if _, err := io.WriteString(p.in, "still here\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.line(t); got != "still here" {
+		t.Fatalf("the original after its tracer was killed said %q", got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cp))
+		if err != nil {
+			break
+		}
+		s := string(b)
+		if st := s[strings.LastIndexByte(s, ')')+2]; st == 'Z' || st == 'X' {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the copy %d outlived its tracer: %s", cp, s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
