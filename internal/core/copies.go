@@ -15,7 +15,6 @@ import (
 
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/criu"
-	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/template"
@@ -400,14 +399,7 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	}
 	// Nothing of the tree runs until the second freeze (pid1 only copies
 	// itself and reaps): the snapshot can start now, next to the copies.
-	root := m.sbRoot(rec.ID)
-	snapped = make(chan error, 1)
-	go func() {
-		t0 := time.Now()
-		err := fsnap.Snapshot(root, m.ckFS(id), true)
-		capt.parts.SnapshotMS = ms(time.Since(t0))
-		snapped <- err
-	}()
+	snapped = m.startSnapshot(m.sbRoot(rec.ID), id, capt)
 	if err := unix.Kill(init, pid1.CopySignal); err != nil {
 		return freezeStart, snapped, tc, refreeze(fmt.Errorf("ask pid1 for its copy: %w", err))
 	}

@@ -1,15 +1,10 @@
 package core
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -220,16 +215,7 @@ func TestTemplateCaptureCrash(t *testing.T) {
 	})
 	for _, step := range []string{"template:copied", "template:dumping"} {
 		t.Run(step, func(t *testing.T) {
-			env, _ := json.Marshal(crashCase{Root: cfg.Root, Sandbox: sb.ID, Op: opTemplate, Step: step})
-			cmd := exec.Command(os.Args[0], "-test.run", "^TestCrashRecovery$", "-test.v")
-			cmd.Env = append(os.Environ(), crashChild+"="+string(env))
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			err := cmd.Run()
-			var exit *exec.ExitError
-			if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-				t.Fatalf("the daemon was not killed at %s (%v):\n%s", step, err, out.String())
-			}
+			runCrashingDaemon(t, crashCase{Root: cfg.Root, Sandbox: sb.ID, Op: opTemplate, Step: step})
 			m, err := Open(ctx, cfg)
 			if err != nil {
 				t.Fatal(err)

@@ -295,6 +295,20 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	return ck.Checkpoint, nil
 }
 
+// startSnapshot starts the read-only snapshot of the sandbox root root
+// as checkpoint id's files; its result arrives on the channel, and its
+// time in capt's stall parts before that.
+func (m *Manager) startSnapshot(root, id string, capt *capture) chan error {
+	snapped := make(chan error, 1)
+	go func() {
+		t0 := time.Now()
+		err := fsnap.Snapshot(root, m.ckFS(id), true)
+		capt.parts.SnapshotMS = ms(time.Since(t0))
+		snapped <- err
+	}()
+	return snapped
+}
+
 // errIPCAppeared fails a dump that left the IPC namespace out when the
 // frozen sandbox turns out to hold System V objects after all.
 var errIPCAppeared = errors.New("the sandbox made System V IPC objects before the freeze")
@@ -357,13 +371,7 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 			// 36 ms, 10 checkpoints each). The writable copy a rollback
 			// takes is made from it later, in persist: a second
 			// snapshot here would serialize behind the first.
-			snapped = make(chan error, 1)
-			go func() {
-				t0 := time.Now()
-				err := fsnap.Snapshot(root, m.ckFS(id), true)
-				capt.parts.SnapshotMS = ms(time.Since(t0))
-				snapped <- err
-			}()
+			snapped = m.startSnapshot(root, id, capt)
 			return nil
 		},
 	})

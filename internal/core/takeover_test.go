@@ -150,16 +150,7 @@ func TestCrashRecovery(t *testing.T) {
 				id = fsb.ID
 			}
 			cgroups := cgroupDirs(t)
-			env, _ := json.Marshal(crashCase{Root: cfg.Root, Sandbox: id, Op: c.op, Step: c.step})
-			cmd := exec.Command(os.Args[0], "-test.run", "^TestCrashRecovery$", "-test.v")
-			cmd.Env = append(os.Environ(), crashChild+"="+string(env))
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			err := cmd.Run()
-			var exit *exec.ExitError
-			if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-				t.Fatalf("the daemon was not killed at %s (%v):\n%s", c.step, err, out.String())
-			}
+			runCrashingDaemon(t, crashCase{Root: cfg.Root, Sandbox: id, Op: c.op, Step: c.step})
 			m, err := Open(ctx, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -191,6 +182,22 @@ func TestCrashRecovery(t *testing.T) {
 	var err error
 	if cur, err = Open(ctx, cfg); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// runCrashingDaemon runs crashingDaemon for c in a re-run of the test
+// binary and checks that it died at its crash point (SIGKILL).
+func runCrashingDaemon(t *testing.T, c crashCase) {
+	t.Helper()
+	env, _ := json.Marshal(c)
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestCrashRecovery$", "-test.v")
+	cmd.Env = append(os.Environ(), crashChild+"="+string(env))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("the daemon was not killed at %s (%v):\n%s", c.Step, err, out.String())
 	}
 }
 

@@ -618,27 +618,13 @@ func TestProtectTracerKilled(t *testing.T) {
 	p := start(t, "-c", "import time\nb = bytearray(8 << 20)\nprint('ready', flush=True)\nwhile True: time.sleep(0.005)")
 	p.line(t)
 	pid := p.cmd.Process.Pid
-	cmd := exec.Command(os.Args[0], "-test.run=^TestProtectTracerKilled$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "MOLT_TEST_PROTECT_PID="+strconv.Itoa(pid))
-	out, err := cmd.Output()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ProcessState.Sys().(syscall.WaitStatus).Signal() != unix.SIGKILL {
-		t.Fatalf("tracer process: %v, want killed by its hook; output:\n%s", err, out)
-	}
-	var child int
-	for _, line := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(line, "forked "); ok {
-			child, _ = strconv.Atoi(v)
-		}
-	}
-	if child == 0 {
-		t.Fatalf("no fork event reported; output:\n%s", out)
-	}
+	child := killedTracer(t, "TestProtectTracerKilled", "MOLT_TEST_PROTECT_PID", pid, "forked ")
 	// The process: killed, not left to run.
 	werr := make(chan error, 1)
 	go func() { werr <- p.cmd.Wait() }()
 	select {
 	case err := <-werr:
+		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ProcessState.Sys().(syscall.WaitStatus).Signal() != unix.SIGKILL {
 			t.Errorf("process after its tracer was killed mid-fork: %v, want killed", err)
 		}
@@ -646,21 +632,9 @@ func TestProtectTracerKilled(t *testing.T) {
 		t.Errorf("process %d still runs after its tracer was killed mid-fork (state %s)", pid, state(t, pid))
 	}
 	// The fork's child: gone (or a zombie), never running on.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
-		if err != nil {
-			break
-		}
-		s := string(b)
-		if st := s[strings.LastIndexByte(s, ')')+2]; st == 'Z' || st == 'X' {
-			break
-		}
-		if time.Now().After(deadline) {
-			_ = unix.Kill(child, unix.SIGKILL)
-			t.Fatalf("the injected fork's child %d runs on after its tracer was killed: %s", child, s)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if s := ended(child); s != "" {
+		_ = unix.Kill(child, unix.SIGKILL)
+		t.Fatalf("the injected fork's child %d runs on after its tracer was killed: %s", child, s)
 	}
 }
 
@@ -727,22 +701,7 @@ func TestTracerKilledAfterCopy(t *testing.T) {
 	p.line(t)
 	time.Sleep(50 * time.Millisecond) // into read(2)
 	pid := p.cmd.Process.Pid
-	cmd := exec.Command(os.Args[0], "-test.run=^TestTracerKilledAfterCopy$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "MOLT_TEST_COPY_PID="+strconv.Itoa(pid))
-	out, err := cmd.Output()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ProcessState.Sys().(syscall.WaitStatus).Signal() != unix.SIGKILL {
-		t.Fatalf("tracer process: %v, want killed; output:\n%s", err, out)
-	}
-	var cp int
-	for _, line := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(line, "copy "); ok {
-			cp, _ = strconv.Atoi(v)
-		}
-	}
-	if cp == 0 {
-		t.Fatalf("no copy reported; output:\n%s", out)
-	}
+	cp := killedTracer(t, "TestTracerKilledAfterCopy", "MOLT_TEST_COPY_PID", pid, "copy ")
 	defer reap(cp)
 	if _, err := io.WriteString(p.in, "still here\n"); err != nil {
 		t.Fatal(err)
@@ -750,18 +709,49 @@ func TestTracerKilledAfterCopy(t *testing.T) {
 	if got := p.line(t); got != "still here" {
 		t.Fatalf("the original after its tracer was killed said %q", got)
 	}
+	if s := ended(cp); s != "" {
+		t.Fatalf("the copy %d outlived its tracer: %s", cp, s)
+	}
+}
+
+// killedTracer re-runs the test binary as test, which traces pid (passed
+// in env) and kills itself; it returns the PID that process printed
+// after prefix.
+func killedTracer(t *testing.T, test, env string, pid int, prefix string) int {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+strconv.Itoa(pid))
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ProcessState.Sys().(syscall.WaitStatus).Signal() != unix.SIGKILL {
+		t.Fatalf("tracer process: %v, want killed; output:\n%s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			if n, err := strconv.Atoi(v); err == nil && n > 0 {
+				return n
+			}
+		}
+	}
+	t.Fatalf("the tracer process reported no %q; output:\n%s", prefix, out)
+	return 0
+}
+
+// ended waits up to 5 s for pid to be gone or a zombie; it returns ""
+// then, else pid's stat line.
+func ended(pid int) string {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cp))
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
-			break
+			return ""
 		}
 		s := string(b)
 		if st := s[strings.LastIndexByte(s, ')')+2]; st == 'Z' || st == 'X' {
-			break
+			return ""
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the copy %d outlived its tracer: %s", cp, s)
+			return s
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
