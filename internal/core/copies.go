@@ -405,7 +405,17 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	}
 	tc.copies = make([]int, len(procs))
 	for i, pid := range rest {
-		cp, cerr := tc.tracer.Copy(pid, true)
+		// A copy is pid1's child, whatever its original's parent: pid1
+		// reaps any child, and another parent waiting for any child
+		// (wait(-1)) would take the copy's stop or end for one of its
+		// own. A child of init gets there by CLONE_PARENT; deeper, the
+		// copy is orphaned to it (no subreaper in the tree:
+		// NotInherited).
+		copy := tc.tracer.CopyOrphan
+		if procs[i+1].parentHost == init {
+			copy = func(pid int) (int, error) { return tc.tracer.Copy(pid, true) }
+		}
+		cp, cerr := copy(pid)
 		if cerr != nil {
 			err = fmt.Errorf("copy of %d: %w", pid, cerr)
 			break

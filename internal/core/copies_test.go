@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -261,5 +262,52 @@ func TestTemplateCaptureCrash(t *testing.T) {
 	}
 	if ck.Capture != captureTemplate {
 		t.Fatalf("capture after the crashes %q (%s)", ck.Capture, ck.CaptureNote)
+	}
+}
+
+// TestTemplateCaptureDeepTree: a process started by the session's shell
+// (a background job) is copied as well; its copy is orphaned to pid1
+// rather than given to the shell, whose job table does not change, and
+// a rollback brings the job back under its shell with its heap.
+func TestTemplateCaptureDeepTree(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	if err := os.WriteFile(filepath.Join(m.sbRoot(sb.ID), "holder.py"), []byte(cowHolder), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "python3 /holder.py & echo $! > /tmp/job")
+	waitFile(t, m, sb.ID, "/tmp/ready")
+	jobs := func() string { return run(t, m, sb.ID, "jobs -l").Stdout }
+	before := jobs()
+	if !strings.Contains(before, "Running") {
+		t.Fatalf("jobs before the checkpoint: %q", before)
+	}
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.Capture != captureTemplate {
+		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureTemplate)
+	}
+	if got := jobs(); got != before {
+		t.Fatalf("jobs after the checkpoint %q, before %q", got, before)
+	}
+	run(t, m, sb.ID, "touch /tmp/fill")
+	waitFile(t, m, sb.ID, "/tmp/filled")
+	if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
+		t.Fatal(err)
+	}
+	if got := jobs(); got != before {
+		t.Fatalf("jobs after the rollback %q, before %q", got, before)
+	}
+	// The job's parent is the session's shell again.
+	if got := run(t, m, sb.ID, "ps -o ppid= -p $(cat /tmp/job) | tr -d ' '; echo $$").Stdout; len(strings.Fields(got)) != 2 || strings.Fields(got)[0] != strings.Fields(got)[1] {
+		t.Fatalf("the job's parent and the shell: %q", got)
+	}
+	run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
+	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
+		t.Fatalf("after the rollback %s bytes of the heap are not 'A'", got)
 	}
 }

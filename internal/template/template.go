@@ -151,10 +151,17 @@ func (t *Tracer) Clone(pid int, parent bool) (copyPid int, err error) {
 				err = rerr
 			}
 		}()
-		copyPid, err = t.inject(pid, parent)
+		copyPid, err = t.inject(pid, modeOf(parent))
 		return err
 	})
 	return copyPid, err
+}
+
+func modeOf(parent bool) copyMode {
+	if parent {
+		return copySibling
+	}
+	return copyChild
 }
 
 // Adopt takes pid, a stopped copy made some other way (a process that
@@ -179,18 +186,41 @@ func (t *Tracer) Adopt(pid int) error {
 // (Release) once every copy is made, so that none runs before the last
 // copy is taken.
 func (t *Tracer) Copy(pid int, parent bool) (copyPid int, err error) {
+	return t.copyAs(pid, modeOf(parent))
+}
+
+// CopyOrphan makes a copy of pid as Copy does, whose parent is neither
+// pid nor pid's parent but the nearest child subreaper among pid's
+// ancestors or, without one, the init of pid's PID namespace: a parent
+// that waits for any child (wait(-1)) never takes the copy's stop or
+// end for one of its own. It costs an intermediate process (sharing
+// pid's memory, so no page tables copied) and three more injected calls.
+func (t *Tracer) CopyOrphan(pid int) (copyPid int, err error) {
+	return t.copyAs(pid, copyOrphan)
+}
+
+func (t *Tracer) copyAs(pid int, mode copyMode) (copyPid int, err error) {
 	if err := t.Seize(pid); err != nil {
 		return 0, err
 	}
 	err = t.do(func() error {
-		copyPid, err = t.inject(pid, parent)
+		copyPid, err = t.inject(pid, mode)
 		return err
 	})
 	return copyPid, err
 }
 
+// Where a copy goes in the process tree.
+type copyMode int
+
+const (
+	copyChild   copyMode = iota // the original's child
+	copySibling                 // the original's parent's child (CLONE_PARENT)
+	copyOrphan                  // orphaned: the nearest child subreaper's or the namespace init's
+)
+
 // inject runs on the tracer thread.
-func (t *Tracer) inject(pid int, parent bool) (int, error) {
+func (t *Tracer) inject(pid int, mode copyMode) (int, error) {
 	tr := t.seized[pid]
 	// What clone leaves out of the child, taken from pid so that the
 	// copy is pid at this instant: the address the kernel clears when
@@ -210,27 +240,59 @@ func (t *Tracer) inject(pid int, parent bool) (int, error) {
 		return 0, err
 	}
 	flags := uint64(unix.SIGCHLD)
-	if parent {
+	if mode == copySibling {
 		flags |= unix.CLONE_PARENT
 	}
 	if tidAddr != 0 {
 		flags |= unix.CLONE_CHILD_CLEARTID
 	}
-	// clone(flags, stack, parent_tid, child_tid, tls) on x86-64.
-	call, err := t.syscall(pid, tr, unix.SYS_CLONE, flags, 0, 0, tidAddr)
-	child := call.child
-	if err == nil && call.ret < 0 {
-		err = fmt.Errorf("clone in %d: %w", pid, unix.Errno(-call.ret))
-	}
-	if child == 0 {
-		if err == nil {
+	// The process whose clone makes the copy: pid, or for an orphan an
+	// intermediate that shares pid's memory (CLONE_VM: no page tables
+	// copied) and signals no one at its end. It forks the copy and is
+	// killed; pid reaps it; the copy, orphaned, goes to the nearest
+	// child subreaper or the namespace's init, and pid and its parent
+	// never see a child they did not make.
+	from, fromTr, regs, via := pid, tr, unix.PtraceRegs{}, 0
+	if mode == copyOrphan {
+		vcall, err := t.syscall(pid, tr, unix.SYS_CLONE, unix.CLONE_VM)
+		via = vcall.child
+		if err == nil && vcall.ret < 0 {
+			err = fmt.Errorf("clone in %d: %w", pid, unix.Errno(-vcall.ret))
+		}
+		if via == 0 && err == nil {
 			err = fmt.Errorf("clone in %d: no child reported", pid)
 		}
-		return 0, err
+		if via != 0 {
+			t.seized[via] = &tracee{copy: true}
+			if err == nil {
+				_, err = t.waitStop(via, t.seized[via])
+			}
+		}
+		if err != nil {
+			if via != 0 {
+				err = errors.Join(err, t.endVia(pid, tr, via))
+			}
+			return 0, err
+		}
+		from, fromTr, regs = via, t.seized[via], vcall.saved
 	}
-	t.seized[child] = &tracee{copy: true}
+	// clone(flags, stack, parent_tid, child_tid, tls) on x86-64.
+	call, err := t.syscall(from, fromTr, unix.SYS_CLONE, flags, 0, 0, tidAddr)
+	child := call.child
+	if err == nil && call.ret < 0 {
+		err = fmt.Errorf("clone in %d: %w", from, unix.Errno(-call.ret))
+	}
+	if child == 0 && err == nil {
+		err = fmt.Errorf("clone in %d: no child reported", from)
+	}
+	if mode != copyOrphan {
+		regs = call.saved
+	}
+	if child != 0 {
+		t.seized[child] = &tracee{copy: true}
+	}
 	if err == nil {
-		err = t.prepareCopy(child, call.saved, call.poked, call.at, call.orig, rl, pdeath)
+		err = t.prepareCopy(child, regs, call.poked, call.at, call.orig, rl, pdeath)
 	}
 	if err == nil {
 		// Queued while held: the copy stops at once when Detach lets
@@ -240,12 +302,41 @@ func (t *Tracer) inject(pid int, parent bool) (int, error) {
 		// on its way.
 		err = unix.Tgkill(child, child, unix.SIGSTOP)
 	}
+	if via != 0 {
+		// The copy made, the intermediate goes: the copy is orphaned.
+		err = errors.Join(err, t.endVia(pid, tr, via))
+	}
 	if err != nil {
-		_ = unix.Kill(child, unix.SIGKILL)
-		delete(t.seized, child)
+		if child != 0 {
+			_ = unix.Kill(child, unix.SIGKILL)
+			delete(t.seized, child)
+		}
 		return 0, err
 	}
 	return child, nil
+}
+
+// endVia kills the intermediate via of an orphan copy of pid, takes its
+// end as its tracer and has pid reap it (by its number in pid's PID
+// namespace). It runs on the tracer thread.
+func (t *Tracer) endVia(pid int, tr *tracee, via int) error {
+	nsVia, nerr := NSPid(via)
+	_ = unix.Kill(via, unix.SIGKILL)
+	delete(t.seized, via)
+	if err := waitExit(via); err != nil {
+		return fmt.Errorf("end of the intermediate of %d: %w", pid, err)
+	}
+	if nerr != nil {
+		return nerr
+	}
+	w, err := t.syscall(pid, tr, unix.SYS_WAIT4, uint64(nsVia), 0, unix.WALL, 0)
+	if err == nil && w.ret != int64(nsVia) {
+		err = fmt.Errorf("wait4 returned %d", w.ret)
+	}
+	if err != nil {
+		return fmt.Errorf("reap the intermediate of %d: %w", pid, err)
+	}
+	return nil
 }
 
 // injected is what one injected system call left: its return value, a

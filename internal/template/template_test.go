@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -755,4 +756,96 @@ func ended(pid int) string {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestCopyOrphan: an orphan copy of a process whose parent is a shell
+// goes to the nearest child subreaper (here the test), not to the shell
+// nor to the process: neither sees a child it did not make, and the
+// intermediate leaves no zombie. The copy holds the instant.
+func TestCopyOrphan(t *testing.T) {
+	testutil.RequireRoot(t)
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) }()
+	// The shell waits for python (no exec: `; :` follows).
+	p := startCmd(t, exec.Command("sh", "-c", `python3 -c "$0"; :`, holder))
+	addr, err := strconv.ParseUint(p.line(t), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shell := p.cmd.Process.Pid
+	kids := childrenOf(t, shell)
+	if len(kids) != 1 {
+		t.Fatalf("the shell has children %v, want python", kids)
+	}
+	pid := kids[0]
+	time.Sleep(50 * time.Millisecond) // into read(2)
+	tr := NewTracer()
+	defer tr.Close()
+	cp, err := tr.CopyOrphan(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reap(cp)
+	if err := tr.Release(pid); err != nil {
+		t.Fatal(err)
+	}
+	if ppid := parentOf(t, cp); ppid != os.Getpid() {
+		t.Fatalf("copy's parent %d, want the subreaper %d", ppid, os.Getpid())
+	}
+	if got := childrenOf(t, shell); !slices.Equal(got, []int{pid}) {
+		t.Fatalf("the shell's children %v, want only python %d", got, pid)
+	}
+	if got := childrenOf(t, pid); len(got) != 0 {
+		t.Fatalf("python's children %v after the copy, want none (the intermediate reaped)", got)
+	}
+	if _, err := io.WriteString(p.in, "B\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.line(t); got != "ok" {
+		t.Fatalf("original after the copy: %q, want ok", got)
+	}
+	if got := readMem(t, cp, uintptr(addr)); got != 'A' {
+		t.Fatalf("copy's byte %q, want A (the instant of the copy)", got)
+	}
+	if got := readMem(t, pid, uintptr(addr)); got != 'B' {
+		t.Fatalf("original's byte %q, want B", got)
+	}
+}
+
+// startCmd starts cmd with piped stdin and stdout, killed at the end.
+func startCmd(t testing.TB, cmd *exec.Cmd) *proc {
+	t.Helper()
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return &proc{cmd: cmd, in: in, out: bufio.NewReader(out)}
+}
+
+// childrenOf lists pid's children.
+func childrenOf(t *testing.T, pid int) []int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		n, _ := strconv.Atoi(f)
+		out = append(out, n)
+	}
+	return out
 }
