@@ -49,23 +49,7 @@ func start(t testing.TB, args ...string) *proc {
 	if _, err := exec.LookPath("python3"); err != nil {
 		testutil.Unavailable(t, "python3 is needed for the test processes")
 	}
-	cmd := exec.Command("python3", args...)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	return &proc{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	return startCmd(t, exec.Command("python3", args...))
 }
 
 func (p *proc) line(t testing.TB) string {
