@@ -26,6 +26,10 @@ type sandboxRec struct {
 	v1.Sandbox
 	Init      sandbox.Init `json:"init"`
 	MachineID string       `json:"machine_id"`
+	// Restarting marks a restart under way (restart): a daemon that dies
+	// between killing the processes and recording the new init leaves it
+	// set, and the next one restarts the sandbox.
+	Restarting bool `json:"restarting,omitempty"`
 }
 
 func cgroupName(id string) string { return "molt/" + id }
@@ -383,20 +387,32 @@ func (m *Manager) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
 // restart kills whatever runs in the sandbox and starts a fresh init,
 // recording the result. Caller holds the sandbox lock.
 func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
+	if !rec.Restarting {
+		rec.Restarting = true
+		if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
+			rec.Restarting = false
+			return err
+		}
+	}
 	if err := m.killProcesses(ctx, *rec); err != nil {
+		rec.Restarting = false
+		_ = m.db.Put(store.Sandboxes, rec.ID, *rec)
 		return err
 	}
+	m.crashpoint("restart:killed")
+	rec.Restarting = false
 	cg, err := m.loadCgroup(*rec)
-	if err != nil {
-		return err
+	if err == nil {
+		var init sandbox.Init
+		if init, err = m.startInit(ctx, rec, cg); err == nil {
+			rec.State, rec.Reason, rec.Init = v1.StateRunning, "", init
+		}
 	}
-	init, err := m.startInit(ctx, rec, cg)
 	if err != nil {
 		rec.State, rec.Reason, rec.Init = v1.StateStopped, "start failed: "+err.Error(), sandbox.Init{}
 		_ = m.db.Put(store.Sandboxes, rec.ID, *rec)
 		return err
 	}
-	rec.State, rec.Reason, rec.Init = v1.StateRunning, "", init
 	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -107,6 +108,12 @@ func (m *Manager) finishTakeovers(ctx context.Context, sbs []sandboxRec) error {
 	for i := range sbs {
 		s := &sbs[i]
 		ts := pending[s.ID]
+		// A restart a crash interrupted (after its kill, before its new
+		// init's record) is done again.
+		if s.Restarting {
+			m.log.Warn("completing a restart a crash interrupted", "sandbox", s.ID)
+			restart = append(restart, s)
+		}
 		if len(ts) == 0 {
 			continue
 		}
@@ -129,7 +136,7 @@ func (m *Manager) finishTakeovers(ctx context.Context, sbs []sandboxRec) error {
 			// sandbox's processes were killed before it. It starts a
 			// fresh init below if the rollback would have, else it is
 			// reported lost until started.
-			if t.Restart {
+			if t.Restart && !slices.Contains(restart, s) {
 				restart = append(restart, s)
 			}
 			if t.Init != (sandbox.Init{}) {

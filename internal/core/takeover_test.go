@@ -51,7 +51,9 @@ const (
 //   - a hibernation killed after its record, before its processes were
 //     gone, stays hibernated with no process, and resumes;
 //   - a fork call killed once its forks are made, before it returned,
-//     leaves none of them.
+//     leaves none of them;
+//   - an fs rollback killed inside its restart, after the processes were
+//     killed and before the new init was recorded, is restarted.
 func TestCrashRecovery(t *testing.T) {
 	if env := os.Getenv(crashChild); env != "" {
 		var c crashCase
@@ -95,6 +97,24 @@ func TestCrashRecovery(t *testing.T) {
 	rolledBack := func(x string) func(*testing.T, *Manager) {
 		return func(t *testing.T, m *Manager) { checkRollbackCrash(t, m, sb.ID, x) }
 	}
+	fsRolledBack := func(t *testing.T, m *Manager) {
+		rec := record(t, m, fsb.ID)
+		var ck checkpointRec
+		if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil || ck.Kind != v1.KindFS {
+			t.Fatalf("head %s (%+v, %v), want the fs checkpoint", rec.Head, ck, err)
+		}
+		if b, err := os.ReadFile(filepath.Join(m.sbRoot(fsb.ID), "f")); err != nil || string(b) != "a\n" {
+			t.Fatalf("/f %q, %v; want the checkpoint's", b, err)
+		}
+		// Restarted, as the rollback would have: a fresh init on the
+		// checkpoint's files.
+		if s := m.report(rec); s.State != v1.StateRunning {
+			t.Fatalf("sandbox %s (%s), want running again", s.State, s.Reason)
+		}
+		if got := run(t, m, fsb.ID, "cat /f; echo ${X:-unset}").Stdout; got != "a\nunset\n" {
+			t.Fatalf("after the restart: %q, want the checkpoint's file and a fresh session", got)
+		}
+	}
 	for _, c := range []struct {
 		op, step string
 		check    func(*testing.T, *Manager)
@@ -125,24 +145,10 @@ func TestCrashRecovery(t *testing.T) {
 			}
 		}},
 		{opFork, "fork:made", nil}, // checked below, against the cgroups before
-		{opFSRollback, "takeover:switched", func(t *testing.T, m *Manager) {
-			rec := record(t, m, fsb.ID)
-			var ck checkpointRec
-			if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil || ck.Kind != v1.KindFS {
-				t.Fatalf("head %s (%+v, %v), want the fs checkpoint", rec.Head, ck, err)
-			}
-			if b, err := os.ReadFile(filepath.Join(m.sbRoot(fsb.ID), "f")); err != nil || string(b) != "a\n" {
-				t.Fatalf("/f %q, %v; want the checkpoint's", b, err)
-			}
-			// Restarted, as the rollback would have: a fresh init on the
-			// checkpoint's files.
-			if s := m.report(rec); s.State != v1.StateRunning {
-				t.Fatalf("sandbox %s (%s), want running again", s.State, s.Reason)
-			}
-			if got := run(t, m, fsb.ID, "cat /f; echo ${X:-unset}").Stdout; got != "a\nunset\n" {
-				t.Fatalf("after the restart: %q, want the checkpoint's file and a fresh session", got)
-			}
-		}},
+		{opFSRollback, "takeover:switched", fsRolledBack},
+		// Past the switch, killed inside the restart: between the kill
+		// and the new init's record. The next daemon restarts it.
+		{opFSRollback, "restart:killed", fsRolledBack},
 	} {
 		t.Run(c.op+"@"+c.step, func(t *testing.T) {
 			id := sb.ID
