@@ -69,18 +69,9 @@ func TestTemplateCapture(t *testing.T) {
 	if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "before\n" {
 		t.Fatalf("session after the rollback: %q, want before", r.Stdout)
 	}
-	run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
-	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
-		t.Fatalf("after the rollback %s bytes of the heap are not 'A'", got)
-	}
+	heapIntact(t, m, sb.ID, "after the rollback")
 	// The restored tree is captured the same way.
-	ck2, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ck2.Capture != captureTemplate {
-		t.Fatalf("capture of the restored tree %q (%s)", ck2.Capture, ck2.CaptureNote)
-	}
+	fullCaptured(t, m, sb.ID, captureTemplate)
 }
 
 // TestTemplateCaptureFallsBack: a tree the copies cannot capture (a
@@ -106,7 +97,6 @@ func TestTemplateCaptureFallsBack(t *testing.T) {
 func TestTemplateCaptureFailure(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
-	ctx := context.Background()
 	sb := pythonSandbox(t, m, cowHolder)
 	run(t, m, sb.ID, "x=7")
 	n := treeSize(t, m, sb.ID)
@@ -114,19 +104,11 @@ func TestTemplateCaptureFailure(t *testing.T) {
 	if got := treeSize(t, m, sb.ID); got != n {
 		t.Fatalf("the tree has %d processes after the failed checkpoint, %d before", got, n)
 	}
-	if r := run(t, m, sb.ID, "echo $x; rm -f /tmp/result; touch /tmp/check"); r.Stdout != "7\n" {
+	if r := run(t, m, sb.ID, "echo $x"); r.Stdout != "7\n" {
 		t.Fatalf("session after the failed checkpoint: %q", r.Stdout)
 	}
-	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
-		t.Fatalf("heap after the failed checkpoint: %s bytes not 'A'", got)
-	}
-	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ck.Capture != captureTemplate {
-		t.Fatalf("capture after the failure %q (%s)", ck.Capture, ck.CaptureNote)
-	}
+	heapIntact(t, m, sb.ID, "after the failed checkpoint")
+	fullCaptured(t, m, sb.ID, captureTemplate)
 }
 
 // TestTemplateCaptureRollbackRightAfter: a rollback that comes while a
@@ -284,13 +266,7 @@ func TestTemplateCaptureDeepTree(t *testing.T) {
 	if !strings.Contains(before, "Running") {
 		t.Fatalf("jobs before the checkpoint: %q", before)
 	}
-	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ck.Capture != captureTemplate {
-		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureTemplate)
-	}
+	ck := fullCaptured(t, m, sb.ID, captureTemplate)
 	if got := jobs(); got != before {
 		t.Fatalf("jobs after the checkpoint %q, before %q", got, before)
 	}
@@ -306,8 +282,5 @@ func TestTemplateCaptureDeepTree(t *testing.T) {
 	if got := run(t, m, sb.ID, "ps -o ppid= -p $(cat /tmp/job) | tr -d ' '; echo $$").Stdout; len(strings.Fields(got)) != 2 || strings.Fields(got)[0] != strings.Fields(got)[1] {
 		t.Fatalf("the job's parent and the shell: %q", got)
 	}
-	run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
-	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
-		t.Fatalf("after the rollback %s bytes of the heap are not 'A'", got)
-	}
+	heapIntact(t, m, sb.ID, "after the rollback")
 }

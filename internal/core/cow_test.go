@@ -181,7 +181,6 @@ func TestCOWCaptureFallsBack(t *testing.T) {
 func TestCOWCaptureFailureLeavesSandboxRunning(t *testing.T) {
 	m := openCOWManager(t)
 	requireCRIU(t, m)
-	ctx := context.Background()
 	sb := pythonSandbox(t, m, cowHolder)
 	staging := func() []string {
 		got, _ := filepath.Glob(filepath.Join("/dev/shm", m.stagingPrefix()+"*"))
@@ -193,19 +192,10 @@ func TestCOWCaptureFailureLeavesSandboxRunning(t *testing.T) {
 			if s := staging(); len(s) != 0 {
 				t.Fatalf("failed checkpoint left staging %v", s)
 			}
-			run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
-			if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
-				t.Fatalf("heap after the failed checkpoint: %s bytes not 'A'", got)
-			}
+			heapIntact(t, m, sb.ID, "after the failed checkpoint")
 		})
 	}
-	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ck.Capture != captureCOW {
-		t.Fatalf("capture after the failures %q (%s)", ck.Capture, ck.CaptureNote)
-	}
+	fullCaptured(t, m, sb.ID, captureCOW)
 }
 
 // TestCOWCaptureWithStandby: the sandbox's cgroup also holds the standby
@@ -248,10 +238,7 @@ func TestCOWCaptureWithStandby(t *testing.T) {
 	if res.Tier != v1.TierHot {
 		t.Fatalf("rollback tier %s, want hot", res.Tier)
 	}
-	run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
-	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
-		t.Fatalf("heap after the rollback: %s bytes not 'A'", got)
-	}
+	heapIntact(t, m, sb.ID, "after the rollback")
 }
 
 // TestCOWCaptureWithZombie: a process that never reaps its exited child
@@ -284,11 +271,31 @@ func TestCOWCaptureWithZombie(t *testing.T) {
 	if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
 		t.Fatal(err)
 	}
-	run(t, m, sb.ID, "rm -f /tmp/result; touch /tmp/check")
-	if got := waitFile(t, m, sb.ID, "/tmp/result"); got != "0" {
-		t.Fatalf("heap after the rollback: %s bytes not 'A'", got)
-	}
+	heapIntact(t, m, sb.ID, "after the rollback")
 	if z := zombies(); z != "1" {
 		t.Fatalf("%s zombies after the rollback, want the one of the checkpoint", z)
 	}
+}
+
+// heapIntact checks that cowHolder's heap in sandbox id is all 'A's.
+func heapIntact(t testing.TB, m *Manager, id, when string) {
+	t.Helper()
+	run(t, m, id, "rm -f /tmp/result; touch /tmp/check")
+	if got := waitFile(t, m, id, "/tmp/result"); got != "0" {
+		t.Fatalf("%s: %s bytes of the heap are not 'A'", when, got)
+	}
+}
+
+// fullCaptured takes a full checkpoint of sandbox id, waits for its
+// commit and checks that it was captured the way want says.
+func fullCaptured(t testing.TB, m *Manager, id, want string) v1.Checkpoint {
+	t.Helper()
+	ck, err := m.Checkpoint(context.Background(), id, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.Capture != want {
+		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, want)
+	}
+	return ck
 }
