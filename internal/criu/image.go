@@ -27,33 +27,57 @@ func magicOf(name string) (uint32, error) {
 	return uint32(v), nil
 }
 
-// readEntries decodes the CRIU image at path, of kind name: a leading
-// common magic (except for the inventory), the image's own magic, then
-// entries, each a 32-bit little-endian size and the message, which
-// newEntry makes (it is told the entry's index: a pagemap's first entry
-// differs from the rest). extraLen, if set, tells how many raw bytes
-// follow an entry. Sizes are checked: a truncated file is an error.
+// CRIU's leading image magics (criu/include/magic.h): images of the
+// process tree start with the common one, statistics and other service
+// images with the service one, and the inventory with its own magic.
+const (
+	imgCommonMagic  = 0x54564319
+	imgServiceMagic = 0x55105940
+)
+
+// readEntries decodes the CRIU image at path of kind name ("CORE", ...):
+// see decodeEntries.
 func readEntries(path, name string, newEntry func(i int) proto.Message, extraLen func(proto.Message) int) ([]imageEntry, error) {
-	want, err := magicOf(name)
+	magic, err := magicOf(name)
 	if err != nil {
 		return nil, err
 	}
+	return decodeEntries(path, magic, 0, newEntry, extraLen)
+}
+
+// readHead decodes the first entry of the CRIU image at path, whose own
+// magic is magic, into m.
+func readHead(path string, magic uint32, m proto.Message) error {
+	ents, err := decodeEntries(path, magic, 1, func(int) proto.Message { return m }, nil)
+	if err == nil && len(ents) == 0 {
+		err = fmt.Errorf("%s: short file", path)
+	}
+	return err
+}
+
+// decodeEntries decodes the CRIU image at path: a leading common or
+// service magic (the inventory has none), the image's own magic, then
+// entries, each a 32-bit little-endian size and the message, which
+// newEntry makes (it is told the entry's index: a pagemap's first entry
+// differs from the rest), up to max of them (0: all). extraLen, if set,
+// tells how many raw bytes follow an entry. Sizes are checked, so a
+// truncated file is an error and not a panic (unlike go-criu's helpers).
+func decodeEntries(path string, magic uint32, max int, newEntry func(i int) proto.Message, extraLen func(proto.Message) int) ([]imageEntry, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	if name != "INVENTORY" {
-		if len(b) < 4 || binary.LittleEndian.Uint32(b) != imgCommonMagic {
-			return nil, fmt.Errorf("%s: not a CRIU image", path)
+	if len(b) >= 4 {
+		if lead := binary.LittleEndian.Uint32(b); lead == imgCommonMagic || lead == imgServiceMagic {
+			b = b[4:]
 		}
-		b = b[4:]
 	}
-	if len(b) < 4 || binary.LittleEndian.Uint32(b) != want {
-		return nil, fmt.Errorf("%s: not a CRIU %s image", path, name)
+	if len(b) < 4 || binary.LittleEndian.Uint32(b) != magic {
+		return nil, fmt.Errorf("%s: not a CRIU image of magic %#x", path, magic)
 	}
 	b = b[4:]
 	var out []imageEntry
-	for len(b) > 0 {
+	for len(b) > 0 && (max == 0 || len(out) < max) {
 		if len(b) < 4 {
 			return nil, fmt.Errorf("%s: short file", path)
 		}
