@@ -31,8 +31,8 @@ const captureTemplate = "template"
 // checkpoint thaws it and captures it another way.
 var errNoTemplate = errors.New("the tree cannot be copied")
 
-// templateObstacle says why the tree of pids (the live tree, init
-// first) cannot be captured by copies ("" if it can), from what can be
+// templateObstacle says why the tree of pids (the live tree of init)
+// cannot be captured by copies ("" if it can), from what can be
 // read before the freeze; copyTree checks what can change again in the
 // frozen window, and the dumps check the rest (criu.Merge refuses the
 // images it cannot combine). What a fork does not give a copy, or gives
@@ -180,8 +180,9 @@ type frozenProc struct {
 // tree cannot be copied ("") if pid stands in the way: a zombie, a
 // signal pending (a copy has none), a pipe with data in it (pipes are
 // shared with the original, which reads and writes them on after the
-// thaw).
-func readFrozen(pid int, init bool) (frozenProc, string, error) {
+// thaw). Pipes already in checked (by their /proc name) are not checked
+// again; those checked are added.
+func readFrozen(pid int, init bool, checked map[string]bool) (frozenProc, string, error) {
 	fp := frozenProc{host: pid}
 	p := "/proc/" + strconv.Itoa(pid)
 	stat, err := os.ReadFile(p + "/stat")
@@ -225,19 +226,16 @@ func readFrozen(pid int, init bool) (frozenProc, string, error) {
 			}
 		}
 	}
-	if fp.files, err = criu.OpenFiles(pid); err != nil {
+	var pipes map[int]string
+	if fp.files, pipes, err = criu.OpenFiles(pid); err != nil {
 		return fp, "", err
 	}
-	ents, err := os.ReadDir(p + "/fd")
-	if err != nil {
-		return fp, "", err
-	}
-	for _, e := range ents {
-		link := filepath.Join(p, "fd", e.Name())
-		if target, _ := os.Readlink(link); !strings.HasPrefix(target, "pipe:") {
+	for fd, name := range pipes {
+		if checked[name] {
 			continue
 		}
-		if n, err := pipeBytes(link); err != nil {
+		checked[name] = true
+		if n, err := pipeBytes(filepath.Join(p, "fd", strconv.Itoa(fd))); err != nil {
 			return fp, "", err
 		} else if n > 0 {
 			return fp, fmt.Sprintf("pid %d: a pipe holds %d bytes", pid, n), nil
@@ -307,8 +305,9 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	}
 	byHost := map[int]frozenProc{}
 	children := map[int][]int{}
+	pipes := map[string]bool{}
 	for _, pid := range pids {
-		fp, why, err := readFrozen(pid, pid == init)
+		fp, why, err := readFrozen(pid, pid == init, pipes)
 		if err != nil {
 			return freezeStart, nil, nil, err
 		}
@@ -333,10 +332,6 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	if len(procs) != len(pids) {
 		return freezeStart, nil, nil, fmt.Errorf("%w: %d of the tree's %d processes do not descend from its init", errNoTemplate, len(pids)-len(procs), len(pids))
 	}
-	nsOf := map[int]int{}
-	for _, p := range procs {
-		nsOf[p.host] = p.ns
-	}
 	var pidns unix.Stat_t
 	if err := unix.Stat("/proc/"+strconv.Itoa(init)+"/ns/pid", &pidns); err != nil {
 		return freezeStart, nil, nil, err
@@ -345,12 +340,7 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	for i, p := range procs {
 		part := criu.MergePart{As: p.ns, Flags: p.flags, Files: p.files}
 		if i > 0 {
-			parent, ok := nsOf[p.parentHost]
-			if !ok {
-				tc.close()
-				return freezeStart, nil, nil, fmt.Errorf("%w: pid %d's parent %d is outside the tree", errNoTemplate, p.host, p.parentHost)
-			}
-			part.Parent = parent
+			part.Parent = byHost[p.parentHost].ns // reached from it above
 		}
 		tc.parts = append(tc.parts, part)
 		tc.maps = append(tc.maps, p.maps)
@@ -411,11 +401,11 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 		// own. A child of init gets there by CLONE_PARENT; deeper, the
 		// copy is orphaned to it (no subreaper in the tree:
 		// NotInherited).
-		copy := tc.tracer.CopyOrphan
+		copyOf := tc.tracer.CopyOrphan
 		if procs[i+1].parentHost == init {
-			copy = func(pid int) (int, error) { return tc.tracer.Copy(pid, true) }
+			copyOf = func(pid int) (int, error) { return tc.tracer.Copy(pid, true) }
 		}
-		cp, cerr := copy(pid)
+		cp, cerr := copyOf(pid)
 		if cerr != nil {
 			err = fmt.Errorf("copy of %d: %w", pid, cerr)
 			break
@@ -432,27 +422,21 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	}
 	err = refreeze(errors.Join(err, werr))
 	if err == nil {
-		err = sameTree(rec, pids, tc.copies)
+		err = noneStarted(init, before, tc.copies)
 	}
 	capt.parts.CopyMS = ms(time.Since(t0))
-	if err != nil {
-		return freezeStart, snapped, tc, err
-	}
-	return freezeStart, snapped, tc, nil
+	return freezeStart, snapped, tc, err
 }
 
-// sameTree checks, with the tree frozen again, that it holds the
-// processes it held at the first freeze and the copies, nothing else:
-// pid1 ran between the two (it copied itself), and a process it started
-// before its copy (a request served then) would be known to its copy
-// but missing from the images.
-func sameTree(rec sandboxRec, pids, copies []int) error {
-	now, _, err := treePids(rec.ID, rec.Init)
-	if err != nil {
-		return err
-	}
-	for _, pid := range now {
-		if !slices.Contains(pids, pid) && !slices.Contains(copies, pid) {
+// noneStarted checks, with the tree frozen again, that init's children
+// are those it had at the first freeze (before) and copies: pid1 ran
+// between the two (it copied itself), and a process it started before
+// its copy (a request served then) would be known to its copy but
+// missing from the images. Only pid1 can have started one: the others
+// were stopped by the tracer.
+func noneStarted(init int, before map[int]bool, copies []int) error {
+	for pid := range childrenOf(init) {
+		if !before[pid] && !slices.Contains(copies, pid) {
 			return fmt.Errorf("process %d started in the sandbox during the capture: try again", pid)
 		}
 	}
@@ -538,7 +522,8 @@ func (m *Manager) dumpCopies(ctx context.Context, tool *criu.Tool, rec sandboxRe
 		}); err != nil {
 			return fmt.Errorf("dump the copy of %d: %w", part.As, err)
 		}
-		tc.copies[i] = 0 // CRIU killed it
+		// CRIU killed the copy; close waits for pid1 to reap it, so that
+		// the next capture finds no zombie in the tree.
 	}
 	if err := criu.Merge(staging, tc.parts, criu.MergeOptions{Shared: shared, EmptyPipes: true}); err != nil {
 		return err

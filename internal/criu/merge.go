@@ -159,7 +159,6 @@ type dump struct {
 	ids    *criu_core.TaskKobjIdsEntry
 	fds    []*fdinfo.FdinfoEntry // the process's descriptor table
 	files  []*fdinfo.FileEntry
-	byID   map[uint32]*fdinfo.FileEntry
 	newID  map[uint32]uint32 // file ids in the merged images
 }
 
@@ -183,7 +182,7 @@ func (m *merger) load(i int) error {
 	if err != nil {
 		return fmt.Errorf("merge: %w", err)
 	}
-	d := &dump{byID: map[uint32]*fdinfo.FileEntry{}, newID: map[uint32]uint32{}}
+	d := &dump{newID: map[uint32]uint32{}}
 	for _, e := range ents {
 		name := e.Name()
 		d.names = append(d.names, name)
@@ -216,9 +215,6 @@ func (m *merger) load(i int) error {
 	}
 	if d.files, err = readImage[*fdinfo.FileEntry](filepath.Join(p.Dir, "files.img")); err != nil {
 		return err
-	}
-	for _, f := range d.files {
-		d.byID[f.GetId()] = f
 	}
 	m.at[i] = map[uint32]FileAt{}
 	for fd, at := range p.Files {
@@ -724,14 +720,17 @@ const kcmpFile = 0
 
 // OpenFiles returns pid's open files that have a path (regular files,
 // directories, devices) by descriptor, with their offsets and sizes:
-// read from a frozen original, they are MergePart.Files.
-func OpenFiles(pid int) (map[int]FileAt, error) {
+// read from a frozen original, they are MergePart.Files. It also
+// returns pid's pipes, by descriptor, as /proc names them ("pipe:[INO]"),
+// for a caller that checks what they hold: one pass over the
+// descriptors, in the frozen window.
+func OpenFiles(pid int) (files map[int]FileAt, pipes map[int]string, err error) {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := map[int]FileAt{}
+	files, pipes = map[int]FileAt{}, map[int]string{}
 	for _, e := range ents {
 		fd, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -739,29 +738,35 @@ func OpenFiles(pid int) (map[int]FileAt, error) {
 		}
 		link := filepath.Join(dir, e.Name())
 		target, err := os.Readlink(link)
-		if err != nil || !strings.HasPrefix(target, "/") {
-			continue // gone, or a pipe, socket or anonymous inode
+		if err != nil {
+			continue // closed meanwhile
+		}
+		if strings.HasPrefix(target, "pipe:") {
+			pipes[fd] = target
+		}
+		if !strings.HasPrefix(target, "/") {
+			continue // a pipe, socket or anonymous inode
 		}
 		var at FileAt
 		var st unix.Stat_t
 		if err := unix.Stat(link, &st); err != nil {
-			return nil, fmt.Errorf("descriptor %d of %d: %w", fd, pid, err)
+			return nil, nil, fmt.Errorf("descriptor %d of %d: %w", fd, pid, err)
 		}
 		at.Size = st.Size
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
 		if err != nil {
-			return nil, fmt.Errorf("descriptor %d of %d: %w", fd, pid, err)
+			return nil, nil, fmt.Errorf("descriptor %d of %d: %w", fd, pid, err)
 		}
 		for line := range strings.Lines(string(b)) {
 			if v, ok := strings.CutPrefix(line, "pos:"); ok {
 				if at.Pos, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64); err != nil {
-					return nil, fmt.Errorf("fdinfo %d of %d: %w", fd, pid, err)
+					return nil, nil, fmt.Errorf("fdinfo %d of %d: %w", fd, pid, err)
 				}
 			}
 		}
-		out[fd] = at
+		files[fd] = at
 	}
-	return out, nil
+	return files, pipes, nil
 }
 
 // SharedFiles finds the open file descriptions that several of pids (the

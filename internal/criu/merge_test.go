@@ -217,7 +217,7 @@ func TestMergeCopies(t *testing.T) {
 	}
 	parts := make([]MergePart, len(hostPids))
 	for i, pid := range hostPids {
-		files, err := OpenFiles(pid)
+		files, _, err := OpenFiles(pid)
 		if err != nil {
 			t.Fatal(err)
 		}
