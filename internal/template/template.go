@@ -329,14 +329,21 @@ func (t *Tracer) endVia(pid int, tr *tracee, via int) error {
 	if nerr != nil {
 		return nerr
 	}
-	w, err := t.syscall(pid, tr, unix.SYS_WAIT4, uint64(nsVia), 0, unix.WALL, 0)
-	if err == nil && w.ret != int64(nsVia) {
-		err = fmt.Errorf("wait4 returned %d", w.ret)
-	}
-	if err != nil {
+	if err := t.reap(pid, tr, nsVia); err != nil {
 		return fmt.Errorf("reap the intermediate of %d: %w", pid, err)
 	}
 	return nil
+}
+
+// reap has pid (stopped) reap its child that has ended, by the child's
+// number in pid's PID namespace, with an injected wait4. It runs on the
+// tracer thread.
+func (t *Tracer) reap(pid int, tr *tracee, nsChild int) error {
+	w, err := t.syscall(pid, tr, unix.SYS_WAIT4, uint64(nsChild), 0, unix.WALL, 0)
+	if err == nil && w.ret != int64(nsChild) {
+		err = fmt.Errorf("wait4 returned %d", w.ret)
+	}
+	return err
 }
 
 // injected is what one injected system call left: its return value, a
@@ -863,11 +870,7 @@ func (t *Tracer) ProtectAll(pids ...int) error {
 			if !f.reap {
 				continue
 			}
-			w, rerr := t.syscall(f.pid, t.seized[f.pid], unix.SYS_WAIT4, uint64(f.nsChild), 0, unix.WALL, 0)
-			if rerr == nil && w.ret != int64(f.nsChild) {
-				rerr = fmt.Errorf("wait4 returned %d", w.ret)
-			}
-			if rerr != nil {
+			if rerr := t.reap(f.pid, t.seized[f.pid], f.nsChild); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("reap the fork of %d: %w", f.pid, rerr))
 			}
 		}
