@@ -257,7 +257,6 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
-
 	m.refillDumpSpare(rec, outside)
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,

@@ -171,7 +171,7 @@ func (m *Manager) finishTakeovers(ctx context.Context, sbs []sandboxRec) error {
 	}
 	for _, s := range restart {
 		if err := m.restart(ctx, s); err != nil {
-			m.log.Warn("cannot restart the sandbox after its interrupted rollback; start it by hand", "sandbox", s.ID, "err", err)
+			m.log.Warn("cannot restart the sandbox after its interrupted rollback or restart; start it by hand", "sandbox", s.ID, "err", err)
 		}
 	}
 	return nil
