@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/template"
 	"github.com/molt-sh/molt/internal/testutil"
 )
@@ -628,3 +629,36 @@ func xorIs(a, b string, mask uint64) bool {
 
 // pidless drops the PID from a view's key.
 var pidless = regexp.MustCompile(`^(\w+) \d+`)
+
+// TestMergeRefuses: a merge refuses parts it cannot make a tree of, and
+// images it does not know how to combine, with the kind of error that
+// sends the caller back to an ordinary dump; it writes nothing.
+func TestMergeRefuses(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"core-5.img", "tty-info.img"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		parts []MergePart
+		want  error
+	}{
+		{"no parts", nil, errdefs.ErrInvalidArgument},
+		{"root not PID 1", []MergePart{{Dir: dir, Pid: 5, As: 7}}, errdefs.ErrInvalidArgument},
+		{"parent not earlier", []MergePart{{Dir: dir, Pid: 5, As: 1}, {Dir: dir, Pid: 6, As: 8, Parent: 9}}, errdefs.ErrInvalidArgument},
+		{"a terminal's image", []MergePart{{Dir: dir, Pid: 5, As: 1}}, errdefs.ErrNotSupported},
+		{"another process's image", []MergePart{{Dir: dir, Pid: 6, As: 1}}, errdefs.ErrNotSupported},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dst := t.TempDir()
+			if err := Merge(dst, c.parts, MergeOptions{}); !errors.Is(err, c.want) {
+				t.Fatalf("merge: %v, want %v", err, c.want)
+			}
+			if ents, _ := os.ReadDir(dst); len(ents) != 0 {
+				t.Fatalf("a refused merge wrote %d files", len(ents))
+			}
+		})
+	}
+}
