@@ -48,6 +48,8 @@ type APIError struct {
 	Status  int
 	Kind    string
 	Message string
+	// Candidates, for an ambiguous reference, name one match each.
+	Candidates []string
 }
 
 func (e *APIError) Error() string { return e.Message }
@@ -145,7 +147,7 @@ func decodeError(resp *http.Response) error {
 	if json.Unmarshal(b, &e) != nil || e.Message == "" {
 		return &APIError{Status: resp.StatusCode, Kind: "internal", Message: fmt.Sprintf("daemon answered %s: %s", resp.Status, strings.TrimSpace(string(b)))}
 	}
-	return &APIError{Status: resp.StatusCode, Kind: e.Kind, Message: e.Message}
+	return &APIError{Status: resp.StatusCode, Kind: e.Kind, Message: e.Message, Candidates: e.Candidates}
 }
 
 func esc(s string) string { return url.PathEscape(s) }

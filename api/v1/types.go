@@ -42,6 +42,10 @@ type Error struct {
 	// failed_precondition, unavailable, not_supported, internal.
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
+	// Candidates, on an ambiguous reference (invalid_argument), are
+	// references that each name one of the objects it matched (for a
+	// checkpoint label: SANDBOX:LABEL).
+	Candidates []string `json:"candidates,omitempty"`
 }
 
 // Host describes the host and what molt can and cannot do on it.

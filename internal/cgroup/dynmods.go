@@ -130,3 +130,13 @@ func parseCgroup2Mount(r io.Reader) (cgroup2Mount, error) {
 	}
 	return found[0], nil
 }
+
+// Cgroup2Root returns where the host's cgroup2 hierarchy is mounted
+// (/sys/fs/cgroup on a v2 host, /sys/fs/cgroup/unified on a hybrid one).
+func Cgroup2Root() (string, error) {
+	m, err := readCgroup2Mount()
+	if err != nil {
+		return "", err
+	}
+	return m.dir, nil
+}

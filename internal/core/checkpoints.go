@@ -341,17 +341,37 @@ func (m *Manager) Checkpoints(ref string) ([]v1.Checkpoint, error) {
 	return out, nil
 }
 
-// lookupCheckpoint finds a checkpoint by ID, unique ID prefix, or label.
-// Labels are looked up among the checkpoints of sandboxID first (when
-// given), then among all.
+// lookupCheckpoint finds a checkpoint by ID, unique ID prefix, label, or
+// SANDBOX:REF (REF, a label or ID prefix, among that sandbox's
+// checkpoints only).
+//
+// Labels are per sandbox. They are looked up among the checkpoints of
+// sandboxID first (when given: the sandbox a rollback or fork names);
+// within one sandbox the newest checkpoint with the label wins, as a
+// moving tag would. A bare label that other sandboxes' checkpoints carry
+// resolves only if they are all one sandbox's: otherwise it is ambiguous
+// (an *errdefs.AmbiguousError listing SANDBOX:LABEL for each), so a
+// command never acts on another sandbox's checkpoint by accident.
 func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error) {
 	var rec checkpointRec
 	ref = strings.TrimSpace(ref)
 	if ref == "" {
 		return rec, fmt.Errorf("empty checkpoint reference: %w", errdefs.ErrInvalidArgument)
 	}
-	if err := m.db.Get(store.Checkpoints, ref, &rec); err == nil {
-		return rec, nil
+	scoped := false
+	if sbRef, rest, ok := strings.Cut(ref, ":"); ok {
+		if sbRef == "" || rest == "" {
+			return rec, fmt.Errorf("checkpoint reference %q: want SANDBOX:LABEL: %w", ref, errdefs.ErrInvalidArgument)
+		}
+		sb, err := m.lookupSandbox(sbRef)
+		if err != nil {
+			return rec, fmt.Errorf("checkpoint %q: %w", ref, err)
+		}
+		ref, sandboxID, scoped = rest, sb.ID, true
+	}
+	var byID checkpointRec
+	if err := m.db.Get(store.Checkpoints, ref, &byID); err == nil && (!scoped || byID.Sandbox == sandboxID) {
+		return byID, nil
 	}
 	all, err := store.List[checkpointRec](m.db, store.Checkpoints)
 	if err != nil {
@@ -359,6 +379,9 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 	}
 	var own, labelled, prefixed []checkpointRec
 	for _, c := range all {
+		if scoped && c.Sandbox != sandboxID {
+			continue
+		}
 		if c.Label == ref {
 			labelled = append(labelled, c)
 			if c.Sandbox == sandboxID {
@@ -369,22 +392,52 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 			prefixed = append(prefixed, c)
 		}
 	}
-	for _, set := range [][]checkpointRec{own, labelled, prefixed} {
-		switch len(set) {
-		case 0:
-			continue
-		case 1:
-			return set[0], nil
-		}
-		// Several checkpoints share the label: the newest wins, as a
-		// moving tag would.
+	newest := func(set []checkpointRec) checkpointRec {
 		sort.Slice(set, func(i, j int) bool { return set[i].Created.After(set[j].Created) })
-		if set[0].Label == ref {
-			return set[0], nil
-		}
-		return rec, fmt.Errorf("checkpoint %q is ambiguous (%d matches): %w", ref, len(set), errdefs.ErrInvalidArgument)
+		return set[0]
 	}
-	return rec, notFound("checkpoint", ref)
+	if len(own) > 0 {
+		return newest(own), nil
+	}
+	if len(labelled) > 0 {
+		bySandbox := map[string]bool{}
+		for _, c := range labelled {
+			bySandbox[c.Sandbox] = true
+		}
+		if len(bySandbox) == 1 {
+			return newest(labelled), nil
+		}
+		names := map[string]string{}
+		if sbs, err := store.List[sandboxRec](m.db, store.Sandboxes); err == nil {
+			for _, s := range sbs {
+				if s.Name != "" {
+					names[s.ID] = s.Name
+				}
+			}
+		}
+		var cands []string
+		for sb := range bySandbox {
+			n := names[sb]
+			if n == "" {
+				n = sb
+			}
+			cands = append(cands, n+":"+ref)
+		}
+		sort.Strings(cands)
+		return rec, &errdefs.AmbiguousError{Kind: "checkpoint label", Ref: ref, Candidates: cands}
+	}
+	switch len(prefixed) {
+	case 0:
+		return rec, notFound("checkpoint", ref)
+	case 1:
+		return prefixed[0], nil
+	}
+	var cands []string
+	for _, c := range prefixed {
+		cands = append(cands, c.ID)
+	}
+	sort.Strings(cands)
+	return rec, &errdefs.AmbiguousError{Kind: "checkpoint", Ref: ref, Candidates: cands}
 }
 
 // CheckpointInfo returns one checkpoint.

@@ -79,6 +79,11 @@ func (p *pipeline) reparent(id, parent string) {
 func (p *pipeline) matching(ref, sandbox string) []*pendingJob {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// SANDBOX:LABEL: waiting for every pending checkpoint with the label
+	// is enough (a wider wait, never a narrower one).
+	if _, label, ok := strings.Cut(ref, ":"); ok {
+		ref = label
+	}
 	var out []*pendingJob
 	for _, j := range p.jobs {
 		if (sandbox != "" && j.ck.Sandbox == sandbox) ||

@@ -277,7 +277,10 @@ func TestCacheKerndat(t *testing.T) {
 		if got := tool.kerndatCache(); got != kdatPath {
 			t.Errorf("kerndat cache %q on a tmpfs /run, want %s", got, kdatPath)
 		}
-		t.Skip("/run is a tmpfs: CRIU caches its kernel probe by itself")
+		// CRIU caches its kernel probe by itself there: nothing more
+		// of CacheKerndat to check on this host.
+		t.Log("/run is a tmpfs: CacheKerndat leaves CRIU's own cache alone")
+		return
 	}
 	cache := filepath.Join(dir, kdatName)
 	if target, err := os.Readlink(kdatPath); err != nil || target != cache {

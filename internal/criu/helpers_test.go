@@ -29,18 +29,10 @@ func realTool(t testing.TB) *Tool {
 	return New(DefaultPath)
 }
 
-// python returns the system's python3, preferring /usr/bin (a pyenv shim
-// adds an exec and 50 ms).
+// python returns the system's python3 (never a user's pyenv build).
 func python(t testing.TB) string {
 	t.Helper()
-	if _, err := os.Stat("/usr/bin/python3"); err == nil {
-		return "/usr/bin/python3"
-	}
-	p, err := exec.LookPath("python3")
-	if err != nil {
-		testutil.Unavailable(t, "python3 not installed")
-	}
-	return p
+	return testutil.Python(t)
 }
 
 // counterScript counts in memory, one step per 100 ms (one step only

@@ -90,7 +90,12 @@ func Status(err error) (int, string) {
 
 func writeError(w http.ResponseWriter, err error) {
 	code, kind := Status(err)
-	writeJSON(w, code, v1.Error{Kind: kind, Message: err.Error()})
+	e := v1.Error{Kind: kind, Message: err.Error()}
+	var amb *errdefs.AmbiguousError
+	if errors.As(err, &amb) {
+		e.Candidates = amb.Candidates
+	}
+	writeJSON(w, code, e)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

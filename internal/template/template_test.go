@@ -46,10 +46,7 @@ type proc struct {
 
 func start(t testing.TB, args ...string) *proc {
 	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		testutil.Unavailable(t, "python3 is needed for the test processes")
-	}
-	return startCmd(t, exec.Command("python3", args...))
+	return startCmd(t, exec.Command(testutil.Python(t), args...))
 }
 
 func (p *proc) line(t testing.TB) string {
@@ -753,7 +750,7 @@ func TestCopyOrphan(t *testing.T) {
 	}
 	defer func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) }()
 	// The shell waits for python (no exec: `; :` follows).
-	p := startCmd(t, exec.Command("sh", "-c", `python3 -c "$0"; :`, holder))
+	p := startCmd(t, exec.Command("sh", "-c", testutil.Python(t)+` -c "$0"; :`, holder))
 	addr, err := strconv.ParseUint(p.line(t), 10, 64)
 	if err != nil {
 		t.Fatal(err)

@@ -57,3 +57,18 @@ func WaitState(t testing.TB, pid int, want string) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// SystemPython is the interpreter tests run on the host: Debian's, which
+// scripts/deps.sh installs. A python3 found on PATH may be a user's
+// build (pyenv), whose version, modules and behaviour under CRIU differ
+// from machine to machine.
+const SystemPython = "/usr/bin/python3"
+
+// Python returns SystemPython, or reports it unavailable.
+func Python(t testing.TB) string {
+	t.Helper()
+	if _, err := os.Stat(SystemPython); err != nil {
+		Unavailable(t, "no system python3 (run scripts/deps.sh): "+err.Error())
+	}
+	return SystemPython
+}
