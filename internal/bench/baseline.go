@@ -125,16 +125,26 @@ const hostPython = "/usr/bin/python3"
 
 // pyCopytree replaces dst's contents with a copy of src's the way an
 // agent framework in Python does it (DeltaBox's copytree baseline):
-// shutil.rmtree of what is there, then shutil.copytree.
+// shutil.rmtree of what is there, then shutil.copytree. A root file
+// system holds device nodes (/dev/zero), which copy2 would read
+// forever: special files are made anew, as cp -a does; owners are not
+// kept (copytree does not).
 const pyCopytree = `
-import os, shutil, sys
+import os, shutil, stat, sys
 src, dst = sys.argv[1], sys.argv[2]
+def copy(s, d):
+    st = os.lstat(s)
+    if stat.S_ISREG(st.st_mode):
+        return shutil.copy2(s, d)
+    os.mknod(d, st.st_mode, st.st_rdev)
+    shutil.copystat(s, d)
+    return d
 for e in os.scandir(dst):
     if e.is_dir(follow_symlinks=False):
         shutil.rmtree(e.path)
     else:
         os.unlink(e.path)
-shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True, copy_function=copy)
 `
 
 // settlePool waits until the pool has no deleted subvolume left to
