@@ -25,10 +25,11 @@ func benchCmd(g *globals) *cobra.Command {
 	var dir, cacheDir string
 	fs := &cobra.Command{
 		Use:   "fs",
-		Short: "Filesystem checkpoint and rollback latency vs cp -a and tar",
+		Short: "Filesystem checkpoint and rollback latency vs cp -a (reflinked and full) and tar",
 		Long: "Starts a daemon on a temporary root (under --dir), builds the default image (cached), fills a sandbox\n" +
 			"with each data size in --files files, and measures molt's fs checkpoint and rollback with one file\n" +
-			"changed between iterations, next to a full copy (cp -a --reflink=never) and a tar archive of the same root.",
+			"changed between iterations, next to a reflinked copy (cp -a --reflink=always), a full copy\n" +
+			"(cp -a --reflink=never) and a tar archive of the same root.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
