@@ -29,8 +29,8 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "turns",
 		Short: "Replay recorded agent trajectories: turn decisions, checkpoint traffic and time vs none and full-every-turn",
-		Long: "Replays recorded coding-agent trajectories (--data) turn by turn, each in a fresh sandbox per mode:\n" +
-			"none (no checkpoint), auto (molt ends each turn with the checkpoint the turn needs) and full (a full\n" +
+		Long: "Replays recorded coding-agent trajectories (--data) turn by turn, each in a fresh sandbox per mode\n" +
+			"(the modes' order rotated per trajectory): none (no checkpoint, no inspector), auto (molt ends each turn with the checkpoint the turn needs) and full (a full\n" +
 			"checkpoint after every turn). A turn is the LLM call that produced it, simulated as a wait (recorded\n" +
 			"where the data has timestamps, scaled by --llm-scale; --llm-wait elsewhere) during which the previous\n" +
 			"turn ends, then its command. Mode full replays without the waits, four trajectories at once (only its\n" +
