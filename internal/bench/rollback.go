@@ -194,8 +194,10 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 			progress("rollback: %s: %d daemon restarts, each followed by a rollback", w.name, cfg.Restarts)
 			var after Sample
 			for i := 0; i < cfg.Restarts; i++ {
-				// The standby, if any, is ready: a restart is what drops it.
-				if err := waitStandby(ctx, e, sb.ID, ck.ID); err != nil {
+				// The standby, if any, is ready: a restart is what drops
+				// it. (A daemon that does not refill one after its
+				// first rollback still gets measured.)
+				if err := waitStandby(ctx, e, sb.ID, ck.ID); err != nil && ctx.Err() != nil {
 					return res, err
 				}
 				if err := e.Restart(ctx); err != nil {
