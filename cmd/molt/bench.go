@@ -25,10 +25,11 @@ func benchCmd(g *globals) *cobra.Command {
 	var dir, cacheDir string
 	fs := &cobra.Command{
 		Use:   "fs",
-		Short: "Filesystem checkpoint and rollback latency vs cp -a and tar",
+		Short: "Filesystem checkpoint and rollback latency vs cp -a (reflinked and full) and tar",
 		Long: "Starts a daemon on a temporary root (under --dir), builds the default image (cached), fills a sandbox\n" +
 			"with each data size in --files files, and measures molt's fs checkpoint and rollback with one file\n" +
-			"changed between iterations, next to a full copy (cp -a --reflink=never) and a tar archive of the same root.",
+			"changed between iterations, next to a reflinked copy (cp -a --reflink=always), a full copy\n" +
+			"(cp -a --reflink=never) and a tar archive of the same root.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
@@ -42,13 +43,14 @@ func benchCmd(g *globals) *cobra.Command {
 				bs = append(bs, n)
 			}
 			return withDaemon(ctx, dir, cacheDir, func(e *daemon.Ephemeral) error {
-				res, err := bench.RunFS(ctx, e, bench.FSConfig{Image: "default", Sizes: bs, Files: files,
+				res, err := bench.RunFS(ctx, e, bench.FSConfig{Image: "default", CriuPath: core.DefaultCriuPath, Sizes: bs, Files: files,
 					Iterations: iters, BaselineIterations: baseIters, Progress: os.Stderr})
 				if err != nil {
 					return err
 				}
 				return g.print(res, func() {
-					fmt.Printf("molt bench fs: %d files per sandbox, one file changed between checkpoints; kernel %s\n\n", files, res.Kernel)
+					fmt.Printf("molt bench fs: %d files per sandbox, one file changed between checkpoints\n", files)
+					bench.PrintHost(os.Stdout, res.Host)
 					bench.PrintFS(os.Stdout, res)
 				})
 			})
@@ -67,8 +69,10 @@ func benchCmd(g *globals) *cobra.Command {
 		Short: "Full (process) checkpoint and rollback vs plain criu dump/restore with a full root copy",
 		Long: "Starts a daemon on a temporary root and measures, for an idle bash session and a Python process\n" +
 			"holding --heap MiB: stall, checkpoint and rollback latency, and the bytes a second checkpoint writes\n" +
-			"after a small change, next to a plain criu dump/restore of the same tree with full images and a\n" +
-			"full copy of the root.",
+			"after a small change, next to plain criu dump/restore of the same tree with full images and a copy\n" +
+			"of the root: with molt's CRIU options (network, UTS and IPC namespaces left out, no network lock,\n" +
+			"cgroups ignored, molt's log level) and a reflinked copy (the main baseline), and with CRIU's\n" +
+			"defaults and a full data copy.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
@@ -79,7 +83,8 @@ func benchCmd(g *globals) *cobra.Command {
 					return err
 				}
 				return g.print(res, func() {
-					fmt.Printf("molt bench cr: %d checkpoints and rollbacks per workload (baseline: half as many)\n\n", crIters)
+					fmt.Printf("molt bench cr: %d checkpoints and rollbacks per workload (baselines: half as many each)\n", crIters)
+					bench.PrintHost(os.Stdout, res.Host)
 					bench.PrintCR(os.Stdout, res)
 				})
 			})
@@ -90,55 +95,67 @@ func benchCmd(g *globals) *cobra.Command {
 	cr.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	cr.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	cr.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
-	var rbIters int
+	var rbIters, restarts, faultRounds int
+	var seed int64
 	rb := &cobra.Command{
 		Use:   "rollback",
-		Short: "Rollback latency: hot (standby), warm (CRIU restore), cold baseline (root copy + criu restore)",
+		Short: "Rollback latency: hot (standby), back to back, random of the last 8, warm (CRIU restore), after a daemon restart, cold baselines (root copy + criu restore)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
 			return withDaemon(ctx, dir, cacheDir, func(e *daemon.Ephemeral) error {
-				res, err := bench.RunRollback(ctx, e, bench.RollbackConfig{Image: "default", CriuPath: criuPath, Iterations: rbIters, HeapMiB: heap, Progress: os.Stderr})
+				res, err := bench.RunRollback(ctx, e, bench.RollbackConfig{Image: "default", CriuPath: criuPath, Iterations: rbIters, HeapMiB: heap,
+					Restarts: restarts, FaultRounds: faultRounds, Seed: seed, Progress: os.Stderr})
 				if err != nil {
 					return err
 				}
 				return g.print(res, func() {
-					fmt.Printf("molt bench rollback: %d rollbacks per tier and workload to one full checkpoint\n\n", rbIters)
+					fmt.Printf("molt bench rollback: %d rollbacks per tier and workload, %d daemon restarts, %d heap rewrites each way\n", rbIters, restarts, faultRounds)
+					bench.PrintHost(os.Stdout, res.Host)
 					bench.PrintRollback(os.Stdout, res)
 				})
 			})
 		},
 	}
 	rb.Flags().IntVar(&rbIters, "iterations", 30, "rollbacks per tier and workload")
+	rb.Flags().IntVar(&restarts, "restarts", 3, "daemon restarts per workload, each followed by one rollback")
+	rb.Flags().IntVar(&faultRounds, "fault-rounds", 5, "heap rewrites with and without a full checkpoint just before (write-fault cost)")
+	rb.Flags().Int64Var(&seed, "seed", 1, "random seed of the rollbacks to one of the last 8 checkpoints")
 	rb.Flags().IntVar(&heap, "heap", 100, "heap of the Python workload, MiB")
 	rb.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	rb.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	rb.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
 	var budget time.Duration
-	var seed int64
+	var rounds int
 	search := &cobra.Command{
 		Use:   "search",
 		Short: "Tree search: nodes expanded per minute for molt, copytree+replay and plain CRIU with root copies",
-		Long: "The same seeded random tree search runs with each method for --budget: pick a random node, go back\n" +
-			"to it, expand it with a command that changes files and the session's state (checked), capture the child.",
+		Long: "The same seeded random tree search runs with each method for --budget, --rounds times: pick a random\n" +
+			"node, go back to it, expand it with a command that changes files and the session's state (checked),\n" +
+			"capture the child. Methods: molt; copytree + replay with cp -a --reflink=always (the main baseline)\n" +
+			"and with Python's shutil.copytree (" + "/usr/bin/python3" + "); plain CRIU with molt's options and reflinked\n" +
+			"root copies. The methods' order rotates every round and the pool settles (btrfs subvolume sync)\n" +
+			"before every window; rates are the median of the rounds with the spread.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
 			return withDaemon(ctx, dir, cacheDir, func(e *daemon.Ephemeral) error {
-				res, err := bench.RunSearch(ctx, e, bench.SearchConfig{Image: "default", CriuPath: criuPath, Budget: budget, Seed: seed, Progress: os.Stderr})
+				res, err := bench.RunSearch(ctx, e, bench.SearchConfig{Image: "default", CriuPath: criuPath, Budget: budget, Rounds: rounds, Seed: seed, Progress: os.Stderr})
 				if err != nil {
 					return err
 				}
 				return g.print(res, func() {
-					fmt.Printf("molt bench search: %v per method, seed %d\n\n", budget, seed)
+					fmt.Printf("molt bench search: %v per method and round, %d rounds, seed %d\n", budget, rounds, seed)
+					bench.PrintHost(os.Stdout, res.Host)
 					bench.PrintSearch(os.Stdout, res)
 				})
 			})
 		},
 	}
-	search.Flags().DurationVar(&budget, "budget", 30*time.Second, "time per method")
+	search.Flags().DurationVar(&budget, "budget", 20*time.Second, "time per method and round")
+	search.Flags().IntVar(&rounds, "rounds", 3, "rounds (each method once per round, the order rotated)")
 	search.Flags().Int64Var(&seed, "seed", 1, "random seed (the same tree choices for every method)")
 	search.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	search.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
@@ -157,7 +174,8 @@ func benchCmd(g *globals) *cobra.Command {
 					return err
 				}
 				return g.print(res, func() {
-					fmt.Printf("molt bench fork: %d forks of one full checkpoint, %d rounds (the baseline: one)\n\n", forkN, forkRounds)
+					fmt.Printf("molt bench fork: %d forks of one full checkpoint, %d rounds (the baseline: one)\n", forkN, forkRounds)
+					bench.PrintHost(os.Stdout, res.Host)
 					bench.PrintFork(os.Stdout, res)
 				})
 			})

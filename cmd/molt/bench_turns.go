@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -28,8 +29,8 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "turns",
 		Short: "Replay recorded agent trajectories: turn decisions, checkpoint traffic and time vs none and full-every-turn",
-		Long: "Replays recorded coding-agent trajectories (--data) turn by turn, each in a fresh sandbox per mode:\n" +
-			"none (no checkpoint), auto (molt ends each turn with the checkpoint the turn needs) and full (a full\n" +
+		Long: "Replays recorded coding-agent trajectories (--data) turn by turn, each in a fresh sandbox per mode\n" +
+			"(the modes' order rotated per trajectory): none (no checkpoint, no inspector), auto (molt ends each turn with the checkpoint the turn needs) and full (a full\n" +
 			"checkpoint after every turn). A turn is the LLM call that produced it, simulated as a wait (recorded\n" +
 			"where the data has timestamps, scaled by --llm-scale; --llm-wait elsewhere) during which the previous\n" +
 			"turn ends, then its command. Mode full replays without the waits, four trajectories at once (only its\n" +
@@ -48,6 +49,22 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("--modes: unknown mode %q (want none, auto, full)", m)
 				}
 			}
+			if data == "" {
+				// The repository's root, from the binary (bin/molt) or
+				// the working directory.
+				var starts []string
+				if exe, err := os.Executable(); err == nil {
+					starts = append(starts, filepath.Dir(exe))
+				}
+				if wd, err := os.Getwd(); err == nil {
+					starts = append(starts, wd)
+				}
+				p, err := bench.ResolveData(bench.DefaultTrajectories, starts...)
+				if err != nil {
+					return err
+				}
+				data = p
+			}
 			ts, err := bench.LoadTrajectories(data)
 			if err != nil {
 				return err
@@ -57,7 +74,7 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("no trajectories selected from %s", data)
 			}
 			cfg := bench.TurnsConfig{
-				Image: "default", Trajectories: sel, Modes: modes, MaxTurns: maxTurns,
+				Image: "default", Trajectories: sel, Modes: modes, MaxTurns: maxTurns, CriuPath: core.DefaultCriuPath,
 				Waits:      bench.WaitConfig{Scale: scale, Default: wait, Max: waitMax},
 				CmdTimeout: cmdTimeout, Ignore: ignore, FullWaits: fullWaits,
 				Parallel: parallel, ParallelMaxTurns: parallelMaxTurns, ParallelRuns: parallelRuns,
@@ -82,14 +99,15 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 					if maxTurns > 0 {
 						mt = fmt.Sprintf("at most %d turns each", maxTurns)
 					}
-					fmt.Printf("molt bench turns: %d trajectories (%s), %s, modes %s\n\n", res.Trajectories, strings.Join(per, ", "), mt, strings.Join(modes, ","))
+					fmt.Printf("molt bench turns: %d trajectories (%s), %s, modes %s (none without the inspector; order rotated per trajectory)\n", res.Trajectories, strings.Join(per, ", "), mt, strings.Join(modes, ","))
+					bench.PrintHost(os.Stdout, res.Host)
 					bench.PrintTurns(os.Stdout, res)
 				})
 			})
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&data, "data", "/work/shared/data/trajectories/public.jsonl", "trajectories, JSON lines")
+	f.StringVar(&data, "data", "", "trajectories, JSON lines (default: "+bench.DefaultTrajectories+" relative to the repository root, found above the binary or the working directory)")
 	f.IntVar(&runs, "runs", 30, "trajectories to replay: the first of each agent in file order, split evenly across agents")
 	f.BoolVar(&all, "all", false, "replay every trajectory")
 	f.IntVar(&maxTurns, "max-turns", 0, "turns per trajectory (0: all)")

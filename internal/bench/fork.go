@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sort"
 	"text/tabwriter"
 	"time"
 
@@ -27,13 +26,16 @@ type ForkRow struct {
 	Workload string    `json:"workload"`
 	N        int       `json:"n"`
 	Molt     []float64 `json:"molt_forks_per_second"`
-	// Baseline: per fork a full copy of the checkpoint's root and a plain
-	// CRIU restore of full images, one after the other.
-	Baseline float64 `json:"baseline_forks_per_second"`
+	// Baseline: per fork a copy of the checkpoint's root and a plain
+	// CRIU restore of full images (crBaselines' main one), one after the
+	// other.
+	Baseline       float64 `json:"baseline_forks_per_second"`
+	BaselineMethod string  `json:"baseline_method"`
 }
 
 // ForkResult is the outcome of RunFork.
 type ForkResult struct {
+	Host HostFacts `json:"host"`
 	Rows []ForkRow `json:"rows"`
 }
 
@@ -47,7 +49,7 @@ func RunFork(ctx context.Context, e *daemon.Ephemeral, cfg ForkConfig) (ForkResu
 	if err != nil {
 		return ForkResult{}, err
 	}
-	var res ForkResult
+	res := ForkResult{Host: GatherHost(ctx, c, cfg.CriuPath)}
 	for _, w := range processWorkloads(ctx, c, cfg.HeapMiB) {
 		progress("fork: %s", w.name)
 		sb, err := w.start(ctx, cfg.Image)
@@ -75,8 +77,10 @@ func RunFork(ctx context.Context, e *daemon.Ephemeral, cfg ForkConfig) (ForkResu
 			}
 		}
 
-		progress("fork: %s: baseline (cp -a of the root + criu restore, %d times)", w.name, cfg.N)
-		src, err := newColdSource(ctx, c, cfg.CriuPath, h.Pool.Dir, sb.ID)
+		bm := crBaselines(cfg.CriuPath)[0]
+		row.BaselineMethod = bm.name
+		progress("fork: %s: baseline (%s + criu restore, %d times)", w.name, bm.name, cfg.N)
+		src, err := newColdSource(ctx, c, bm, h.Pool.Dir, sb.ID)
 		if err != nil {
 			return res, err
 		}
@@ -99,15 +103,6 @@ func RunFork(ctx context.Context, e *daemon.Ephemeral, cfg ForkConfig) (ForkResu
 	return res, nil
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
-
 // PrintFork writes the result as a table.
 func PrintFork(w io.Writer, r ForkResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
@@ -121,7 +116,10 @@ func PrintFork(w io.Writer, r ForkResult) {
 			rounds += fmt.Sprintf("%.1f", v)
 		}
 		m := median(row.Molt)
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%s\t%.1f\t%.1fx\t\n", row.Workload, row.N, m, rounds, row.Baseline, m/max(row.Baseline, 1e-9))
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%s\t%.1f\t%s\t\n", row.Workload, row.N, m, rounds, row.Baseline, RatioString(m, row.Baseline))
 	}
 	tw.Flush()
+	if len(r.Rows) > 0 {
+		fmt.Fprintf(w, "\nbaseline: %s + criu restore per fork\n", r.Rows[0].BaselineMethod)
+	}
 }

@@ -18,7 +18,8 @@ import (
 
 // FSConfig configures the filesystem checkpoint benchmark.
 type FSConfig struct {
-	Image string
+	Image    string
+	CriuPath string // for the host facts
 	// Sizes are the total data sizes, each spread over Files files.
 	Sizes []int64
 	Files int
@@ -44,13 +45,15 @@ type FSRow struct {
 
 // FSResult is the outcome of RunFS.
 type FSResult struct {
-	Rows   []FSRow `json:"rows"`
-	Kernel string  `json:"kernel"`
-	Pool   string  `json:"pool"`
+	Rows   []FSRow   `json:"rows"`
+	Kernel string    `json:"kernel"`
+	Host   HostFacts `json:"host"`
+	Pool   string    `json:"pool"`
 }
 
-// RunFS measures molt's fs checkpoint and rollback next to a full copy
-// (cp -a --reflink=never) and a tar archive of the same root, for each
+// RunFS measures molt's fs checkpoint and rollback next to a reflinked
+// copy (the fastest copy btrfs offers), a full copy (cp -a
+// --reflink=never) and a tar archive of the same root, for each
 // data size, changing one file between iterations.
 func RunFS(ctx context.Context, e *daemon.Ephemeral, cfg FSConfig) (FSResult, error) {
 	c := e.Client
@@ -59,7 +62,7 @@ func RunFS(ctx context.Context, e *daemon.Ephemeral, cfg FSConfig) (FSResult, er
 	if err != nil {
 		return FSResult{}, err
 	}
-	res := FSResult{Kernel: h.Kernel, Pool: h.Pool.Dir}
+	res := FSResult{Kernel: h.Kernel, Pool: h.Pool.Dir, Host: GatherHost(ctx, c, cfg.CriuPath)}
 	for _, size := range cfg.Sizes {
 		progress("fs: %s in %d files: filling a sandbox", human(size), cfg.Files)
 		sb, err := c.Create(ctx, v1.SandboxCreateRequest{Image: cfg.Image})
@@ -139,6 +142,9 @@ for i in range(n):
 			name          string
 			save, restore func(dst string) *exec.Cmd
 		}{
+			{"reflinked copy (cp -a --reflink=always)",
+				func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=always", root, dst) },
+				func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=always", dst, dst+".restored") }},
 			{"full copy (cp -a --reflink=never)",
 				func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=never", root, dst) },
 				func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=never", dst, dst+".restored") }},
@@ -217,6 +223,15 @@ func PrintFS(w io.Writer, r FSResult) {
 			molt = append(molt, row)
 			fmt.Fprintf(w, "molt %s: stall (frozen) p50 %.2f ms p95 %.2f ms; rollback of a stopped sandbox (files only) p50 %.2f ms p95 %.2f ms; rollback of a running sandbox includes restarting its init\n",
 				human(row.DataBytes), row.Stall.P50, row.Stall.P95, row.RollbackFilesOnly.P50, row.RollbackFilesOnly.P95)
+		}
+	}
+	// Each baseline as a multiple of molt's time at the same size.
+	for _, m := range molt {
+		for _, row := range r.Rows {
+			if row.Stall == nil && row.DataBytes == m.DataBytes {
+				fmt.Fprintf(w, "%s: %s takes %s molt's checkpoint time and %s its rollback time (p50s)\n", human(row.DataBytes), row.Method,
+					RatioString(row.Checkpoint.P50, m.Checkpoint.P50), RatioString(row.Rollback.P50, m.Rollback.P50))
+			}
 		}
 	}
 	for _, row := range molt {

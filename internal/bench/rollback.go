@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -22,9 +23,16 @@ import (
 type RollbackConfig struct {
 	Image      string
 	CriuPath   string
-	Iterations int // per tier; the cold baseline runs a third as many
-	HeapMiB    int
-	Progress   io.Writer
+	Iterations int // per tier; the cold baselines run a third as many
+	// Restarts is how many daemon restarts, each followed by one
+	// rollback, measure a rollback right after a restart.
+	Restarts int
+	// FaultRounds is how many heap rewrites, with and without a full
+	// checkpoint just before, measure the write-fault cost.
+	FaultRounds int
+	HeapMiB     int
+	Seed        int64
+	Progress    io.Writer
 }
 
 // RollbackRow is one workload's result.
@@ -36,32 +44,67 @@ type RollbackRow struct {
 	StallParts v1.StallParts `json:"checkpoint_stall_parts_p50"`
 	// Captures counts those checkpoints by capture (v1.CaptureCOW...).
 	Captures map[string]int `json:"captures"`
-	Hot      Stats          `json:"hot"`
-	Warm     Stats          `json:"warm"`
-	Cold     Stats          `json:"cold_copy_and_restore"`
+	// Hot waits for the standby before every rollback; BackToBack does
+	// not (each takes the tier molt picks); Random8 goes to a random one
+	// of the last 8 checkpoints, back to back; AfterRestart is the first
+	// rollback after a daemon restart.
+	Hot          Stats          `json:"hot"`
+	BackToBack   Stats          `json:"back_to_back"`
+	BackTiers    map[string]int `json:"back_to_back_tiers"`
+	Random8      Stats          `json:"random_of_8"`
+	Random8Tiers map[string]int `json:"random_of_8_tiers"`
+	Warm         Stats          `json:"warm"`
+	AfterRestart Stats          `json:"after_restart"`
+	RestartTiers map[string]int `json:"after_restart_tiers"`
+	// Cold are the baselines (crBaselines): a copy of the root plus a
+	// plain CRIU restore of full images; the first is the main one.
+	Cold []ColdRow `json:"cold"`
+
+	lastCk string
+	// Rewrite is the time the workload takes to write one byte in every
+	// page of its heap with no checkpoint since its last rewrite, and
+	// RewriteAfter right after a full checkpoint (the write faults of a
+	// capture that write-protects memory); nil for workloads without a
+	// heap.
+	Rewrite      *Stats         `json:"heap_rewrite,omitempty"`
+	RewriteAfter *Stats         `json:"heap_rewrite_after_checkpoint,omitempty"`
+	RewriteCaps  map[string]int `json:"heap_rewrite_captures,omitempty"`
+}
+
+// ColdRow is one cold baseline's rollbacks.
+type ColdRow struct {
+	Method string `json:"method"`
+	Stats  Stats  `json:"stats"`
 }
 
 // RollbackResult is the outcome of RunRollback.
 type RollbackResult struct {
+	Host HostFacts     `json:"host"`
 	Rows []RollbackRow `json:"rows"`
 }
 
 // stallSamples is how many full checkpoints per workload give the stall.
 const stallSamples = 15
 
-// RunRollback measures rollback latency to one full checkpoint: hot
-// (promoting a standby), warm (a CRIU restore from molt's images), and a
-// cold baseline (a full copy of the root plus a plain CRIU restore of
-// full images), for the process workloads.
+// randomOf is how many of the newest checkpoints Random8 picks from.
+const randomOf = 8
+
+// RunRollback measures rollback latency to full checkpoints: hot
+// (promoting a standby), hot back to back, to a random one of the last
+// 8, warm (a CRIU restore from molt's images), right after a daemon
+// restart, and cold baselines (a copy of the root plus a plain CRIU
+// restore of full images), for the process workloads; and, for the heap
+// workload, what a checkpoint costs it in write faults.
 func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (RollbackResult, error) {
-	c := e.Client
 	progress := progressf(cfg.Progress)
-	h, err := c.Host(ctx)
+	h, err := e.Client.Host(ctx)
 	if err != nil {
 		return RollbackResult{}, err
 	}
-	var res RollbackResult
-	for _, w := range processWorkloads(ctx, c, cfg.HeapMiB) {
+	res := RollbackResult{Host: GatherHost(ctx, e.Client, cfg.CriuPath)}
+	rng := rand.New(rand.NewSource(cfg.Seed))
+	for wi, w := range processWorkloads(ctx, e.Client, cfg.HeapMiB) {
+		c := e.Client
 		progress("rollback: %s", w.name)
 		sb, err := w.start(ctx, cfg.Image)
 		if err != nil {
@@ -70,11 +113,13 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 		row := RollbackRow{Workload: w.name}
 		var stall, protect, criu, snap, copying Sample
 		var ck v1.Checkpoint
+		var cks []string
 		row.Captures = map[string]int{}
 		for i := 0; i < stallSamples; i++ {
 			if ck, err = c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}); err != nil {
 				return res, err
 			}
+			cks = append(cks, ck.ID)
 			stall = append(stall, msDur(ck.StallMS))
 			if p := ck.StallParts; p != nil {
 				protect = append(protect, msDur(p.ProtectMS))
@@ -87,7 +132,17 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 		row.Stall = stall.Stats()
 		row.StallParts = v1.StallParts{ProtectMS: protect.Stats().P50, CRIUMS: criu.Stats().P50, SnapshotMS: snap.Stats().P50, CopyMS: copying.Stats().P50}
 
-		var hot, warm Sample
+		if wi == 1 && cfg.FaultRounds > 0 {
+			progress("rollback: %s: heap rewrite with and without a checkpoint before", w.name)
+			if err := measureRewrite(ctx, c, sb.ID, cfg.FaultRounds, &row); err != nil {
+				return res, err
+			}
+			// The head moved: the tiers below roll back to it.
+			cks = append(cks, row.lastCk)
+			ck.ID = row.lastCk
+		}
+
+		var hot, warm, b2b, rnd Sample
 		for i := 0; i < cfg.Iterations; i++ {
 			if err := waitStandby(ctx, e, sb.ID, ck.ID); err != nil {
 				return res, err
@@ -102,6 +157,30 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 			}
 			hot = append(hot, time.Since(t0))
 		}
+		row.BackTiers, row.Random8Tiers, row.RestartTiers = map[string]int{}, map[string]int{}, map[string]int{}
+		if err := waitStandby(ctx, e, sb.ID, ck.ID); err != nil {
+			return res, err
+		}
+		for i := 0; i < cfg.Iterations; i++ {
+			t0 := time.Now()
+			r, err := c.Rollback(ctx, sb.ID, ck.ID)
+			if err != nil {
+				return res, err
+			}
+			b2b = append(b2b, time.Since(t0))
+			row.BackTiers[r.Tier]++
+		}
+		last := cks[max(0, len(cks)-randomOf):]
+		for i := 0; i < cfg.Iterations; i++ {
+			to := last[rng.Intn(len(last))]
+			t0 := time.Now()
+			r, err := c.Rollback(ctx, sb.ID, to)
+			if err != nil {
+				return res, err
+			}
+			rnd = append(rnd, time.Since(t0))
+			row.Random8Tiers[r.Tier]++
+		}
 		for i := 0; i < cfg.Iterations; i++ {
 			t0 := time.Now()
 			if _, err := c.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
@@ -109,30 +188,101 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 			}
 			warm = append(warm, time.Since(t0))
 		}
-		row.Hot, row.Warm = hot.Stats(), warm.Stats()
+		row.Hot, row.Warm, row.BackToBack, row.Random8 = hot.Stats(), warm.Stats(), b2b.Stats(), rnd.Stats()
 
-		progress("rollback: %s: cold baseline (cp -a of the root + criu restore)", w.name)
-		src, err := newColdSource(ctx, c, cfg.CriuPath, h.Pool.Dir, sb.ID)
-		if err != nil {
-			return res, err
+		if cfg.Restarts > 0 {
+			progress("rollback: %s: %d daemon restarts, each followed by a rollback", w.name, cfg.Restarts)
+			var after Sample
+			for i := 0; i < cfg.Restarts; i++ {
+				// The standby, if any, is ready: a restart is what drops
+				// it. (A daemon that does not refill one after its
+				// first rollback still gets measured.)
+				if err := waitStandby(ctx, e, sb.ID, ck.ID); err != nil && ctx.Err() != nil {
+					return res, err
+				}
+				if err := e.Restart(ctx); err != nil {
+					return res, fmt.Errorf("daemon restart: %w", err)
+				}
+				c = e.Client
+				t0 := time.Now()
+				r, err := c.Rollback(ctx, sb.ID, ck.ID)
+				if err != nil {
+					return res, fmt.Errorf("rollback after a restart: %w", err)
+				}
+				after = append(after, time.Since(t0))
+				row.RestartTiers[r.Tier]++
+			}
+			row.AfterRestart = after.Stats()
 		}
-		var cold Sample
-		for i := 0; i < max(2, cfg.Iterations/3); i++ {
-			took, err := src.copy()
+
+		for _, bm := range crBaselines(cfg.CriuPath) {
+			progress("rollback: %s: cold baseline %s", w.name, bm.name)
+			src, err := newColdSource(ctx, c, bm, h.Pool.Dir, sb.ID)
 			if err != nil {
-				src.remove()
 				return res, err
 			}
-			cold = append(cold, took)
+			var cold Sample
+			for i := 0; i < max(2, cfg.Iterations/3); i++ {
+				took, err := src.copy()
+				if err != nil {
+					src.remove()
+					return res, err
+				}
+				cold = append(cold, took)
+			}
+			row.Cold = append(row.Cold, ColdRow{Method: bm.name, Stats: cold.Stats()})
+			src.remove()
 		}
-		row.Cold = cold.Stats()
-		src.remove()
 		res.Rows = append(res.Rows, row)
 		if err := c.Remove(ctx, sb.ID); err != nil {
 			return res, err
 		}
 	}
 	return res, nil
+}
+
+// measureRewrite times heap rewrites of the heap workload: rounds times
+// a rewrite with no checkpoint since the last one, then a full
+// checkpoint and a rewrite right after it. row.lastCk is the last
+// checkpoint taken.
+func measureRewrite(ctx context.Context, c *client.Client, sb string, rounds int, row *RollbackRow) error {
+	rewrite := func() (time.Duration, error) {
+		r, err := c.SessionRun(ctx, sb, "main", v1.SessionRunRequest{Command: rewriteCmd})
+		if err != nil {
+			return 0, err
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(r.Stdout), 64)
+		if r.ExitCode != 0 || err != nil {
+			return 0, fmt.Errorf("heap rewrite: exit %d, %q: %s", r.ExitCode, r.Stdout, r.Stderr)
+		}
+		return msDur(v), nil
+	}
+	// The first rewrite pays whatever the stall samples' captures left.
+	if _, err := rewrite(); err != nil {
+		return err
+	}
+	var plain, after Sample
+	row.RewriteCaps = map[string]int{}
+	for i := 0; i < rounds; i++ {
+		d, err := rewrite()
+		if err != nil {
+			return err
+		}
+		plain = append(plain, d)
+		ck, err := c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+		if err != nil {
+			return err
+		}
+		row.lastCk = ck.ID
+		row.RewriteCaps[ck.Capture]++
+		if d, err = rewrite(); err != nil {
+			return err
+		}
+		after = append(after, d)
+	}
+	p, a := plain.Stats(), after.Stats()
+	row.Rewrite, row.RewriteAfter = &p, &a
+	return nil
 }
 
 // waitStandby waits until the sandbox's standby for ck is ready.
@@ -151,29 +301,48 @@ func waitStandby(ctx context.Context, e *daemon.Ephemeral, sb, ck string) error 
 	return fmt.Errorf("no standby for %s within 30 s", ck)
 }
 
-// PrintRollback writes the result with the targets checked.
+// PrintRollback writes the result with the targets checked and each
+// tier as a ratio to the main cold baseline of the same run.
 func PrintRollback(w io.Writer, r RollbackResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\ttier\tp50\tp95\tp99\tn\t")
+	fmt.Fprintln(tw, "workload\ttier\tp50\tp95\ttail\tn\tbaseline / tier\ttiers taken\t")
 	for _, row := range r.Rows {
+		var base float64
+		if len(row.Cold) > 0 {
+			base = row.Cold[0].Stats.P50
+		}
 		for _, t := range []struct {
-			name string
-			s    Stats
-		}{{"hot (standby)", row.Hot}, {"warm (CRIU restore)", row.Warm}, {"cold baseline (cp -a + criu restore)", row.Cold}} {
-			fmt.Fprintf(tw, "%s\t%s\t%.1f ms\t%.1f ms\t%.1f ms\t%d\t\n", row.Workload, t.name, t.s.P50, t.s.P95, t.s.P99, t.s.N)
+			name  string
+			s     Stats
+			tiers map[string]int
+		}{
+			{"hot (standby ready)", row.Hot, nil},
+			{"back to back (no wait for the standby)", row.BackToBack, row.BackTiers},
+			{fmt.Sprintf("random of the last %d, back to back", randomOf), row.Random8, row.Random8Tiers},
+			{"warm (CRIU restore)", row.Warm, nil},
+			{"first after a daemon restart", row.AfterRestart, row.RestartTiers},
+		} {
+			if t.s.N == 0 {
+				continue
+			}
+			ratio := "-"
+			if base > 0 {
+				ratio = RatioString(base, t.s.P50)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%.1f ms\t%.1f ms\t%s\t%d\t%s\t%s\t\n", row.Workload, t.name, t.s.P50, t.s.P95, t.s.TailString(), t.s.N,
+				ratio, tierCounts(t.tiers))
+		}
+		for _, c := range row.Cold {
+			fmt.Fprintf(tw, "%s\tcold baseline: %s + criu restore\t%.1f ms\t%.1f ms\t%s\t%d\t%s\t\t\n", row.Workload, c.Method, c.Stats.P50, c.Stats.P95, c.Stats.TailString(), c.Stats.N,
+				RatioString(base, c.Stats.P50))
 		}
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	for _, row := range r.Rows {
-		check := func(ok bool) string {
-			if ok {
-				return "met"
-			}
-			return "MISSED"
-		}
-		fmt.Fprintf(w, "%s: hot p50 %.1f ms (target <= 5: %s), p99 %.1f ms (target <= 20: %s); checkpoint stall p50 %.1f ms (target <= 15: %s)\n",
-			row.Workload, row.Hot.P50, check(row.Hot.P50 <= 5), row.Hot.P99, check(row.Hot.P99 <= 20), row.Stall.P50, check(row.Stall.P50 <= 15))
+		tl, tv := row.Hot.Tail()
+		fmt.Fprintf(w, "%s: hot p50 %.1f ms (target <= 5: %s), %s %.1f ms (target p99 <= 20: %s); checkpoint stall p50 %.1f ms (target <= 15: %s)\n",
+			row.Workload, row.Hot.P50, verdict(row.Hot.P50 <= 5), tl, tv, verdict(tv <= 20), row.Stall.P50, verdict(row.Stall.P50 <= 15))
 	}
 	for _, row := range r.Rows {
 		var caps []string
@@ -184,43 +353,61 @@ func PrintRollback(w io.Writer, r RollbackResult) {
 		fmt.Fprintf(w, "%s: stall parts p50: copying the tree %.1f ms, write protection %.1f ms, CRIU %.1f ms, root snapshot %.1f ms beside them; captures: %s\n",
 			row.Workload, p.CopyMS, p.ProtectMS, p.CRIUMS, p.SnapshotMS, strings.Join(caps, ", "))
 	}
+	for _, row := range r.Rows {
+		if row.Rewrite == nil || row.RewriteAfter == nil {
+			continue
+		}
+		fmt.Fprintf(w, "%s: writing every heap page takes %.1f ms p50 right after a full checkpoint (%s) vs %.1f ms without one: %s, %.1f ms of write faults\n",
+			row.Workload, row.RewriteAfter.P50, tierCounts(row.RewriteCaps), row.Rewrite.P50, RatioString(row.RewriteAfter.P50, row.Rewrite.P50),
+			row.RewriteAfter.P50-row.Rewrite.P50)
+	}
+}
+
+// tierCounts formats counts by name ("hot 3, warm 1"), sorted.
+func tierCounts(m map[string]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // coldSource is what the cold baselines copy from: a plain CRIU dump of
-// a sandbox's tree (full images) and a full copy of its root.
+// a sandbox's tree (full images) and a copy of its root.
 type coldSource struct {
-	criuPath, dir string
+	m   coldMethod
+	dir string
 }
 
-func newColdSource(ctx context.Context, c *client.Client, criuPath, poolDir, sb string) (*coldSource, error) {
+func newColdSource(ctx context.Context, c *client.Client, m coldMethod, poolDir, sb string) (*coldSource, error) {
 	s, err := c.Sandbox(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
-	src := &coldSource{criuPath: criuPath, dir: filepath.Join(poolDir, "tmp", "bench-cold-"+sb)}
-	if err := plainDump(criuPath, s.Pid, filepath.Join(src.dir, "images")); err != nil {
+	src := &coldSource{m: m, dir: filepath.Join(poolDir, "tmp", "bench-cold-"+sb)}
+	if err := m.criu.dump(s.Pid, filepath.Join(src.dir, "images")); err != nil {
 		src.remove()
 		return nil, err
 	}
 	root := filepath.Join(poolDir, "sandboxes", sb, "root")
-	if out, err := exec.Command("cp", "-a", "--reflink=never", root, filepath.Join(src.dir, "saved")).CombinedOutput(); err != nil {
+	if err := m.copyRoot(root, filepath.Join(src.dir, "saved")); err != nil {
 		src.remove()
-		return nil, fmt.Errorf("cp: %v: %s", err, out)
+		return nil, err
 	}
 	return src, nil
 }
 
-// copy makes one copy the baseline's way, a full copy of the saved root
-// and a plain criu restore onto it, and returns how long that took; the
-// copy is then killed and removed (untimed): copies cannot run side by
-// side (same PIDs).
+// copy makes one copy the baseline's way, a copy of the saved root and a
+// plain criu restore onto it, and returns how long that took; the copy
+// is then killed and removed (untimed): copies cannot run side by side
+// (same PIDs).
 func (s *coldSource) copy() (time.Duration, error) {
 	root := filepath.Join(s.dir, "root")
 	t0 := time.Now()
-	if out, err := exec.Command("cp", "-a", "--reflink=never", filepath.Join(s.dir, "saved"), root).CombinedOutput(); err != nil {
-		return 0, fmt.Errorf("cp: %v: %s", err, out)
+	if err := s.m.copyRoot(filepath.Join(s.dir, "saved"), root); err != nil {
+		return 0, err
 	}
-	pid, err := plainRestore(s.criuPath, filepath.Join(s.dir, "images"), s.dir, root)
+	pid, err := s.m.criu.restore(filepath.Join(s.dir, "images"), s.dir, root)
 	if err != nil {
 		return 0, err
 	}

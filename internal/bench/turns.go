@@ -306,6 +306,7 @@ type TurnsConfig struct {
 	Image        string
 	Trajectories []Trajectory // the selection, in replay order
 	Modes        []string     // of none, auto, full
+	CriuPath     string       // for the host facts
 	MaxTurns     int          // per trajectory; 0: all
 	Waits        WaitConfig
 	CmdTimeout   time.Duration
@@ -475,6 +476,7 @@ type TurnsParallel struct {
 type TurnsResult struct {
 	Trajectories int               `json:"trajectories"`
 	PerAgent     map[string]int    `json:"per_agent"`
+	Host         HostFacts         `json:"host"`
 	Modes        []string          `json:"modes"`
 	Waits        []TurnsWaits      `json:"waits"`
 	LLMScale     float64           `json:"llm_scale"`
@@ -785,7 +787,8 @@ func RunTurns(ctx context.Context, e *daemon.Ephemeral, cfg TurnsConfig) (TurnsR
 	progress := progressf(cfg.Progress)
 	res := TurnsResult{Trajectories: len(cfg.Trajectories), PerAgent: map[string]int{}, Modes: cfg.Modes,
 		LLMScale: cfg.Waits.Scale, LLMWaitMS: ms(cfg.Waits.Default), LLMMaxMS: ms(cfg.Waits.Max),
-		CmdTimeoutMS: ms(cfg.CmdTimeout), MaxTurns: cfg.MaxTurns, FullWaits: cfg.FullWaits}
+		CmdTimeoutMS: ms(cfg.CmdTimeout), MaxTurns: cfg.MaxTurns, FullWaits: cfg.FullWaits,
+		Host: GatherHost(ctx, e.Client, cfg.CriuPath)}
 	for _, t := range cfg.Trajectories {
 		res.PerAgent[t.Agent]++
 	}
@@ -806,14 +809,26 @@ func RunTurns(ctx context.Context, e *daemon.Ephemeral, cfg TurnsConfig) (TurnsR
 	}
 	// The timed modes, one trajectory after the other, its modes in turn
 	// (so drift in the host's speed hits every mode alike).
+	// Each trajectory starts with another mode (the order rotates), so a
+	// mode is not always the one that runs first, on a cold cache.
+	// Mode none runs without the inspector: its sandbox is not watched,
+	// and with nothing else watched the inspector's programs are
+	// detached from the host's system calls, so none is a sandbox
+	// without any of molt's cost.
 	backToBack := false
+	var timed []string
+	for _, mode := range cfg.Modes {
+		if mode == ModeFull && !cfg.FullWaits {
+			backToBack = true
+			continue
+		}
+		timed = append(timed, mode)
+	}
 	for i, t := range cfg.Trajectories {
-		for _, mode := range cfg.Modes {
-			if mode == ModeFull && !cfg.FullWaits {
-				backToBack = true
-				continue
-			}
+		for _, mode := range RotateModes(timed, i) {
+			e.Manager.SetInspector(mode != ModeNone)
 			run, err := r.replay(ctx, t, mode, cfg.MaxTurns, waits[i])
+			e.Manager.SetInspector(true)
 			if err != nil {
 				return res, fail(i, mode, err)
 			}
@@ -873,6 +888,16 @@ func RunTurns(ctx context.Context, e *daemon.Ephemeral, cfg TurnsConfig) (TurnsR
 	}
 	res.Seconds = time.Since(began).Seconds()
 	return res, nil
+}
+
+// RotateModes is modes started at the i-th (mod len), wrapping around:
+// trajectory i replays its modes in this order.
+func RotateModes(modes []string, i int) []string {
+	if len(modes) == 0 {
+		return nil
+	}
+	k := i % len(modes)
+	return append(append([]string(nil), modes[k:]...), modes[:k]...)
 }
 
 func runSummary(run TurnsRun) string {
@@ -952,8 +977,8 @@ func runParallel(ctx context.Context, cfg TurnsConfig, waits [][]time.Duration, 
 		}
 	}
 	p.Stall, p.FullStall, p.TurnEnd = stall.Stats(), full.Stats(), end.Stats()
-	progress("turns: parallel %s: scheduler %v: %d turns, %d checkpoints, stall p50 %.1f ms p99 %.1f ms, %.1f s",
-		mode, !noScheduler, p.Turns, p.Checkpoints, p.Stall.P50, p.Stall.P99, p.Seconds)
+	progress("turns: parallel %s: scheduler %v: %d turns, %d checkpoints, stall p50 %.1f ms %s, %.1f s",
+		mode, !noScheduler, p.Turns, p.Checkpoints, p.Stall.P50, p.Stall.TailString(), p.Seconds)
 	return p, nil
 }
 
@@ -1181,12 +1206,12 @@ func PrintTurns(w io.Writer, r TurnsResult) {
 	}
 	fmt.Fprintln(w, "):")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tturns\trun\tkeystrokes\tno cmd\ttimed out\texit!=0\terrors\ttime\tcommands\tturn end p50/p99\tover waits\tstall p50/p99\tcheckpoints\tbytes written\tCRIU image bytes\t")
+	fmt.Fprintln(tw, "mode\tturns\trun\tkeystrokes\tno cmd\ttimed out\texit!=0\terrors\ttime\tcommands\tturn end p50 / tail\tover waits\tstall p50 / tail\tcheckpoints\tbytes written\tCRIU image bytes\t")
 	for _, t := range r.Totals {
 		end, stall, over := "-", "-", "-"
 		if t.Mode != ModeNone {
-			end = fmt.Sprintf("%.1f/%.1f ms", t.TurnEnd.P50, t.TurnEnd.P99)
-			stall = fmt.Sprintf("%.1f/%.1f ms", t.Stall.P50, t.Stall.P99)
+			end = p50Tail(t.TurnEnd)
+			stall = p50Tail(t.Stall)
 			if t.Mode != ModeFull || r.FullWaits {
 				over = fmt.Sprintf("%.2f s", t.Overrun)
 			}
@@ -1269,6 +1294,8 @@ func PrintTurns(w io.Writer, r TurnsResult) {
 			fmt.Fprint(w, "; full every turn replayed without LLM waits (its time is not comparable; --full-waits)")
 		}
 		fmt.Fprintln(w)
+		fmt.Fprintf(w, "  conditions: none runs without the inspector (its programs detached), the modes' order rotates per trajectory; LLM waits simulated at %.3g of the recorded ones; %d of %d commands exited non-zero or timed out in mode none (no repository in the sandboxes)\n",
+			r.LLMScale, none.Nonzero+none.TimedOut, none.Executed)
 		var agents []string
 		for a := range r.AgentOverhead {
 			agents = append(agents, a)
@@ -1281,18 +1308,24 @@ func PrintTurns(w io.Writer, r TurnsResult) {
 	if len(r.Parallel) > 0 {
 		fmt.Fprintf(w, "\n%d sandboxes replaying at once (%d trajectories each in turn; auto: as recorded, full: a full checkpoint after every turn, no LLM waits), checkpoint stall of the turns that checkpointed:\n", r.Parallel[0].Sandboxes, r.Parallel[0].Runs)
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "mode\tscheduler\tturns\tcheckpoints\tfull\tstall p50\tstall p99\tfull stall p50\tfull stall p99\tturn end p50/p99\tover waits\terrors\twall\t")
+		fmt.Fprintln(tw, "mode\tscheduler\tturns\tcheckpoints\tfull\tstall p50\tstall tail\tfull stall p50\tfull stall tail\tturn end p50 / tail\tover waits\terrors\twall\t")
 		for _, p := range r.Parallel {
 			s := "on"
 			if !p.Scheduler {
 				s = "off"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f/%.1f ms\t%.2f s\t%d\t%.1f s\t\n", p.Mode, s, p.Turns, p.Checkpoints, p.Full,
-				p.Stall.P50, p.Stall.P99, p.FullStall.P50, p.FullStall.P99, p.TurnEnd.P50, p.TurnEnd.P99, p.Overrun, p.Errors+p.EndErrors, p.Seconds)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.1f ms\t%s\t%.1f ms\t%s\t%s\t%.2f s\t%d\t%.1f s\t\n", p.Mode, s, p.Turns, p.Checkpoints, p.Full,
+				p.Stall.P50, p.Stall.TailString(), p.FullStall.P50, p.FullStall.TailString(), p50Tail(p.TurnEnd), p.Overrun, p.Errors+p.EndErrors, p.Seconds)
 		}
 		tw.Flush()
 	}
 	fmt.Fprintf(w, "\nwhole run: %.1f s\n", r.Seconds)
+}
+
+// p50Tail formats a p50 and the tail Stats.Tail allows: "2.1 / max 30.0 ms".
+func p50Tail(s Stats) string {
+	l, v := s.Tail()
+	return fmt.Sprintf("%.1f / %s %.1f ms", s.P50, l, v)
 }
 
 func verdict(ok bool) string {

@@ -117,6 +117,9 @@ type Manager struct {
 	criu     *criu.Tool
 	log      *slog.Logger
 	started  time.Time
+	// noInspect: sandboxes created from now on are not watched (see
+	// SetInspector).
+	noInspect atomic.Bool
 
 	mu    sync.Mutex // guards locks, copying and name uniqueness checks
 	locks map[string]*sync.Mutex

@@ -116,6 +116,16 @@ func inspector() (*inspect.Inspector, error) {
 	return shared.in, shared.err
 }
 
+var errInspectorOff = errors.New("inspector turned off")
+
+// SetInspector turns the inspector on or off for sandboxes whose turn
+// state starts from now on (created, or first started, by this
+// Manager); sandboxes watched already stay so. Off, their turns are
+// always full, and while no sandbox is watched the inspector's programs
+// are detached from the host's system calls: benchmarks use it to
+// measure sandboxes without any of molt's cost.
+func (m *Manager) SetInspector(on bool) { m.noInspect.Store(!on) }
+
 // InspectorStatus reports whether the inspector works here, and why not.
 func InspectorStatus() (bool, string) {
 	if _, err := inspector(); err != nil {
@@ -157,6 +167,9 @@ func (m *Manager) turnPrepare(rec sandboxRec, init sandbox.Init) *turnState {
 	ts.force = nil
 	ts.carry = inspect.Effects{}
 	in, err := inspector()
+	if err == nil && ts.watch == nil && m.noInspect.Load() {
+		err = errInspectorOff
+	}
 	switch {
 	case err != nil:
 	case ts.watch == nil:

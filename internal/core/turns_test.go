@@ -255,3 +255,29 @@ func (m *Manager) awaitStandbyFor(t *testing.T, id, ck, tier string) error {
 	}
 	return fmt.Errorf("no standby of %s", ck)
 }
+
+// TestSetInspectorOff: a sandbox created while the inspector is off is
+// not watched (its turns are full, for that reason), and one created
+// after it is back on is watched again (a read-only turn needs nothing).
+func TestSetInspectorOff(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	if ok, why := InspectorStatus(); !ok {
+		testutil.Unavailable(t, "eBPF inspector: "+why)
+	}
+	m.SetInspector(false)
+	off := newSandbox(t, m)
+	m.SetInspector(true)
+	endTurn(t, m, off.ID)
+	execOnce(t, m, off.ID, "cat", "/etc/hostname")
+	res := endTurn(t, m, off.ID)
+	if res.Decision != v1.DecisionFull || !slices.ContainsFunc(res.Reasons, func(r string) bool { return strings.Contains(r, "inspector unavailable") }) {
+		t.Fatalf("unwatched sandbox's turn: %s %v, want full for lack of the inspector", res.Decision, res.Reasons)
+	}
+	on := newSandbox(t, m)
+	endTurn(t, m, on.ID)
+	execOnce(t, m, on.ID, "cat", "/etc/hostname")
+	if res := endTurn(t, m, on.ID); res.Decision != v1.DecisionNone {
+		t.Fatalf("watched sandbox's read-only turn: %s %v, want none", res.Decision, res.Reasons)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/molt-sh/molt/internal/coord"
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/httpapi"
+	"github.com/molt-sh/molt/internal/sandbox"
 )
 
 // Ephemeral is a daemon on a temporary state root, serving in this
@@ -27,6 +28,7 @@ type Ephemeral struct {
 	Root    string
 	srv     *http.Server
 	coord   *coord.Coordinator
+	cfg     core.Config
 }
 
 // StartEphemeral starts a daemon on a new directory under parent ("" for
@@ -53,24 +55,58 @@ func StartEphemeralWith(ctx context.Context, parent, cacheDir, version string, t
 		tweak(&cfg)
 	}
 	setProcs()
-	m, err := core.Open(ctx, cfg)
-	if err != nil {
+	e := &Ephemeral{Root: root, cfg: cfg, Client: client.New(filepath.Join(root, "molt.sock"))}
+	if err := e.open(ctx); err != nil {
+		if e.Manager != nil {
+			_ = e.Manager.Pool().Unmount()
+		}
 		os.RemoveAll(root)
 		return nil, err
 	}
-	sock := filepath.Join(root, "molt.sock")
+	return e, nil
+}
+
+// open starts the Manager and serves it on the root's socket.
+func (e *Ephemeral) open(ctx context.Context) error {
+	m, err := core.Open(ctx, e.cfg)
+	if err != nil {
+		return err
+	}
+	sock := filepath.Join(e.Root, "molt.sock")
+	_ = os.Remove(sock)
 	ln, err := Listen(sock)
 	if err != nil {
 		m.Close()
-		_ = m.Pool().Unmount()
-		os.RemoveAll(root)
-		return nil, err
+		e.Manager = m
+		return err
 	}
-	co := coord.New(m, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	e := &Ephemeral{Client: client.New(sock), Manager: m, Root: root, coord: co,
-		srv: &http.Server{Handler: httpapi.Handler(m, co, slog.Default()), ReadHeaderTimeout: 10 * time.Second}}
+	e.Manager = m
+	e.coord = coord.New(m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	e.srv = &http.Server{Handler: httpapi.Handler(m, e.coord, slog.Default()), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = e.srv.Serve(ln) }()
-	return e, nil
+	return nil
+}
+
+// Restart stops the daemon, leaving its sandboxes running and its state
+// on disk, and starts a new one on the same root, as a restarted `molt
+// daemon` would (benchmarks measure what a restart costs the next
+// operation).
+func (e *Ephemeral) Restart(ctx context.Context) error {
+	// The agents this process keeps per init (with the sessions they
+	// know) go with the old daemon.
+	if sbs, err := e.Manager.Sandboxes(); err == nil {
+		for _, s := range sbs {
+			if init, err := sandbox.InitOf(s.Pid); err == nil && s.Pid > 0 {
+				sandbox.Forget(init)
+			}
+		}
+	}
+	_ = e.srv.Close()
+	e.coord.Close()
+	if err := e.Manager.Close(); err != nil {
+		return err
+	}
+	return e.open(ctx)
 }
 
 // Close removes every sandbox, stops serving and deletes the root.

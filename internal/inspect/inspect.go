@@ -93,14 +93,13 @@ func Open(opts Options) (*Inspector, error) {
 		in.objs.SysEnter, in.objs.SysExit,
 		in.objs.SchedProcessFork, in.objs.SchedProcessExec, in.objs.SchedProcessExit,
 	}
-	for _, p := range in.progs {
-		l, err := link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachTraceRawTp})
-		if err != nil {
-			in.closeObjects()
-			return nil, attachError(p, err)
-		}
-		in.links = append(in.links, l)
+	// Attached once to find out whether they can be, then only while
+	// something is watched: every system call on the host runs them.
+	if err := in.attachLocked(); err != nil {
+		in.closeObjects()
+		return nil, err
 	}
+	in.detachLocked()
 	rd, err := ringbuf.NewReader(in.objs.Events)
 	if err != nil {
 		in.closeObjects()
@@ -138,6 +137,32 @@ func attachError(p *ebpf.Program, err error) error {
 		return fmt.Errorf("inspect: attaching %s: permission denied (needs root or CAP_BPF+CAP_PERFMON): %w", p, err)
 	}
 	return fmt.Errorf("inspect: attaching %s as tp_btf raw tracepoint: %w", p, err)
+}
+
+// attachLocked attaches the programs unless they are. Caller holds in.mu
+// (or owns in alone).
+func (in *Inspector) attachLocked() error {
+	if len(in.links) > 0 {
+		return nil
+	}
+	for _, p := range in.progs {
+		l, err := link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachTraceRawTp})
+		if err != nil {
+			in.detachLocked()
+			return attachError(p, err)
+		}
+		in.links = append(in.links, l)
+	}
+	return nil
+}
+
+// detachLocked detaches the programs. Caller holds in.mu (or owns in
+// alone).
+func (in *Inspector) detachLocked() {
+	for _, l := range in.links {
+		l.Close()
+	}
+	in.links = nil
 }
 
 func (in *Inspector) closeObjects() {

@@ -1035,3 +1035,52 @@ func BenchmarkSyscallOverhead(b *testing.B) {
 		}
 	})
 }
+
+// bpfLinks counts this process's BPF link descriptors (what keeps
+// programs attached), from the kernel's view in /proc/self/fdinfo.
+func bpfLinks(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fdinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc/self/fdinfo", e.Name()))
+		if err == nil && strings.Contains(string(b), "link_type:") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestAttachedOnlyWhileWatched: the programs run on every system call of
+// the host, so they are attached only while a watch exists (a sandbox
+// without one, or a benchmark's baseline, must not pay for them).
+func TestAttachedOnlyWhileWatched(t *testing.T) {
+	in := inspector(t)
+	if len(in.watches) != 0 {
+		t.Fatalf("%d watches left by earlier tests", len(in.watches))
+	}
+	if n := bpfLinks(t); n != 0 {
+		t.Fatalf("%d BPF links with nothing watched, want 0", n)
+	}
+	s := newSandbox(t, in)
+	if n := bpfLinks(t); n != len(in.progs) {
+		t.Fatalf("%d BPF links while watching, want %d", n, len(in.progs))
+	}
+	s.w.Close()
+	if n := bpfLinks(t); n != 0 {
+		t.Fatalf("%d BPF links after the last watch closed, want 0", n)
+	}
+	w, err := in.Watch(s.cg, s.init.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	s.w = w
+	s.sh("echo x > " + s.p("again"))
+	if eff := s.cut(); !slices.Contains(fileOps(eff, s.p("again")), "write") {
+		t.Fatalf("watched again after a detach, the write was not recorded:\n%s", dump(eff))
+	}
+}

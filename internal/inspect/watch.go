@@ -73,6 +73,16 @@ func (in *Inspector) Watch(cgroupDir string, pid int) (*Watch, error) {
 	if _, dup := in.watches[cgid]; dup {
 		return nil, fmt.Errorf("inspect: cgroup %s is already watched", cgroupDir)
 	}
+	if err := in.attachLocked(); err != nil {
+		return nil, err
+	}
+	// A watch that fails below leaves the programs detached if it was
+	// the only one.
+	defer func() {
+		if len(in.watches) == 0 {
+			in.detachLocked()
+		}
+	}()
 	w.gen = in.nextGen
 	in.nextGen++
 	w.openGen = w.gen
@@ -226,6 +236,9 @@ func (w *Watch) Close() error {
 	}
 	if in.closed {
 		return nil
+	}
+	if len(in.watches) == 0 {
+		in.detachLocked()
 	}
 	var errs []error
 	if err := in.objs.Watched.Delete(w.cgid); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
