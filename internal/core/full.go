@@ -417,9 +417,12 @@ func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, r
 	os.RemoveAll(staging)
 	os.RemoveAll(work)
 	if err != nil {
+		err = m.exhausted(err)
 		m.metrics.checkpoint.WithLabelValues(v1.KindFull, "failed").Inc()
 		_ = removeTree(m.ckDir(ck.ID))
 		m.unlinkFailed(ck)
+		// Listed as failed from here on, not dropped: it was reported.
+		m.recordFailed(ck, err)
 		m.turnForce(ck.Sandbox, fmt.Sprintf("checkpoint %s was captured but not committed", ck.ID))
 		m.log.Warn("checkpoint not committed", "sandbox", ck.Sandbox, "checkpoint", ck.ID, "err", err)
 	}
