@@ -98,6 +98,12 @@ func (m *Manager) ckFSNext(id string) string { return m.path("checkpoints", id, 
 // manifest is on disk) or full (files and processes; see
 // fullCheckpointLocked: pending until committed in the background).
 func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error) {
+	return m.checkpoint(ctx, ref, req, false)
+}
+
+// checkpoint is Checkpoint; holdFrozen (full only) leaves the sandbox
+// frozen from its capture on (see Hibernate).
+func (m *Manager) checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest, holdFrozen bool) (v1.Checkpoint, error) {
 	if req.Keep && req.Kind != v1.KindFull {
 		return v1.Checkpoint{}, fmt.Errorf("--keep keeps a standby of a full checkpoint; this one is %q: %w", req.Kind, errdefs.ErrInvalidArgument)
 	}
@@ -145,7 +151,7 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 	release := m.foreground(rec.ID)
 	var ck v1.Checkpoint
 	if req.Kind == v1.KindFull {
-		ck, err = m.fullCheckpointLocked(ctx, rec, ckOpts{label: req.Label, keep: req.Keep})
+		ck, err = m.fullCheckpointLocked(ctx, rec, ckOpts{label: req.Label, keep: req.Keep, holdFrozen: holdFrozen})
 	} else {
 		ck, err = m.checkpointLocked(ctx, rec, ckOpts{label: req.Label})
 	}
@@ -197,6 +203,11 @@ type ckOpts struct {
 	// frozen, if set, runs inside the frozen window once the state is
 	// captured (the turn inspector starts the next turn there).
 	frozen func()
+	// holdFrozen leaves a full checkpoint's sandbox frozen after a
+	// successful capture: nothing runs after the captured instant until
+	// the caller thaws or kills it. It takes the plain copy capture
+	// (the others run work in the sandbox after the thaw).
+	holdFrozen bool
 }
 
 // checkpointLocked takes an fs checkpoint. The checkpoint's directory
@@ -271,6 +282,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 
 	ck.StallMS = ms(stall)
 	ck.BytesWritten = int64(len(mb))
+	m.crashpoint("fs:snapshotted")
 	if err := m.fail("checkpoint:record"); err != nil {
 		return v1.Checkpoint{}, err
 	}
@@ -829,6 +841,8 @@ func (m *Manager) fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 		})
 		if err != nil {
 			errs[0] = fmt.Errorf("record the forks: %w", err)
+		} else {
+			m.crashpoint("fork:recorded")
 		}
 	}
 	for i, err := range errs {

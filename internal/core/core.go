@@ -461,6 +461,8 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			var c checkpointRec
 			if err := m.db.Get(store.Checkpoints, s.Head, &c); err != nil {
 				m.log.Warn("head names an uncommitted checkpoint; clearing it", "sandbox", s.ID, "checkpoint", s.Head)
+				// It was reported pending: listed as failed, not dropped.
+				m.recordFailed(checkpointRec{Checkpoint: v1.Checkpoint{ID: s.Head, Sandbox: s.ID, Kind: v1.KindFull}}, errors.New("the daemon stopped before it was stored"))
 				s.Head = ""
 				if err := m.db.Put(store.Sandboxes, s.ID, s); err != nil {
 					return err
