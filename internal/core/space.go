@@ -62,7 +62,7 @@ func (m *Manager) exhausted(err error) error {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 		return fmt.Errorf("%w (out of disk space: %w)", err, errdefs.ErrResourceExhausted)
 	}
-	if rerr := m.pool.Room(0, min(m.reserve(), metaRoom)); errors.Is(rerr, errdefs.ErrResourceExhausted) {
+	if rerr := m.pool.Room(0, metaRoom); errors.Is(rerr, errdefs.ErrResourceExhausted) {
 		return fmt.Errorf("%w (%w)", err, rerr)
 	}
 	return err
