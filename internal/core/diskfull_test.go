@@ -207,6 +207,78 @@ func TestDiskFullPool(t *testing.T) {
 	if cks, _ := m.Checkpoints(sb.ID); len(cks) != 1 {
 		t.Fatalf("after deleting the failed checkpoint: %+v", cks)
 	}
+	run(t, m, sb.ID, "x=2")
+	// Filled inside a fork (after a fork's root is made) and inside a
+	// rollback (after its tree is restored): each completes,
+	// or fails as resource_exhausted with nothing half-made listed and
+	// the sandbox as it was.
+	fsck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillAt := func(step string) {
+		var once bool
+		freeAgain = nil
+		m.failpoint = func(s string) error {
+			if s == step && !once {
+				once = true
+				freeAgain = fill(t, m.path("fill"), 0, avail)
+			}
+			return nil
+		}
+	}
+	fillAt("create:snapshot")
+	res, err := m.Fork(ctx, "", v1.ForkRequest{Checkpoint: good.ID, N: 2})
+	m.failpoint = nil
+	if freeAgain == nil {
+		t.Fatal("the fork never reached its root's snapshot")
+	}
+	freeAgain()
+	sbs, _ := m.Sandboxes()
+	switch {
+	case err == nil:
+		t.Logf("fork on a pool filled half-way: made %d", len(res.Sandboxes))
+		for _, f := range res.Sandboxes {
+			if got := run(t, m, f.ID, "echo $x").Stdout; got != "1\n" {
+				t.Fatalf("fork %s: x=%q", f.ID, got)
+			}
+			if err := m.Remove(ctx, f.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	case errors.Is(err, errdefs.ErrResourceExhausted):
+		t.Logf("fork on a pool filled half-way: %v", err)
+		if len(sbs) != 1 || len(entries(t, m.path("sandboxes"))) != 1 {
+			t.Fatalf("after a failed fork: %+v, directories %v", sbs, entries(t, m.path("sandboxes")))
+		}
+	default:
+		t.Fatalf("fork on a pool filled half-way: %v, want success or resource exhausted", err)
+	}
+	run(t, m, sb.ID, "touch /after")
+	// (Its processes come from good, its full ancestor: restored, then
+	// the pool fills.)
+	fillAt("restore:adopted")
+	_, err = m.Rollback(ctx, sb.ID, fsck.ID)
+	m.failpoint = nil
+	if freeAgain == nil {
+		t.Fatal("the rollback never reached its snapshot")
+	}
+	freeAgain()
+	switch {
+	case err == nil:
+		t.Log("rollback on a pool filled half-way: done")
+		if got := run(t, m, sb.ID, "test -e /after && echo kept || echo gone $x").Stdout; got != "gone 1\n" {
+			t.Fatalf("after the rollback: /after %q", got)
+		}
+	case errors.Is(err, errdefs.ErrResourceExhausted):
+		t.Logf("rollback on a pool filled half-way: %v", err)
+		if got := run(t, m, sb.ID, "test -e /after && echo $x").Stdout; got != "2\n" {
+			t.Fatalf("after a failed rollback: %q", got)
+		}
+	default:
+		t.Fatalf("rollback on a pool filled half-way: %v, want success or resource exhausted", err)
+	}
+
 	// Space again: everything works.
 	if _, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}); err != nil {
 		t.Fatal(err)
