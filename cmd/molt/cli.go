@@ -640,6 +640,12 @@ func checkpointCmd(g *globals) *cobra.Command {
 				if p := ck.StallParts; p != nil {
 					fmt.Printf("frozen:   protection %.2f ms, CRIU %.2f ms, snapshot %.2f ms (next to CRIU)\n", p.ProtectMS, p.CRIUMS, p.SnapshotMS)
 				}
+				switch {
+				case ck.Pending:
+					fmt.Println("state:    pending (captured, being stored)")
+				case ck.Failed:
+					fmt.Printf("state:    FAILED, holds nothing: %s\n", ck.FailedReason)
+				}
 			})
 		},
 	}
