@@ -35,12 +35,14 @@ var (
 	ErrFailedPrecondition = errors.New("failed precondition")
 	ErrUnavailable        = errors.New("unavailable")
 	ErrNotSupported       = errors.New("not supported")
+	ErrResourceExhausted  = errors.New("resource exhausted")
 )
 
 var kinds = map[string]error{
 	"not_found": ErrNotFound, "already_exists": ErrAlreadyExists,
 	"invalid_argument": ErrInvalidArgument, "failed_precondition": ErrFailedPrecondition,
 	"unavailable": ErrUnavailable, "not_supported": ErrNotSupported,
+	"resource_exhausted": ErrResourceExhausted,
 }
 
 // APIError is an error reported by the daemon.

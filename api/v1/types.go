@@ -39,7 +39,9 @@ const (
 // Error is the body of every non-2xx response.
 type Error struct {
 	// Kind is one of not_found, already_exists, invalid_argument,
-	// failed_precondition, unavailable, not_supported, internal.
+	// failed_precondition, unavailable, not_supported,
+	// resource_exhausted (no space left beyond the daemon's reserve;
+	// HTTP 507), internal.
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
 	// Candidates, on an ambiguous reference (invalid_argument), are
@@ -280,6 +282,12 @@ type Checkpoint struct {
 	// not committed yet (its images are being stored). A rollback or
 	// fork to it waits for the commit; a crash before it loses it.
 	Pending bool `json:"pending,omitempty"`
+	// Failed: the checkpoint was captured (it was reported pending) but
+	// could not be stored; FailedReason says why (a full disk, for one).
+	// It holds nothing: a rollback or fork to it is refused
+	// (failed_precondition), and deleting it drops the record.
+	Failed       bool   `json:"failed,omitempty"`
+	FailedReason string `json:"failed_reason,omitempty"`
 }
 
 // RollbackRequest moves a sandbox to a checkpoint.

@@ -93,8 +93,32 @@ func parseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
+// parseReserve parses --disk-reserve: "auto" (core's default), a size
+// ("0": none) or a percentage of the pool's size ("5%").
+func parseReserve(s string) (bytes int64, percent float64, err error) {
+	s = strings.TrimSpace(s)
+	switch {
+	case s == "auto" || s == "":
+		return 0, 0, nil
+	case strings.HasSuffix(s, "%"):
+		p, err := strconv.ParseFloat(strings.TrimSuffix(s, "%"), 64)
+		if err != nil || p <= 0 || p >= 100 {
+			return 0, 0, fmt.Errorf("bad --disk-reserve %q: want a percentage above 0 and below 100", s)
+		}
+		return 0, p, nil
+	}
+	n, err := parseSize(s)
+	if err != nil {
+		return 0, 0, fmt.Errorf("bad --disk-reserve: %w", err)
+	}
+	if n == 0 {
+		return -1, 0, nil
+	}
+	return n, 0, nil
+}
+
 func daemonCmd(g *globals) *cobra.Command {
-	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget string
+	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve string
 	var workers, criuLog int
 	var dynMods, cow, tmpl bool
 	c := &cobra.Command{
@@ -122,6 +146,10 @@ func daemonCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			reserve, reservePct, err := parseReserve(diskReserve)
+			if err != nil {
+				return err
+			}
 			if criuLog < 1 || criuLog > 4 {
 				return fmt.Errorf("--criu-log-level %d: want 1 (errors) to 4 (debugging)", criuLog)
 			}
@@ -134,7 +162,8 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
-					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl},
+					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl,
+					DiskReserve: reserve, DiskReservePercent: reservePct},
 				Socket: g.socket,
 			})
 		},
@@ -145,6 +174,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&budget, "standby-budget", "2G", "memory for pre-restored standbys (hot rollback) across the host; 0 disables them")
 	c.Flags().StringVar(&sbBudget, "sandbox-standby-budget", "0", "default memory for one sandbox's standbys, within --standby-budget (0: no bound of its own; molt create --standby-budget sets one per sandbox)")
 	c.Flags().IntVar(&workers, "sched-workers", 0, "checkpoint background jobs (storing, standbys, GC) run at once host-wide (0: 1 on up to 2 CPUs, else half the CPUs)")
+	c.Flags().StringVar(&diskReserve, "disk-reserve", "auto", "space kept free in the pool and on the filesystem under a loop pool: checkpoints, forks and rollbacks that would leave less are refused (resource_exhausted); a size, a percentage of the pool (5%), 0 for none, or auto (1G, or 5% of a pool under 20G)")
 	c.Flags().StringVar(&ioBudget, "sched-io", "0", "bytes per second background jobs may write, as 200M (0: unlimited)")
 	c.Flags().BoolVar(&cow, "cow-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory write-protect it in the frozen window and copy the pages after the thaw (single-threaded processes without shared memory; others are copied frozen, and the checkpoint says why)")
 	c.Flags().BoolVar(&tmpl, "template-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory copy every process in the frozen window (an injected clone each) and dump the copies with CRIU after the thaw, when the tree allows it (single-threaded processes, no shared memory, sockets or terminals, no signal pending, empty pipes); others take the --cow-capture path, and the checkpoint says why")
@@ -610,6 +640,12 @@ func checkpointCmd(g *globals) *cobra.Command {
 				if p := ck.StallParts; p != nil {
 					fmt.Printf("frozen:   protection %.2f ms, CRIU %.2f ms, snapshot %.2f ms (next to CRIU)\n", p.ProtectMS, p.CRIUMS, p.SnapshotMS)
 				}
+				switch {
+				case ck.Pending:
+					fmt.Println("state:    pending (captured, being stored)")
+				case ck.Failed:
+					fmt.Printf("state:    FAILED, holds nothing: %s\n", ck.FailedReason)
+				}
 			})
 		},
 	}
@@ -686,6 +722,13 @@ func printTree(w io.Writer, l []v1.Checkpoint, head string) {
 		}
 		if c.ID == head {
 			line += "  <- head"
+		}
+		switch {
+		case c.Pending:
+			line += "  (pending)"
+		case c.Failed:
+			// Listed until deleted: it was reported, and it holds nothing.
+			line += "  FAILED: " + c.FailedReason
 		}
 		fmt.Fprintln(w, line)
 		kids := children[c.ID]

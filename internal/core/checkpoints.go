@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -97,6 +98,12 @@ func (m *Manager) ckFSNext(id string) string { return m.path("checkpoints", id, 
 // manifest is on disk) or full (files and processes; see
 // fullCheckpointLocked: pending until committed in the background).
 func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error) {
+	return m.checkpoint(ctx, ref, req, false)
+}
+
+// checkpoint is Checkpoint; holdFrozen (full only) leaves the sandbox
+// frozen from its capture on (see Hibernate).
+func (m *Manager) checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest, holdFrozen bool) (v1.Checkpoint, error) {
 	if req.Keep && req.Kind != v1.KindFull {
 		return v1.Checkpoint{}, fmt.Errorf("--keep keeps a standby of a full checkpoint; this one is %q: %w", req.Kind, errdefs.ErrInvalidArgument)
 	}
@@ -113,8 +120,20 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 		}
 	}
 	began := time.Now()
-	if req.Kind == v1.KindFull {
-		if r, err := m.lookupSandbox(ref); err == nil {
+	if r, err := m.lookupSandbox(ref); err == nil {
+		// Room first: a full checkpoint may store as much as the tree's
+		// private memory.
+		var need int64
+		if req.Kind == v1.KindFull {
+			if pids, _, err := treePids(r.ID, r.Init); err == nil {
+				need = anonBytes(pids)
+			}
+		}
+		if err := m.room("checkpoint "+r.ID, need); err != nil {
+			m.metrics.checkpoint.WithLabelValues(cmp.Or(req.Kind, v1.KindFS), "failed").Inc()
+			return v1.Checkpoint{}, err
+		}
+		if req.Kind == v1.KindFull {
 			if err := m.persistRoom(ctx, r.ID); err != nil {
 				return v1.Checkpoint{}, err
 			}
@@ -132,7 +151,7 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 	release := m.foreground(rec.ID)
 	var ck v1.Checkpoint
 	if req.Kind == v1.KindFull {
-		ck, err = m.fullCheckpointLocked(ctx, rec, ckOpts{label: req.Label, keep: req.Keep})
+		ck, err = m.fullCheckpointLocked(ctx, rec, ckOpts{label: req.Label, keep: req.Keep, holdFrozen: holdFrozen})
 	} else {
 		ck, err = m.checkpointLocked(ctx, rec, ckOpts{label: req.Label})
 	}
@@ -145,7 +164,7 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 			kind = v1.KindFS
 		}
 		m.metrics.checkpoint.WithLabelValues(kind, "failed").Inc()
-		return v1.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", rec.ID, err)
+		return v1.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", rec.ID, m.exhausted(err))
 	}
 	m.metrics.checkpointed(ck, time.Since(began))
 	if ck.Pending && req.Wait {
@@ -184,6 +203,11 @@ type ckOpts struct {
 	// frozen, if set, runs inside the frozen window once the state is
 	// captured (the turn inspector starts the next turn there).
 	frozen func()
+	// holdFrozen leaves a full checkpoint's sandbox frozen after a
+	// successful capture: nothing runs after the captured instant until
+	// the caller thaws or kills it. It takes the plain copy capture
+	// (the others run work in the sandbox after the thaw).
+	holdFrozen bool
 }
 
 // checkpointLocked takes an fs checkpoint. The checkpoint's directory
@@ -258,6 +282,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 
 	ck.StallMS = ms(stall)
 	ck.BytesWritten = int64(len(mb))
+	m.crashpoint("fs:snapshotted")
 	if err := m.fail("checkpoint:record"); err != nil {
 		return v1.Checkpoint{}, err
 	}
@@ -333,9 +358,16 @@ func (m *Manager) Checkpoints(ref string) ([]v1.Checkpoint, error) {
 	for _, c := range cks {
 		out = append(out, c.Checkpoint)
 	}
+	pending := map[string]bool{}
 	for _, c := range m.pipe.pending(rec.ID) {
 		c.Pending = true
+		pending[c.ID] = true
 		out = append(out, c.Checkpoint)
+	}
+	for _, c := range m.failedOf(rec.ID) {
+		if !pending[c.ID] { // recorded failed just before its job ends
+			out = append(out, c.Checkpoint)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
@@ -428,6 +460,9 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 	}
 	switch len(prefixed) {
 	case 0:
+		if c, ok := m.findFailed(ref, sandboxID); ok {
+			return rec, failedError(c)
+		}
 		return rec, notFound("checkpoint", ref)
 	case 1:
 		return prefixed[0], nil
@@ -448,21 +483,35 @@ func (m *Manager) CheckpointInfo(ref string) (v1.Checkpoint, error) {
 		return ck.Checkpoint, nil
 	}
 	c, err := m.lookupCheckpoint(ref, "")
+	if err != nil {
+		if f, ok := m.findFailed(ref, ""); ok {
+			return f.Checkpoint, nil
+		}
+	}
 	return c.Checkpoint, err
 }
 
 // DeleteCheckpoint deletes a checkpoint; its children are re-parented to
-// its parent, so the tree stays connected.
+// its parent, so the tree stays connected. A failed checkpoint's record
+// goes. The checkpoint a hibernated sandbox is hibernated at is refused:
+// without it, resume would bring back older state.
 func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
 	if err := m.pipe.wait(ctx, ref, ""); err != nil {
 		return err
 	}
 	ck, err := m.lookupCheckpoint(ref, "")
 	if err != nil {
+		if f, ok := m.findFailed(ref, ""); ok {
+			return m.deleteFailed(f)
+		}
 		return err
 	}
 	unlock := m.lock(ck.Sandbox)
 	defer unlock()
+	var sb sandboxRec
+	if err := m.db.Get(store.Sandboxes, ck.Sandbox, &sb); err == nil && sb.State == v1.StateHibernated && sb.Head == ck.ID {
+		return fmt.Errorf("delete checkpoint %s: sandbox %s is hibernated at it (resume it, or remove the sandbox): %w", ck.ID, sb.ID, errdefs.ErrFailedPrecondition)
+	}
 	return m.deleteCheckpoint(ck)
 }
 
@@ -524,6 +573,7 @@ func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackR
 // every object first; "" takes the fastest tier available.
 func (m *Manager) RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error) {
 	res, err := m.rollback(ctx, ref, req)
+	err = m.exhausted(err)
 	if err == nil {
 		m.metrics.rollback.WithLabelValues(res.Tier).Observe(seconds(res.DurationMS))
 	}
@@ -564,6 +614,9 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	}
 	if ck.Sandbox != rec.ID && ck.ID != rec.ForkedFrom {
 		return v1.RollbackResult{}, fmt.Errorf("rollback %s: checkpoint %s belongs to sandbox %s (fork it instead): %w", rec.ID, ck.ID, ck.Sandbox, errdefs.ErrInvalidArgument)
+	}
+	if err := m.room("rollback "+rec.ID, 0); err != nil {
+		return v1.RollbackResult{}, err
 	}
 	if req.Tier == v1.TierCold {
 		if p, ok := m.processSource(ck); ok {
@@ -717,6 +770,11 @@ func (m *Manager) replaceRoot(id, next string) (string, error) {
 // machine-id and writable root. If any fork fails, the ones already made
 // are removed.
 func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.ForkResult, error) {
+	res, err := m.fork(ctx, ref, req)
+	return res, m.exhausted(err)
+}
+
+func (m *Manager) fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.ForkResult, error) {
 	start := time.Now()
 	n := req.N
 	if n == 0 {
@@ -748,6 +806,9 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 	ck, err := m.lookupCheckpoint(ckRef, sbID)
 	if err != nil {
 		return v1.ForkResult{}, fmt.Errorf("fork: %w", err)
+	}
+	if err := m.room("fork", int64(n)*metaRoom); err != nil {
+		return v1.ForkResult{}, err
 	}
 	var src sandboxRec
 	_ = m.db.Get(store.Sandboxes, ck.Sandbox, &src)
@@ -833,6 +894,8 @@ func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 		})
 		if err != nil {
 			errs[0] = fmt.Errorf("record the forks: %w", err)
+		} else {
+			m.crashpoint("fork:recorded")
 		}
 	}
 	for i, err := range errs {

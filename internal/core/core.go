@@ -89,6 +89,14 @@ type Config struct {
 	// the frozen window and dumping the copies after the thaw
 	// (v1.Checkpoint.Capture "template"; copies.go): for comparisons.
 	NoTemplateCapture bool
+	// DiskReserve is the space kept free in the pool, and under a loop
+	// pool: work that would leave less (a checkpoint, a fork, a
+	// rollback) is refused with errdefs.ErrResourceExhausted before it
+	// starts. 0 means pool.DefaultReserve; negative, no reserve.
+	DiskReserve int64
+	// DiskReservePercent, when above 0, sets the reserve to that
+	// percentage of the pool's size instead.
+	DiskReservePercent float64
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -456,6 +464,8 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			var c checkpointRec
 			if err := m.db.Get(store.Checkpoints, s.Head, &c); err != nil {
 				m.log.Warn("head names an uncommitted checkpoint; clearing it", "sandbox", s.ID, "checkpoint", s.Head)
+				// It was reported pending: listed as failed, not dropped.
+				m.recordFailed(checkpointRec{Checkpoint: v1.Checkpoint{ID: s.Head, Sandbox: s.ID, Kind: v1.KindFull}}, errors.New("the daemon stopped before it was stored"))
 				s.Head = ""
 				if err := m.db.Put(store.Sandboxes, s.ID, s); err != nil {
 					return err

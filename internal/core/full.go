@@ -175,7 +175,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	capt := capture{mode: captureCopy}
 	// The live tree's memory: standbys in the cgroup are not dumped.
 	pids, _, perr := treePids(rec.ID, rec.Init)
-	big := perr == nil && anonBytes(pids) >= cowMinAnon
+	big := perr == nil && anonBytes(pids) >= cowMinAnon && !o.holdFrozen
 	if big && !m.cfg.NoCOWCapture {
 		capt.stream = true
 	}
@@ -249,15 +249,19 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		freezeStart = time.Now()
 	}
 	// CRIU leaves a cgroup it froze frozen; so does a failed dump.
-	if terr := cg.Thaw(); terr != nil {
-		return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
+	if err != nil || !o.holdFrozen {
+		if terr := cg.Thaw(); terr != nil {
+			return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
+		}
 	}
 	stall := time.Since(freezeStart)
 	releaseCommits()
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
-	m.refillDumpSpare(rec, outside)
+	if !o.holdFrozen {
+		m.refillDumpSpare(rec, outside)
+	}
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
 		Created: time.Now().UTC(), StallMS: ms(stall), Keep: keep,
@@ -411,19 +415,26 @@ func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, r
 	job.waitPrevious()
 	ck := m.pipe.ckOf(job) // reparent may have moved its parent meanwhile
 	if err == nil {
+		err = m.fail("persist:store")
+	}
+	if err == nil {
 		err = m.persistImages(ctx, t, &ck, rec, staging, start)
 	}
 	// Gone before the waiters are released.
 	os.RemoveAll(staging)
 	os.RemoveAll(work)
 	if err != nil {
+		err = m.exhausted(err)
 		m.metrics.checkpoint.WithLabelValues(v1.KindFull, "failed").Inc()
 		_ = removeTree(m.ckDir(ck.ID))
 		m.unlinkFailed(ck)
+		// Listed as failed from here on, not dropped: it was reported.
+		m.recordFailed(ck, err)
 		m.turnForce(ck.Sandbox, fmt.Sprintf("checkpoint %s was captured but not committed", ck.ID))
 		m.log.Warn("checkpoint not committed", "sandbox", ck.Sandbox, "checkpoint", ck.ID, "err", err)
 	}
 	if err == nil {
+		m.crashpoint("persist:committed")
 		// Before the waiters are released: one that waits for the
 		// commit can then also wait for the standby.
 		m.scheduleStandby(ck.Sandbox)
@@ -438,6 +449,7 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 	if err != nil {
 		return err
 	}
+	m.crashpoint("persist:stored")
 	ck.Objects = objs
 	mb, err := m.writeManifest(*ck)
 	if err != nil {
@@ -465,6 +477,7 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 		return err
 	}
 	releaseCommits()
+	m.crashpoint("persist:synced")
 	if err := m.fail("full:record"); err != nil {
 		return err
 	}

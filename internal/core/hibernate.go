@@ -2,9 +2,11 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/store"
 )
@@ -12,27 +14,63 @@ import (
 // Hibernate takes a full checkpoint of a running sandbox, then stops its
 // processes, which frees their memory. The sandbox is "hibernated" at
 // that checkpoint until Resume, also across daemon and host restarts.
+//
+// The sandbox stays frozen from the captured instant until its
+// processes are killed: nothing it does after the instant (a write to a
+// file, output to a client) can be lost by the resume. If the checkpoint
+// cannot be committed (a full disk), the sandbox is thawed and runs on
+// as if nothing happened, and the checkpoint is listed as failed.
 func (m *Manager) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error) {
+	// Earlier pending checkpoints first: their background work may need
+	// the sandbox to run (the dumps of a template capture's copies).
+	if r, err := m.lookupSandbox(ref); err == nil {
+		if err := m.pipe.wait(ctx, "", r.ID); err != nil {
+			return v1.Sandbox{}, err
+		}
+	}
 	// Capture, then wait for the commit with the sandbox unlocked (a
 	// failed commit needs the lock to unlink the checkpoint), and stop
 	// the processes only once the checkpoint is durable.
-	ck, err := m.Checkpoint(ctx, ref, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	ck, err := m.checkpoint(ctx, ref, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}, true)
 	if err != nil {
+		if r, lerr := m.lookupSandbox(ref); lerr == nil {
+			err = errors.Join(err, m.thawSandbox(r.ID))
+		}
 		return v1.Sandbox{}, fmt.Errorf("hibernate: %w", err)
 	}
 	rec, unlock, err := m.lockSandbox(ck.Sandbox)
 	if err != nil {
-		return v1.Sandbox{}, err
+		return v1.Sandbox{}, errors.Join(err, m.thawSandbox(ck.Sandbox))
 	}
 	defer unlock()
 	if rec.Head != ck.ID {
-		return v1.Sandbox{}, fmt.Errorf("hibernate %s: the sandbox moved to %s while checkpoint %s was stored; not stopped: %w", rec.ID, rec.Head, ck.ID, errdefs.ErrUnavailable)
+		return v1.Sandbox{}, errors.Join(fmt.Errorf("hibernate %s: the sandbox moved to %s while checkpoint %s was stored; not stopped: %w", rec.ID, rec.Head, ck.ID, errdefs.ErrUnavailable), m.thawSandbox(rec.ID))
 	}
+	m.crashpoint("hibernate:committed")
 	next, err := m.stopTree(ctx, rec, v1.StateHibernated, "hibernated at checkpoint "+ck.ID)
 	if err != nil {
-		return v1.Sandbox{}, fmt.Errorf("hibernate %s: checkpoint %s taken, but stopping failed: %w", rec.ID, ck.ID, err)
+		return v1.Sandbox{}, errors.Join(fmt.Errorf("hibernate %s: checkpoint %s taken, but stopping failed: %w", rec.ID, ck.ID, err), m.thawSandbox(rec.ID))
+	}
+	// Its cgroup stays, empty; a resume restores into it, thawed.
+	if err := m.thawSandbox(rec.ID); err != nil {
+		m.log.Warn("cannot thaw a hibernated sandbox's empty cgroup", "sandbox", rec.ID, "err", err)
 	}
 	return m.report(next), nil
+}
+
+// thawSandbox thaws a sandbox's cgroup, if it has one.
+func (m *Manager) thawSandbox(id string) error {
+	cg, err := cgroup.Load(cgroupName(id))
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := cg.Thaw(); err != nil {
+		return fmt.Errorf("thaw %s: %w", id, err)
+	}
+	return nil
 }
 
 // Resume restores a hibernated sandbox from its checkpoint.

@@ -447,6 +447,9 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 		if err := tx.DeletePrefix(store.Turns, rec.ID+"/"); err != nil {
 			return err
 		}
+		if err := tx.DeletePrefix(store.FailedCheckpoints, rec.ID+"/"); err != nil {
+			return err
+		}
 		return tx.DeletePrefix(store.Takeovers, rec.ID+"/")
 	})
 	if err != nil {

@@ -23,11 +23,17 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrNotSupported: this host or build cannot do it; the message says why.
 	ErrNotSupported = errors.New("not supported")
+	// ErrResourceExhausted: the host lacks a resource the work needs (disk
+	// space in the pool or under it, beyond the configured reserve).
+	// Retrying once space is freed may succeed.
+	ErrResourceExhausted = errors.New("resource exhausted")
 )
 
-// Kind returns the sentinel that err wraps, or nil if it wraps none.
+// Kind returns the sentinel that err wraps, or nil if it wraps none. A
+// lack of space is the cause that matters most to the caller, so it wins
+// over any other kind the same error wraps.
 func Kind(err error) error {
-	for _, k := range []error{ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrFailedPrecondition, ErrUnavailable, ErrNotSupported} {
+	for _, k := range []error{ErrResourceExhausted, ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrFailedPrecondition, ErrUnavailable, ErrNotSupported} {
 		if errors.Is(err, k) {
 			return k
 		}

@@ -81,6 +81,8 @@ func Status(err error) (int, string) {
 		return http.StatusServiceUnavailable, "unavailable"
 	case errdefs.ErrNotSupported:
 		return http.StatusNotImplemented, "not_supported"
+	case errdefs.ErrResourceExhausted:
+		return http.StatusInsufficientStorage, "resource_exhausted"
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return http.StatusServiceUnavailable, "unavailable"

@@ -19,5 +19,10 @@
 //   - After Open, Dir/images, Dir/sandboxes, Dir/checkpoints and Dir/tmp
 //     exist with mode 0700.
 //
+// Space and Room report the room left for data in the pool and, for a
+// loop pool, on the filesystem under it (the sparse image grows into it);
+// callers check Room before work that writes, so a full disk refuses new
+// work rather than failing it half-way.
+//
 // The package is low level: it never logs.
 package pool

@@ -371,3 +371,67 @@ func lock(dir string) (func(), error) {
 	}
 	return func() { unix.Close(fd) }, nil
 }
+
+// Space is the room left for the pool's data, in bytes.
+type Space struct {
+	// Size is the pool filesystem's size.
+	Size int64
+	// Free is what the pool filesystem says is still available to
+	// unprivileged writes (btrfs's estimate for its data profile).
+	Free int64
+	// BackingFree, for a loop pool, is what the filesystem holding the
+	// sparse image still has; the image grows into it as the pool fills,
+	// so the pool can take no more than that. -1 for a plain pool.
+	BackingFree int64
+}
+
+// Avail is what the pool can still take: the lesser of its own free
+// space and, for a loop pool, its backing filesystem's.
+func (s Space) Avail() int64 {
+	if s.BackingFree >= 0 && s.BackingFree < s.Free {
+		return s.BackingFree
+	}
+	return s.Free
+}
+
+// Space reports the room left in the pool and, for a loop pool, under
+// it.
+func (p *Pool) Space() (Space, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(p.Dir, &st); err != nil {
+		return Space{}, fmt.Errorf("statfs %s: %w", p.Dir, err)
+	}
+	s := Space{Size: int64(st.Blocks) * st.Bsize, Free: int64(st.Bavail) * st.Bsize, BackingFree: -1}
+	if p.Loop && p.Backing != "" {
+		if err := unix.Statfs(filepath.Dir(p.Backing), &st); err != nil {
+			return Space{}, fmt.Errorf("statfs %s: %w", filepath.Dir(p.Backing), err)
+		}
+		s.BackingFree = int64(st.Bavail) * st.Bsize
+	}
+	return s, nil
+}
+
+// DefaultReserve is the space kept free in a pool of size bytes when the
+// daemon is not told otherwise: 1 GiB, or a twentieth of a smaller pool.
+func DefaultReserve(size int64) int64 { return min(1<<30, size/20) }
+
+// Room returns nil when need bytes fit in the pool with reserve bytes
+// still free afterwards, both in the pool and under a loop pool, and an
+// ErrResourceExhausted saying which is short otherwise.
+func (p *Pool) Room(need, reserve int64) error {
+	s, err := p.Space()
+	if err != nil {
+		return err
+	}
+	if s.Free-need < reserve {
+		return fmt.Errorf("pool %s has %s free, needs %s plus a reserve of %s: %w",
+			p.Dir, mib(s.Free), mib(need), mib(reserve), errdefs.ErrResourceExhausted)
+	}
+	if s.BackingFree >= 0 && s.BackingFree-need < reserve {
+		return fmt.Errorf("the filesystem under pool %s (holding %s) has %s free, needs %s plus a reserve of %s: %w",
+			p.Dir, p.Backing, mib(s.BackingFree), mib(need), mib(reserve), errdefs.ErrResourceExhausted)
+	}
+	return nil
+}
+
+func mib(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB" }

@@ -30,6 +30,9 @@ const (
 	// Takeovers holds the switches of a sandbox's live tree that may
 	// be under way, keyed "<sandbox>/<name>".
 	Takeovers = "takeovers"
+	// FailedCheckpoints holds the checkpoints that were reported pending
+	// and never committed, with the reason, keyed "<sandbox>/<id>".
+	FailedCheckpoints = "failed_checkpoints"
 )
 
 // DB is an open metadata database.
@@ -46,7 +49,7 @@ func Open(path string) (*DB, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{Images, Sandboxes, Checkpoints, Turns, Takeovers} {
+		for _, b := range []string{Images, Sandboxes, Checkpoints, Turns, Takeovers, FailedCheckpoints} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
 				return err
 			}
