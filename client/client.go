@@ -41,6 +41,8 @@ var kinds = map[string]error{
 	"not_found": ErrNotFound, "already_exists": ErrAlreadyExists,
 	"invalid_argument": ErrInvalidArgument, "failed_precondition": ErrFailedPrecondition,
 	"unavailable": ErrUnavailable, "not_supported": ErrNotSupported,
+	// A request the daemon has no such method for is a caller's mistake.
+	"method_not_allowed": ErrInvalidArgument,
 }
 
 // APIError is an error reported by the daemon.
