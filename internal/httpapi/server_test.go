@@ -90,6 +90,8 @@ func TestBadInput(t *testing.T) {
 		{"image build no name", "POST", "/v1/images/build", ``, "image name"},
 		{"image build bad suite", "POST", "/v1/images/build", `{"name":"x","suite":"../bookworm"}`, "suite"},
 		{"image build bad package", "POST", "/v1/images/build", `{"name":"x","packages":["--no-check-gpg"]}`, "package"},
+		{"llm on every interface", "PUT", "/v1/sandboxes/nosuch/llm", `{"upstream":"http://127.0.0.1:1","listen":"0.0.0.0:0"}`, "not loopback"},
+		{"llm on a host name", "PUT", "/v1/sandboxes/nosuch/llm", `{"upstream":"http://127.0.0.1:1","listen":"example.com:8080"}`, "not loopback"},
 		{"image build bad mirror", "POST", "/v1/images/build", `{"name":"x","mirror":"ftp://m"}`, "mirror"},
 	}
 	for _, c := range cases {
@@ -107,6 +109,8 @@ func TestBadInput(t *testing.T) {
 		{"POST", "/v1/checkpoints/nosuch/fork", `{"n":3}`}, // a count
 		{"POST", "/v1/sandboxes", `{"image":"nosuch","env":{"A":"b=c"}}` + "\n\t "},
 		{"DELETE", "/v1/sandboxes/nosuch/sessions/main", ``},
+		{"PUT", "/v1/sandboxes/nosuch/llm", `{"upstream":"http://127.0.0.1:1","listen":"0.0.0.0:0","expose":true}`},
+		{"PUT", "/v1/sandboxes/nosuch/llm", `{"upstream":"http://127.0.0.1:1","listen":"127.0.0.1:0"}`},
 	} {
 		if a := call(t, srv, c.method, c.path, c.body); a.status != http.StatusNotFound {
 			t.Errorf("%s %s %s: %d %s; want 404 for the missing sandbox, image or checkpoint", c.method, c.path, c.body, a.status, a.body)
