@@ -53,7 +53,7 @@ func FuzzImportTar(f *testing.F) {
 				t.Fatal(err)
 			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
 		defer cancel()
 		err := ImportTar(ctx, bytes.NewReader(data), dst)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, errdefs.ErrInvalidArgument) {
