@@ -43,6 +43,8 @@ var kinds = map[string]error{
 	"invalid_argument": ErrInvalidArgument, "failed_precondition": ErrFailedPrecondition,
 	"unavailable": ErrUnavailable, "not_supported": ErrNotSupported,
 	"resource_exhausted": ErrResourceExhausted,
+	// A request the daemon has no such method for is a caller's mistake.
+	"method_not_allowed": ErrInvalidArgument,
 }
 
 // APIError is an error reported by the daemon.

@@ -35,7 +35,8 @@ func TestErrors(t *testing.T) {
 		{[]string{"create", image, "--name", "bad/name"}, "name"},
 		{[]string{"resume", sb}, "not hibernated"},
 		{[]string{"checkpoint", "verify", "nosuchcheckpoint"}, "not found"},
-		{[]string{"fork", sb, "-n", "0"}, ""},
+		{[]string{"fork", sb, "-n", "0"}, "n=0"},
+		{[]string{"create", image, "--memory", "17179869184G"}, "bad size"},
 	}
 	for _, c := range cases {
 		r := molt(t, c.args...)

@@ -2,7 +2,6 @@ package v1
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -79,15 +78,28 @@ func ReadFrame(r io.Reader) (typ byte, payload []byte, err error) {
 	if n > MaxFrame {
 		return 0, nil, fmt.Errorf("frame of %d bytes exceeds limit %d", n, MaxFrame)
 	}
-	payload = make([]byte, n)
-	if _, err := io.ReadFull(r, payload); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
+	// The buffer grows with the bytes that arrive (doubling), not with
+	// the length the header claims: a peer cannot make a reader allocate
+	// MaxFrame by sending five bytes.
+	payload = make([]byte, min(n, frameChunk))
+	for got := 0; ; {
+		if _, err := io.ReadFull(r, payload[got:]); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, err
 		}
-		return 0, nil, err
+		got = len(payload)
+		if got == int(n) {
+			return hdr[0], payload, nil
+		}
+		payload = append(payload, make([]byte, min(int(n)-got, got))...)
 	}
-	return hdr[0], payload, nil
 }
+
+// frameChunk is what a reader allocates for a frame before its bytes
+// arrive.
+const frameChunk = 64 << 10
 
 // StreamWriter adapts a frame type to io.Writer (for stdout/stderr).
 type StreamWriter struct {

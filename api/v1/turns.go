@@ -152,8 +152,13 @@ type LLMCall struct {
 type LLMEndpointRequest struct {
 	// Upstream is the LLM API base URL calls are forwarded to.
 	Upstream string `json:"upstream"`
-	// Listen is the host address to serve on; default 127.0.0.1:0.
+	// Listen is the host address to serve on; default 127.0.0.1:0. It
+	// must be a loopback address unless Expose is set.
 	Listen string `json:"listen,omitempty"`
+	// Expose allows a Listen address that is not loopback. The proxy adds
+	// Header (the operator's credentials) to every call it forwards, so
+	// whoever can reach the address can spend them.
+	Expose bool `json:"expose,omitempty"`
 	// Gate is "response" (default: the reply is held until the turn's
 	// checkpoint is captured) or "exec" (the reply goes at once; the
 	// next command waits instead).

@@ -315,7 +315,9 @@ type RollbackResult struct {
 // sandbox without a checkpoint, an fs checkpoint is taken first.
 type ForkRequest struct {
 	Checkpoint string `json:"checkpoint,omitempty"`
-	N          int    `json:"n,omitempty"`
+	// N is how many sandboxes to make, 1..MaxForks. A request without
+	// the field makes one; an explicit 0 or a negative count is refused.
+	N int `json:"n"`
 	// Reseed gives each fork's sessions a fresh random seed ($RANDOM),
 	// so forks do not draw the same numbers from them. See
 	// docs/architecture.md for what can and cannot be reseeded.

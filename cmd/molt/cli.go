@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -75,6 +76,7 @@ func ctx() (context.Context, context.CancelFunc) {
 }
 
 func parseSize(s string) (int64, error) {
+	in := s
 	s = strings.TrimSpace(strings.ToUpper(s))
 	mult := int64(1)
 	for _, u := range []struct {
@@ -87,8 +89,13 @@ func parseSize(s string) (int64, error) {
 		}
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("bad size %q: want a number with an optional K, M, G or T suffix", s)
+	if err != nil || n < 0 || s == "" || s[0] == '+' {
+		return 0, fmt.Errorf("bad size %q: want a number with an optional K, M, G or T suffix", in)
+	}
+	// A product that wraps would turn a huge limit into a small or
+	// negative one, and a negative limit reads as none.
+	if n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("bad size %q: more than %d bytes", in, int64(math.MaxInt64))
 	}
 	return n * mult, nil
 }
@@ -784,7 +791,7 @@ func forkCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	c.Flags().IntVarP(&n, "n", "n", 1, "number of sandboxes")
+	c.Flags().IntVarP(&n, "n", "n", 1, fmt.Sprintf("number of sandboxes (1..%d)", v1.MaxForks))
 	c.Flags().BoolVar(&reseed, "reseed", false, "give each fork's sessions a fresh random seed ($RANDOM); see docs/architecture.md for what else can and cannot be reseeded")
 	return c
 }

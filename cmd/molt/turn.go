@@ -112,7 +112,8 @@ func llmCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&req.Upstream, "upstream", "", "the LLM API base URL to forward to (OpenAI- or Anthropic-compatible)")
-	c.Flags().StringVar(&req.Listen, "listen", "", "host address to serve on (default 127.0.0.1, any port)")
+	c.Flags().StringVar(&req.Listen, "listen", "", "host address to serve on (default 127.0.0.1, any port); must be loopback unless --expose")
+	c.Flags().BoolVar(&req.Expose, "expose", false, "allow a --listen address that is not loopback: whoever reaches it can spend the credentials of --header")
 	c.Flags().StringVar(&req.Gate, "gate", "response", "hold the LLM's reply until the turn's checkpoint is captured (response), or let it go and hold the next command (exec)")
 	c.Flags().StringArrayVar(&header, "header", nil, "header set on upstream requests, as 'Authorization: Bearer ...' (repeatable)")
 	c.Flags().StringArrayVar(&req.Ignore, "ignore", nil, "path pattern whose changes do not matter for recovery (repeatable)")

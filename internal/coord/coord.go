@@ -16,6 +16,7 @@ package coord
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -66,10 +67,6 @@ func New(m *core.Manager, log *slog.Logger) *Coordinator {
 
 // Set gives a sandbox an LLM endpoint (replacing one it had).
 func (c *Coordinator) Set(ctx context.Context, ref string, req v1.LLMEndpointRequest) (v1.LLMEndpoint, error) {
-	sb, err := c.m.Sandbox(ctx, ref)
-	if err != nil {
-		return v1.LLMEndpoint{}, err
-	}
 	u, err := url.Parse(req.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return v1.LLMEndpoint{}, fmt.Errorf("llm upstream %q: want an http(s) base URL: %w", req.Upstream, errdefs.ErrInvalidArgument)
@@ -84,6 +81,13 @@ func (c *Coordinator) Set(ctx context.Context, ref string, req v1.LLMEndpointReq
 	if req.Listen == "" {
 		req.Listen = "127.0.0.1:0"
 	}
+	if err := llmproxy.CheckListen(req.Listen, req.Expose); err != nil {
+		return v1.LLMEndpoint{}, fmt.Errorf("llm endpoint: %v (set expose to allow it): %w", err, errdefs.ErrInvalidArgument)
+	}
+	sb, err := c.m.Sandbox(ctx, ref)
+	if err != nil {
+		return v1.LLMEndpoint{}, err
+	}
 	if req.Ignore != nil {
 		if err := c.m.SetTurnIgnore(sb.ID, req.Ignore); err != nil {
 			return v1.LLMEndpoint{}, err
@@ -94,13 +98,19 @@ func (c *Coordinator) Set(ctx context.Context, ref string, req v1.LLMEndpointReq
 	for k, v := range req.Header {
 		h.Set(k, v)
 	}
-	p, err := llmproxy.New(llmproxy.Config{Upstream: u, Hooks: ep, Header: h, Logger: c.log})
+	p, err := llmproxy.New(llmproxy.Config{Upstream: u, Hooks: ep, Header: h, Logger: c.log, Expose: req.Expose})
 	if err != nil {
 		return v1.LLMEndpoint{}, fmt.Errorf("llm endpoint: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	addr, err := p.ListenAndServe(req.Listen)
+	if errors.Is(err, llmproxy.ErrNotLoopback) {
+		return v1.LLMEndpoint{}, fmt.Errorf("llm endpoint: %v (set expose to allow it): %w", err, errdefs.ErrInvalidArgument)
+	}
 	if err != nil {
 		return v1.LLMEndpoint{}, fmt.Errorf("llm endpoint: listen on %s: %w", req.Listen, err)
+	}
+	if req.Expose {
+		c.log.Warn("llm endpoint exposed beyond loopback: whoever reaches it spends the upstream credentials", "sandbox", sb.ID, "addr", addr.String())
 	}
 	ep.proxy = p
 	host := addr.String()

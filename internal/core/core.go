@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -430,8 +429,8 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			}
 			continue
 		}
-		var mf manifest
-		if b, err := os.ReadFile(filepath.Join(m.ckDir(c.ID), "manifest.json")); err != nil || json.Unmarshal(b, &mf) != nil || mf.ID != c.ID {
+		b, err := os.ReadFile(filepath.Join(m.ckDir(c.ID), "manifest.json"))
+		if mf, derr := decodeManifest(b); err != nil || derr != nil || mf.ID != c.ID {
 			m.log.Warn("rewriting lost manifest", "checkpoint", c.ID)
 			if _, err := m.writeManifest(c); err != nil {
 				return err

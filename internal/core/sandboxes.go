@@ -553,6 +553,9 @@ func (m *Manager) SessionRun(ctx context.Context, ref, session string, req v1.Se
 
 // SessionClose ends a session.
 func (m *Manager) SessionClose(ctx context.Context, ref, session string) error {
+	if err := validName("session", session); err != nil {
+		return err
+	}
 	rec, err := m.running(ref)
 	if err != nil {
 		return err

@@ -54,10 +54,52 @@ func Handler(m *core.Manager, co *coord.Coordinator, log *slog.Logger) http.Hand
 	mux.HandleFunc("DELETE /v1/checkpoints/{id}", s.checkpointDelete)
 	mux.HandleFunc("POST /v1/checkpoints/{id}/verify", s.checkpointVerify)
 	mux.HandleFunc("POST /v1/checkpoints/{id}/fork", s.forkCheckpoint)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, fmt.Errorf("%s %s: no such endpoint: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
-	})
-	return mux
+	return apiMux{mux}
+}
+
+// apiMux gives the mux's own answers (no such path, or a path that
+// exists for other methods) the API's JSON error body. The mux must have
+// no catch-all pattern: a "/" pattern matches every method, so the mux
+// would never find that a path exists only for other methods and would
+// answer 404 instead of 405.
+type apiMux struct{ mux *http.ServeMux }
+
+func (a apiMux) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, pattern := a.mux.Handler(r); pattern == "" {
+		w = &muxErrorWriter{ResponseWriter: w, r: r}
+	}
+	a.mux.ServeHTTP(w, r)
+}
+
+// muxErrorWriter replaces the plain-text body of the mux's 404 and 405
+// (keeping its Allow header) with a JSON error; redirects pass through.
+type muxErrorWriter struct {
+	http.ResponseWriter
+	r       *http.Request
+	replied bool
+}
+
+func (e *muxErrorWriter) WriteHeader(code int) {
+	switch code {
+	case http.StatusNotFound:
+		e.replied = true
+		writeError(e.ResponseWriter, fmt.Errorf("%s %s: no such endpoint: %w", e.r.Method, e.r.URL.Path, errdefs.ErrNotFound))
+	case http.StatusMethodNotAllowed:
+		e.replied = true
+		h := e.ResponseWriter.Header()
+		h.Del("X-Content-Type-Options")
+		writeJSON(e.ResponseWriter, code, v1.Error{Kind: "method_not_allowed",
+			Message: fmt.Sprintf("%s %s: method not allowed (allowed: %s)", e.r.Method, e.r.URL.Path, h.Get("Allow"))})
+	default:
+		e.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (e *muxErrorWriter) Write(b []byte) (int, error) {
+	if e.replied {
+		return len(b), nil
+	}
+	return e.ResponseWriter.Write(b)
 }
 
 type server struct {
@@ -106,12 +148,35 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// decode reads a JSON body into v; an empty body leaves v as is.
-func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+// MaxBody bounds a request body.
+const MaxBody = 1 << 20
+
+// decode reads a JSON body into v; see DecodeBody.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	return DecodeBody(http.MaxBytesReader(w, r.Body, MaxBody), v)
+}
+
+// DecodeBody reads one JSON value into v and refuses what would make the
+// request mean something other than what was sent: fields v does not
+// have, anything but white space after the value, and values the request
+// type's Validate refuses. An empty body leaves v as is (and validates
+// it: a request type whose zero value is not a request is refused).
+func DecodeBody(body io.Reader, v any) error {
+	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("decode request body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if err == nil {
+			err = errors.New("more than one JSON value")
+		}
+		return fmt.Errorf("decode request body: data after the request: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if val, ok := v.(interface{ Validate() error }); ok {
+		if err := val.Validate(); err != nil {
+			return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		}
 	}
 	return nil
 }
@@ -183,7 +248,7 @@ func (p *progressWriter) final(v v1.Progress) {
 
 func (s *server) imageBuild(w http.ResponseWriter, r *http.Request) {
 	var req v1.ImageBuildRequest
-	if err := decode(r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -202,7 +267,7 @@ func (s *server) imageBuild(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) imageImport(w http.ResponseWriter, r *http.Request) {
 	var req v1.ImageImportRequest
-	if err := decode(r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -217,7 +282,7 @@ func (s *server) sandboxes(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) create(w http.ResponseWriter, r *http.Request) {
 	var req v1.SandboxCreateRequest
-	if err := decode(r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -239,7 +304,7 @@ func (s *server) remove(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) llmSet(w http.ResponseWriter, r *http.Request) {
 	var req v1.LLMEndpointRequest
-	if err := decode(r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -276,7 +341,7 @@ func (s *server) start(w http.ResponseWriter, r *http.Request) {
 // relayed unchanged between the client and the sandbox's init.
 func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 	var req v1.ExecRequest
-	if err := decode(r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -340,8 +405,12 @@ func relay(cc net.Conn, cr *bufio.Reader, ic net.Conn) {
 }
 
 func (s *server) sessionRun(w http.ResponseWriter, r *http.Request) {
+	if err := v1.ValidName("session", r.PathValue("name")); err != nil {
+		writeError(w, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
 	var req v1.SessionRunRequest
-	if err := decode(r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -350,6 +419,10 @@ func (s *server) sessionRun(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) sessionClose(w http.ResponseWriter, r *http.Request) {
+	if err := v1.ValidName("session", r.PathValue("name")); err != nil {
+		writeError(w, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
 	reply(w, struct{}{}, s.m.SessionClose(r.Context(), r.PathValue("id"), r.PathValue("name")))
 }
 
@@ -360,7 +433,7 @@ func (s *server) checkpoints(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) checkpoint(w http.ResponseWriter, r *http.Request) {
 	var req v1.CheckpointRequest
-	if err := decode(r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -380,7 +453,7 @@ func (s *server) checkpoint(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) turn(w http.ResponseWriter, r *http.Request) {
 	var req v1.TurnRequest
-	if err := decode(r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -407,7 +480,7 @@ func (s *server) checkpointDelete(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) rollback(w http.ResponseWriter, r *http.Request) {
 	var req v1.RollbackRequest
-	if err := decode(r, &req); err != nil {
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -416,8 +489,8 @@ func (s *server) rollback(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request) {
-	var req v1.ForkRequest
-	if err := decode(r, &req); err != nil {
+	req := v1.ForkRequest{N: 1} // a request without "n" makes one
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -426,8 +499,8 @@ func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) forkCheckpoint(w http.ResponseWriter, r *http.Request) {
-	var req v1.ForkRequest
-	if err := decode(r, &req); err != nil {
+	req := v1.ForkRequest{N: 1} // a request without "n" makes one
+	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}

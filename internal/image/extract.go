@@ -2,6 +2,8 @@ package image
 
 import (
 	"archive/tar"
+	"bytes"
+	"compress/flate"
 	"compress/gzip"
 	"errors"
 	"fmt"
@@ -39,8 +41,9 @@ func entryError(op, name string, err error) error {
 
 // badArchive reports whether err says the archive itself is malformed.
 func badArchive(err error) bool {
+	var corrupt flate.CorruptInputError
 	return errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum)
+		errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.As(err, &corrupt)
 }
 
 // cleanName returns name relative to the root ("." for the root itself), or
@@ -300,7 +303,12 @@ func (x *extractor) create(pfd int, base string, h *tar.Header, r io.Reader) err
 	}
 	f := os.NewFile(uintptr(fd), base)
 	defer f.Close()
-	if _, err := io.Copy(f, r); err != nil {
+	if sparse(h) {
+		err = copySparse(f, r)
+	} else {
+		_, err = io.Copy(f, r)
+	}
+	if err != nil {
 		return err
 	}
 	if err := x.own(fd, "", fd, h); err != nil {
@@ -310,6 +318,59 @@ func (x *extractor) create(pfd int, base string, h *tar.Header, r io.Reader) err
 		return os.NewSyscallError("fchmod", err)
 	}
 	return f.Close()
+}
+
+// sparse reports whether h is a sparse file (old GNU or PAX format): its
+// holes read as zeros, and a few bytes of archive can declare terabytes.
+func sparse(h *tar.Header) bool {
+	if h.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
+}
+
+var zeroBlock [4096]byte
+
+// copySparse copies a sparse file's contents to f leaving every block of
+// zeros a hole, so that what it takes on disk follows the archive's data
+// and not the size the entry declares.
+func copySparse(f *os.File, r io.Reader) error {
+	buf := make([]byte, 256<<10)
+	var off int64
+	for {
+		n, rerr := r.Read(buf)
+		chunk := buf[:n]
+		for i := 0; i < n; {
+			j := min(i+len(zeroBlock), n)
+			if bytes.Equal(chunk[i:j], zeroBlock[:j-i]) {
+				i = j
+				continue
+			}
+			for j < n { // coalesce the data blocks that follow
+				k := min(j+len(zeroBlock), n)
+				if bytes.Equal(chunk[j:k], zeroBlock[:k-j]) {
+					break
+				}
+				j = k
+			}
+			if _, err := f.WriteAt(chunk[i:j], off+int64(i)); err != nil {
+				return err
+			}
+			i = j
+		}
+		off += int64(n)
+		if rerr == io.EOF {
+			return f.Truncate(off)
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
 }
 
 func (x *extractor) mkfifo(pfd int, base string, h *tar.Header) error {

@@ -59,11 +59,25 @@ func ImportTar(ctx context.Context, r io.Reader, dst string) error {
 		if h.Typeflag == tar.TypeXGlobalHeader { // archive-wide comments (git archive)
 			continue
 		}
-		if err := x.put(h, tr); err != nil {
+		if err := x.put(h, ctxReader{ctx, tr}); err != nil {
 			return err
 		}
 	}
 	return x.finish()
+}
+
+// ctxReader ends a read when ctx ends: an entry's contents (a sparse
+// file's declared size above all) can take long to copy.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // endReader counts the zero bytes that end what has been read. An archive

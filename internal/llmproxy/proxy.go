@@ -106,6 +106,49 @@ type Config struct {
 	Transport http.RoundTripper
 	// Logger receives the proxy's diagnostics (discarded if nil).
 	Logger *slog.Logger
+	// Expose allows serving on an address that is not loopback. The proxy
+	// adds Header (the operator's credentials) to every call it forwards,
+	// so anyone who can reach its address can spend them: without Expose,
+	// Serve and ListenAndServe refuse such an address (ErrNotLoopback).
+	Expose bool
+}
+
+// ErrNotLoopback is returned for a listen address that is not loopback
+// when Config.Expose is not set.
+var ErrNotLoopback = errors.New("llmproxy: address is not loopback (the proxy adds the operator's credentials to every call; expose it explicitly)")
+
+// CheckListen checks a TCP listen address before it is bound: without
+// expose, its host must be a loopback IP or "localhost" (an empty host or
+// an unspecified IP listens on every interface; another name may resolve
+// to anything). ListenAndServe checks the bound address again.
+func CheckListen(addr string, expose bool) error {
+	if expose {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("llmproxy: listen address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("listen on %q: %w", addr, ErrNotLoopback)
+	}
+	return nil
+}
+
+// localAddr reports whether a bound address is reachable from this host
+// only: a loopback IP or a unix socket.
+func localAddr(a net.Addr) bool {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		return a.IP.IsLoopback()
+	case *net.UnixAddr:
+		return true
+	}
+	return false
 }
 
 // Proxy is the LLM proxy. It is an http.Handler and can serve on its own
@@ -120,6 +163,7 @@ type Proxy struct {
 	rp          *httputil.ReverseProxy
 	srv         *http.Server
 	seq         atomic.Uint64
+	expose      bool
 }
 
 // New returns a proxy to cfg.Upstream.
@@ -147,6 +191,7 @@ func New(cfg Config) (*Proxy, error) {
 		recordBytes: cfg.RecordBytes,
 		header:      make(http.Header),
 		log:         cfg.Logger,
+		expose:      cfg.Expose,
 	}
 	if p.hooks == nil {
 		p.hooks = noHooks{}
@@ -189,17 +234,30 @@ func New(cfg Config) (*Proxy, error) {
 }
 
 // Serve serves the proxy on l until Close or Shutdown; it then returns
-// http.ErrServerClosed. l is closed on return.
+// http.ErrServerClosed. l is closed on return. A listener that is not
+// loopback (or a unix socket) is refused unless Config.Expose.
 func (p *Proxy) Serve(l net.Listener) error {
+	if !p.expose && !localAddr(l.Addr()) {
+		l.Close()
+		return fmt.Errorf("serve on %s: %w", l.Addr(), ErrNotLoopback)
+	}
 	return p.srv.Serve(l)
 }
 
 // ListenAndServe listens on the TCP address addr (e.g. "127.0.0.1:0"),
-// serves in the background and returns the bound address.
+// serves in the background and returns the bound address. Without
+// Config.Expose the address must be loopback (see CheckListen).
 func (p *Proxy) ListenAndServe(addr string) (net.Addr, error) {
+	if err := CheckListen(addr, p.expose); err != nil {
+		return nil, err
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("llmproxy: %w", err)
+	}
+	if !p.expose && !localAddr(l.Addr()) { // "localhost" resolved elsewhere
+		l.Close()
+		return nil, fmt.Errorf("listen on %s: %w", l.Addr(), ErrNotLoopback)
 	}
 	go func() {
 		if err := p.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {

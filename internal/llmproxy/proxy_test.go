@@ -947,3 +947,60 @@ func TestCustomTransport(t *testing.T) {
 		t.Errorf("recorded %+v", c)
 	}
 }
+
+// The proxy adds the operator's credentials to every call: it serves only
+// on loopback unless told to expose them.
+func TestListenLoopbackOnly(t *testing.T) {
+	up, _ := url.Parse("http://127.0.0.1:1")
+	newProxy := func(expose bool) *Proxy {
+		p, err := New(Config{Upstream: up, Header: http.Header{"Authorization": {"Bearer secret"}}, Expose: expose})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	refused := []string{"0.0.0.0:0", ":0", "[::]:0", "example.com:0", "10.0.0.1:0"}
+	// An address of this host that is not loopback, if it has one.
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+				refused = append(refused, net.JoinHostPort(n.IP.String(), "0"))
+				break
+			}
+		}
+	}
+	for _, addr := range refused {
+		if a, err := newProxy(false).ListenAndServe(addr); !errors.Is(err, ErrNotLoopback) {
+			t.Errorf("ListenAndServe(%q) = %v, %v; want ErrNotLoopback", addr, a, err)
+		}
+		if err := CheckListen(addr, false); !errors.Is(err, ErrNotLoopback) {
+			t.Errorf("CheckListen(%q) = %v; want ErrNotLoopback", addr, err)
+		}
+	}
+	for _, addr := range []string{"127.0.0.1:0", "127.0.0.2:0", "localhost:0"} {
+		a, err := newProxy(false).ListenAndServe(addr)
+		if err != nil {
+			t.Errorf("ListenAndServe(%q): %v", addr, err)
+			continue
+		}
+		if !a.(*net.TCPAddr).IP.IsLoopback() {
+			t.Errorf("ListenAndServe(%q) bound %s", addr, a)
+		}
+	}
+	// Serve refuses a listener of another's making on every interface.
+	l, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newProxy(false).Serve(l); !errors.Is(err, ErrNotLoopback) {
+		t.Errorf("Serve on %s = %v; want ErrNotLoopback", l.Addr(), err)
+	}
+	if _, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(l.Addr().(*net.TCPAddr).Port))); err == nil {
+		t.Errorf("the refused listener on %s still accepts", l.Addr())
+	}
+	// Expose allows it.
+	if _, err := newProxy(true).ListenAndServe("0.0.0.0:0"); err != nil {
+		t.Errorf("ListenAndServe(0.0.0.0:0) with Expose: %v", err)
+	}
+}

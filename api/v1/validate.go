@@ -1,0 +1,141 @@
+package v1
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// MaxForks bounds ForkRequest.N: each fork is a sandbox with its own root
+// and processes, so one request must not be able to ask for unbounded work.
+const MaxForks = 1000
+
+// The wire rules for names. The daemon checks them again where it uses
+// the values; checking here lets the HTTP layer refuse a request before
+// it starts any work or writes any status.
+var (
+	nameRE    = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+	suiteRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+	packageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`) // Debian policy 5.6.1
+)
+
+// ValidName checks the name of a sandbox, image or session: 1-63
+// letters, digits, '.', '_' or '-', starting with a letter or digit.
+func ValidName(kind, name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("%s name %q: want 1-63 characters of letters, digits, '.', '_', '-', starting with a letter or digit", kind, name)
+	}
+	return nil
+}
+
+// ValidEnv checks environment variables: a key must be non-empty and hold
+// neither '=' nor NUL, a value must hold no NUL. Anything else cannot be
+// passed to execve as the caller meant it ("A=B" with key "A=B" and value
+// "" would set A).
+func ValidEnv(env map[string]string) error {
+	for k, v := range env {
+		switch {
+		case k == "":
+			return errors.New("env: empty variable name")
+		case strings.ContainsAny(k, "=\x00"):
+			return fmt.Errorf("env: variable name %q holds '=' or NUL", k)
+		case strings.IndexByte(v, 0) >= 0:
+			return fmt.Errorf("env: value of %s holds NUL", k)
+		}
+	}
+	return nil
+}
+
+func noNUL(what, s string) error {
+	if strings.IndexByte(s, 0) >= 0 {
+		return fmt.Errorf("%s %q holds NUL", what, s)
+	}
+	return nil
+}
+
+// Validate checks what can be checked without the daemon's state.
+func (r ForkRequest) Validate() error {
+	if r.N < 1 || r.N > MaxForks {
+		return fmt.Errorf("fork: n=%d: want 1..%d", r.N, MaxForks)
+	}
+	return nil
+}
+
+// Validate checks what can be checked without the daemon's state.
+func (r SandboxCreateRequest) Validate() error {
+	if r.Name != "" {
+		if err := ValidName("sandbox", r.Name); err != nil {
+			return err
+		}
+	}
+	if err := noNUL("hostname", r.Hostname); err != nil {
+		return err
+	}
+	return ValidEnv(r.Env)
+}
+
+// Validate checks what can be checked without the daemon's state.
+func (r ExecRequest) Validate() error {
+	if len(r.Args) == 0 {
+		return errors.New("exec: no command")
+	}
+	for _, a := range r.Args {
+		if err := noNUL("exec: argument", a); err != nil {
+			return err
+		}
+	}
+	if err := noNUL("exec: cwd", r.Cwd); err != nil {
+		return err
+	}
+	if err := noNUL("exec: user", r.User); err != nil {
+		return err
+	}
+	if r.TimeoutMS < 0 {
+		return fmt.Errorf("exec: timeout_ms=%d: want 0 (none) or more", r.TimeoutMS)
+	}
+	return ValidEnv(r.Env)
+}
+
+// Validate checks what can be checked without the daemon's state.
+func (r SessionRunRequest) Validate() error {
+	if r.TimeoutMS < 0 {
+		return fmt.Errorf("session: timeout_ms=%d: want 0 (none) or more", r.TimeoutMS)
+	}
+	return nil
+}
+
+// Validate checks the image's name, suite, packages and mirror (empty
+// suite and mirror take the daemon's defaults).
+func (r ImageBuildRequest) Validate() error {
+	if err := ValidName("image", r.Name); err != nil {
+		return err
+	}
+	if r.Suite != "" && !suiteRE.MatchString(r.Suite) {
+		return fmt.Errorf("image build: bad suite %q", r.Suite)
+	}
+	for _, p := range r.Packages {
+		if !packageRE.MatchString(p) {
+			return fmt.Errorf("image build: bad package name %q", p)
+		}
+	}
+	if r.Mirror != "" {
+		u, err := url.Parse(r.Mirror)
+		if err != nil || !(u.Scheme == "file" || (u.Scheme == "http" || u.Scheme == "https") && u.Host != "") {
+			return fmt.Errorf("image build: bad mirror %q (want an http, https or file URL)", r.Mirror)
+		}
+	}
+	return nil
+}
+
+// Validate checks the image's name and that a path is given.
+func (r ImageImportRequest) Validate() error {
+	if err := ValidName("image", r.Name); err != nil {
+		return err
+	}
+	if r.Path == "" {
+		return errors.New("image import: no path")
+	}
+	return noNUL("image import: path", r.Path)
+}
