@@ -118,6 +118,7 @@ func (d *DB) migrate() error {
 // Rebuilt ends the rebuild of a database that was empty when opened
 // (Fresh): it commits with the rebuilt records.
 func (t *Tx) Rebuilt() error {
+	t.rebuilt = true
 	return t.tx.Bucket([]byte(Meta)).Delete([]byte(rebuildKey))
 }
 

@@ -43,7 +43,7 @@ const (
 // DB is an open metadata database.
 type DB struct {
 	db    *bolt.DB
-	fresh bool
+	fresh bool // see Fresh; written by Open and the rebuild's Update
 	// watch holds the functions of Watch, by bucket; set before the
 	// database is shared.
 	watch map[string]func(txid uint64, key string, b []byte)
@@ -183,6 +183,7 @@ type Tx struct {
 	tx      *bolt.Tx
 	d       *DB
 	changes []change // to watched buckets
+	rebuilt bool
 }
 
 type change struct {
@@ -208,6 +209,9 @@ func (d *DB) Update(fn func(*Tx) error) error {
 	})
 	if err != nil || t == nil {
 		return err
+	}
+	if t.rebuilt {
+		d.fresh = false
 	}
 	for _, c := range t.changes {
 		d.watch[c.bucket](txid, c.key, c.b)

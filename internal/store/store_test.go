@@ -41,6 +41,9 @@ func filled(t *testing.T, n int) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if d.Fresh() {
+		t.Fatal("fresh after the rebuild committed")
+	}
 	d.Close()
 	return path
 }

@@ -1,0 +1,483 @@
+package core
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/store"
+	"golang.org/x/sys/unix"
+)
+
+// The metadata store (molt.db) is the index of the pool, not its only
+// copy. Every committed sandbox record is also on disk next to the
+// sandbox's root (sandboxes/ID/sandbox.json), every committed checkpoint
+// record in its manifest (checkpoints/ID/manifest.json, with committed
+// set), every image record next to the image (images/.NAME.json). They
+// are written by the store's watchers, after each transaction that
+// changes the records, so no commit point can forget them. A database
+// that is lost, emptied or corrupt (set aside as molt.db.corrupt-TIME)
+// is rebuilt from them at start-up (rebuild); whatever cannot be
+// explained goes to pool/quarantine, never away.
+//
+// The copies are written with a rename, not fsynced on the path of the
+// operation that committed (a hot rollback's record costs 0.1 ms that
+// way against 2-10 ms with its fsyncs); diskRecords' flusher fsyncs them
+// in the background, out of any capture's commit window. A daemon that
+// dies loses nothing (the page cache holds them); a host that dies
+// within the flusher's delay may come back with the copy before, which
+// matters only if molt.db is lost as well.
+
+// Names of the on-disk records.
+const (
+	sandboxFile  = "sandbox.json"
+	manifestFile = "manifest.json"
+)
+
+// flushDelay is how long the flusher gathers written records before it
+// fsyncs them.
+const flushDelay = 200 * time.Millisecond
+
+// imageFile is the on-disk record of image name (hidden: an image may
+// be named like another's record).
+func (m *Manager) imageFile(name string) string { return m.path("images", "."+name+".json") }
+
+// diskRecords writes the on-disk copies of records.
+type diskRecords struct {
+	mu    sync.Mutex
+	txid  map[string]uint64 // file: transaction of its last write
+	dirty map[string]bool   // files renamed into place, not yet fsynced
+	kick  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// watchRecords makes the store's changes of sandbox, checkpoint and
+// image records reach their on-disk copies, and starts the flusher.
+func (m *Manager) watchRecords() {
+	r := &m.disk
+	r.txid, r.dirty = map[string]uint64{}, map[string]bool{}
+	r.kick, r.stop, r.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	m.db.Watch(store.Sandboxes, func(txid uint64, id string, b []byte) {
+		m.writeRecord(txid, filepath.Join(m.sbDir(id), sandboxFile), b)
+	})
+	m.db.Watch(store.Images, func(txid uint64, name string, b []byte) {
+		m.writeRecord(txid, m.imageFile(name), b)
+	})
+	m.db.Watch(store.Checkpoints, func(txid uint64, id string, b []byte) {
+		var mb []byte
+		if b != nil {
+			var ck checkpointRec
+			if err := json.Unmarshal(b, &ck); err != nil {
+				return
+			}
+			mb = m.committedManifest(ck)
+		}
+		m.writeRecord(txid, filepath.Join(m.ckDir(id), manifestFile), mb)
+	})
+	go m.flushRecords()
+}
+
+// committedManifest is the manifest of a committed checkpoint ck. The
+// host facts stay those of the manifest written at its capture: the
+// images are that kernel's and that CRIU's, whichever daemon writes it
+// again.
+func (m *Manager) committedManifest(ck checkpointRec) []byte {
+	mf := m.manifestOf(ck, true)
+	if old, err := readManifest(m.ckDir(ck.ID)); err == nil && old.ID == ck.ID {
+		mf.Molt, mf.Kernel, mf.Arch = old.Molt, old.Kernel, old.Arch
+	}
+	mb, _ := json.MarshalIndent(mf, "", "  ")
+	return mb
+}
+
+func readManifest(dir string) (manifest, error) {
+	var mf manifest
+	b, err := os.ReadFile(filepath.Join(dir, manifestFile))
+	if err != nil {
+		return mf, err
+	}
+	return mf, json.Unmarshal(b, &mf)
+}
+
+// writeRecord replaces file by b (nil: removes it) unless a later
+// transaction already wrote it. The record's directory is gone when its
+// object is being removed: nothing is written then.
+func (m *Manager) writeRecord(txid uint64, file string, b []byte) {
+	r := &m.disk
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if txid < r.txid[file] {
+		return
+	}
+	r.txid[file] = txid
+	var err error
+	if b == nil {
+		err = os.Remove(file)
+		if errors.Is(err, fs.ErrNotExist) {
+			err = nil
+		}
+	} else if err = replaceFile(file, b); err == nil {
+		r.dirty[file] = true
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.log.Warn("cannot write the on-disk copy of a record; a rebuild of the metadata would miss it until the next change", "file", file, "err", err)
+	}
+}
+
+// replaceFile writes b to file through a temporary file and a rename:
+// a reader sees the old content or the new, never part of it.
+func replaceFile(file string, b []byte) error {
+	tmp := file + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, file); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// flushRecords fsyncs the written records, and their directories, in
+// batches, until Close.
+func (m *Manager) flushRecords() {
+	r := &m.disk
+	defer close(r.done)
+	for {
+		select {
+		case <-r.kick:
+		case <-r.stop:
+			m.syncRecords(false)
+			return
+		}
+		select {
+		case <-time.After(flushDelay):
+		case <-r.stop:
+		}
+		m.syncRecords(true)
+	}
+}
+
+// syncRecords fsyncs the records written since the last call; gate:
+// not while a capture holds the pool's commits (commitgate.go).
+func (m *Manager) syncRecords(gate bool) {
+	if gate {
+		release, err := m.commits.background(context.Background())
+		if err != nil {
+			return
+		}
+		defer release()
+	}
+	r := &m.disk
+	r.mu.Lock()
+	files := r.dirty
+	r.dirty = map[string]bool{}
+	r.mu.Unlock()
+	dirs := map[string]bool{}
+	for f := range files {
+		if err := syncPath(f); err == nil {
+			dirs[filepath.Dir(f)] = true
+		}
+	}
+	for d := range dirs {
+		_ = syncPath(d)
+	}
+}
+
+func syncPath(p string) error {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fsync(fd)
+}
+
+// closeRecords stops the flusher after a last flush.
+func (m *Manager) closeRecords() {
+	r := &m.disk
+	if r.stop == nil {
+		return
+	}
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	<-r.done
+}
+
+// openStore opens the metadata at path. A file that does not read as a
+// database is set aside (path.corrupt-TIME) and a new one opened, which
+// start-up then rebuilds from the disk.
+func openStore(path string, log interface {
+	Error(string, ...any)
+}) (*store.DB, error) {
+	db, err := store.Open(path)
+	if !errors.Is(err, store.ErrCorrupt) {
+		return db, err
+	}
+	aside := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405Z")
+	if rerr := os.Rename(path, aside); rerr != nil {
+		return nil, errors.Join(err, fmt.Errorf("set the corrupt database aside: %w", rerr))
+	}
+	log.Error("metadata database is corrupt; set aside, rebuilding it from the pool", "err", err, "set_aside", aside)
+	return store.Open(path)
+}
+
+// quarantine moves path, which nothing explains, to pool/quarantine
+// under the time and name, for a person to look at.
+func (m *Manager) quarantine(path, name, why string) error {
+	dir := m.path("quarantine")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	dst := filepath.Join(dir, time.Now().UTC().Format("20060102T150405.000000000Z")+"-"+name)
+	if err := os.Rename(path, dst); err != nil {
+		return fmt.Errorf("quarantine %s: %w", path, err)
+	}
+	m.log.Warn("moved what the metadata does not explain to quarantine (nothing was deleted)", "path", path, "to", dst, "reason", why)
+	return nil
+}
+
+// rebuild records, in a database that was empty when opened, the
+// images, checkpoints and sandboxes on disk, from their on-disk records;
+// what cannot be explained goes to quarantine. All records commit in one
+// transaction, with the end of the rebuild: a crash leaves it to the
+// next start. reconcile then runs as on every start.
+func (m *Manager) rebuild(ctx context.Context) error {
+	type put struct {
+		bucket, key string
+		b           []byte
+	}
+	var puts []put
+	var imgs, cks, sbs int
+
+	ents, _ := os.ReadDir(m.path("images"))
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		name := e.Name()
+		if validName("image", name) != nil {
+			if err := m.quarantine(m.imageDir(name), "image-"+name, "not an image name"); err != nil {
+				return err
+			}
+			continue
+		}
+		var img v1.Image
+		if b, err := os.ReadFile(m.imageFile(name)); err != nil || json.Unmarshal(b, &img) != nil || img.Name != name {
+			img = v1.Image{Name: name, Source: "unknown (rebuilt from the pool)"}
+			if fi, err := e.Info(); err == nil {
+				img.Created = fi.ModTime().UTC()
+			}
+		}
+		b, _ := json.Marshal(img)
+		puts = append(puts, put{store.Images, name, b})
+		imgs++
+	}
+
+	known := map[string]checkpointRec{}
+	ents, _ = os.ReadDir(m.path("checkpoints"))
+	for _, e := range ents {
+		id := e.Name()
+		ck, why := m.checkpointOnDisk(id)
+		if why != "" {
+			if err := m.quarantine(m.ckDir(id), "checkpoint-"+id, why); err != nil {
+				return err
+			}
+			continue
+		}
+		known[id] = ck
+	}
+	for _, ck := range known {
+		// A parent the pool no longer holds (its deletion's rewrite of
+		// this manifest was lost) leaves the checkpoint a root.
+		if _, ok := known[ck.Parent]; ck.Parent != "" && !ok {
+			m.log.Warn("rebuilt checkpoint names a parent the pool does not hold; it becomes a root", "checkpoint", ck.ID, "parent", ck.Parent)
+			ck.Parent = ""
+		}
+		b, _ := json.Marshal(ck)
+		puts = append(puts, put{store.Checkpoints, ck.ID, b})
+		cks++
+	}
+
+	names := map[string]string{}
+	ents, _ = os.ReadDir(m.path("sandboxes"))
+	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
+	for _, e := range ents {
+		id := e.Name()
+		rec, why := m.sandboxOnDisk(id)
+		if why == "" && rec.Name != "" && names[rec.Name] != "" {
+			why = fmt.Sprintf("its name %q is sandbox %s's", rec.Name, names[rec.Name])
+		}
+		if why != "" {
+			if err := m.quarantine(m.sbDir(id), "sandbox-"+id, why); err != nil {
+				return err
+			}
+			continue
+		}
+		if rec.Name != "" {
+			names[rec.Name] = id
+		}
+		b, _ := json.Marshal(rec)
+		puts = append(puts, put{store.Sandboxes, id, b})
+		sbs++
+	}
+	err := m.db.Update(func(tx *store.Tx) error {
+		for _, p := range puts {
+			if err := tx.PutRaw(p.bucket, p.key, p.b); err != nil {
+				return err
+			}
+		}
+		return tx.Rebuilt()
+	})
+	if err != nil {
+		return fmt.Errorf("rebuild the metadata: %w", err)
+	}
+	if imgs+cks+sbs > 0 {
+		m.log.Warn("metadata rebuilt from the pool", "images", imgs, "checkpoints", cks, "sandboxes", sbs)
+	}
+	return nil
+}
+
+// checkpointOnDisk reads the record of checkpoint id from its manifest,
+// or says why it cannot: the manifest is missing or unreadable, or
+// names another checkpoint, or files it lists are missing. A manifest
+// not marked committed is taken too when its files are all there: it
+// is then a complete checkpoint whose commit the lost database may have
+// held.
+func (m *Manager) checkpointOnDisk(id string) (checkpointRec, string) {
+	mf, err := readManifest(m.ckDir(id))
+	if err != nil {
+		return checkpointRec{}, "no readable manifest: " + err.Error()
+	}
+	if mf.ID != id || !nameRE.MatchString(mf.Sandbox) {
+		return checkpointRec{}, fmt.Sprintf("manifest names checkpoint %q of sandbox %q", mf.ID, mf.Sandbox)
+	}
+	if mf.Kind != v1.KindFS && mf.Kind != v1.KindFull {
+		return checkpointRec{}, fmt.Sprintf("manifest of kind %q", mf.Kind)
+	}
+	if sub, _ := fsnap.IsSubvolume(m.ckFS(id)); !sub {
+		return checkpointRec{}, "no file snapshot"
+	}
+	for _, o := range mf.Objects {
+		p := filepath.Join(m.ckDir(id), o.Path)
+		if !filepath.IsLocal(o.Path) {
+			return checkpointRec{}, fmt.Sprintf("object path %q outside the checkpoint", o.Path)
+		}
+		if fi, err := os.Stat(p); err != nil || fi.Size() != o.Size {
+			return checkpointRec{}, fmt.Sprintf("object %s missing or of another size", o.Path)
+		}
+	}
+	if mf.Kind == v1.KindFull && len(mf.Objects) == 0 {
+		return checkpointRec{}, "full checkpoint without process images"
+	}
+	ck := checkpointRec{Checkpoint: v1.Checkpoint{
+		ID: mf.ID, Sandbox: mf.Sandbox, Parent: mf.Parent, Kind: mf.Kind, Label: mf.Label,
+		Created: mf.Created, StallMS: mf.StallMS, DurationMS: mf.DurationMS,
+		Capture: mf.Capture, CaptureNote: mf.CaptureNote, StallParts: mf.StallParts,
+		BytesWritten: mf.BytesWritten, ImageBytes: imageBytes(mf.Objects), Keep: mf.Keep,
+	}, Image: mf.Image, Objects: mf.Objects, CRIU: mf.CRIU,
+		ExternalNet: mf.ExternalNet, ExternalUTS: mf.ExternalUTS, ExternalIPC: mf.ExternalIPC}
+	if !mf.Committed {
+		m.log.Warn("rebuilding a complete checkpoint whose manifest was not marked committed", "checkpoint", id)
+	}
+	return ck, ""
+}
+
+// sandboxOnDisk reads the record of sandbox id from sandbox.json, or
+// says why it cannot.
+func (m *Manager) sandboxOnDisk(id string) (sandboxRec, string) {
+	var rec sandboxRec
+	b, err := os.ReadFile(filepath.Join(m.sbDir(id), sandboxFile))
+	if err != nil {
+		return rec, "no readable " + sandboxFile + ": " + err.Error()
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, sandboxFile + " does not decode: " + err.Error()
+	}
+	if rec.ID != id {
+		return rec, fmt.Sprintf("%s names sandbox %q", sandboxFile, rec.ID)
+	}
+	if rec.Name != "" && validName("sandbox", rec.Name) != nil {
+		return rec, fmt.Sprintf("name %q", rec.Name)
+	}
+	if _, err := os.Lstat(m.sbRoot(id)); err != nil {
+		return rec, "no root"
+	}
+	return rec, ""
+}
+
+// healRecords writes the on-disk copies the metadata has but the disk
+// does not (a daemon that died between a commit and its copy, a root
+// from before the copies were kept).
+func (m *Manager) healRecords(sbs []sandboxRec, cks []checkpointRec) {
+	for _, s := range sbs {
+		b, _ := json.Marshal(s)
+		if old, err := os.ReadFile(filepath.Join(m.sbDir(s.ID), sandboxFile)); err != nil || !bytes.Equal(old, b) {
+			m.writeRecord(0, filepath.Join(m.sbDir(s.ID), sandboxFile), b)
+		}
+	}
+	for _, c := range cks {
+		if mf, err := readManifest(m.ckDir(c.ID)); err != nil || !mf.Committed || mf.ID != c.ID || mf.Parent != c.Parent || mf.Label != c.Label {
+			m.log.Info("writing the committed manifest of a checkpoint", "checkpoint", c.ID)
+			m.writeRecord(0, filepath.Join(m.ckDir(c.ID), manifestFile), m.committedManifest(c))
+		}
+	}
+	imgs, _ := store.List[v1.Image](m.db, store.Images)
+	for _, img := range imgs {
+		if _, err := os.Stat(m.imageDir(img.Name) + ".json"); err != nil {
+			b, _ := json.Marshal(img)
+			m.writeRecord(0, m.imageFile(img.Name), b)
+		}
+	}
+}
+
+// unlistedCheckpoint handles a checkpoint directory the metadata does
+// not list: one that never committed (no manifest, or one not marked
+// committed) is removed, as a crash inside its checkpoint leaves it;
+// one that did is quarantined.
+func (m *Manager) unlistedCheckpoint(id string) error {
+	mf, err := readManifest(m.ckDir(id))
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || (err == nil && mf.ID == id && !mf.Committed):
+		m.log.Warn("removing a checkpoint a crash kept from committing", "checkpoint", id)
+		return removeTree(m.ckDir(id))
+	case err != nil:
+		return m.quarantine(m.ckDir(id), "checkpoint-"+id, "unlisted, with a manifest that does not read: "+err.Error())
+	}
+	return m.quarantine(m.ckDir(id), "checkpoint-"+id, "unlisted, but its manifest says it was committed")
+}
+
+// unlistedSandbox handles a sandbox directory the metadata does not
+// list: one without sandbox.json never committed (a create or a fork a
+// crash interrupted) and goes with its cgroup; one with it is
+// quarantined, its cgroup left alone.
+func (m *Manager) unlistedSandbox(ctx context.Context, id string) error {
+	_, err := os.Lstat(filepath.Join(m.sbDir(id), sandboxFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		m.log.Warn("removing a sandbox a crash kept from committing", "sandbox", id)
+		if cg, err := cgroup.Load(cgroupName(id)); err == nil {
+			_ = cg.Destroy(ctx)
+		}
+		return removeTree(m.sbDir(id))
+	}
+	return m.quarantine(m.sbDir(id), "sandbox-"+id, "unlisted, but it has a "+sandboxFile)
+}
