@@ -68,10 +68,11 @@ func listing(t *testing.T, m *Manager) []string {
 	return out
 }
 
-// TestRebuildMetadata loses the metadata database in three ways with a
+// TestRebuildMetadata loses the metadata database in four ways with a
 // running sandbox (a full checkpoint and an fs checkpoint after it), a
 // hibernated one, a stopped one and a fork: the file removed, emptied,
-// and truncated to its first pages (which is set aside as corrupt). Each
+// truncated to its first pages, and holding a record that does not
+// decode (both set aside as corrupt). Each
 // time the next daemon lists the same sandboxes, checkpoints (parents,
 // labels) and heads; the running sandbox still runs its session, rolls
 // back to the fs checkpoint (its files, with the full ancestor's
@@ -142,6 +143,20 @@ func TestRebuildMetadata(t *testing.T) {
 		}, false},
 		{"truncated", func(t *testing.T, db string) {
 			if err := os.Truncate(db, 8192); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		// A record that is JSON but not a sandbox record.
+		{"undecodable", func(t *testing.T, db string) {
+			b, err := bolt.Open(db, 0o600, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = b.Update(func(tx *bolt.Tx) error {
+				return tx.Bucket([]byte("sandboxes")).Put([]byte(a.ID), []byte(`{"id":5}`))
+			})
+			b.Close()
+			if err != nil {
 				t.Fatal(err)
 			}
 		}, true},
@@ -342,18 +357,25 @@ func TestNewerSchemaRefused(t *testing.T) {
 	closeManager(t, m)
 }
 
-// BenchmarkSandboxRecord measures what writing a sandbox's on-disk
-// record adds to each commit point (a hot rollback's among them): as
-// written there (a rename, fsynced later in the background), and as it
-// would cost fsynced in place (file and directory).
+// BenchmarkSandboxRecord measures what a sandbox's on-disk record
+// costs: what the commit point pays (queue), the writer's write by
+// rename (rename), and that write with the fsyncs of the file and its
+// directory (fsync), which the writer batches.
 func BenchmarkSandboxRecord(b *testing.B) {
 	m := openManager(b)
 	sb := newSandbox(b, m)
 	rec, _ := json.Marshal(record(b, m, sb.ID))
 	file := filepath.Join(m.sbDir(sb.ID), sandboxFile)
+	b.Run("queue", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			m.queueRecord(file, diskWrite{txid: 1<<40 + uint64(i), b: rec})
+		}
+	})
 	b.Run("rename", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
-			m.writeRecord(1<<40+uint64(i), file, rec)
+			if err := replaceFile(file, rec); err != nil {
+				b.Fatal(err)
+			}
 		}
 	})
 	b.Run("fsync", func(b *testing.B) {
