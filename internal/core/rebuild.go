@@ -351,9 +351,9 @@ func (m *Manager) rebuild(ctx context.Context) error {
 		}
 		name := e.Name()
 		if validName("image", name) != nil {
-			if err := m.quarantine(m.imageDir(name), "image-"+name, "not an image name"); err != nil {
-				return err
-			}
+			// Left where it is: an image is a read-only subvolume,
+			// which cannot move to another directory.
+			m.log.Warn("not an image name; left in the pool unlisted", "path", m.imageDir(name))
 			continue
 		}
 		var img v1.Image
@@ -400,7 +400,8 @@ func (m *Manager) rebuild(ctx context.Context) error {
 		id := e.Name()
 		rec, why := m.sandboxOnDisk(id)
 		if why == "" && rec.Name != "" && names[rec.Name] != "" {
-			why = fmt.Sprintf("its name %q is sandbox %s's", rec.Name, names[rec.Name])
+			m.log.Warn("rebuilt sandbox has the name of another; it loses it", "sandbox", id, "name", rec.Name, "other", names[rec.Name])
+			rec.Name = ""
 		}
 		if why != "" {
 			if err := m.quarantine(m.sbDir(id), "sandbox-"+id, why); err != nil {

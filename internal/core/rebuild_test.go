@@ -15,6 +15,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/sandbox"
 	bolt "go.etcd.io/bbolt"
 )
@@ -241,7 +242,11 @@ func TestUnexplainedQuarantined(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
 	ck := "0123456789ab"
-	if err := os.MkdirAll(m.path("checkpoints", ck, "fs"), 0o700); err != nil {
+	if err := os.MkdirAll(m.ckDir(ck), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// Its files as a checkpoint's are: a read-only subvolume.
+	if err := fsnap.Snapshot(m.imageDir(testImage), m.ckFS(ck), true); err != nil {
 		t.Fatal(err)
 	}
 	mf, _ := json.Marshal(map[string]any{"format": 1, "id": ck, "sandbox": "ba9876543210", "kind": "fs", "committed": true})
@@ -278,6 +283,9 @@ func TestUnexplainedQuarantined(t *testing.T) {
 	}
 	if e := entries(t, m.path("checkpoints")); len(e) != 0 {
 		t.Fatalf("checkpoints: %v", e)
+	}
+	if q, _ := filepath.Glob(m.path("quarantine", "*-checkpoint-"+ck, "fs", "etc", "debian_version")); len(q) != 1 {
+		t.Fatalf("the quarantined checkpoint's files: %v", q)
 	}
 
 	// After the loss of the database, nothing is known half-made.
