@@ -10,9 +10,11 @@ import (
 	"os"
 	"runtime/debug"
 	"strconv"
+	"time"
 
 	"github.com/molt-sh/molt/internal/errdefs"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 )
 
 // Meta is the bucket of the store's own keys; schemaKey holds the
@@ -168,6 +170,54 @@ func (d *DB) check() (err error) {
 		})
 	}()
 	return <-done
+}
+
+// probeLock fails with errdefs.ErrUnavailable if another process holds
+// the database (bbolt's flock), waiting up to two seconds.
+func probeLock(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("locked by another process (is a molt daemon already running on this root?): %w", errdefs.ErrUnavailable)
+		}
+	}
+}
+
+// boltOpen opens the database; bbolt panics on some damaged files (a
+// freelist page that is not one), and faults on pages past the end of
+// the file: both are reported as ErrCorrupt.
+func boltOpen(path string) (db *bolt.DB, err error) {
+	type result struct {
+		db  *bolt.DB
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		debug.SetPanicOnFault(true)
+		defer func() {
+			if r := recover(); r != nil {
+				done <- result{nil, fmt.Errorf("%w: bbolt: %v", ErrCorrupt, r)}
+			}
+		}()
+		db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+		done <- result{db, err}
+	}()
+	r := <-done
+	return r.db, r.err
 }
 
 // checkFile refuses a file shorter than its meta pages say the database

@@ -21,7 +21,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/molt-sh/molt/internal/errdefs"
 	bolt "go.etcd.io/bbolt"
@@ -58,10 +57,15 @@ var ErrCorrupt = errors.New("metadata database is corrupt")
 // errdefs.ErrFailedPrecondition on a newer schema and with ErrCorrupt on
 // a file that does not read as a database.
 func Open(path string) (*DB, error) {
+	// Another daemon's database is neither read nor judged here: a
+	// corrupt one is set aside by the caller.
+	if err := probeLock(path); err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
 	if err := checkFile(path); err != nil {
 		return nil, fmt.Errorf("open %s: %w: %w", path, ErrCorrupt, err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	db, err := boltOpen(path)
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("open %s: locked by another process (is a molt daemon already running on this root?): %w", path, errdefs.ErrUnavailable)

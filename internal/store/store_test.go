@@ -229,3 +229,23 @@ func TestWatch(t *testing.T) {
 		t.Fatalf("watched %s, want %s", got, want)
 	}
 }
+
+// TestHeldByAnotherNotJudged: a database another process holds is
+// reported unavailable, never corrupt (which would set it aside), even
+// when its file looks damaged.
+func TestHeldByAnotherNotJudged(t *testing.T) {
+	path := filled(t, 10)
+	d, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	// The holder's file as a reader would find it mid-damage.
+	if err := os.Truncate(path, 8192); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(path)
+	if !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, ErrCorrupt) {
+		t.Fatalf("open of a held database: %v, want unavailable", err)
+	}
+}
