@@ -32,8 +32,9 @@ import (
 // explained goes to pool/quarantine, never away.
 //
 // The copies are written off the path of the operation that committed
-// (writing one by rename cost 0.24 ms, 11.5 ms with its fsyncs, against
-// a hot rollback of 2-8 ms: BenchmarkSandboxRecord): diskRecords' writer
+// (writing one by rename cost 0.15-0.24 ms, 11.5-13.4 ms with its
+// fsyncs, against a hot rollback of 2-8 ms: BenchmarkSandboxRecord;
+// queueing it costs 0.2 µs): diskRecords' writer
 // writes each at once and fsyncs them in batches, out of any capture's
 // commit window. A copy a crash kept from being written is written at
 // the next start from the database (healRecords); only a database lost
@@ -46,7 +47,7 @@ const (
 	manifestFile = "manifest.json"
 )
 
-// flushDelay is how long the flusher gathers written records before it
+// flushDelay is how long the writer gathers written records before it
 // fsyncs them.
 const flushDelay = 200 * time.Millisecond
 
