@@ -83,6 +83,18 @@ type manifest struct {
 	ExternalUTS bool     `json:"external_uts,omitempty"`
 	ExternalIPC bool     `json:"external_ipc,omitempty"`
 	Objects     []object `json:"objects,omitempty"`
+	// Committed: the checkpoint's record was committed (the manifest was
+	// written again after the commit, see rebuild.go). Without it the
+	// directory is a checkpoint a crash kept from committing.
+	Committed bool `json:"committed,omitempty"`
+	// What the record holds besides, so that it can be rebuilt from here.
+	Keep         bool           `json:"keep,omitempty"`
+	Capture      string         `json:"capture,omitempty"`
+	CaptureNote  string         `json:"capture_note,omitempty"`
+	StallMS      float64        `json:"stall_ms,omitempty"`
+	StallParts   *v1.StallParts `json:"stall_parts,omitempty"`
+	DurationMS   float64        `json:"duration_ms,omitempty"`
+	BytesWritten int64          `json:"bytes_written,omitempty"`
 }
 
 func (m *Manager) ckDir(id string) string { return m.path("checkpoints", id) }
@@ -315,16 +327,23 @@ func flushFirst(dirty int64) bool { return dirty < 0 || dirty > syncBeforeFreeze
 // is not fsynced: the snapshot that follows commits it (see
 // checkpointLocked), and reconcile rewrites a manifest a host crash lost.
 func (m *Manager) writeManifest(ck checkpointRec) ([]byte, error) {
-	mb, err := json.MarshalIndent(manifest{
-		Format: 1, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
-		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
-		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
-		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, Objects: ck.Objects,
-	}, "", "  ")
+	mb, err := json.MarshalIndent(m.manifestOf(ck, false), "", "  ")
 	if err != nil {
 		return nil, err
 	}
 	return mb, os.WriteFile(filepath.Join(m.ckDir(ck.ID), "manifest.json"), mb, 0o600)
+}
+
+// manifestOf is the manifest of ck, committed or not yet.
+func (m *Manager) manifestOf(ck checkpointRec, committed bool) manifest {
+	return manifest{
+		Format: 1, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
+		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
+		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
+		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, Objects: ck.Objects,
+		Committed: committed, Keep: ck.Keep, Capture: ck.Capture, CaptureNote: ck.CaptureNote,
+		StallMS: ck.StallMS, StallParts: ck.StallParts, DurationMS: ck.DurationMS, BytesWritten: ck.BytesWritten,
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

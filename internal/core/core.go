@@ -153,6 +153,8 @@ type Manager struct {
 	streamMu sync.Mutex
 	pipes    *criu.PipePool // pipes for streamed dumps (pipePool)
 
+	disk diskRecords // on-disk copies of the records (rebuild.go)
+
 	stampsMu sync.Mutex
 	stamps   map[string]stamp // objects hashed by this daemon, as they were then
 
@@ -206,7 +208,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return nil, err
 	}
-	db, err := store.Open(filepath.Join(cfg.Root, "molt.db"))
+	db, err := openStore(filepath.Join(cfg.Root, "molt.db"), cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -240,6 +242,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 			return nil, err
 		}
 	}
+	m.watchRecords()
 	if p := findCriu(cfg.CriuPath); p != "" {
 		m.criu = criu.New(p)
 		// CRIU re-probes the kernel on every call (30-40 ms) unless it
@@ -302,6 +305,7 @@ func (m *Manager) Close() error {
 	for _, id := range ids {
 		m.dropStandby(id, true)
 	}
+	m.closeRecords()
 	return m.db.Close()
 }
 
@@ -415,11 +419,19 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			_ = os.RemoveAll(d)
 		}
 	}
+	// A database that was lost, emptied or set aside as corrupt is
+	// rebuilt from the records on disk first (rebuild.go).
+	if m.db.Fresh() {
+		if err := m.rebuild(ctx); err != nil {
+			return err
+		}
+	}
 	cks, err := store.List[checkpointRec](m.db, store.Checkpoints)
 	if err != nil {
 		return err
 	}
 	known := map[string]bool{}
+	var listed []checkpointRec
 	for _, c := range cks {
 		known[c.ID] = true
 		if _, err := os.Stat(m.ckFS(c.ID)); err != nil {
@@ -429,19 +441,14 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			}
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(m.ckDir(c.ID), "manifest.json"))
-		if mf, derr := decodeManifest(b); err != nil || derr != nil || mf.ID != c.ID {
-			m.log.Warn("rewriting lost manifest", "checkpoint", c.ID)
-			if _, err := m.writeManifest(c); err != nil {
-				return err
-			}
-		}
+		listed = append(listed, c)
 	}
+	// What the metadata does not list is removed only when it shows it
+	// never committed; anything else is quarantined.
 	ents, _ = os.ReadDir(m.path("checkpoints"))
 	for _, e := range ents {
 		if !known[e.Name()] {
-			m.log.Warn("removing unlisted checkpoint directory", "dir", e.Name())
-			if err := removeTree(m.path("checkpoints", e.Name())); err != nil {
+			if err := m.unlistedCheckpoint(e.Name()); err != nil {
 				return err
 			}
 		}
@@ -500,15 +507,15 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	ents, _ = os.ReadDir(m.path("sandboxes"))
 	for _, e := range ents {
 		if !known[e.Name()] {
-			m.log.Warn("removing unlisted sandbox directory", "sandbox", e.Name())
-			if cg, err := cgroup.Load(cgroupName(e.Name())); err == nil {
-				_ = cg.Destroy(ctx)
-			}
-			if err := removeTree(m.path("sandboxes", e.Name())); err != nil {
+			if err := m.unlistedSandbox(ctx, e.Name()); err != nil {
 				return err
 			}
 		}
 	}
+	if sbs, err = store.List[sandboxRec](m.db, store.Sandboxes); err != nil {
+		return err
+	}
+	m.healRecords(sbs, listed)
 	return nil
 }
 

@@ -296,7 +296,7 @@ func TestRollbackFailureKeepsSandbox(t *testing.T) {
 	if r := run(t, m, sb.ID, "cat /root/f; echo $y"); r.Stdout != "new\n9\n" {
 		t.Fatalf("failed rollback changed the sandbox: %q", r.Stdout)
 	}
-	if e := entries(t, m.sbDir(sb.ID)); strings.Join(e, ",") != "root" {
+	if e := entries(t, m.sbDir(sb.ID)); strings.Join(e, ",") != "root,sandbox.json" {
 		t.Fatalf("failed rollback left %v", e)
 	}
 	res, err := m.Rollback(ctx, sb.ID, ck.ID)
@@ -641,7 +641,7 @@ func TestStandbyBudget(t *testing.T) {
 	if s := m.standbyOf(sb.ID); s != nil {
 		t.Fatalf("standby survived stop: %+v", s)
 	}
-	if e := entries(t, m.sbDir(sb.ID)); strings.Join(e, ",") != "root" {
+	if e := entries(t, m.sbDir(sb.ID)); strings.Join(e, ",") != "root,sandbox.json" {
 		t.Fatalf("after stop the sandbox directory holds %v", e)
 	}
 }

@@ -5,18 +5,25 @@
 // Layout of the pool (all below pool.Dir):
 //
 //	images/NAME            read-only subvolume: an image's root
+//	images/.NAME.json      the image's record
 //	sandboxes/ID/root      writable subvolume: a sandbox's root
+//	sandboxes/ID/sandbox.json  the sandbox's record
 //	checkpoints/ID/fs      read-only subvolume: a checkpoint's files
-//	checkpoints/ID/manifest.json
+//	checkpoints/ID/manifest.json  the checkpoint's record, "committed" once it is
 //	bin/init-HASH          the init binary, reflinked into every root
 //	tmp/                   staging; emptied at start
+//	quarantine/TIME-KIND-ID  what start-up could not explain (rebuild.go)
 //
 // Invariants:
 //   - An object is listed (has a metadata record) only once it is
 //     complete on disk: the record is written last, and removed first.
 //   - Whatever a failed operation created is undone (revert stacks);
 //     whatever a crash left half-done is found and removed at start
-//     (reconcile): staging directories, and directories without records.
+//     (reconcile): staging directories, and directories that show they
+//     never committed (no sandbox.json; no manifest, or one not marked
+//     committed). Nothing else unlisted is deleted: a lost or corrupt
+//     database is rebuilt from the on-disk records, and what nothing
+//     explains is quarantined (rebuild.go).
 //   - Lifecycle operations on one sandbox (checkpoint, rollback, stop,
 //     start, remove) are serialized by that sandbox's lock; exec and
 //     sessions do not take it.

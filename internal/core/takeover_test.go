@@ -208,7 +208,7 @@ func runCrashingDaemon(t *testing.T, c crashCase) {
 }
 
 // record is sandbox id's record.
-func record(t *testing.T, m *Manager, id string) sandboxRec {
+func record(t testing.TB, m *Manager, id string) sandboxRec {
 	t.Helper()
 	var rec sandboxRec
 	if err := m.db.Get(store.Sandboxes, id, &rec); err != nil {
@@ -243,7 +243,7 @@ func checkRollbackCrash(t *testing.T, m *Manager, id, x string) {
 	if len(others) > 0 {
 		t.Fatalf("processes outside the sandbox's tree left in its cgroup: %v (tree %v)", others, tree)
 	}
-	if dirs := entries(t, m.sbDir(id)); !slices.Equal(dirs, []string{"root"}) {
+	if dirs := entries(t, m.sbDir(id)); !slices.Equal(dirs, []string{"root", sandboxFile}) {
 		t.Fatalf("sandbox directory holds %v, want its root only", dirs)
 	}
 	var left []string

@@ -6,6 +6,14 @@
 // knows nothing about what the records mean: invariants between records
 // (a checkpoint's sandbox exists, a name is unique) are kept by the
 // caller, under its own locks.
+//
+// The database carries a schema version (bucket meta, key schema) and
+// is brought to the current one by the migrations of migrations.go, in
+// order, when it is opened; a database of a newer schema is refused. A
+// file that bbolt cannot open, or whose records do not decode, is
+// reported as ErrCorrupt; the caller sets it aside and rebuilds (the
+// store itself never deletes a database). Watch lets the caller keep
+// copies of records outside the database, from which it can rebuild.
 package store
 
 import (
@@ -13,7 +21,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/molt-sh/molt/internal/errdefs"
 	bolt "go.etcd.io/bbolt"
@@ -36,31 +43,70 @@ const (
 )
 
 // DB is an open metadata database.
-type DB struct{ db *bolt.DB }
+type DB struct {
+	db    *bolt.DB
+	fresh bool // see Fresh; written by Open and the rebuild's Update
+	// watch holds the functions of Watch, by bucket; set before the
+	// database is shared.
+	watch map[string]func(txid uint64, key string, b []byte)
+}
 
-// Open opens (creating if needed) the database at path. It fails fast if
-// another process holds it.
+// ErrCorrupt says a database file cannot be read as one: bbolt refuses
+// it, its pages do not check, or a record does not decode.
+var ErrCorrupt = errors.New("metadata database is corrupt")
+
+// Open opens (creating if needed) the database at path and migrates it
+// to SchemaVersion. It fails fast if another process holds it, with
+// errdefs.ErrFailedPrecondition on a newer schema and with ErrCorrupt on
+// a file that does not read as a database.
 func Open(path string) (*DB, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	// Another daemon's database is neither read nor judged here: a
+	// corrupt one is set aside by the caller.
+	if err := probeLock(path); err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	if err := checkFile(path); err != nil {
+		return nil, fmt.Errorf("open %s: %w: %w", path, ErrCorrupt, err)
+	}
+	db, err := boltOpen(path)
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("open %s: locked by another process (is a molt daemon already running on this root?): %w", path, errdefs.ErrUnavailable)
 		}
+		if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) || errors.Is(err, berrors.ErrInvalidMapping) {
+			return nil, fmt.Errorf("open %s: %w: %w", path, ErrCorrupt, err)
+		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{Images, Sandboxes, Checkpoints, Turns, Takeovers, FailedCheckpoints} {
-			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	d := &DB{db: db}
+	if err := d.check(); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("init %s: %w", path, err)
+		return nil, fmt.Errorf("open %s: %w: %w", path, ErrCorrupt, err)
 	}
-	return &DB{db: db}, nil
+	if err := d.migrate(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	return d, nil
+}
+
+// Fresh reports whether the database held nothing when it was opened
+// (a new or emptied file), or was, and the rebuild that followed did not
+// commit (Tx.Rebuilt): what the caller recorded before is then only on
+// disk, and it rebuilds the records from there.
+func (d *DB) Fresh() bool { return d.fresh }
+
+// Watch makes fn be called after each committed transaction, once for
+// every record of bucket the transaction put (b, its encoding) or
+// deleted (b nil), in the transaction's order. txid grows with each
+// transaction, so a caller that writes copies from concurrent
+// transactions can keep the latest. Watch is called before the database
+// is used.
+func (d *DB) Watch(bucket string, fn func(txid uint64, key string, b []byte)) {
+	if d.watch == nil {
+		d.watch = map[string]func(uint64, string, []byte){}
+	}
+	d.watch[bucket] = fn
 }
 
 // Close closes the database.
@@ -140,12 +186,44 @@ func Unmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 // Tx is a read-write transaction: its changes commit together or not at
 // all.
-type Tx struct{ tx *bolt.Tx }
+type Tx struct {
+	tx      *bolt.Tx
+	d       *DB
+	changes []change // to watched buckets
+	rebuilt bool
+}
+
+type change struct {
+	bucket, key string
+	b           []byte
+}
+
+func (t *Tx) changed(bucket, key string, b []byte) {
+	if t.d != nil && t.d.watch[bucket] != nil {
+		t.changes = append(t.changes, change{bucket, key, b})
+	}
+}
 
 // Update runs fn in one transaction, committed (and fsynced) if fn
-// returns nil.
+// returns nil; then the functions of Watch see its changes.
 func (d *DB) Update(fn func(*Tx) error) error {
-	return d.db.Update(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx}) })
+	var t *Tx
+	var txid uint64
+	err := d.db.Update(func(tx *bolt.Tx) error {
+		t = &Tx{tx: tx, d: d}
+		txid = uint64(tx.ID())
+		return fn(t)
+	})
+	if err != nil || t == nil {
+		return err
+	}
+	if t.rebuilt {
+		d.fresh = false
+	}
+	for _, c := range t.changes {
+		d.watch[c.bucket](txid, c.key, c.b)
+	}
+	return nil
 }
 
 // Put stores v under key in bucket.
@@ -154,7 +232,23 @@ func (t *Tx) Put(bucket, key string, v any) error {
 	if err != nil {
 		return err
 	}
-	return t.tx.Bucket([]byte(bucket)).Put([]byte(key), b)
+	if err := t.tx.Bucket([]byte(bucket)).Put([]byte(key), b); err != nil {
+		return err
+	}
+	t.changed(bucket, key, b)
+	return nil
+}
+
+// PutRaw stores the encoded record b under key in bucket.
+func (t *Tx) PutRaw(bucket, key string, b []byte) error {
+	if !json.Valid(b) {
+		return fmt.Errorf("%s %q: not a JSON record", bucket, key)
+	}
+	if err := t.tx.Bucket([]byte(bucket)).Put([]byte(key), b); err != nil {
+		return err
+	}
+	t.changed(bucket, key, b)
+	return nil
 }
 
 // Get loads key from bucket into v; errdefs.ErrNotFound if missing.
@@ -168,7 +262,11 @@ func (t *Tx) Get(bucket, key string, v any) error {
 
 // Delete removes key from bucket.
 func (t *Tx) Delete(bucket, key string) error {
-	return t.tx.Bucket([]byte(bucket)).Delete([]byte(key))
+	if err := t.tx.Bucket([]byte(bucket)).Delete([]byte(key)); err != nil {
+		return err
+	}
+	t.changed(bucket, key, nil)
+	return nil
 }
 
 // DeletePrefix removes every key of bucket that starts with prefix.
@@ -176,9 +274,11 @@ func (t *Tx) DeletePrefix(bucket, prefix string) error {
 	c := t.tx.Bucket([]byte(bucket)).Cursor()
 	p := []byte(prefix)
 	for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Seek(p) {
+		key := string(k)
 		if err := c.Delete(); err != nil {
 			return err
 		}
+		t.changed(bucket, key, nil)
 	}
 	return nil
 }
