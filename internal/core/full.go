@@ -778,7 +778,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = init, v1.StateRunning, "", ck.ID
 	ts := m.turnPrepare(*rec, init)
-	if err := continueTree(*rec, init); err != nil {
+	if err := continueTree(*rec, init, m.ckImages(procs.ID)); err != nil {
 		ts.mu.Unlock()
 		_ = unix.Kill(init.Pid, unix.SIGKILL)
 		return v1.RollbackResult{}, err
