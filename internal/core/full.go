@@ -132,6 +132,9 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	if err := m.quiet(rec.ID, time.Second); err != nil {
 		return v1.Checkpoint{}, err
 	}
+	if why := tracedObstacle(rec.Init.Pid); why != "" {
+		return v1.Checkpoint{}, fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)
+	}
 	// From the syncfs to the thaw no background commit of the pool
 	// starts (commitgate.go).
 	releaseCommits, err := m.commits.foreground(ctx)

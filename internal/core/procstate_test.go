@@ -76,3 +76,33 @@ func TestStoppedProcessStaysStopped(t *testing.T) {
 		t.Fatalf("fork: the job continued is in state %q, want S", got)
 	}
 }
+
+// pipeProbe makes a pipe in the sandbox and prints its capacity and how
+// much of a 60 KiB write without a reader went in (an alarm ends a write
+// that blocks).
+const pipeProbe = `python3 -c "
+import os, fcntl, signal
+r, w = os.pipe()
+signal.alarm(5)
+print(fcntl.fcntl(w, 1032), os.write(w, b'x' * 61440))
+"`
+
+// TestPipePoolLeavesSandboxPipes: the daemon's pool of pipes for
+// streamed (copy-on-write) dumps is not charged to the user the
+// sandboxes run as, so after a large full checkpoint a new pipe in a
+// sandbox still has 64 KiB and a 60 KiB write without a reader
+// completes. Charged to root, the pool (160 MiB) put root over
+// fs.pipe-user-pages-soft and every new pipe had 8 KiB.
+func TestPipePoolLeavesSandboxPipes(t *testing.T) {
+	m := openCOWManager(t)
+	requireCRIU(t, m)
+	sb := pythonSandbox(t, m, cowHolder)
+	if r := run(t, m, sb.ID, pipeProbe); r.Stdout != "65536 61440\n" {
+		t.Fatalf("before any checkpoint a new pipe gives %q (exit %d), want 65536 61440: this host's root already holds more than fs.pipe-user-pages-soft in pipes", r.Stdout, r.ExitCode)
+	}
+	fullCaptured(t, m, sb.ID, captureCOW)
+	m.pipePool().Fill() // the refill persist started, done
+	if r := run(t, m, sb.ID, pipeProbe); r.Stdout != "65536 61440\n" {
+		t.Fatalf("after a copy-on-write checkpoint a new pipe gives %q (exit %d), want 65536 61440", r.Stdout, r.ExitCode)
+	}
+}
