@@ -730,7 +730,9 @@ func tracedObstacle(init int) string {
 		}
 		for line := range strings.Lines(string(b)) {
 			if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
-				if v = strings.TrimSpace(v); v != "0" {
+				// The daemon's own tracer lets go of what it held for
+				// an earlier capture (a copy on its way out) by itself.
+				if v = strings.TrimSpace(v); v != "0" && v != strconv.Itoa(os.Getpid()) {
 					return fmt.Sprintf("pid %d is traced by pid %s (ptrace): a full checkpoint cannot seize it", pid, v)
 				}
 			}
