@@ -460,6 +460,18 @@ func continueTree(rec sandboxRec, init sandbox.Init, images string) error {
 	return nil
 }
 
+// headImages returns the images directory of the processes of
+// checkpoint id: its own, or for an fs checkpoint its full ancestor's.
+func (m *Manager) headImages(id string) string {
+	var ck checkpointRec
+	if m.db.Get(store.Checkpoints, id, &ck) == nil {
+		if p, ok := m.processSource(ck); ok {
+			return m.ckImages(p.ID)
+		}
+	}
+	return m.ckImages(id)
+}
+
 // nsPids returns pid's numbers in each of its PID namespaces, the
 // host's first (NSpid in /proc/PID/status).
 func nsPids(pid int) ([]int, error) {
