@@ -42,7 +42,9 @@ var errNoTemplate = errors.New("the tree cannot be copied")
 // mappings a fork leaves out or empties (MADV_DONTFORK, MADV_WIPEONFORK),
 // POSIX timers, file locks, a socket or terminal outside PID 1's
 // listening socket (their queues cannot be read without taking them),
-// and a pid1 too old to copy itself.
+// a stopped, traced or zombie process (stateObstacle), what the merge
+// cannot combine (unmergeable: deleted files, cwd or root, FIFOs), and
+// a pid1 too old to copy itself.
 func templateObstacle(init int, pids []int) string {
 	// The tree as its processes make it, zombies included (the
 	// cgroup's list leaves them out, and a copy cannot be made of one).
