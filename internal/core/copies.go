@@ -15,6 +15,7 @@ import (
 
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/criu"
+	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/template"
@@ -41,8 +42,20 @@ var errNoTemplate = errors.New("the tree cannot be copied")
 // mappings a fork leaves out or empties (MADV_DONTFORK, MADV_WIPEONFORK),
 // POSIX timers, file locks, a socket or terminal outside PID 1's
 // listening socket (their queues cannot be read without taking them),
-// and a pid1 too old to copy itself.
+// a stopped, traced or zombie process (stateObstacle), what the merge
+// cannot combine (unmergeable: deleted files, cwd or root, FIFOs), and
+// a pid1 too old to copy itself.
 func templateObstacle(init int, pids []int) string {
+	// The tree as its processes make it, zombies included (the
+	// cgroup's list leaves them out, and a copy cannot be made of one).
+	if tree, err := procTree(init); err == nil {
+		pids = tree
+	}
+	for _, pid := range pids {
+		if why := stateObstacle(pid, true); why != "" {
+			return why
+		}
+	}
 	if why := cowObstacle(pids); why != "" {
 		return why
 	}
@@ -68,8 +81,90 @@ func templateObstacle(init int, pids []int) string {
 		if why := forkOmits(smaps); why != "" {
 			return fmt.Sprintf("pid %d: %s", pid, why)
 		}
-		if why := fdObstacle(pid, pid == init); why != "" {
+		if why := unmergeable(pid, pid == init); why != "" {
 			return why
+		}
+	}
+	return ""
+}
+
+// procTree lists the tree of init from the processes themselves: init
+// and, depth first, the children of each of its threads, zombies
+// included (cgroup.procs lists no zombie).
+func procTree(init int) ([]int, error) {
+	out := []int{init}
+	seen := map[int]bool{init: true}
+	for i := 0; i < len(out); i++ {
+		tasks, err := os.ReadDir("/proc/" + strconv.Itoa(out[i]) + "/task")
+		if err != nil {
+			if i == 0 {
+				return nil, err
+			}
+			continue // gone meanwhile
+		}
+		for _, t := range tasks {
+			b, _ := os.ReadFile("/proc/" + strconv.Itoa(out[i]) + "/task/" + t.Name() + "/children")
+			for _, f := range strings.Fields(string(b)) {
+				if n, err := strconv.Atoi(f); err == nil && !seen[n] {
+					seen[n] = true
+					out = append(out, n)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// stateObstacle says why pid's state keeps its tree from a capture that
+// seizes every process (copy-on-write, template): stopped by job
+// control or traced (the seizure waits for a stop that never comes, and
+// a copy would run), or, for copies (template), a zombie, of which no
+// copy can be made.
+func stateObstacle(pid int, copies bool) string {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return ""
+	}
+	switch s[i+2] {
+	case 'T':
+		return fmt.Sprintf("pid %d is stopped (job control)", pid)
+	case 't':
+		return fmt.Sprintf("pid %d is traced", pid)
+	case 'Z', 'X':
+		if copies {
+			return fmt.Sprintf("pid %d is a zombie", pid)
+		}
+	}
+	return ""
+}
+
+// unmergeable says why a dump of pid's copy would hold images the merge
+// cannot combine (criu.Merge): its open files (fdObstacle), a FIFO (its
+// queue is shared with the original, and reading it from outside would
+// count as a reader), a deleted working directory or root, or a mapped
+// file that is deleted (CRIU keeps those as ghost files).
+func unmergeable(pid int, init bool) string {
+	if why := fdObstacle(pid, init); why != "" {
+		return why
+	}
+	p := "/proc/" + strconv.Itoa(pid)
+	for _, l := range []string{"cwd", "root"} {
+		if target, err := os.Readlink(p + "/" + l); err == nil && strings.HasSuffix(target, " (deleted)") {
+			return fmt.Sprintf("pid %d's %s is deleted (%s)", pid, l, target)
+		}
+	}
+	maps, err := os.ReadFile(p + "/maps")
+	if err != nil {
+		return fmt.Sprintf("pid %d: %v", pid, err)
+	}
+	for line := range strings.Lines(string(maps)) {
+		if f := strings.Fields(line); len(f) >= 6 && strings.HasPrefix(f[5], "/") && strings.HasSuffix(strings.TrimSpace(line), " (deleted)") {
+			return fmt.Sprintf("pid %d maps a deleted file (%s)", pid, strings.Join(f[5:], " "))
 		}
 	}
 	return ""
@@ -129,6 +224,10 @@ func fdObstacle(pid int, init bool) string {
 		case strings.HasPrefix(target, "/dev/pts/"), strings.HasPrefix(target, "/dev/tty"), target == "/dev/console":
 			return fmt.Sprintf("pid %d has a terminal open (%s)", pid, target)
 		case strings.HasPrefix(target, "/") && !strings.HasSuffix(target, " (deleted)"):
+			var st unix.Stat_t
+			if unix.Stat(filepath.Join(dir, e.Name()), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFIFO {
+				return fmt.Sprintf("pid %d has a FIFO open (%s)", pid, target)
+			}
 		default:
 			return fmt.Sprintf("pid %d has %s open", pid, target)
 		}
@@ -194,8 +293,18 @@ func readFrozen(pid int, init bool, checked map[string]bool) (frozenProc, string
 	if len(f) < 7 {
 		return fp, "", fmt.Errorf("stat of %d: %q", pid, s)
 	}
-	if f[0] == "Z" || f[0] == "X" {
+	switch f[0] {
+	case "Z", "X":
 		return fp, fmt.Sprintf("pid %d is a zombie", pid), nil
+	case "T":
+		return fp, fmt.Sprintf("pid %d is stopped (job control)", pid), nil
+	case "t":
+		return fp, fmt.Sprintf("pid %d is traced", pid), nil
+	}
+	// What the merge cannot combine may have appeared since the check
+	// before the freeze; found now, the tree is dumped frozen instead.
+	if why := unmergeable(pid, init); why != "" {
+		return fp, why, nil
 	}
 	fp.parentHost, _ = strconv.Atoi(f[1])
 	flags, err := strconv.ParseUint(f[6], 10, 32)
@@ -299,7 +408,9 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 			return freezeStart, nil, nil, errIPCAppeared
 		}
 	}
-	pids, _, err := treePids(rec.ID, rec.Init)
+	// From the processes, not the cgroup's list: a zombie must be seen
+	// (readFrozen refuses it), or it would be missing from the images.
+	pids, err := procTree(init)
 	if err != nil {
 		return freezeStart, nil, nil, err
 	}
@@ -382,6 +493,10 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 		why, err := tc.tracer.NotInherited(pid)
 		if err == nil && why != "" {
 			err = fmt.Errorf("%w: %s", errNoTemplate, why)
+		} else if errors.Is(err, errdefs.ErrUnavailable) {
+			// It did not stop for the tracer (stopped or traced since
+			// the checks): dumped frozen instead, at the same instant.
+			err = fmt.Errorf("%w: %v", errNoTemplate, err)
 		}
 		if err != nil {
 			return freezeStart, nil, tc, refreeze(err)
@@ -599,4 +714,31 @@ func pid1Copies(init int, tree []int) []int {
 		}
 	}
 	return out
+}
+
+// tracedObstacle says which process of init's tree is traced ("" if
+// none): CRIU seizes every process with ptrace, which a traced one
+// refuses, so no capture path can take the tree (the tracer, a
+// debugger say, must let go first).
+func tracedObstacle(init int) string {
+	tree, err := procTree(init)
+	if err != nil {
+		return ""
+	}
+	for _, pid := range tree {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
+				// The daemon's own tracer lets go of what it held for
+				// an earlier capture (a copy on its way out) by itself.
+				if v = strings.TrimSpace(v); v != "0" && v != strconv.Itoa(os.Getpid()) {
+					return fmt.Sprintf("pid %d is traced by pid %s (ptrace): a full checkpoint cannot seize it", pid, v)
+				}
+			}
+		}
+	}
+	return ""
 }

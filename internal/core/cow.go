@@ -81,6 +81,9 @@ func anonBytes(pids []int) int64 {
 // over by reference but a fork does not protect.
 func cowObstacle(pids []int) string {
 	for _, pid := range pids {
+		if why := stateObstacle(pid, false); why != "" {
+			return why
+		}
 		ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
 		if err != nil {
 			return fmt.Sprintf("pid %d: %v", pid, err)

@@ -132,6 +132,9 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	if err := m.quiet(rec.ID, time.Second); err != nil {
 		return v1.Checkpoint{}, err
 	}
+	if why := tracedObstacle(rec.Init.Pid); why != "" {
+		return v1.Checkpoint{}, fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)
+	}
 	// From the syncfs to the thaw no background commit of the pool
 	// starts (commitgate.go).
 	releaseCommits, err := m.commits.foreground(ctx)
@@ -791,7 +794,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = init, v1.StateRunning, "", ck.ID
 	ts := m.turnPrepare(*rec, init)
-	if err := continueTree(*rec, init); err != nil {
+	if err := continueTree(*rec, init, m.ckImages(procs.ID)); err != nil {
 		ts.mu.Unlock()
 		_ = unix.Kill(init.Pid, unix.SIGKILL)
 		return v1.RollbackResult{}, err

@@ -3,14 +3,17 @@ package core
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
@@ -380,7 +383,7 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	// own namespaces and on its own root, goes in the background).
 	// The turn inspector follows the standby's tree before it runs.
 	ts := m.turnPrepare(*rec, s.init)
-	if err := continueTree(*rec, s.init); err != nil {
+	if err := continueTree(*rec, s.init, m.ckImages(ck.ID)); err != nil {
 		ts.mu.Unlock()
 		m.discard(s, true)
 		return v1.RollbackResult{}, err
@@ -421,23 +424,75 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 	if err := sandbox.SetHostname(s.init.Pid, rec.Hostname); err != nil {
 		return sandbox.Init{}, err
 	}
-	if err := continueTree(*rec, s.init); err != nil {
+	if err := continueTree(*rec, s.init, m.ckImages(s.ck)); err != nil {
 		return sandbox.Init{}, err
 	}
 	return s.init, nil
 }
 
 // continueTree sends SIGCONT to every process of the sandbox's cgroup
-// that lives in init's PID namespace (the standby's tree).
-func continueTree(rec sandboxRec, init sandbox.Init) error {
+// that lives in init's PID namespace (a tree restored stopped), but for
+// those the images it was restored from (a checkpoint's images
+// directory) record as stopped by job control: they were stopped at the
+// instant and stay so (CRIU restored them stopped). Images that cannot
+// be read leave every process to be continued, as a tree with no
+// stopped process is.
+func continueTree(rec sandboxRec, init sandbox.Init, images string) error {
 	tree, _, err := treePids(rec.ID, init)
 	if err != nil {
 		return err
 	}
+	stopped, _ := criu.StoppedTasks(images)
+	level := -1
+	if len(stopped) > 0 {
+		if ids, err := nsPids(init.Pid); err == nil {
+			level = len(ids) - 1
+		}
+	}
 	for _, pid := range tree {
+		if level >= 0 {
+			if ids, err := nsPids(pid); err == nil && len(ids) > level && stopped[ids[level]] {
+				continue
+			}
+		}
 		_ = unix.Kill(pid, unix.SIGCONT)
 	}
 	return nil
+}
+
+// headImages returns the images directory of the processes of
+// checkpoint id: its own, or for an fs checkpoint its full ancestor's.
+func (m *Manager) headImages(id string) string {
+	var ck checkpointRec
+	if m.db.Get(store.Checkpoints, id, &ck) == nil {
+		if p, ok := m.processSource(ck); ok {
+			return m.ckImages(p.ID)
+		}
+	}
+	return m.ckImages(id)
+}
+
+// nsPids returns pid's numbers in each of its PID namespaces, the
+// host's first (NSpid in /proc/PID/status).
+func nsPids(pid int) ([]int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return nil, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			var out []int
+			for _, f := range strings.Fields(v) {
+				n, err := strconv.Atoi(f)
+				if err != nil {
+					return nil, fmt.Errorf("pid %d: NSpid %q", pid, v)
+				}
+				out = append(out, n)
+			}
+			return out, nil
+		}
+	}
+	return nil, fmt.Errorf("pid %d: no NSpid", pid)
 }
 
 // treePids splits the processes of sandbox id's cgroup into those of

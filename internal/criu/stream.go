@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -418,10 +419,35 @@ func (s *Stream) Close() {
 // PipePool keeps empty pipes at the largest size the host allows, made
 // ahead of a dump: making them while CRIU writes cost 10-15 ms per 100
 // MiB here.
+//
+// The kernel charges a pipe's buffers to the real user of the process
+// that made it, and once a user holds more than fs.pipe-user-pages-soft
+// pages (64 MiB by default) every new pipe of that user gets two pages
+// (8 KiB) instead of sixteen. The daemon and the sandboxes' processes
+// are all root: a pool of 160 MiB made as root left every later pipe of
+// every sandbox at 8 KiB, and a program writing more than that into a
+// pipe before its reader reads blocked for good. So the pool makes its
+// pipes on one OS thread of its own whose real user is PipeUID (its
+// effective user stays root, with its capabilities, which lets it size
+// pipes beyond that user's soft limit): they are charged to PipeUID,
+// whom no sandbox process runs as.
 type PipePool struct {
 	size int
 	ch   chan [2]int
 	fill sync.Mutex
+
+	start sync.Once
+	reqs  chan chan pipeMade // to the maker thread
+	err   error              // why the maker thread could not start
+}
+
+// PipeUID is the user the pool's pipes are charged to: one no process
+// of a sandbox (nor of the host, usually) runs as.
+const PipeUID = 1<<31 - 2
+
+type pipeMade struct {
+	fds [2]int
+	err error
 }
 
 // NewPipePool returns a pool that keeps up to n pipes ready.
@@ -452,7 +478,45 @@ func (p *PipePool) Fill() error {
 	return nil
 }
 
+// maker starts the thread that makes the pool's pipes as PipeUID. It
+// lives as long as the daemon (the pool is the host's); its thread's
+// credentials are changed, so it is never handed back to Go's scheduler:
+// a goroutine that ends locked to its thread ends the thread.
+func (p *PipePool) maker() error {
+	p.start.Do(func() {
+		p.reqs = make(chan chan pipeMade)
+		started := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread()
+			// setresuid(2) on this thread only (Go's syscall.Setresuid
+			// changes every thread).
+			if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(PipeUID), ^uintptr(0), ^uintptr(0)); e != 0 {
+				started <- fmt.Errorf("pipe pool: setresuid(%d): %w", PipeUID, e)
+				return
+			}
+			started <- nil
+			for res := range p.reqs {
+				r, w, err := p.makeHere()
+				res <- pipeMade{fds: [2]int{r, w}, err: err}
+			}
+		}()
+		p.err = <-started
+	})
+	return p.err
+}
+
+// make makes one pipe on the maker thread.
 func (p *PipePool) make() (int, int, error) {
+	if err := p.maker(); err != nil {
+		return -1, -1, err
+	}
+	res := make(chan pipeMade, 1)
+	p.reqs <- res
+	m := <-res
+	return m.fds[0], m.fds[1], m.err
+}
+
+func (p *PipePool) makeHere() (int, int, error) {
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
 		return -1, -1, fmt.Errorf("pipe: %w", err)
@@ -476,7 +540,8 @@ func (p *PipePool) Get() (int, int, error) {
 	}
 }
 
-// Close releases the pipes in the pool.
+// Close releases the pipes in the pool. The maker thread stays (the
+// pool may be filled again).
 func (p *PipePool) Close() {
 	p.fill.Lock()
 	defer p.fill.Unlock()

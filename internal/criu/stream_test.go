@@ -6,14 +6,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // TestDumpStream dumps through a Stream, copying and holding, writes the
@@ -140,4 +144,102 @@ func TestStreamCheckCopied(t *testing.T) {
 	if _, err := pagesID(bad); err == nil {
 		t.Fatal("pagesID of a truncated image")
 	}
+}
+
+// BenchmarkPipePoolMake: a pipe made on the pool's maker thread (charged
+// to PipeUID) against one made on the caller's thread, both sized to
+// the pool's size.
+func BenchmarkPipePoolMake(b *testing.B) {
+	testutil.RequireRoot(b)
+	p := NewPipePool(1)
+	for _, mode := range []string{"maker", "here"} {
+		b.Run(mode, func(b *testing.B) {
+			for b.Loop() {
+				make := p.make
+				if mode == "here" {
+					make = p.makeHere
+				}
+				r, w, err := make()
+				if err != nil {
+					b.Fatal(err)
+				}
+				unix.Close(r)
+				unix.Close(w)
+			}
+		})
+	}
+}
+
+// TestPipePoolCharge: the pool's pipes are full size (the maker thread
+// may size them past its user's soft limit) and are not charged to the
+// caller's user: with the pool full, a pipe the caller makes still gets
+// the default 64 KiB.
+func TestPipePoolCharge(t *testing.T) {
+	testutil.RequireRoot(t)
+	b, err := os.ReadFile("/proc/sys/fs/pipe-user-pages-soft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	soft, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || soft == 0 {
+		testutil.Unavailable(t, "fs.pipe-user-pages-soft sets no limit here")
+	}
+	// More than the soft limit in the pool.
+	p := NewPipePool(soft*4096/NewPipePool(0).Size() + 16)
+	defer p.Close()
+	if err := p.Fill(); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := p.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := unix.FcntlInt(uintptr(w), unix.F_GETPIPE_SZ, 0); err != nil || n != p.Size() {
+		t.Fatalf("pool pipe of %d bytes (%v), want %d", n, err, p.Size())
+	}
+	unix.Close(r)
+	unix.Close(w)
+	// As a sandbox's process makes one: root without CAP_SYS_ADMIN and
+	// CAP_SYS_RESOURCE, which would exempt it from the limit.
+	n, err := unprivilegedPipeSize()
+	if err != nil || n != 64<<10 {
+		t.Fatalf("a new pipe of the caller's user has %d bytes (%v) with the pool full, want 65536", n, err)
+	}
+}
+
+// unprivilegedPipeSize makes a pipe on a thread of its own whose
+// effective capabilities lack CAP_SYS_ADMIN and CAP_SYS_RESOURCE and
+// returns its capacity. The thread is not given back (it ends with its
+// goroutine).
+func unprivilegedPipeSize() (int, error) {
+	type result struct {
+		n   int
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			res <- result{err: err}
+			return
+		}
+		data[0].Effective &^= 1<<unix.CAP_SYS_ADMIN | 1<<unix.CAP_SYS_RESOURCE
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			res <- result{err: err}
+			return
+		}
+		var fds [2]int
+		if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+			res <- result{err: err}
+			return
+		}
+		n, err := unix.FcntlInt(uintptr(fds[1]), unix.F_GETPIPE_SZ, 0)
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		res <- result{n, err}
+	}()
+	r := <-res
+	return r.n, r.err
 }
