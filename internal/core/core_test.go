@@ -64,6 +64,26 @@ func closeManager(t testing.TB, m *Manager) {
 	})
 }
 
+// closeLast removes the sandboxes of *cur, the Manager that stands for
+// the last of the daemons a test restarts, and closes it when the test
+// ends: before the pool is unmounted (closeManager's clean-up, registered
+// earlier, runs after this one).
+func closeLast(t testing.TB, cur **Manager) {
+	t.Cleanup(func() {
+		m := *cur
+		if m == nil {
+			return
+		}
+		sbs, _ := m.Sandboxes()
+		for _, s := range sbs {
+			if err := m.Remove(context.Background(), s.ID); err != nil {
+				t.Errorf("remove %s: %v", s.ID, err)
+			}
+		}
+		m.Close()
+	})
+}
+
 // newSandbox creates a sandbox of the test image.
 func newSandbox(t testing.TB, m *Manager) v1.Sandbox {
 	t.Helper()

@@ -57,17 +57,7 @@ func TestCrashListedMeansRestorable(t *testing.T) {
 	forgetInit(m, sb.ID)
 	m.Close()
 	var cur *Manager
-	t.Cleanup(func() {
-		if cur != nil {
-			sbs, _ := cur.Sandboxes()
-			for _, s := range sbs {
-				if err := cur.Remove(ctx, s.ID); err != nil {
-					t.Errorf("remove %s: %v", s.ID, err)
-				}
-			}
-			cur.Close()
-		}
-	})
+	closeLast(t, &cur)
 	for _, c := range []struct {
 		op, step string
 		want     string // the sandbox's state after the restart

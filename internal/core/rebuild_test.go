@@ -115,17 +115,7 @@ func TestRebuildMetadata(t *testing.T) {
 	f := fork.Sandboxes[0]
 
 	var cur *Manager
-	t.Cleanup(func() {
-		if cur != nil {
-			sbs, _ := cur.Sandboxes()
-			for _, s := range sbs {
-				if err := cur.Remove(ctx, s.ID); err != nil {
-					t.Errorf("remove %s: %v", s.ID, err)
-				}
-			}
-			cur.Close()
-		}
-	})
+	closeLast(t, &cur)
 	cur = m
 	for _, c := range []struct {
 		name   string

@@ -83,17 +83,7 @@ func TestCrashRecovery(t *testing.T) {
 	// The sandboxes go with the last daemon, before the pool is
 	// unmounted (closeManager's clean-up, which runs after this one).
 	var cur *Manager
-	t.Cleanup(func() {
-		if cur != nil {
-			sbs, _ := cur.Sandboxes()
-			for _, s := range sbs {
-				if err := cur.Remove(ctx, s.ID); err != nil {
-					t.Errorf("remove %s: %v", s.ID, err)
-				}
-			}
-			cur.Close()
-		}
-	})
+	closeLast(t, &cur)
 	rolledBack := func(x string) func(*testing.T, *Manager) {
 		return func(t *testing.T, m *Manager) { checkRollbackCrash(t, m, sb.ID, x) }
 	}
