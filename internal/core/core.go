@@ -89,6 +89,9 @@ type Config struct {
 	// the frozen window and dumping the copies after the thaw
 	// (v1.Checkpoint.Capture "template"; copies.go): for comparisons.
 	NoTemplateCapture bool
+	// FrozenDeadline bounds each frozen window of a capture (frozen.go);
+	// 0 means DefaultFrozenDeadline, negative none.
+	FrozenDeadline time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -129,6 +132,7 @@ type Manager struct {
 
 	sby       standbys
 	spr       spares // started CRIUs for the next restore, per sandbox
+	lim       rooms  // room in sandboxes' limits for the daemon's processes (limits.go)
 	ret       retiredRoots
 	pipe      pipeline // pending full checkpoints
 	turns     turnTable
@@ -268,6 +272,7 @@ func (m *Manager) Close() error {
 	}
 	m.closeSpares()
 	m.sby.wg.Wait()
+	m.lim.wg.Wait()
 	m.streamMu.Lock()
 	if m.pipes != nil {
 		m.pipes.Close()
