@@ -368,7 +368,12 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 		_ = removeTree(root)
 		return false, err
 	}
-	victims, err := firstVictims(id, init)
+	// Only a memory limit makes the standby compete with the sandbox's
+	// own tasks for the OOM killer; the others pay nothing at promotion.
+	var victims []standbyTask
+	if rec.Resources.MemoryBytes > 0 {
+		victims, err = firstVictims(id, init)
+	}
 	// Recorded before a rollback can promote it, so that the promotion
 	// itself writes nothing more than it did without the record.
 	var key string
