@@ -23,8 +23,8 @@ func TestStandbyOutsideLimits(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
 	m.cfg.StandbyBudget = 1 << 30
-	// Plain copy capture: the template and copy-on-write paths are
-	// tested with the limits by TestTemplateCopiesOutsideLimits.
+	// Plain copy capture: the template path is tested with the limits
+	// by TestTemplateCopiesOutsideLimits.
 	m.cfg.NoTemplateCapture, m.cfg.NoCOWCapture = true, true
 	const (
 		memLimit = 256 << 20
@@ -157,4 +157,63 @@ print(n)' 2>&1`)
 		t.Fatalf("the live tree of %d tasks forked %d more under a limit of %d", len(tree), forked, pidLimit)
 	}
 	t.Logf("the live tree of %d tasks forked %d more before pids.max", len(tree), forked)
+}
+
+// TestTemplateCopiesOutsideLimits: a template capture's copies of a tree
+// holding ~70% of --memory (which it rewrites right after the thaw, so
+// that every page is copied) and most of --pids do not count against
+// them: the capture takes the template path, nothing is OOM-killed, and
+// once the copies are dumped the limits are the sandbox's own again.
+// (Without their room, the copies' clones exceed pids.max and the
+// checkpoint fails: "clone ...: resource temporarily unavailable".)
+func TestTemplateCopiesOutsideLimits(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	const memLimit, pidLimit = 256 << 20, 16
+	ctx := context.Background()
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{MemoryBytes: memLimit, Pids: pidLimit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg, err := cgroup.Load(cgroupName(sb.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rewrites its 160 MiB over and over: after the copies are made,
+	// every page it writes is a new one.
+	run(t, m, sb.ID, `/usr/bin/python3 -c 'import time
+b = bytearray(160 << 20)
+for o in range(0, len(b), 4096):
+    b[o] = 1
+open("/tmp/held", "w").write("ok")
+i = 0
+while True:
+    i += 1
+    for o in range(0, len(b), 4096):
+        b[o] = i & 0xff
+    time.sleep(0.01)' >/dev/null 2>&1 & PY=$!`)
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(run(t, m, sb.ID, "cat /tmp/held 2>/dev/null").Stdout, "ok"); {
+		if time.Now().After(deadline) {
+			t.Fatal("python never allocated its memory")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	run(t, m, sb.ID, "for i in $(seq 8); do sleep 100000 & done")
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.Capture != captureTemplate {
+		t.Fatalf("capture %q (%s), want template", ck.Capture, ck.CaptureNote)
+	}
+	if k, err := cg.OOMKills(); err != nil || k != 0 {
+		t.Fatalf("oom kills in the sandbox: %d (%v)", k, err)
+	}
+	if r := run(t, m, sb.ID, "kill -0 $PY && echo alive"); r.Stdout != "alive\n" {
+		t.Fatalf("the python died with the copies: %q", r.Stdout)
+	}
+	m.waitCopies(sb.ID)
+	if lim, err := cg.Limits(); err != nil || lim.MemoryMax != memLimit || lim.PidsMax != pidLimit {
+		t.Fatalf("limits after the copies were dumped: %+v (%v), want the sandbox's own", lim, err)
+	}
 }
