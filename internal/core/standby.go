@@ -410,7 +410,7 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	}
 	// A task of it may have met the OOM killer (its first choice in the
 	// cgroup) since watchRooms last looked.
-	if m.oomKills(rec.ID) != s.oomSeen && !s.intact() {
+	if len(s.tasks) > 0 && m.oomKills(rec.ID) != s.oomSeen && !s.intact() {
 		m.discard(s, true)
 		return v1.RollbackResult{}, fmt.Errorf("standby of %s lost a task", ck.ID)
 	}
@@ -452,7 +452,7 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 	if !s.init.Alive() {
 		return sandbox.Init{}, fmt.Errorf("standby of %s is gone", s.ck)
 	}
-	if m.oomKills(s.sandbox) != s.oomSeen && !s.intact() {
+	if len(s.tasks) > 0 && m.oomKills(s.sandbox) != s.oomSeen && !s.intact() {
 		return sandbox.Init{}, fmt.Errorf("standby of %s lost a task", s.ck)
 	}
 	if err := restoreAdj(s.tasks); err != nil {
