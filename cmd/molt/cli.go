@@ -128,6 +128,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve string
 	var workers, criuLog int
 	var dynMods, cow, tmpl bool
+	var frozenDeadline time.Duration
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the molt daemon in the foreground",
@@ -157,6 +158,9 @@ func daemonCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if frozenDeadline == 0 {
+				frozenDeadline = -1 // none
+			}
 			if criuLog < 1 || criuLog > 4 {
 				return fmt.Errorf("--criu-log-level %d: want 1 (errors) to 4 (debugging)", criuLog)
 			}
@@ -170,7 +174,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl,
-					DiskReserve: reserve, DiskReservePercent: reservePct},
+					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline},
 				Socket: g.socket,
 			})
 		},
@@ -186,6 +190,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&cow, "cow-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory write-protect it in the frozen window and copy the pages after the thaw (single-threaded processes without shared memory; others are copied frozen, and the checkpoint says why)")
 	c.Flags().BoolVar(&tmpl, "template-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory copy every process in the frozen window (an injected clone each) and dump the copies with CRIU after the thaw, when the tree allows it (single-threaded processes, no shared memory, sockets or terminals, no signal pending, empty pipes); others take the --cow-capture path, and the checkpoint says why")
 	c.Flags().BoolVar(&dynMods, "cgroup-favordynmods", true, "set favordynmods on the host's cgroup2 mount and keep it set: cgroup moves (every restore, fork and standby does some) skip an RCU grace period each; forks and exits host-wide cost a little more")
+	c.Flags().DurationVar(&frozenDeadline, "frozen-deadline", core.DefaultFrozenDeadline, "longest a capture may keep a sandbox frozen (fs snapshot, CRIU dump, copy-on-write protection, template copies), plus 1 s per 128 MiB of the tree's private memory for a full checkpoint; past it the capture is aborted (CRIU killed), the sandbox thawed and the error names the step that hung (0: no deadline)")
 	c.Flags().IntVar(&criuLog, "criu-log-level", core.DefaultCRIULogLevel, "CRIU's log level for checkpoints and restores: 1 errors, 2 and warnings, 4 debugging (adds milliseconds to every checkpoint's frozen window)")
 	return c
 }

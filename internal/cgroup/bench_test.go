@@ -2,6 +2,7 @@ package cgroup
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -72,4 +73,54 @@ func BenchmarkFreezeThaw(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkMoveVsLimits compares what a hot rollback would pay to move a
+// standby's tree from a sibling cgroup into the sandbox's (every task
+// through every hierarchy) with what it pays to change the sandbox's
+// limits instead (one memory and one pids write), for trees of 1 and 36
+// tasks.
+//
+//	go test -run XXX -bench MoveVsLimits -benchtime 50x ./internal/cgroup/
+func BenchmarkMoveVsLimits(b *testing.B) {
+	testutil.RequireRoot(b)
+	l := backends(b)[0].l
+	for _, n := range []int{1, 36} {
+		b.Run(fmt.Sprintf("move-%d-tasks", n), func(b *testing.B) {
+			src := newTest(b, l, Resources{})
+			dst, err := newIn(l, testName(b)+"-dst", Resources{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = dst.Destroy(context.Background()) })
+			var pids []int
+			for i := 0; i < n; i++ {
+				pids = append(pids, startIn(b, src, "exec sleep 1000").cmd.Process.Pid)
+			}
+			from, to := src, dst
+			for b.Loop() {
+				for _, pid := range pids {
+					if err := to.Add(pid); err != nil {
+						b.Fatal(err)
+					}
+				}
+				from, to = to, from
+			}
+			_ = from
+		})
+	}
+	b.Run("limits", func(b *testing.B) {
+		c := newTest(b, l, Resources{MemoryMax: 256 << 20, PidsMax: 48})
+		hi := true
+		for b.Loop() {
+			res := Resources{MemoryMax: 256 << 20, PidsMax: 48}
+			if hi {
+				res = Resources{MemoryMax: 512 << 20, PidsMax: 96}
+			}
+			if err := c.SetLimits(res); err != nil {
+				b.Fatal(err)
+			}
+			hi = !hi
+		}
+	})
 }

@@ -374,3 +374,106 @@ func (c *Cgroup) Destroy(ctx context.Context) error {
 	}
 	return nil
 }
+
+// SetLimits changes the cgroup's limits to res (0: unlimited), for
+// instance to make room for processes the daemon keeps in the cgroup
+// besides the sandbox's own. Lowering the memory limit below the
+// current charge makes the kernel reclaim, and on v2 OOM-kill, or on v1
+// fail with EBUSY: callers lower it once what they made room for is gone.
+func (c *Cgroup) SetLimits(res Resources) error {
+	if res.MemoryMax < 0 || res.PidsMax < 0 {
+		return fmt.Errorf("limit cgroup %s: negative limit: %w", c.name, errdefs.ErrInvalidArgument)
+	}
+	var errs []error
+	if c.memory != "" {
+		file, v := "memory.max", "max"
+		if !c.v2 {
+			file, v = "memory.limit_in_bytes", "-1"
+		}
+		if res.MemoryMax > 0 {
+			v = strconv.FormatInt(res.MemoryMax, 10)
+		}
+		if err := writeFile(filepath.Join(c.memory, file), v); err != nil {
+			errs = append(errs, err)
+		}
+	} else if res.MemoryMax > 0 {
+		errs = append(errs, fmt.Errorf("memory limit: memory controller not available: %w", errdefs.ErrNotSupported))
+	}
+	if c.pids != "" {
+		v := "max"
+		if res.PidsMax > 0 {
+			v = strconv.FormatInt(res.PidsMax, 10)
+		}
+		if err := writeFile(filepath.Join(c.pids, "pids.max"), v); err != nil {
+			errs = append(errs, err)
+		}
+	} else if res.PidsMax > 0 {
+		errs = append(errs, fmt.Errorf("pids limit: pids controller not available: %w", errdefs.ErrNotSupported))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("limit cgroup %s: %w", c.name, err)
+	}
+	return nil
+}
+
+// Limits reads the cgroup's current limits (0: unlimited).
+func (c *Cgroup) Limits() (Resources, error) {
+	var res Resources
+	read := func(dir, file string) (int64, error) {
+		if dir == "" {
+			return 0, nil
+		}
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			return 0, err
+		}
+		s := strings.TrimSpace(string(b))
+		if s == "max" {
+			return 0, nil
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", file, err)
+		}
+		// v1 reports "unlimited" as a huge page-rounded number.
+		if n >= 1<<62 {
+			return 0, nil
+		}
+		return n, nil
+	}
+	file := "memory.max"
+	if !c.v2 {
+		file = "memory.limit_in_bytes"
+	}
+	var err error
+	if res.MemoryMax, err = read(c.memory, file); err != nil {
+		return Resources{}, fmt.Errorf("limits of cgroup %s: %w", c.name, err)
+	}
+	if res.PidsMax, err = read(c.pids, "pids.max"); err != nil {
+		return Resources{}, fmt.Errorf("limits of cgroup %s: %w", c.name, err)
+	}
+	return res, nil
+}
+
+// OOMKills reports how many processes the kernel's OOM killer has
+// killed in the cgroup for exceeding its memory limit (0 without a
+// memory controller).
+func (c *Cgroup) OOMKills() (int64, error) {
+	if c.memory == "" {
+		return 0, nil
+	}
+	file := "memory.events"
+	if !c.v2 {
+		file = "memory.oom_control"
+	}
+	b, err := os.ReadFile(filepath.Join(c.memory, file))
+	if err != nil {
+		return 0, fmt.Errorf("oom kills of cgroup %s: %w", c.name, err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), " "); ok && k == "oom_kill" {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, nil
+}

@@ -270,14 +270,23 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 		}
 	}
 	freezeStart := time.Now()
+	var fw *frozenWatch // frozen.go
 	if cg != nil {
-		if err := cg.Freeze(ctx); err != nil {
+		var wctx context.Context
+		wctx, fw = watchFrozen(ctx, cg, m.frozenDeadline(0))
+		defer fw.stop()
+		fw.arm("the freeze")
+		if err := cg.Freeze(wctx); err != nil {
 			return v1.Checkpoint{}, err
 		}
+		fw.enter("the root's snapshot")
 	}
 	snapErr := fsnap.Snapshot(root, m.ckFS(id), true)
 	if snapErr == nil {
 		snapErr = m.fail("checkpoint:frozen")
+	}
+	if err := fw.stop(); err != nil {
+		snapErr = errors.Join(err, snapErr)
 	}
 	if snapErr == nil && o.frozen != nil {
 		o.frozen()

@@ -242,6 +242,7 @@ type treeCopy struct {
 	copies []int            // host PIDs of the copies, as parts
 	pidns  uint64           // the tree's PID namespace (inode)
 	maps   [][]uint64       // each original's mappings (starts), read frozen
+	room   string           // its room in the sandbox's limits (limits.go)
 	closed bool
 }
 
@@ -398,9 +399,11 @@ func pipeBytes(link string) (int, error) {
 func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgroup, id string, outside int, capt *capture) (freezeStart time.Time, snapped chan error, tc *treeCopy, err error) {
 	init := rec.Init.Pid
 	freezeStart = time.Now()
+	capt.watch.arm("the freeze")
 	if err := cg.Freeze(ctx); err != nil {
 		return freezeStart, nil, nil, err
 	}
+	capt.watch.enter("the template copy (ptrace)")
 	if outside&unix.CLONE_NEWIPC != 0 {
 		if inUse, err := sysvIPCInUse(init); err != nil {
 			return freezeStart, nil, nil, err
@@ -688,6 +691,7 @@ func (m *Manager) startDumpCopies(tool *criu.Tool, rec sandboxRec, tc *treeCopy,
 		ctx, cancel := context.WithTimeout(context.Background(), criu.DefaultTimeout)
 		defer cancel()
 		err := m.dumpCopies(ctx, tool, rec, tc, staging, work, outside)
+		m.releaseRoom(rec.ID, tc.room)
 		m.mu.Lock()
 		delete(m.copying, rec.ID)
 		m.mu.Unlock()

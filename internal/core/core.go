@@ -96,6 +96,9 @@ type Config struct {
 	// DiskReservePercent, when above 0, sets the reserve to that
 	// percentage of the pool's size instead.
 	DiskReservePercent float64
+	// FrozenDeadline bounds each frozen window of a capture (frozen.go);
+	// 0 means DefaultFrozenDeadline, negative none.
+	FrozenDeadline time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -139,6 +142,7 @@ type Manager struct {
 
 	sby       standbys
 	spr       spares // started CRIUs for the next restore, per sandbox
+	lim       rooms  // room in sandboxes' limits for the daemon's processes (limits.go)
 	ret       retiredRoots
 	pipe      pipeline // pending full checkpoints
 	turns     turnTable
@@ -281,6 +285,7 @@ func (m *Manager) Close() error {
 	}
 	m.closeSpares()
 	m.sby.wg.Wait()
+	m.lim.wg.Wait()
 	m.streamMu.Lock()
 	if m.pipes != nil {
 		m.pipes.Close()

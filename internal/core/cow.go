@@ -135,6 +135,7 @@ type capture struct {
 	// The frozen window's parts; SnapshotMS is written before the
 	// snapshot's result is sent.
 	parts v1.StallParts
+	watch *frozenWatch // the frozen window's deadline (frozen.go)
 }
 
 // protect write-protects the frozen tree's private memory for a streamed

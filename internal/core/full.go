@@ -178,7 +178,16 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	capt := capture{mode: captureCopy}
 	// The live tree's memory: standbys in the cgroup are not dumped.
 	pids, _, perr := treePids(rec.ID, rec.Init)
-	big := perr == nil && anonBytes(pids) >= cowMinAnon && !o.holdFrozen
+	var anon int64
+	if perr == nil {
+		anon = anonBytes(pids)
+	}
+	big := perr == nil && anon >= cowMinAnon && !o.holdFrozen
+	// CRIU or ptrace that hangs does not keep the sandbox frozen
+	// (frozen.go): the work in the frozen window runs under wctx.
+	wctx, fw := watchFrozen(ctx, cg, m.frozenDeadline(anon))
+	defer fw.stop()
+	capt.watch = fw
 	if big && !m.cfg.NoCOWCapture {
 		capt.stream = true
 	}
@@ -196,8 +205,21 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	if big && !m.cfg.NoTemplateCapture {
 		if why := templateObstacle(rec.Init.Pid, pids); why != "" {
 			capt.note = why
+		} else if rerr := m.reserveRoom(rec, copiesRoom(id), room{mem: anonBytes(pids), pids: int64(len(pids))}); rerr != nil {
+			capt.note = "no room for the copies: " + rerr.Error()
 		} else {
-			freezeStart, snapped, tc, err = m.copyTree(ctx, rec, cg, id, outside, &capt)
+			// The copies are not the sandbox's: room for them first
+			// (limits.go); it goes when they are gone.
+			defer func() {
+				if tc != nil || capt.mode != captureTemplate {
+					tc.close()
+					m.releaseRoom(rec.ID, copiesRoom(id))
+				}
+			}()
+			freezeStart, snapped, tc, err = m.copyTree(wctx, rec, cg, id, outside, &capt)
+			if tc != nil {
+				tc.room = copiesRoom(id)
+			}
 			switch {
 			case err == nil:
 				capt.mode, capt.stream = captureTemplate, false
@@ -208,6 +230,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 				if terr := cg.Thaw(); terr != nil {
 					return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
 				}
+				fw.disarm()
 				capt.note = err.Error()
 				capt.parts = v1.StallParts{}
 				freezeStart, err = time.Time{}, nil
@@ -215,7 +238,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		}
 	}
 	for tc == nil && err == nil {
-		freezeStart, snapped, stream, err = m.dumpTree(ctx, tool, rec, cg, id, staging, work, outside, &capt)
+		freezeStart, snapped, stream, err = m.dumpTree(wctx, tool, rec, cg, id, staging, work, outside, &capt)
 		if !errors.Is(err, errIPCAppeared) {
 			break
 		}
@@ -224,6 +247,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		if terr := cg.Thaw(); terr != nil {
 			return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
 		}
+		fw.disarm()
 		outside &^= unix.CLONE_NEWIPC
 		if stream != nil {
 			stream.Close()
@@ -232,18 +256,25 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 				return v1.Checkpoint{}, err
 			}
 		}
-		capt = capture{mode: captureCopy, note: "retried with the IPC namespace"}
+		capt = capture{mode: captureCopy, note: "retried with the IPC namespace", watch: fw}
 		err = nil
 	}
 	if err != nil {
 		err = fmt.Errorf("dump: %w", err)
 	}
 	if snapped != nil {
+		fw.enter("the root's snapshot")
 		if serr := <-snapped; serr != nil {
 			err = errors.Join(err, fmt.Errorf("snapshot: %w", serr))
 		} else if err == nil {
 			err = m.fail("full:snapshot")
 		}
+	}
+	if derr := fw.stop(); derr != nil {
+		if err != nil {
+			derr = fmt.Errorf("%w (%v)", derr, err)
+		}
+		err = derr
 	}
 	if err == nil && o.frozen != nil {
 		o.frozen()
@@ -351,6 +382,7 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 		Stream: stream,
 		PreDump: func() error {
 			freezeStart = time.Now()
+			capt.watch.arm("the freeze")
 			if err := cg.Freeze(ctx); err != nil {
 				return err
 			}
@@ -362,6 +394,7 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 				}
 			}
 			if stream != nil {
+				capt.watch.enter("the copy-on-write protection")
 				if err := m.protect(ctx, cg, rec, stream, capt); err != nil {
 					return err
 				}
@@ -378,6 +411,7 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 			// takes is made from it later, in persist: a second
 			// snapshot here would serialize behind the first.
 			snapped = m.startSnapshot(root, id, capt)
+			capt.watch.enter("CRIU's dump")
 			return nil
 		},
 	})

@@ -43,10 +43,16 @@ func dumpKey(id string) string { return "dump:" + id }
 // takeSpare takes the sandbox's ready restore spare, if any.
 func (m *Manager) takeSpare(id string) *criu.Spare {
 	if e := m.takeEntry(id); e != nil {
+		// Its restore is the caller's: a standby's room covers its CRIU.
+		m.releaseRoom(id, spareRoom)
 		return e.s
 	}
 	return nil
 }
+
+// spareRoom is the key of a restore spare's room in its sandbox's limits
+// (limits.go).
+const spareRoom = "spare"
 
 // takeDumpSpare takes the sandbox's ready dump spare if it runs in the
 // namespaces a dump of rec's tree leaving outside out needs; a stale one
@@ -83,8 +89,16 @@ func (m *Manager) refillSpare(id string, cg *cgroup.Cgroup) {
 		if err != nil {
 			return nil, err
 		}
+		// Not against the sandbox's own limits.
+		if rec, ok := m.sandboxRecord(id); ok {
+			if err := m.reserveRoom(rec, spareRoom, room{mem: spareRoomBytes, pids: 1}); err != nil {
+				s.Kill()
+				return nil, err
+			}
+		}
 		if err := cg.Add(s.Pid()); err != nil {
 			s.Kill()
+			m.releaseRoom(id, spareRoom)
 			return nil, err
 		}
 		return &spareEntry{s: s}, nil
@@ -142,6 +156,7 @@ func (m *Manager) refill(key string, start func() (*spareEntry, error)) {
 			m.log.Debug("no spare CRIU", "spare", key, "err", err)
 		} else if e != nil {
 			e.s.Kill()
+			m.releaseRoom(key, spareRoom)
 		}
 	}()
 }
@@ -171,6 +186,7 @@ func (m *Manager) dropKey(key string) {
 	if done != nil {
 		<-done
 	}
+	m.releaseRoom(key, spareRoom) // a dump spare's key has none
 }
 
 // closeSpares kills every spare; no refill starts after it.

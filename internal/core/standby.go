@@ -47,6 +47,11 @@ type standby struct {
 	root    string
 	bytes   int64
 	key     string // of its takeover record (takeoverRec)
+	// Its room in the sandbox's limits (limits.go), its tasks, and the
+	// OOM kills of the cgroup when it was made.
+	room    string
+	tasks   []standbyTask
+	oomSeen int64
 }
 
 type standbys struct {
@@ -98,6 +103,7 @@ func (m *Manager) discard(s *standby, kill bool) {
 		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
 		waitGone(s.init, 5*time.Second)
 	}
+	m.releaseRoom(s.sandbox, s.room)
 	_ = removeTree(s.root)
 	m.forgetTakeover(s.key)
 }
@@ -345,17 +351,41 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	if err != nil {
 		return false, err
 	}
-	init, err := m.restoreTree(ctx, &rec, ck, root, true, true, true)
+	// The standby does not count against the sandbox's own limits: they
+	// are raised by its room first (limits.go).
+	tasks, err := criu.TreeTasks(m.ckImages(ck.ID))
 	if err != nil {
 		_ = removeTree(root)
 		return false, err
 	}
+	roomKey := "standby-" + newID()
+	if err := m.reserveRoom(rec, roomKey, standbyRoom(ck, tasks)); err != nil {
+		_ = removeTree(root)
+		return false, err
+	}
+	oomSeen := m.oomKills(id)
+	init, err := m.restoreTree(ctx, &rec, ck, root, true, true, true)
+	if err != nil {
+		m.releaseRoom(id, roomKey)
+		_ = removeTree(root)
+		return false, err
+	}
+	// Only a memory limit makes the standby compete with the sandbox's
+	// own tasks for the OOM killer; the others pay nothing at promotion.
+	var victims []standbyTask
+	if rec.Resources.MemoryBytes > 0 {
+		victims, err = firstVictims(id, init)
+	}
 	// Recorded before a rollback can promote it, so that the promotion
 	// itself writes nothing more than it did without the record.
-	key, err := m.recordTakeover(id, "standby-"+newID(), takeoverRec{Init: init, Path: root, Head: ck.ID})
+	var key string
+	if err == nil {
+		key, err = m.recordTakeover(id, "standby-"+newID(), takeoverRec{Init: init, Path: root, Head: ck.ID})
+	}
 	if err != nil {
 		_ = unix.Kill(init.Pid, unix.SIGKILL)
 		waitGone(init, 5*time.Second)
+		m.releaseRoom(id, roomKey)
 		_ = removeTree(root)
 		return false, err
 	}
@@ -366,7 +396,8 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	if m.sby.m[id] == nil {
 		m.sby.m[id] = map[string]*standby{}
 	}
-	m.sby.m[id][ck.ID] = &standby{sandbox: id, ck: ck.ID, init: init, root: root, bytes: ck.ImageBytes, key: key}
+	m.sby.m[id][ck.ID] = &standby{sandbox: id, ck: ck.ID, init: init, root: root, bytes: ck.ImageBytes, key: key,
+		room: roomKey, tasks: victims, oomSeen: oomSeen}
 	m.sby.mu.Unlock()
 	return len(missing) > 1, nil
 }
@@ -379,6 +410,17 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 		m.discard(s, false)
 		return v1.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
 	}
+	// A task of it may have met the OOM killer (its first choice in the
+	// cgroup) since watchRooms last looked.
+	if len(s.tasks) > 0 && m.oomKills(rec.ID) != s.oomSeen && !s.intact() {
+		m.discard(s, true)
+		return v1.RollbackResult{}, fmt.Errorf("standby of %s lost a task", ck.ID)
+	}
+	if err := restoreAdj(s.tasks); err != nil {
+		m.discard(s, true)
+		return v1.RollbackResult{}, fmt.Errorf("standby of %s: %w", ck.ID, err)
+	}
+	old := rec.Init
 	// The standby runs first; then it takes over (the old tree, in its
 	// own namespaces and on its own root, goes in the background).
 	// The turn inspector follows the standby's tree before it runs.
@@ -394,6 +436,9 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 		return v1.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = s.init, v1.StateRunning, "", ck.ID
+	// The promoted tree is charged as the tree it replaces: the room
+	// goes once that one has exited.
+	m.releaseWhenGone(rec.ID, s.room, old)
 	m.turnBaselineAsync(*rec, ts)
 	if err := m.commitTakeover(*rec, s.key); err != nil {
 		return v1.RollbackResult{}, err
@@ -408,6 +453,12 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (sandbox.Init, error) {
 	if !s.init.Alive() {
 		return sandbox.Init{}, fmt.Errorf("standby of %s is gone", s.ck)
+	}
+	if len(s.tasks) > 0 && m.oomKills(s.sandbox) != s.oomSeen && !s.intact() {
+		return sandbox.Init{}, fmt.Errorf("standby of %s lost a task", s.ck)
+	}
+	if err := restoreAdj(s.tasks); err != nil {
+		return sandbox.Init{}, fmt.Errorf("standby of %s: %w", s.ck, err)
 	}
 	if err := sandbox.WriteIdentity(m.sbRoot(rec.ID), rec.Hostname, rec.MachineID); err != nil {
 		return sandbox.Init{}, err
@@ -427,6 +478,11 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 	if err := continueTree(*rec, s.init, m.ckImages(s.ck)); err != nil {
 		return sandbox.Init{}, err
 	}
+	// The moved tree's memory stays charged to the sandbox it was
+	// restored in (the kernel moves no charges), whose room therefore
+	// stays until the tree exits.
+	m.releaseWhenGone(s.sandbox, s.room, s.init)
+	s.room = ""
 	return s.init, nil
 }
 
@@ -529,6 +585,8 @@ func treePids(id string, init sandbox.Init) (tree, others []int, err error) {
 // restored for a rollback that did not finish) and removes their roots
 // and the retired roots a crash left.
 func (m *Manager) killStrays(rec sandboxRec) {
+	// The rooms of a previous daemon's standbys go with them.
+	defer m.resetLimits(rec)
 	dirs, _ := filepath.Glob(filepath.Join(m.sbDir(rec.ID), "standby-*"))
 	retired, _ := filepath.Glob(filepath.Join(m.sbDir(rec.ID), "root.old-*"))
 	dirs = append(dirs, retired...)

@@ -125,13 +125,16 @@ func (t *Tool) session(ctx context.Context, op string, p *swrk, reqs []*rpc.Criu
 		sk.SetDeadline(time.Now())
 	})
 	resps, notifyErr, rpcErr := exchange(sk, reqs, notify)
-	ended := !stop() // ctx ended: CRIU's group is being killed
+	ended := ctx.Err() != nil // CRIU's group is being killed
 	if rpcErr != nil && !ended {
 		// CRIU closed the socket or sent garbage: it will not answer.
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
 	sk.Close()
+	// A CRIU that answered but does not exit is killed as well when ctx
+	// ends: the caller may hold a sandbox frozen until this returns.
 	waitErr := cmd.Wait()
+	stop()
 
 	if rpcErr != nil && ended {
 		return nil, t.timeoutError(ctx, op, time.Since(start), cmd.Process.Pid, logPath)
