@@ -240,10 +240,32 @@ type treeCopy struct {
 	tracer *template.Tracer // holds the copies of all but PID 1
 	parts  []criu.MergePart // As, Parent, Flags and Files, read frozen
 	copies []int            // host PIDs of the copies, as parts
+	pidfds []int            // a pidfd of each copy (-1: none), as copies
 	pidns  uint64           // the tree's PID namespace (inode)
 	maps   [][]uint64       // each original's mappings (starts), read frozen
 	room   string           // its room in the sandbox's limits (limits.go)
 	closed bool
+}
+
+// hold records the copy at index i, with a pidfd of it: close signals
+// and waits through the pidfd, never by PID. A dumped copy is killed by
+// CRIU and reaped by pid1, and its PID is free at once (pid_max is
+// 32768 on a small host, and PIDs come round within seconds under
+// load): a kill by that PID could reach any process, another sandbox's
+// copy in the middle of its own dump among them.
+func (c *treeCopy) hold(i, pid int) {
+	if c.pidfds == nil {
+		c.pidfds = make([]int, len(c.copies))
+		for j := range c.pidfds {
+			c.pidfds[j] = -1
+		}
+	}
+	c.copies[i] = pid
+	if pid > 0 {
+		if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+			c.pidfds[i] = fd
+		}
+	}
 }
 
 // close kills the copies still there and waits (a second at most) for
@@ -255,15 +277,22 @@ func (c *treeCopy) close() {
 	}
 	c.closed = true
 	c.tracer.Close()
-	for _, pid := range c.copies {
-		if pid > 0 {
-			_ = unix.Kill(pid, unix.SIGKILL)
+	for _, fd := range c.pidfds {
+		if fd >= 0 {
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 		}
 	}
+	// Signal 0 through a pidfd fails once the process is reaped (a
+	// zombie still takes it).
 	deadline := time.Now().Add(time.Second)
-	for _, pid := range c.copies {
-		for pid > 0 && unix.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+	for _, fd := range c.pidfds {
+		for fd >= 0 && unix.PidfdSendSignal(fd, 0, nil, 0) == nil && time.Now().Before(deadline) {
 			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	for _, fd := range c.pidfds {
+		if fd >= 0 {
+			unix.Close(fd)
 		}
 	}
 }
@@ -528,12 +557,12 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 			err = fmt.Errorf("copy of %d: %w", pid, cerr)
 			break
 		}
-		tc.copies[i+1] = cp
+		tc.hold(i+1, cp)
 	}
 	// pid1's copy, even after a failure: it goes with the others. Held
 	// like them, it dies with the daemon should the daemon die first.
 	cp, werr := waitCopy(init, before, tc.copies)
-	tc.copies[0] = cp
+	tc.hold(0, cp)
 	if werr == nil {
 		m.crashpoint("template:copied")
 		werr = tc.tracer.Adopt(cp)
