@@ -356,16 +356,34 @@ func TestDaemonKilledDuringCheckpoint(t *testing.T) {
 		if got := sh(t, sb, "echo alive"); got != "alive\n" {
 			t.Fatalf("sandbox after a daemon killed %v into a checkpoint: %q", delay, got)
 		}
-		var cks []struct{ ID string }
+		var cks []struct {
+			ID           string
+			Failed       bool
+			FailedReason string `json:"failed_reason"`
+		}
 		mustJSON(t, &cks, "checkpoints", sb)
+		failed := 0
 		for _, c := range cks {
+			if c.Failed {
+				// Reported pending, then lost with the daemon: listed as
+				// failed, with the reason, and refused as a target.
+				failed++
+				if c.FailedReason == "" {
+					t.Fatalf("checkpoint %s listed failed without a reason", c.ID)
+				}
+				if r := molt(t, "rollback", sb, c.ID); r.code == 0 {
+					t.Fatalf("rollback to failed checkpoint %s succeeded", c.ID)
+				}
+				must(t, "checkpoint", "rm", c.ID)
+				continue
+			}
 			must(t, "checkpoint", "verify", c.ID)
 		}
 		sum := sha256.Sum256([]byte(env.root))
 		if left, _ := filepath.Glob("/dev/shm/molt-dump-" + hex.EncodeToString(sum[:4]) + "-*"); len(left) > 0 {
 			t.Fatalf("dump staging left in memory after the restart: %v", left)
 		}
-		t.Logf("killed %v in: %d checkpoint(s) listed, all verified", delay, len(cks))
+		t.Logf("killed %v in: %d checkpoint(s) listed, %d of them failed, the others verified", delay, len(cks), failed)
 	}
 }
 
