@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -217,12 +218,12 @@ func TestDiskFullPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	fillAt := func(step string) {
-		var once bool
+		// Forks run in parallel: the first to reach step fills the pool.
+		var once sync.Once
 		freeAgain = nil
 		m.failpoint = func(s string) error {
-			if s == step && !once {
-				once = true
-				freeAgain = fill(t, m.path("fill"), 0, avail)
+			if s == step {
+				once.Do(func() { freeAgain = fill(t, m.path("fill"), 0, avail) })
 			}
 			return nil
 		}
