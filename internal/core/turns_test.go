@@ -133,7 +133,7 @@ func TestTurnDecisions(t *testing.T) {
 		{"function", "f() { echo f; }", v1.DecisionFull, "", ""},
 		{"read-only in changed cwd", "ls >/dev/null; f >/dev/null", v1.DecisionNone, "", ""},
 		// Long-lived processes.
-		{"background start", "sleep 1000 >/dev/null 2>&1 &", v1.DecisionFull, "", ""},
+		{"background start", "sleep 1000 >/dev/null 2>&1 & sleep 0.3", v1.DecisionFull, "", ""}, // idle by the end of the turn
 		{"idle background", "cat /etc/hostname >/dev/null", v1.DecisionNone, "", ""},
 		{"background kill", "kill %1; wait %1 2>/dev/null || true", v1.DecisionFull, "", ""},
 		{"pipe reader start", "(" + py(`
