@@ -5,7 +5,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all deps build demo test lint fuzz bench-fs clean
+.PHONY: all deps build demo test lint fuzz race-core bench-fs clean
 
 all: build
 
@@ -55,6 +55,15 @@ fuzz:
 		echo "fuzz $$pkg $$fn for $$budget"; \
 		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime "$$budget" -timeout 0 "$$pkg" | grep -v '^fuzz: elapsed:' || exit 1; \
 	done
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting" >&2; exit 1; }
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+	@# pid1.bin is committed (so go build needs no C toolchain) and must be
+	@# what its source builds to (the build is reproducible).
+	@tmp=$$(mktemp) && musl-gcc -static -Os -s -Wall -Wextra -Werror -o $$tmp internal/pid1/csrc/pid1.c && \
+		if ! cmp -s $$tmp internal/pid1/pid1.bin; then rm -f $$tmp; echo "internal/pid1/pid1.bin is not built from csrc/pid1.c: run go generate ./internal/pid1" >&2; exit 1; fi; rm -f $$tmp
 
 race-core: build
 	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 30m -skip '^TestProcessStateConformance$$' ./internal/core

@@ -28,13 +28,6 @@ type criuBaseline struct {
 	moltOpts bool
 }
 
-func (b criuBaseline) name() string {
-	if b.moltOpts {
-		return "criu (molt's options)"
-	}
-	return "criu (defaults)"
-}
-
 // dump is the baseline's checkpoint: CRIU's own dump of the tree with
 // full images, leaving it running.
 func (b criuBaseline) dump(pid int, images string) error {

@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -291,7 +290,7 @@ func TestProcessStateConformance(t *testing.T) {
 						t.Errorf("in the fork: %q, want %q", got, want)
 					}
 					if err := m.DeleteCheckpoint(ctx, ck.ID); err != nil {
-						t.Log(fmt.Sprintf("delete %s: %v", ck.ID, err))
+						t.Logf("delete %s: %v", ck.ID, err)
 					}
 				})
 			}
