@@ -152,6 +152,13 @@ func newIn(l *layout, name string, res Resources) (_ *Cgroup, retErr error) {
 	}
 	c.probe()
 
+	// The unified hierarchy's device control; on a hybrid host the v1
+	// devices controller below holds the line should BPF be unavailable.
+	if c.unified != "" {
+		if err := step("device filter", func() error { return AttachDeviceFilter(c.unified) }); err != nil && (c.v2 || !errors.Is(err, errdefs.ErrNotSupported)) {
+			return nil, fail(err)
+		}
+	}
 	if !c.v2 {
 		if c.devices == "" {
 			return nil, fail(fmt.Errorf("no v1 devices hierarchy to restrict devices: %w", errdefs.ErrNotSupported))
