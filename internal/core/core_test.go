@@ -888,7 +888,9 @@ func TestSandboxStandbyBudget(t *testing.T) {
 func TestStandbyPriority(t *testing.T) {
 	m, sb := standbySandbox(t)
 	ctx := context.Background()
-	run(t, m, sb.ID, "nice -n 5 sleep 1000 & echo started")
+	// Checkpointed once nice has executed sleep: before that, the tree
+	// holds a process named nice at nice 5.
+	run(t, m, sb.ID, `nice -n 5 sleep 1000 & until [ "$(cat /proc/$!/comm)" = sleep ]; do sleep 0.01; done; echo started`)
 	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
 		t.Fatal(err)
