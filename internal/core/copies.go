@@ -660,6 +660,7 @@ func (m *Manager) dumpCopies(ctx context.Context, tool *criu.Tool, rec sandboxRe
 		// Held by the tracer until now: a copy in a ptrace stop does not
 		// run on a SIGCONT from the sandbox. Let go, it stops at once
 		// (the SIGSTOP queued at its birth; pid1's stopped itself).
+		was := copyState(cp)
 		if err := tc.tracer.Detach(cp); err != nil {
 			return err
 		}
@@ -667,7 +668,13 @@ func (m *Manager) dumpCopies(ctx context.Context, tool *criu.Tool, rec sandboxRe
 			Pid: cp, ImagesDir: part.Dir, ShellJob: true, External: []string{ext},
 			FileLocks: true, CgroupMode: "ignore", NetworkLock: networkLock, Namespaces: nss, LogLevel: m.criuLogLevel(),
 		}); err != nil {
-			return fmt.Errorf("dump the copy of %d: %w", part.As, err)
+			// What the copy was and is, for a copy gone before CRIU
+			// took it (docs/testing.md, Known flaky).
+			oom := int64(-1)
+			if cg, cerr := cgroup.Load(cgroupName(rec.ID)); cerr == nil {
+				oom, _ = cg.OOMKills()
+			}
+			return fmt.Errorf("dump the copy of %d (before the dump: %s; now: %s; OOM kills in the sandbox: %d): %w", part.As, was, copyState(cp), oom, err)
 		}
 		// CRIU killed the copy; close waits for pid1 to reap it, so that
 		// the next capture finds no zombie in the tree.
@@ -774,4 +781,24 @@ func tracedObstacle(init int) string {
 		}
 	}
 	return ""
+}
+
+// copyState describes pid for an error: its state and the signals
+// pending, blocked and ignored, from /proc/PID/status.
+func copyState(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return "gone"
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		switch k {
+		case "State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "TracerPid":
+			if ok {
+				out = append(out, k+" "+strings.TrimSpace(v))
+			}
+		}
+	}
+	return strings.Join(out, ", ")
 }
