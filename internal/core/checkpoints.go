@@ -281,7 +281,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 		}
 		fw.enter("the root's snapshot")
 	}
-	snapErr := fsnap.Snapshot(root, m.ckFS(id), true)
+	snapErr := snapshotRoot(root, m.ckFS(id))
 	if snapErr == nil {
 		snapErr = m.fail("checkpoint:frozen")
 	}

@@ -410,9 +410,7 @@ func removeTree(path string) error {
 func (m *Manager) reconcile(ctx context.Context) error {
 	ents, _ := os.ReadDir(m.path("tmp"))
 	for _, e := range ents {
-		if err := removeTree(m.path("tmp", e.Name())); err != nil {
-			return fmt.Errorf("clean staging %s: %w", e.Name(), err)
-		}
+		m.removeOrSetAside(m.path("tmp", e.Name()), "staging-"+e.Name(), "staging a previous daemon left")
 	}
 	// Dump staging a crashed daemon left: this root's at once (this
 	// daemon holds the root), other roots' once stale (a live dump never
@@ -453,9 +451,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	ents, _ = os.ReadDir(m.path("checkpoints"))
 	for _, e := range ents {
 		if !known[e.Name()] {
-			if err := m.unlistedCheckpoint(e.Name()); err != nil {
-				return err
-			}
+			m.unlistedCheckpoint(e.Name())
 		}
 	}
 	sbs, err := store.List[sandboxRec](m.db, store.Sandboxes)
@@ -512,9 +508,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	ents, _ = os.ReadDir(m.path("sandboxes"))
 	for _, e := range ents {
 		if !known[e.Name()] {
-			if err := m.unlistedSandbox(ctx, e.Name()); err != nil {
-				return err
-			}
+			m.unlistedSandbox(ctx, e.Name())
 		}
 	}
 	if sbs, err = store.List[sandboxRec](m.db, store.Sandboxes); err != nil {

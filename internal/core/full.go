@@ -339,7 +339,7 @@ func (m *Manager) startSnapshot(root, id string, capt *capture) chan error {
 	snapped := make(chan error, 1)
 	go func() {
 		t0 := time.Now()
-		err := fsnap.Snapshot(root, m.ckFS(id), true)
+		err := snapshotRoot(root, m.ckFS(id))
 		capt.parts.SnapshotMS = ms(time.Since(t0))
 		snapped <- err
 	}()

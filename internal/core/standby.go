@@ -603,6 +603,6 @@ func (m *Manager) killStrays(rec sandboxRec) {
 		}
 	}
 	for _, d := range dirs {
-		_ = removeTree(d)
+		m.removeOrSetAside(d, "sandbox-"+rec.ID+"-"+filepath.Base(d), "a leftover of a rollback or a standby")
 	}
 }

@@ -198,11 +198,11 @@ func Snapshot(src, dst string, readonly bool) error {
 }
 
 // DeleteSubvolume deletes the subvolume at path and everything in it,
-// read-only or not. It fails with ENOTEMPTY if path holds nested
-// subvolumes. It retries EBUSY for up to two seconds; recent kernels (6.18
-// checked) do not return it for a subvolume that is still mounted, even in
-// another mount namespace: they delete it, and those mounts keep the files
-// until they go away.
+// read-only or not, nested subvolumes included (deepest first, by ID:
+// see deleteNested). It retries EBUSY for up to two seconds; recent
+// kernels (6.18 checked) do not return it for a subvolume that is still
+// mounted, even in another mount namespace: they delete it, and those
+// mounts keep the files until they go away.
 func DeleteSubvolume(path string) error {
 	fail := func(err error) error { return fmt.Errorf("delete subvolume %s: %w", path, err) }
 	var st unix.Stat_t
@@ -218,10 +218,21 @@ func DeleteSubvolume(path string) error {
 	}
 	defer unix.Close(parent)
 	deadline := time.Now().Add(deleteBusyTimeout)
+	nested := 0
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
 		err := destroy(parent, name)
 		if err == nil {
 			return nil
+		}
+		// Nested subvolumes: delete them and try again. Something
+		// still running in the tree may make more meanwhile, so a
+		// few rounds.
+		if errors.Is(err, unix.ENOTEMPTY) && nested < 3 {
+			nested++
+			if err := deleteNested(path); err != nil {
+				return fail(fmt.Errorf("nested subvolumes: %w", err))
+			}
+			continue
 		}
 		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
 			return fail(err)
