@@ -96,6 +96,13 @@ type Config struct {
 	// DiskReservePercent, when above 0, sets the reserve to that
 	// percentage of the pool's size instead.
 	DiskReservePercent float64
+	// DefaultDisk is the disk quota of a sandbox created without one
+	// (v1.Resources.DiskBytes 0): its root and checkpoints together
+	// (quota.go). 0: none, the sandboxes then share the pool less the
+	// reserve.
+	DefaultDisk int64
+	// NoDiskQuota leaves quotas off in the pool (for comparisons).
+	NoDiskQuota bool
 	// FrozenDeadline bounds each frozen window of a capture (frozen.go);
 	// 0 means DefaultFrozenDeadline, negative none.
 	FrozenDeadline time.Duration
@@ -158,6 +165,8 @@ type Manager struct {
 	pipes    *criu.PipePool // pipes for streamed dumps (pipePool)
 
 	disk diskRecords // on-disk copies of the records (rebuild.go)
+
+	quota quotaState // the pool's disk quotas (quota.go)
 
 	stampsMu sync.Mutex
 	stamps   map[string]stamp // objects hashed by this daemon, as they were then
@@ -247,6 +256,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		}
 	}
 	m.watchRecords()
+	m.setupQuota()
 	if p := findCriu(cfg.CriuPath); p != "" {
 		m.criu = criu.New(p)
 		// CRIU re-probes the kernel on every call (30-40 ms) unless it
@@ -539,6 +549,7 @@ func (m *Manager) Host() v1.Host {
 	h.Features = []v1.Feature{
 		{Name: "btrfs-pool", Supported: true, Detail: poolDetail(m.pool)},
 		{Name: "fs-checkpoint", Supported: true, Detail: "btrfs snapshot ioctl under a cgroup freeze"},
+		m.quotaFeature(),
 		{Name: "cgroup", Supported: true, Detail: cgroup.Mode()},
 		m.criuFeature(),
 		inspectorFeature(),

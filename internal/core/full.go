@@ -335,11 +335,11 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 // startSnapshot starts the read-only snapshot of the sandbox root root
 // as checkpoint id's files; its result arrives on the channel, and its
 // time in capt's stall parts before that.
-func (m *Manager) startSnapshot(root, id string, capt *capture) chan error {
+func (m *Manager) startSnapshot(root, id string, groups []uint64, capt *capture) chan error {
 	snapped := make(chan error, 1)
 	go func() {
 		t0 := time.Now()
-		err := snapshotRoot(root, m.ckFS(id))
+		err := snapshotRoot(root, m.ckFS(id), groups)
 		capt.parts.SnapshotMS = ms(time.Since(t0))
 		snapped <- err
 	}()
@@ -410,7 +410,7 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 			// 36 ms, 10 checkpoints each). The writable copy a rollback
 			// takes is made from it later, in persist: a second
 			// snapshot here would serialize behind the first.
-			snapped = m.startSnapshot(root, id, capt)
+			snapped = m.startSnapshot(root, id, m.groupsOf(rec), capt)
 			capt.watch.enter("CRIU's dump")
 			return nil
 		},
@@ -506,7 +506,7 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 	defer releaseCommits()
 	// The writable copy the first rollback to this checkpoint takes
 	// (without it, that rollback snapshots the files itself).
-	if err := fsnap.Snapshot(m.ckFS(ck.ID), m.ckFSNext(ck.ID), false); err != nil {
+	if err := fsnap.SnapshotIn(m.ckFS(ck.ID), m.ckFSNext(ck.ID), false, m.groupsOf(rec)...); err != nil {
 		m.log.Debug("no writable copy of the checkpoint's files", "checkpoint", ck.ID, "err", err)
 		_ = removeTree(m.ckFSNext(ck.ID))
 	}
@@ -802,7 +802,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		if err != nil {
 			return v1.RollbackResult{}, err
 		}
-		err = fsnap.Snapshot(m.ckFS(ck.ID), next, false)
+		err = fsnap.SnapshotIn(m.ckFS(ck.ID), next, false, m.groupsOf(*rec)...)
 		releaseCommits()
 		if err != nil {
 			return v1.RollbackResult{}, err

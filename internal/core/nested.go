@@ -24,7 +24,7 @@ import (
 // checkpoint back (rollback, fork, standby, hibernate). The check reads
 // the root tree (one ioctl, no walk of the sandbox's files) and runs with
 // the sandbox frozen, so it cannot race a subvolume being made.
-func snapshotRoot(root, dst string) error {
+func snapshotRoot(root, dst string, groups []uint64) error {
 	nested, err := fsnap.NestedSubvolumes(root)
 	if err != nil {
 		return err
@@ -37,5 +37,5 @@ func snapshotRoot(root, dst string) error {
 		return fmt.Errorf("the sandbox's root holds btrfs subvolumes (%s), whose files a checkpoint would store as empty directories: delete them or move their files into plain directories: %w",
 			strings.Join(q, ", "), errdefs.ErrFailedPrecondition)
 	}
-	return fsnap.Snapshot(root, dst, true)
+	return fsnap.SnapshotIn(root, dst, true, groups...)
 }

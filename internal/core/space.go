@@ -44,6 +44,7 @@ func (m *Manager) reserve() int64 {
 // room refuses op when the pool (or the filesystem under a loop pool)
 // would keep less than the reserve after need more bytes.
 func (m *Manager) room(op string, need int64) error {
+	m.limitSandboxes(false)
 	if err := m.pool.Room(need+metaRoom, m.reserve()); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}

@@ -346,7 +346,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	if err != nil {
 		return false, err
 	}
-	err = fsnap.Snapshot(m.ckFS(ck.ID), root, false)
+	err = fsnap.SnapshotIn(m.ckFS(ck.ID), root, false, m.groupsOfID(id)...)
 	releaseCommits()
 	if err != nil {
 		return false, err

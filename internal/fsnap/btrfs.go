@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 	"unsafe"
 
@@ -175,6 +176,13 @@ func CreateSubvolume(path string) error {
 // Preconditions: src is a subvolume; dst does not exist and its parent is
 // on the same btrfs filesystem as src.
 func Snapshot(src, dst string, readonly bool) error {
+	return SnapshotIn(src, dst, readonly)
+}
+
+// SnapshotIn is Snapshot with dst's qgroup made a member of groups
+// (already made) in the same ioctl, so that what is written to dst is
+// charged to them from the start.
+func SnapshotIn(src, dst string, readonly bool, groups ...uint64) error {
 	fail := func(err error) error { return fmt.Errorf("snapshot %s to %s: %w", src, dst, err) }
 	sfd, err := openSubvolume(src)
 	if err != nil {
@@ -191,7 +199,13 @@ func Snapshot(src, dst string, readonly bool) error {
 		args.flags = subvolReadonly
 	}
 	copy(args.name[:], name)
-	if err := ioctl(parent, iocSnapCreateV2, unsafe.Pointer(&args)); err != nil {
+	b, err := setInherit(&args, groups)
+	if err != nil {
+		return fail(err)
+	}
+	err = ioctl(parent, iocSnapCreateV2, unsafe.Pointer(&args))
+	runtime.KeepAlive(b)
+	if err != nil {
 		return fail(err)
 	}
 	return nil

@@ -237,3 +237,17 @@ func deleteNested(path string) error {
 // maxNested bounds the subvolumes deleteNested takes on at once: a tree
 // that keeps making them is not chased for ever.
 const maxNested = 100000
+
+// SubvolumeID returns the ID of the subvolume whose root is path.
+func SubvolumeID(path string) (uint64, error) {
+	fd, err := openSubvolume(path)
+	if err != nil {
+		return 0, fmt.Errorf("subvolume id of %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	id, err := subvolumeID(fd)
+	if err != nil {
+		return 0, fmt.Errorf("subvolume id of %s: %w", path, err)
+	}
+	return id, nil
+}
