@@ -302,6 +302,7 @@ func (m *Manager) Close() error {
 	}
 	m.streamMu.Unlock()
 	m.stopRetiring()
+	m.quota.wg.Wait()
 	m.turns.mu.Lock()
 	var turnIDs []string
 	for id := range m.turns.m {
@@ -429,7 +430,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	for _, d := range stale {
 		own := strings.HasPrefix(filepath.Base(d), m.stagingPrefix())
 		if fi, err := os.Stat(d); err == nil && (own || time.Since(fi.ModTime()) > 10*time.Minute) {
-			_ = os.RemoveAll(d)
+			removeStaging(d)
 		}
 	}
 	// A database that was lost, emptied or set aside as corrupt is

@@ -109,13 +109,13 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 			os.RemoveAll(work)
 		}
 	}()
-	staging, err := m.stagingDir(work)
+	staging, err := m.stagingDir(work, stagingBound(rec))
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
 	defer func() {
 		if !keepStaging {
-			os.RemoveAll(staging)
+			removeStaging(staging)
 		}
 	}()
 	// One instant for files and processes: freeze the cgroup (cgroup2,
@@ -458,7 +458,7 @@ func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, r
 		err = m.persistImages(ctx, t, &ck, rec, staging, start)
 	}
 	// Gone before the waiters are released.
-	os.RemoveAll(staging)
+	removeStaging(staging)
 	os.RemoveAll(work)
 	if err != nil {
 		err = m.exhausted(err)
@@ -549,19 +549,54 @@ func imageBytes(objs []object) int64 {
 	return n
 }
 
-// stagingDir returns a fresh directory for CRIU to dump into: on the
-// host's /dev/shm tmpfs when there is one (a dump to memory, then only
-// new pages reach the pool), else under fallback. Its name carries the
-// root's tag, so a restarted daemon finds what a crashed one left.
-func (m *Manager) stagingDir(fallback string) (string, error) {
+// stagingDir returns a fresh directory for CRIU to dump into: a tmpfs
+// of its own holding at most bound bytes, mounted on a directory in the
+// host's /dev/shm (a dump to memory, then only new pages reach the
+// pool), else under fallback. Its own tmpfs, not the host's /dev/shm:
+// a sandbox holding much memory cannot fill the host's /dev/shm, and a
+// dump larger than the sandbox can be fails with ENOSPC (see
+// stagingBound). Its name carries the root's tag, so a restarted daemon
+// finds what a crashed one left.
+func (m *Manager) stagingDir(fallback string, bound int64) (string, error) {
 	var st unix.Statfs_t
 	if unix.Statfs("/dev/shm", &st) == nil && st.Type == unix.TMPFS_MAGIC {
 		if d, err := os.MkdirTemp("/dev/shm", m.stagingPrefix()); err == nil {
-			return d, nil
+			err := unix.Mount("molt-staging", d, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC,
+				fmt.Sprintf("size=%d,nr_inodes=65536,mode=0700", bound))
+			if err == nil {
+				return d, nil
+			}
+			os.Remove(d)
+			m.log.Warn("cannot mount a tmpfs for dump staging; staging in the pool", "err", err)
 		}
 	}
 	d := filepath.Join(fallback, "images")
 	return d, os.Mkdir(d, 0o700)
+}
+
+// stagingBound is the most a dump of the sandbox rec may stage: what
+// its memory limit lets it hold (or, without one, what it holds now),
+// plus a quarter and 64 MiB for CRIU's own images. A dump never holds
+// more than the tree's memory, so only a tree that grew past what was
+// measured here meets the bound, and its checkpoint then fails with
+// ENOSPC rather than taking the host's memory.
+func stagingBound(rec sandboxRec) int64 {
+	mem := rec.Resources.MemoryBytes
+	if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+		if st, err := cg.Stats(); err == nil {
+			mem = max(mem, st.MemoryBytes)
+		}
+	}
+	return mem + mem/4 + 64<<20
+}
+
+// removeStaging unmounts and removes a staging directory.
+func removeStaging(d string) {
+	if strings.HasPrefix(d, "/dev/shm/") {
+		// Detached: the tmpfs goes with the last file open in it.
+		_ = unix.Unmount(d, unix.MNT_DETACH)
+	}
+	os.RemoveAll(d)
 }
 
 // stagingPrefix names this root's dump staging directories in /dev/shm.

@@ -45,7 +45,14 @@ type quotaState struct {
 
 	mu      sync.Mutex
 	limited time.Time // when sandboxesQgroup's limit was last set
+
+	wg sync.WaitGroup // the refresher (setupQuota); Close waits for it
 }
+
+// limitEvery is how often the limit of all sandboxes follows what else
+// fills the pool (or the filesystem under a loop pool) between the
+// daemon's own operations, which refresh it too.
+const limitEvery = 5 * time.Second
 
 // setupQuota turns simple quotas on in the pool (once: it marks the
 // filesystem, which kernels before 6.7 then no longer mount) and makes
@@ -76,6 +83,20 @@ func (m *Manager) setupQuota() {
 	}
 	q.mode = mode
 	m.limitSandboxes(true)
+	q.wg.Add(1)
+	go func() {
+		defer q.wg.Done()
+		t := time.NewTicker(limitEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-m.closing:
+				return
+			case <-t.C:
+				m.limitSandboxes(false)
+			}
+		}
+	}()
 }
 
 // quotaFeature reports disk quotas in Host.

@@ -1,0 +1,161 @@
+package core
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+)
+
+// fillFromInside writes up to mib MiB into path inside the sandbox and
+// returns dd's output and exit status line.
+func fillFromInside(t *testing.T, m *Manager, sb, path string, mib int) string {
+	t.Helper()
+	return run(t, m, sb, "dd if=/dev/zero of="+path+" bs=1M count="+itoa(mib)+" conv=fsync 2>&1 | tail -n 2; echo rc=${PIPESTATUS[0]}").Stdout
+}
+
+func itoa(n int) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		if n /= 10; n == 0 {
+			return string(b[i:])
+		}
+	}
+}
+
+// neighbourWorks checks that checkpoints, rollback and fork of sandbox
+// sb work.
+func neighbourWorks(t *testing.T, m *Manager, sb string) {
+	t.Helper()
+	ctx := context.Background()
+	run(t, m, sb, "echo one > /mark")
+	ck, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFS})
+	if err != nil {
+		t.Fatalf("neighbour's fs checkpoint: %v", err)
+	}
+	if _, err := m.criuReady(ctx); err == nil {
+		if _, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}); err != nil {
+			t.Fatalf("neighbour's full checkpoint: %v", err)
+		}
+	}
+	run(t, m, sb, "echo two > /mark")
+	if _, err := m.Rollback(ctx, sb, ck.ID); err != nil {
+		t.Fatalf("neighbour's rollback: %v", err)
+	}
+	if got := run(t, m, sb, "cat /mark").Stdout; got != "one\n" {
+		t.Fatalf("neighbour after rollback: %q", got)
+	}
+	res, err := m.Fork(ctx, "", v1.ForkRequest{Checkpoint: ck.ID})
+	if err != nil {
+		t.Fatalf("neighbour's fork: %v", err)
+	}
+	for _, f := range res.Sandboxes {
+		if got := run(t, m, f.ID, "cat /mark").Stdout; got != "one\n" {
+			t.Fatalf("neighbour's fork: %q", got)
+		}
+		if err := m.Remove(ctx, f.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestPoolFillContained: a sandbox with no quota of its own that writes
+// until it can no more is stopped with EDQUOT/ENOSPC before the
+// reserve, and its neighbour's checkpoints, rollback and fork still
+// work (before quotas, it filled the pool and every neighbour's
+// checkpoint was refused).
+func TestPoolFillContained(t *testing.T) {
+	m := openSmallManager(t, t.TempDir(), 2<<30, 256<<20)
+	a, b := newSandbox(t, m), newSandbox(t, m)
+	out := fillFromInside(t, m, a.ID, "/big", 4096)
+	t.Logf("filling the pool from a sandbox: %s", out)
+	if strings.Contains(out, "rc=0") || !(strings.Contains(out, "Disk quota exceeded") || strings.Contains(out, "No space left")) {
+		t.Fatalf("sandbox wrote 4 GiB into a 2 GiB pool: %q", out)
+	}
+	s, err := m.pool.Space()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pool after the fill: %d MiB free of %d MiB (reserve %d MiB)", s.Avail()>>20, s.Size>>20, m.reserve()>>20)
+	neighbourWorks(t, m, b.ID)
+	// The sandbox that filled it runs on, and can free what it wrote.
+	run(t, m, a.ID, "rm /big")
+}
+
+// TestDiskQuota: a sandbox's quota bounds its root and its checkpoints'
+// files together; at the quota its writes fail with EDQUOT, its
+// neighbour writes, checkpoints, rolls back and forks on; a rollback
+// frees what the abandoned root held.
+func TestDiskQuota(t *testing.T) {
+	m := openSmallManager(t, t.TempDir(), 4<<30, 256<<20)
+	if m.quota.why != "" {
+		t.Fatalf("disk quotas unavailable: %s", m.quota.why)
+	}
+	ctx := context.Background()
+	a, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{DiskBytes: 160 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newSandbox(t, m)
+	if _, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{DiskBytes: -2}}); err == nil {
+		t.Fatal("created a sandbox with a disk quota of -2")
+	}
+
+	// 100 MiB kept by a checkpoint, then deleted from the root: the
+	// checkpoint's copy still counts, so 100 MiB more do not fit.
+	if out := fillFromInside(t, m, a.ID, "/one", 100); !strings.Contains(out, "rc=0") {
+		t.Fatalf("first 100 MiB under a 160 MiB quota: %q", out)
+	}
+	ck, err := m.Checkpoint(ctx, a.ID, v1.CheckpointRequest{Kind: v1.KindFS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, a.ID, "rm /one")
+	out := fillFromInside(t, m, a.ID, "/two", 100)
+	t.Logf("100 MiB more with a checkpoint holding 100 MiB: %s", out)
+	if !strings.Contains(out, "Disk quota exceeded") {
+		t.Fatalf("wrote past the quota (root plus checkpoint): %q", out)
+	}
+	info, err := m.Sandbox(ctx, a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sandbox at its quota: %d MiB used of %d MiB", info.DiskUsedBytes>>20, info.Resources.DiskBytes>>20)
+	if info.DiskUsedBytes < 150<<20 || info.Resources.DiskBytes != 160<<20 {
+		t.Fatalf("reported disk use %d of %d", info.DiskUsedBytes, info.Resources.DiskBytes)
+	}
+
+	// The neighbour is unaffected.
+	if out := fillFromInside(t, m, b.ID, "/big", 300); !strings.Contains(out, "rc=0") {
+		t.Fatalf("neighbour writing 300 MiB: %q", out)
+	}
+	neighbourWorks(t, m, b.ID)
+
+	// The full sandbox can still be checkpointed and rolled back; the
+	// abandoned root's writes are freed with it.
+	if _, err := m.Checkpoint(ctx, a.ID, v1.CheckpointRequest{Kind: v1.KindFS}); err != nil {
+		t.Fatalf("checkpoint of a sandbox at its quota: %v", err)
+	}
+	if _, err := m.Rollback(ctx, a.ID, ck.ID); err != nil {
+		t.Fatalf("rollback of a sandbox at its quota: %v", err)
+	}
+	// Forks get a group of their own, with the same quota.
+	res, err := m.Fork(ctx, "", v1.ForkRequest{Checkpoint: ck.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := res.Sandboxes[0]
+	if fi, _ := m.Sandbox(ctx, f.ID); fi.Resources.DiskBytes != 160<<20 {
+		t.Fatalf("fork's disk quota %d", fi.Resources.DiskBytes)
+	}
+	if out := fillFromInside(t, m, f.ID, "/f", 200); !strings.Contains(out, "Disk quota exceeded") {
+		t.Fatalf("fork wrote 200 MiB under a 160 MiB quota: %q", out)
+	}
+	if err := m.Remove(ctx, f.ID); err != nil {
+		t.Fatal(err)
+	}
+}
