@@ -526,6 +526,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		return err
 	}
 	m.healRecords(sbs, listed)
+	m.sweepQgroups(sbs)
 	return nil
 }
 

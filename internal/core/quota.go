@@ -265,3 +265,27 @@ func (m *Manager) regroup(root, from string, groups []uint64) error {
 	}
 	return nil
 }
+
+// sweepQgroups deletes, at start-up, the groups of sandboxes that are
+// gone (dropQgroup found them busy) once they are empty.
+func (m *Manager) sweepQgroups(sbs []sandboxRec) {
+	if m.quota.mode == fsnap.QuotaOff {
+		return
+	}
+	live := map[uint64]bool{}
+	for _, s := range sbs {
+		if g, err := sandboxQgroup(s.ID); err == nil {
+			live[g] = true
+		}
+	}
+	gs, err := fsnap.Qgroups(m.pool.Dir, 1)
+	if err != nil {
+		m.log.Warn("cannot list the pool's qgroups", "err", err)
+		return
+	}
+	for _, g := range gs {
+		if !live[g] {
+			_ = fsnap.DestroyQgroup(m.pool.Dir, g)
+		}
+	}
+}

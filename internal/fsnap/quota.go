@@ -281,3 +281,52 @@ func CreateSubvolumeIn(path string, groups ...uint64) error {
 	}
 	return nil
 }
+
+// Qgroups lists the qgroups of level on the filesystem holding path. It
+// needs CAP_SYS_ADMIN.
+func Qgroups(path string, level int) ([]uint64, error) {
+	var out []uint64
+	err := withDir(path, func(fd int) error {
+		next := Qgroup(level, 0)
+		last := Qgroup(level, qgroupIDMask)
+		for {
+			var args searchArgs
+			args.key = searchKey{
+				treeID:      quotaTreeObjectid,
+				minObjectid: 0, maxObjectid: 0,
+				minType: qgroupInfoKey, maxType: qgroupInfoKey,
+				minOffset: next, maxOffset: last,
+				maxTransid: ^uint64(0),
+				nrItems:    4096,
+			}
+			if err := ioctl(fd, iocTreeSearch, unsafe.Pointer(&args)); err != nil {
+				return err
+			}
+			if args.key.nrItems == 0 {
+				return nil
+			}
+			buf := args.buf[:]
+			var off uint64
+			for i := uint32(0); i < args.key.nrItems && len(buf) >= searchHeaderSize; i++ {
+				off = binary.LittleEndian.Uint64(buf[16:])
+				typ := binary.LittleEndian.Uint32(buf[24:])
+				n := int(binary.LittleEndian.Uint32(buf[28:]))
+				if typ == qgroupInfoKey && off >= next && off <= last {
+					out = append(out, off)
+				}
+				if len(buf) < searchHeaderSize+n {
+					break
+				}
+				buf = buf[searchHeaderSize+n:]
+			}
+			if off >= last {
+				return nil
+			}
+			next = off + 1
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list qgroups of level %d: %w", level, err)
+	}
+	return out, nil
+}
