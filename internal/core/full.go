@@ -956,7 +956,7 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	}
 	// The restored processes keep what they read, but the files say who
 	// this sandbox is (a fork's differ from the dumped sandbox's).
-	if err := sandbox.WriteIdentity(root, rec.Hostname, rec.MachineID); err != nil {
+	if err := m.withHeadroom(*rec, func() error { return sandbox.WriteIdentity(root, rec.Hostname, rec.MachineID) }); err != nil {
 		return sandbox.Init{}, err
 	}
 	work := m.path("tmp", "restore-"+newID())

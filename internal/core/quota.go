@@ -128,6 +128,12 @@ func (m *Manager) limitSandboxes(force bool) {
 	if !force && time.Since(q.limited) < time.Second {
 		return
 	}
+	m.limitSandboxesLocked()
+}
+
+// limitSandboxesLocked is limitSandboxes under quotaState.mu.
+func (m *Manager) limitSandboxesLocked() {
+	q := &m.quota
 	s, err := m.pool.Space()
 	if err != nil {
 		m.log.Warn("cannot bound the sandboxes' disk use", "err", err)
@@ -288,4 +294,49 @@ func (m *Manager) sweepQgroups(sbs []sandboxRec) {
 			_ = fsnap.DestroyQgroup(m.pool.Dir, g)
 		}
 	}
+}
+
+// headroom is what withHeadroom lends: a new inode and a reflink's
+// metadata reservation (btrfs reserves up to 128 KiB of metadata per
+// item against the groups' limits), or a copy of the init binary where
+// reflinks fail.
+const headroom = metaRoom
+
+// withHeadroom runs f, the daemon's own writes into the root of sandbox
+// rec (its init binary, stage 1's device nodes, its identity files),
+// with the limits of its group and of all sandboxes raised by headroom:
+// a sandbox at its quota, or sandboxes that filled their share of the
+// pool, must not stop a rollback, a restart or a neighbour's fork. The
+// lift lasts as long as f (milliseconds): running sandboxes could take at
+// most headroom of the reserve's first half meanwhile, the half the
+// daemon's work may use anyway, and the sandbox itself at most headroom
+// past its quota, until it next frees space.
+func (m *Manager) withHeadroom(rec sandboxRec, f func() error) error {
+	g := m.groupsOf(rec)
+	if g == nil {
+		return f()
+	}
+	q := &m.quota
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if used, err := fsnap.QgroupUsage(m.pool.Dir, sandboxesQgroup); err == nil {
+		// The limit is at least used: the lift is from there.
+		if s, err := m.pool.Space(); err == nil {
+			limit := max(used+s.Avail()-m.reserve(), used) + headroom
+			_ = fsnap.LimitQgroup(m.pool.Dir, sandboxesQgroup, limit)
+		}
+	}
+	if q := rec.Resources.DiskBytes; q > 0 {
+		if used, err := fsnap.QgroupUsage(m.pool.Dir, g[0]); err == nil {
+			_ = fsnap.LimitQgroup(m.pool.Dir, g[0], max(q, used)+headroom)
+		}
+	}
+	err := f()
+	if q := rec.Resources.DiskBytes; q > 0 {
+		if lerr := fsnap.LimitQgroup(m.pool.Dir, g[0], q); lerr != nil {
+			m.log.Warn("cannot restore the sandbox's disk quota", "sandbox", rec.ID, "err", lerr)
+		}
+	}
+	m.limitSandboxesLocked()
+	return err
 }

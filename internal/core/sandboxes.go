@@ -191,12 +191,20 @@ func validHostname(h string) error {
 // starts init in cg.
 func (m *Manager) startInit(ctx context.Context, rec *sandboxRec, cg *cgroup.Cgroup) (sandbox.Init, error) {
 	root := m.sbRoot(rec.ID)
-	if err := sandbox.InstallInit(root, m.initBin); err != nil {
-		return sandbox.Init{}, err
-	}
-	return m.launcher.Start(ctx, root, sbinit.Config{
-		Hostname: rec.Hostname, MachineID: rec.MachineID, Env: rec.Env,
-	}, cg.Add)
+	// The init binary, then stage 1's device nodes and mount points
+	// (withHeadroom: a sandbox at its quota still restarts).
+	var init sandbox.Init
+	err := m.withHeadroom(*rec, func() error {
+		if err := sandbox.InstallInit(root, m.initBin); err != nil {
+			return err
+		}
+		var err error
+		init, err = m.launcher.Start(ctx, root, sbinit.Config{
+			Hostname: rec.Hostname, MachineID: rec.MachineID, Env: rec.Env,
+		}, cg.Add)
+		return err
+	})
+	return init, err
 }
 
 // lookupSandbox finds a sandbox by ID, name or unique ID prefix.

@@ -460,7 +460,7 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 	if err := restoreAdj(s.tasks); err != nil {
 		return sandbox.Init{}, fmt.Errorf("standby of %s: %w", s.ck, err)
 	}
-	if err := sandbox.WriteIdentity(m.sbRoot(rec.ID), rec.Hostname, rec.MachineID); err != nil {
+	if err := m.withHeadroom(*rec, func() error { return sandbox.WriteIdentity(m.sbRoot(rec.ID), rec.Hostname, rec.MachineID) }); err != nil {
 		return sandbox.Init{}, err
 	}
 	tree, _, err := treePids(s.sandbox, s.init)
