@@ -2,8 +2,11 @@ package core
 
 import (
 	"context"
+	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 )
@@ -168,3 +171,48 @@ func TestDiskQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQuotaCheckpointCost measures molt's fs checkpoint (stall and
+// whole call, 1 MiB written before each) on a pool without quotas and
+// on one with simple quotas and a quota on the sandbox, in one run:
+// docs/architecture.md, "Disk quotas".
+func TestQuotaCheckpointCost(t *testing.T) {
+	ctx := context.Background()
+	const rounds = 40
+	for _, quota := range []bool{false, true} {
+		m, err := Open(ctx, Config{Root: t.TempDir(), PoolSize: 4 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), NoDiskQuota: !quota})
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeManager(t, m)
+		if _, err := m.BuildImage(ctx, v1.ImageBuildRequest{Name: testImage}, nil); err != nil {
+			t.Fatal(err)
+		}
+		sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{DiskBytes: 1 << 30}})
+		if quota && err != nil {
+			t.Fatal(err)
+		}
+		if !quota {
+			if sb, err = m.Create(ctx, v1.SandboxCreateRequest{Image: testImage}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var stall, total []time.Duration
+		for i := range rounds {
+			run(t, m, sb.ID, "head -c 1048576 /dev/urandom > /dirty"+itoa(i%4))
+			t0 := time.Now()
+			ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFS})
+			if err != nil {
+				t.Fatal(err)
+			}
+			total = append(total, time.Since(t0))
+			stall = append(stall, time.Duration(ck.StallMS*float64(time.Millisecond)))
+		}
+		slices.Sort(stall)
+		slices.Sort(total)
+		t.Logf("quotas %-5v (%s): fs checkpoint stall p50 %.2f ms p90 %.2f ms; call p50 %.2f ms p90 %.2f ms",
+			quota, m.quotaFeature().Detail+m.quotaFeature().Reason, msf(stall[rounds/2]), msf(stall[rounds*9/10]), msf(total[rounds/2]), msf(total[rounds*9/10]))
+	}
+}
+
+func msf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
