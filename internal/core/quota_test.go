@@ -112,6 +112,15 @@ func TestDiskQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var full *v1.Checkpoint
+	if _, err := m.criuReady(ctx); err == nil {
+		run(t, m, a.ID, "x=full")
+		ck, err := m.Checkpoint(ctx, a.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		full = &ck
+	}
 	b := newSandbox(t, m)
 	if _, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{DiskBytes: -2}}); err == nil {
 		t.Fatal("created a sandbox with a disk quota of -2")
@@ -154,6 +163,18 @@ func TestDiskQuota(t *testing.T) {
 	}
 	if _, err := m.Rollback(ctx, a.ID, ck.ID); err != nil {
 		t.Fatalf("rollback of a sandbox at its quota: %v", err)
+	}
+	if full != nil {
+		// At its quota again, rolled back with its processes.
+		if out := fillFromInside(t, m, a.ID, "/three", 200); !strings.Contains(out, "Disk quota exceeded") {
+			t.Fatalf("wrote past the quota after the rollback: %q", out)
+		}
+		if _, err := m.Rollback(ctx, a.ID, full.ID); err != nil {
+			t.Fatalf("full rollback of a sandbox at its quota: %v", err)
+		}
+		if got := run(t, m, a.ID, "echo $x").Stdout; got != "full\n" {
+			t.Fatalf("session after the full rollback: %q", got)
+		}
 	}
 	// Forks get a group of their own, with the same quota.
 	res, err := m.Fork(ctx, "", v1.ForkRequest{Checkpoint: ck.ID})
