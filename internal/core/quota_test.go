@@ -9,6 +9,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // fillFromInside writes up to mib MiB into path inside the sandbox and
@@ -105,7 +106,7 @@ func TestPoolFillContained(t *testing.T) {
 func TestDiskQuota(t *testing.T) {
 	m := openSmallManager(t, t.TempDir(), 4<<30, 256<<20)
 	if m.quota.why != "" {
-		t.Fatalf("disk quotas unavailable: %s", m.quota.why)
+		testutil.Unavailable(t, "disk quotas: "+m.quota.why)
 	}
 	ctx := context.Background()
 	a, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{DiskBytes: 160 << 20}})
