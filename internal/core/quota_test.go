@@ -79,6 +79,9 @@ func neighbourWorks(t *testing.T, m *Manager, sb string, writes bool) {
 // checkpoint was refused).
 func TestPoolFillContained(t *testing.T) {
 	m := openSmallManager(t, t.TempDir(), 2<<30, 256<<20)
+	if m.quota.why != "" {
+		testutil.Unavailable(t, "disk quotas: "+m.quota.why)
+	}
 	a, b := newSandbox(t, m), newSandbox(t, m)
 	run(t, m, b.ID, "echo one > /mark")
 	out := fillFromInside(t, m, a.ID, "/big", 4096)
