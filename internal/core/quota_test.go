@@ -241,3 +241,53 @@ func TestQuotaCheckpointCost(t *testing.T) {
 }
 
 func msf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// TestForkAdoptsStandbyQuota: a fork that adopts its source's standby
+// (a root made in the source's group) is charged for its own writes:
+// they meet the fork's quota and leave the source's use as it was.
+func TestForkAdoptsStandbyQuota(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	if m.quota.why != "" {
+		testutil.Unavailable(t, "disk quotas: "+m.quota.why)
+	}
+	m.cfg.StandbyBudget = 1 << 30
+	ctx := context.Background()
+	src, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{DiskBytes: 96 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := m.Checkpoint(ctx, src.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true, Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStandbyOf(t, m, src.ID, ck.ID)
+	before, err := m.Sandbox(ctx, src.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr, err := m.Fork(ctx, ck.ID, v1.ForkRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fr.Sandboxes[0].ID
+	if m.standbyOf(src.ID) != nil {
+		t.Log("the fork did not take the standby (another was made meanwhile?)")
+	}
+	out := fillFromInside(t, m, f, "/big", 200)
+	if !strings.Contains(out, "Disk quota exceeded") {
+		t.Fatalf("fork wrote 200 MiB under a 96 MiB quota: %q", out)
+	}
+	after, err := m.Sandbox(ctx, src.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := m.Sandbox(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("source %d -> %d MiB, fork %d MiB", before.DiskUsedBytes>>20, after.DiskUsedBytes>>20, fi.DiskUsedBytes>>20)
+	if after.DiskUsedBytes > before.DiskUsedBytes+8<<20 || fi.DiskUsedBytes < 80<<20 {
+		t.Fatalf("the fork's writes were charged to its source: source %d -> %d bytes, fork %d", before.DiskUsedBytes, after.DiskUsedBytes, fi.DiskUsedBytes)
+	}
+}
