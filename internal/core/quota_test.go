@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // fillFromInside writes up to mib MiB into path inside the sandbox and
@@ -289,5 +291,49 @@ func TestForkAdoptsStandbyQuota(t *testing.T) {
 	t.Logf("source %d -> %d MiB, fork %d MiB", before.DiskUsedBytes>>20, after.DiskUsedBytes>>20, fi.DiskUsedBytes>>20)
 	if after.DiskUsedBytes > before.DiskUsedBytes+8<<20 || fi.DiskUsedBytes < 80<<20 {
 		t.Fatalf("the fork's writes were charged to its source: source %d -> %d bytes, fork %d", before.DiskUsedBytes, after.DiskUsedBytes, fi.DiskUsedBytes)
+	}
+}
+
+// TestSandboxCannotFillStateRoot: with the state root (molt.db) on a
+// 1.5 GiB filesystem holding an 8 GiB sparse pool image, a sandbox
+// writing 4 GiB is stopped with EDQUOT while the state root keeps its
+// reserve, and the daemon goes on writing its metadata and checkpoints.
+// Before quotas the sandbox filled the state root's filesystem.
+func TestSandboxCannotFillStateRoot(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1536m"); err != nil {
+		testutil.Unavailable(t, "tmpfs mount: "+err.Error())
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	const reserve = 128 << 20
+	m := openSmallManager(t, filepath.Join(dir, "root"), 8<<30, reserve)
+	if m.quota.why != "" {
+		testutil.Unavailable(t, "disk quotas: "+m.quota.why)
+	}
+	ctx := context.Background()
+	a, b := newSandbox(t, m), newSandbox(t, m)
+	run(t, m, b.ID, "echo one > /mark")
+	out := fillFromInside(t, m, a.ID, "/big", 4096)
+	t.Logf("filling from a sandbox: %s", out)
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	left := int64(st.Bavail) * st.Bsize
+	t.Logf("the state root's filesystem has %d MiB left (reserve %d MiB)", left>>20, reserve>>20)
+	if strings.Contains(out, "rc=0") || left < reserve/2 {
+		t.Fatalf("sandbox filled the state root's filesystem: %d MiB left; %q", left>>20, out)
+	}
+	// The daemon's metadata and its work on the neighbour go on.
+	if _, err := m.Checkpoint(ctx, b.ID, v1.CheckpointRequest{Kind: v1.KindFS, Label: "after-fill"}); err != nil {
+		t.Fatalf("checkpoint after the fill: %v", err)
+	}
+	if _, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage}); err != nil {
+		t.Fatalf("create after the fill: %v", err)
 	}
 }
