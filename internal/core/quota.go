@@ -45,6 +45,7 @@ type quotaState struct {
 
 	mu      sync.Mutex
 	limited time.Time // when sandboxesQgroup's limit was last set
+	limit   int64     // what it was set to
 
 	wg sync.WaitGroup // the refresher (setupQuota); Close waits for it
 }
@@ -146,11 +147,16 @@ func (m *Manager) limitSandboxesLocked() {
 	}
 	// Never 0, which lifts the limit.
 	limit := max(used+s.Avail()-m.reserve(), 1<<20)
+	// Setting it dirties a transaction: not for a change under 1 MiB.
+	if d := limit - q.limit; d > -1<<20 && d < 1<<20 {
+		q.limited = time.Now()
+		return
+	}
 	if err := fsnap.LimitQgroup(m.pool.Dir, sandboxesQgroup, limit); err != nil {
 		m.log.Warn("cannot bound the sandboxes' disk use", "err", err)
 		return
 	}
-	q.limited = time.Now()
+	q.limited, q.limit = time.Now(), limit
 }
 
 // diskQuota returns the disk quota a new sandbox asking for req gets:
@@ -323,7 +329,9 @@ func (m *Manager) withHeadroom(rec sandboxRec, f func() error) error {
 		// The limit is at least used: the lift is from there.
 		if s, err := m.pool.Space(); err == nil {
 			limit := max(used+s.Avail()-m.reserve(), used) + headroom
-			_ = fsnap.LimitQgroup(m.pool.Dir, sandboxesQgroup, limit)
+			if fsnap.LimitQgroup(m.pool.Dir, sandboxesQgroup, limit) == nil {
+				q.limit = limit
+			}
 		}
 	}
 	if q := rec.Resources.DiskBytes; q > 0 {
