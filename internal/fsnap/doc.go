@@ -24,5 +24,9 @@
 //     errors.Is(err, fs.ErrExist), and misuse (a non-subvolume source, a bad
 //     name) errors.Is(err, errdefs.ErrInvalidArgument).
 //
+// quota.go wraps btrfs quota groups: turning simple or full quotas on,
+// making, linking and limiting qgroups, reading their usage, and making
+// subvolumes and snapshots that join groups as they are made.
+//
 // The package is low level: it never logs and holds no state.
 package fsnap
