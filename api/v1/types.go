@@ -125,6 +125,11 @@ type Resources struct {
 	// their images) within the host's standby budget: 0 takes the
 	// daemon's default per-sandbox budget, -1 allows none.
 	StandbyBudgetBytes int64 `json:"standby_budget_bytes,omitempty"`
+	// DiskBytes bounds what the sandbox's root and its checkpoints'
+	// files hold together (a btrfs qgroup): writes past it fail with
+	// EDQUOT inside the sandbox. 0 takes the daemon's default
+	// (--default-disk), -1 asks for none.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // SandboxCreateRequest creates a sandbox from an image.
@@ -164,6 +169,9 @@ type Sandbox struct {
 	Sessions     []Session `json:"sessions,omitempty"`
 	MemoryBytes  int64     `json:"memory_bytes,omitempty"`
 	Processes    int       `json:"processes,omitempty"`
+	// DiskUsedBytes is what the sandbox's root and checkpoints hold
+	// against its disk quota (Resources.DiskBytes); omitted without one.
+	DiskUsedBytes int64 `json:"disk_used_bytes,omitempty"`
 }
 
 // Session is a persistent shell inside a sandbox.

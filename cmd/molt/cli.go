@@ -125,9 +125,9 @@ func parseReserve(s string) (bytes int64, percent float64, err error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve string
+	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve, defaultDisk string
 	var workers, criuLog int
-	var dynMods, cow, tmpl bool
+	var dynMods, cow, tmpl, diskQuota bool
 	var frozenDeadline time.Duration
 	c := &cobra.Command{
 		Use:   "daemon",
@@ -158,6 +158,10 @@ func daemonCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defDisk, err := parseSize(defaultDisk)
+			if err != nil {
+				return fmt.Errorf("bad --default-disk: %w", err)
+			}
 			if frozenDeadline == 0 {
 				frozenDeadline = -1 // none
 			}
@@ -174,7 +178,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl,
-					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline},
+					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, NoDiskQuota: !diskQuota},
 				Socket: g.socket,
 			})
 		},
@@ -186,6 +190,8 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&sbBudget, "sandbox-standby-budget", "0", "default memory for one sandbox's standbys, within --standby-budget (0: no bound of its own; molt create --standby-budget sets one per sandbox)")
 	c.Flags().IntVar(&workers, "sched-workers", 0, "checkpoint background jobs (storing, standbys, GC) run at once host-wide (0: 1 on up to 2 CPUs, else half the CPUs)")
 	c.Flags().StringVar(&diskReserve, "disk-reserve", "auto", "space kept free in the pool and on the filesystem under a loop pool: checkpoints, forks and rollbacks that would leave less are refused (resource_exhausted); a size, a percentage of the pool (5%), 0 for none, or auto (1G, or 5% of a pool under 20G)")
+	c.Flags().StringVar(&defaultDisk, "default-disk", "0", "disk quota of a sandbox created without --disk: its root and its checkpoints' files together, past which its writes fail with EDQUOT (0: none; sandboxes together are still kept out of --disk-reserve)")
+	c.Flags().BoolVar(&diskQuota, "disk-quota", true, "turn btrfs simple quotas on in the pool (Linux 6.7+; the pool then no longer mounts on older kernels) for per-sandbox disk quotas")
 	c.Flags().StringVar(&ioBudget, "sched-io", "0", "bytes per second background jobs may write, as 200M (0: unlimited)")
 	c.Flags().BoolVar(&cow, "cow-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory write-protect it in the frozen window and copy the pages after the thaw (single-threaded processes without shared memory; others are copied frozen, and the checkpoint says why)")
 	c.Flags().BoolVar(&tmpl, "template-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory copy every process in the frozen window (an injected clone each) and dump the copies with CRIU after the thaw, when the tree allows it (single-threaded processes, no shared memory, sockets or terminals, no signal pending, empty pipes); others take the --cow-capture path, and the checkpoint says why")
@@ -327,7 +333,7 @@ func parseEnv(kvs []string) (map[string]string, error) {
 }
 
 func createCmd(g *globals) *cobra.Command {
-	var name, hostname, memory, standbyBudget string
+	var name, hostname, memory, standbyBudget, disk string
 	var env []string
 	var pids int64
 	c := &cobra.Command{
@@ -358,8 +364,21 @@ func createCmd(g *globals) *cobra.Command {
 					sby = -1
 				}
 			}
+			var diskBytes int64 // the daemon's default
+			switch disk {
+			case "":
+			case "none":
+				diskBytes = -1
+			default:
+				if diskBytes, err = parseSize(disk); err != nil {
+					return fmt.Errorf("bad --disk: %w", err)
+				}
+				if diskBytes == 0 {
+					diskBytes = -1
+				}
+			}
 			sb, err := g.client().Create(ctx, v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
-				Resources: v1.Resources{MemoryBytes: mem, Pids: pids, StandbyBudgetBytes: sby}})
+				Resources: v1.Resources{MemoryBytes: mem, Pids: pids, StandbyBudgetBytes: sby, DiskBytes: diskBytes}})
 			if err != nil {
 				return err
 			}
@@ -371,6 +390,7 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE for every command (repeatable)")
 	c.Flags().StringVar(&memory, "memory", "", "memory limit (e.g. 2G)")
 	c.Flags().Int64Var(&pids, "pids", 0, "process limit")
+	c.Flags().StringVar(&disk, "disk", "", "disk quota: the sandbox's files and its checkpoints' together, past which its writes fail with EDQUOT (e.g. 10G; none for no quota; default: the daemon's --default-disk)")
 	c.Flags().StringVar(&standbyBudget, "standby-budget", "", "memory for this sandbox's standbys (hot rollback), within the host's (e.g. 512M; 0 for none; default: the daemon's --sandbox-standby-budget)")
 	return c
 }
@@ -432,6 +452,11 @@ func inspectCmd(g *globals) *cobra.Command {
 					if len(sb.Standbys) > 0 {
 						fmt.Printf("standbys:  %s (%s)\n", strings.Join(sb.Standbys, ", "), human(sb.StandbyBytes))
 					}
+				}
+				if sb.Resources.DiskBytes > 0 {
+					fmt.Printf("disk:      %s of %s\n", human(sb.DiskUsedBytes), human(sb.Resources.DiskBytes))
+				} else if sb.DiskUsedBytes > 0 {
+					fmt.Printf("disk:      %s (no quota)\n", human(sb.DiskUsedBytes))
 				}
 				for _, s := range sb.Sessions {
 					fmt.Printf("session:   %s (pid %d)\n", s.Name, s.Pid)

@@ -281,7 +281,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 		}
 		fw.enter("the root's snapshot")
 	}
-	snapErr := fsnap.Snapshot(root, m.ckFS(id), true)
+	snapErr := snapshotRoot(root, m.ckFS(id), m.groupsOf(rec))
 	if snapErr == nil {
 		snapErr = m.fail("checkpoint:frozen")
 	}
@@ -728,7 +728,7 @@ func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointR
 	if err := removeTree(next); err != nil {
 		return "", err
 	}
-	if err := fsnap.Snapshot(m.ckFS(ck.ID), next, false); err != nil {
+	if err := fsnap.SnapshotIn(m.ckFS(ck.ID), next, false, m.groupsOf(rec)...); err != nil {
 		return "", err
 	}
 	if err := m.fail("rollback:snapshot"); err != nil {

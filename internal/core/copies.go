@@ -536,7 +536,7 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	}
 	// Nothing of the tree runs until the second freeze (pid1 only copies
 	// itself and reaps): the snapshot can start now, next to the copies.
-	snapped = m.startSnapshot(m.sbRoot(rec.ID), id, capt)
+	snapped = m.startSnapshot(m.sbRoot(rec.ID), id, m.groupsOf(rec), capt)
 	if err := unix.Kill(init, pid1.CopySignal); err != nil {
 		return freezeStart, snapped, tc, refreeze(fmt.Errorf("ask pid1 for its copy: %w", err))
 	}

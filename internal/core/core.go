@@ -96,6 +96,13 @@ type Config struct {
 	// DiskReservePercent, when above 0, sets the reserve to that
 	// percentage of the pool's size instead.
 	DiskReservePercent float64
+	// DefaultDisk is the disk quota of a sandbox created without one
+	// (v1.Resources.DiskBytes 0): its root and checkpoints together
+	// (quota.go). 0: none, the sandboxes then share the pool less the
+	// reserve.
+	DefaultDisk int64
+	// NoDiskQuota leaves quotas off in the pool (for comparisons).
+	NoDiskQuota bool
 	// FrozenDeadline bounds each frozen window of a capture (frozen.go);
 	// 0 means DefaultFrozenDeadline, negative none.
 	FrozenDeadline time.Duration
@@ -158,6 +165,8 @@ type Manager struct {
 	pipes    *criu.PipePool // pipes for streamed dumps (pipePool)
 
 	disk diskRecords // on-disk copies of the records (rebuild.go)
+
+	quota quotaState // the pool's disk quotas (quota.go)
 
 	stampsMu sync.Mutex
 	stamps   map[string]stamp // objects hashed by this daemon, as they were then
@@ -247,6 +256,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		}
 	}
 	m.watchRecords()
+	m.setupQuota()
 	if p := findCriu(cfg.CriuPath); p != "" {
 		m.criu = criu.New(p)
 		// CRIU re-probes the kernel on every call (30-40 ms) unless it
@@ -292,6 +302,7 @@ func (m *Manager) Close() error {
 	}
 	m.streamMu.Unlock()
 	m.stopRetiring()
+	m.quota.wg.Wait()
 	m.turns.mu.Lock()
 	var turnIDs []string
 	for id := range m.turns.m {
@@ -410,9 +421,7 @@ func removeTree(path string) error {
 func (m *Manager) reconcile(ctx context.Context) error {
 	ents, _ := os.ReadDir(m.path("tmp"))
 	for _, e := range ents {
-		if err := removeTree(m.path("tmp", e.Name())); err != nil {
-			return fmt.Errorf("clean staging %s: %w", e.Name(), err)
-		}
+		m.removeOrSetAside(m.path("tmp", e.Name()), "staging-"+e.Name(), "staging a previous daemon left")
 	}
 	// Dump staging a crashed daemon left: this root's at once (this
 	// daemon holds the root), other roots' once stale (a live dump never
@@ -421,7 +430,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	for _, d := range stale {
 		own := strings.HasPrefix(filepath.Base(d), m.stagingPrefix())
 		if fi, err := os.Stat(d); err == nil && (own || time.Since(fi.ModTime()) > 10*time.Minute) {
-			_ = os.RemoveAll(d)
+			removeStaging(d)
 		}
 	}
 	// A database that was lost, emptied or set aside as corrupt is
@@ -453,9 +462,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	ents, _ = os.ReadDir(m.path("checkpoints"))
 	for _, e := range ents {
 		if !known[e.Name()] {
-			if err := m.unlistedCheckpoint(e.Name()); err != nil {
-				return err
-			}
+			m.unlistedCheckpoint(e.Name())
 		}
 	}
 	sbs, err := store.List[sandboxRec](m.db, store.Sandboxes)
@@ -512,15 +519,14 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	ents, _ = os.ReadDir(m.path("sandboxes"))
 	for _, e := range ents {
 		if !known[e.Name()] {
-			if err := m.unlistedSandbox(ctx, e.Name()); err != nil {
-				return err
-			}
+			m.unlistedSandbox(ctx, e.Name())
 		}
 	}
 	if sbs, err = store.List[sandboxRec](m.db, store.Sandboxes); err != nil {
 		return err
 	}
 	m.healRecords(sbs, listed)
+	m.sweepQgroups(sbs)
 	return nil
 }
 
@@ -545,6 +551,7 @@ func (m *Manager) Host() v1.Host {
 	h.Features = []v1.Feature{
 		{Name: "btrfs-pool", Supported: true, Detail: poolDetail(m.pool)},
 		{Name: "fs-checkpoint", Supported: true, Detail: "btrfs snapshot ioctl under a cgroup freeze"},
+		m.quotaFeature(),
 		{Name: "cgroup", Supported: true, Detail: cgroup.Mode()},
 		m.criuFeature(),
 		inspectorFeature(),

@@ -23,7 +23,11 @@
 //     never committed (no sandbox.json; no manifest, or one not marked
 //     committed). Nothing else unlisted is deleted: a lost or corrupt
 //     database is rebuilt from the on-disk records, and what nothing
-//     explains is quarantined (rebuild.go).
+//     explains is quarantined (rebuild.go), as is debris start-up cannot
+//     delete: start-up never fails on what it finds in the pool.
+//   - Every subvolume made for a sandbox joins its qgroup when quotas are
+//     on (quota.go); a root holding nested subvolumes is never
+//     checkpointed (nested.go).
 //   - Lifecycle operations on one sandbox (checkpoint, rollback, stop,
 //     start, remove) are serialized by that sandbox's lock; exec and
 //     sessions do not take it.

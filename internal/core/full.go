@@ -109,13 +109,13 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 			os.RemoveAll(work)
 		}
 	}()
-	staging, err := m.stagingDir(work)
+	staging, err := m.stagingDir(work, stagingBound(rec))
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
 	defer func() {
 		if !keepStaging {
-			os.RemoveAll(staging)
+			removeStaging(staging)
 		}
 	}()
 	// One instant for files and processes: freeze the cgroup (cgroup2,
@@ -335,11 +335,11 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 // startSnapshot starts the read-only snapshot of the sandbox root root
 // as checkpoint id's files; its result arrives on the channel, and its
 // time in capt's stall parts before that.
-func (m *Manager) startSnapshot(root, id string, capt *capture) chan error {
+func (m *Manager) startSnapshot(root, id string, groups []uint64, capt *capture) chan error {
 	snapped := make(chan error, 1)
 	go func() {
 		t0 := time.Now()
-		err := fsnap.Snapshot(root, m.ckFS(id), true)
+		err := snapshotRoot(root, m.ckFS(id), groups)
 		capt.parts.SnapshotMS = ms(time.Since(t0))
 		snapped <- err
 	}()
@@ -410,7 +410,7 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 			// 36 ms, 10 checkpoints each). The writable copy a rollback
 			// takes is made from it later, in persist: a second
 			// snapshot here would serialize behind the first.
-			snapped = m.startSnapshot(root, id, capt)
+			snapped = m.startSnapshot(root, id, m.groupsOf(rec), capt)
 			capt.watch.enter("CRIU's dump")
 			return nil
 		},
@@ -458,7 +458,7 @@ func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, r
 		err = m.persistImages(ctx, t, &ck, rec, staging, start)
 	}
 	// Gone before the waiters are released.
-	os.RemoveAll(staging)
+	removeStaging(staging)
 	os.RemoveAll(work)
 	if err != nil {
 		err = m.exhausted(err)
@@ -506,7 +506,7 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 	defer releaseCommits()
 	// The writable copy the first rollback to this checkpoint takes
 	// (without it, that rollback snapshots the files itself).
-	if err := fsnap.Snapshot(m.ckFS(ck.ID), m.ckFSNext(ck.ID), false); err != nil {
+	if err := fsnap.SnapshotIn(m.ckFS(ck.ID), m.ckFSNext(ck.ID), false, m.groupsOf(rec)...); err != nil {
 		m.log.Debug("no writable copy of the checkpoint's files", "checkpoint", ck.ID, "err", err)
 		_ = removeTree(m.ckFSNext(ck.ID))
 	}
@@ -549,19 +549,54 @@ func imageBytes(objs []object) int64 {
 	return n
 }
 
-// stagingDir returns a fresh directory for CRIU to dump into: on the
-// host's /dev/shm tmpfs when there is one (a dump to memory, then only
-// new pages reach the pool), else under fallback. Its name carries the
-// root's tag, so a restarted daemon finds what a crashed one left.
-func (m *Manager) stagingDir(fallback string) (string, error) {
+// stagingDir returns a fresh directory for CRIU to dump into: a tmpfs
+// of its own holding at most bound bytes, mounted on a directory in the
+// host's /dev/shm (a dump to memory, then only new pages reach the
+// pool), else under fallback. Its own tmpfs, not the host's /dev/shm:
+// a sandbox holding much memory cannot fill the host's /dev/shm, and a
+// dump larger than the sandbox can be fails with ENOSPC (see
+// stagingBound). Its name carries the root's tag, so a restarted daemon
+// finds what a crashed one left.
+func (m *Manager) stagingDir(fallback string, bound int64) (string, error) {
 	var st unix.Statfs_t
 	if unix.Statfs("/dev/shm", &st) == nil && st.Type == unix.TMPFS_MAGIC {
 		if d, err := os.MkdirTemp("/dev/shm", m.stagingPrefix()); err == nil {
-			return d, nil
+			err := unix.Mount("molt-staging", d, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC,
+				fmt.Sprintf("size=%d,nr_inodes=65536,mode=0700", bound))
+			if err == nil {
+				return d, nil
+			}
+			os.Remove(d)
+			m.log.Warn("cannot mount a tmpfs for dump staging; staging in the pool", "err", err)
 		}
 	}
 	d := filepath.Join(fallback, "images")
 	return d, os.Mkdir(d, 0o700)
+}
+
+// stagingBound is the most a dump of the sandbox rec may stage: what
+// its memory limit lets it hold (or, without one, what it holds now),
+// plus a quarter and 64 MiB for CRIU's own images. A dump never holds
+// more than the tree's memory, so only a tree that grew past what was
+// measured here meets the bound, and its checkpoint then fails with
+// ENOSPC rather than taking the host's memory.
+func stagingBound(rec sandboxRec) int64 {
+	mem := rec.Resources.MemoryBytes
+	if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+		if st, err := cg.Stats(); err == nil {
+			mem = max(mem, st.MemoryBytes)
+		}
+	}
+	return mem + mem/4 + 64<<20
+}
+
+// removeStaging unmounts and removes a staging directory.
+func removeStaging(d string) {
+	if strings.HasPrefix(d, "/dev/shm/") {
+		// Detached: the tmpfs goes with the last file open in it.
+		_ = unix.Unmount(d, unix.MNT_DETACH)
+	}
+	os.RemoveAll(d)
 }
 
 // stagingPrefix names this root's dump staging directories in /dev/shm.
@@ -802,7 +837,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		if err != nil {
 			return v1.RollbackResult{}, err
 		}
-		err = fsnap.Snapshot(m.ckFS(ck.ID), next, false)
+		err = fsnap.SnapshotIn(m.ckFS(ck.ID), next, false, m.groupsOf(*rec)...)
 		releaseCommits()
 		if err != nil {
 			return v1.RollbackResult{}, err
@@ -921,7 +956,7 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	}
 	// The restored processes keep what they read, but the files say who
 	// this sandbox is (a fork's differ from the dumped sandbox's).
-	if err := sandbox.WriteIdentity(root, rec.Hostname, rec.MachineID); err != nil {
+	if err := m.withHeadroom(*rec, func() error { return sandbox.WriteIdentity(root, rec.Hostname, rec.MachineID) }); err != nil {
 		return sandbox.Init{}, err
 	}
 	work := m.path("tmp", "restore-"+newID())

@@ -530,31 +530,52 @@ func (m *Manager) healRecords(sbs []sandboxRec, cks []checkpointRec) {
 // unlistedCheckpoint handles a checkpoint directory the metadata does
 // not list: one that never committed (no manifest, or one not marked
 // committed) is removed, as a crash inside its checkpoint leaves it;
-// one that did is quarantined.
-func (m *Manager) unlistedCheckpoint(id string) error {
+// one that did is quarantined. Neither stops the start.
+func (m *Manager) unlistedCheckpoint(id string) {
 	mf, err := readManifest(m.ckDir(id))
 	switch {
 	case errors.Is(err, fs.ErrNotExist) || (err == nil && mf.ID == id && !mf.Committed):
 		m.log.Warn("removing a checkpoint a crash kept from committing", "checkpoint", id)
-		return removeTree(m.ckDir(id))
+		m.removeOrSetAside(m.ckDir(id), "checkpoint-"+id, "a checkpoint a crash kept from committing")
 	case err != nil:
-		return m.quarantine(m.ckDir(id), "checkpoint-"+id, "unlisted, with a manifest that does not read: "+err.Error())
+		m.setAside(m.ckDir(id), "checkpoint-"+id, "unlisted, with a manifest that does not read: "+err.Error())
+	default:
+		m.setAside(m.ckDir(id), "checkpoint-"+id, "unlisted, but its manifest says it was committed")
 	}
-	return m.quarantine(m.ckDir(id), "checkpoint-"+id, "unlisted, but its manifest says it was committed")
 }
 
 // unlistedSandbox handles a sandbox directory the metadata does not
 // list: one without sandbox.json never committed (a create or a fork a
 // crash interrupted) and goes with its cgroup; one with it is
-// quarantined, its cgroup left alone.
-func (m *Manager) unlistedSandbox(ctx context.Context, id string) error {
+// quarantined, its cgroup left alone. Neither stops the start.
+func (m *Manager) unlistedSandbox(ctx context.Context, id string) {
 	_, err := os.Lstat(filepath.Join(m.sbDir(id), sandboxFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		m.log.Warn("removing a sandbox a crash kept from committing", "sandbox", id)
 		if cg, err := cgroup.Load(cgroupName(id)); err == nil {
 			_ = cg.Destroy(ctx)
 		}
-		return removeTree(m.sbDir(id))
+		m.removeOrSetAside(m.sbDir(id), "sandbox-"+id, "a sandbox a crash kept from committing")
+		return
 	}
-	return m.quarantine(m.sbDir(id), "sandbox-"+id, "unlisted, but it has a "+sandboxFile)
+	m.setAside(m.sbDir(id), "sandbox-"+id, "unlisted, but it has a "+sandboxFile)
+}
+
+// removeOrSetAside removes path, debris start-up found; what it cannot remove
+// (a tree it cannot delete, whatever a sandbox left in it) is set
+// aside instead, so that the daemon starts regardless.
+func (m *Manager) removeOrSetAside(path, name, why string) {
+	err := removeTree(path)
+	if err == nil {
+		return
+	}
+	m.setAside(path, name, why+"; removing it failed: "+err.Error())
+}
+
+// setAside quarantines path, and logs what it cannot move: start-up
+// goes on either way.
+func (m *Manager) setAside(path, name, why string) {
+	if err := m.quarantine(path, name, why); err != nil {
+		m.log.Error("cannot remove or set aside; left in place", "path", path, "reason", why, "err", err)
+	}
 }

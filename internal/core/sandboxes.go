@@ -30,6 +30,8 @@ type sandboxRec struct {
 	// between killing the processes and recording the new init leaves it
 	// set, and the next one restarts the sandbox.
 	Restarting bool `json:"restarting,omitempty"`
+	// DiskGroup says the sandbox has its own qgroup (quota.go).
+	DiskGroup bool `json:"disk_group,omitempty"`
 }
 
 func cgroupName(id string) string { return "molt/" + id }
@@ -47,6 +49,11 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 	if b := req.Resources.StandbyBudgetBytes; b < -1 {
 		return v1.Sandbox{}, fmt.Errorf("standby budget %d: want bytes, 0 for the daemon's default or -1 for none: %w", b, errdefs.ErrInvalidArgument)
 	}
+	disk, err := m.diskQuota(req.Resources.DiskBytes)
+	if err != nil {
+		return v1.Sandbox{}, err
+	}
+	req.Resources.DiskBytes = disk
 	rec := sandboxRec{Sandbox: v1.Sandbox{
 		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
 		Env: req.Env, Resources: req.Resources,
@@ -120,6 +127,11 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 		r.Fail()
 		return rec, nil, err
 	}
+	groups, undoQgroup, err := m.makeQgroup(&rec)
+	if err != nil {
+		return fail(err)
+	}
+	r.Add(undoQgroup)
 	r.Add(func() error { return removeTree(dir) })
 	if sby != nil {
 		r.Add(func() error { m.discard(sby, true); return nil })
@@ -129,7 +141,10 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 		// The standby is the fork's now, never its sandbox's.
 		m.forgetTakeover(sby.key)
 		sby.key = ""
-	} else if err := fsnap.Snapshot(src, m.sbRoot(rec.ID), false); err != nil {
+		if err := m.regroup(m.sbRoot(rec.ID), sby.sandbox, groups); err != nil {
+			return fail(err)
+		}
+	} else if err := fsnap.SnapshotIn(src, m.sbRoot(rec.ID), false, groups...); err != nil {
 		return fail(err)
 	}
 	if err := m.fail("create:snapshot"); err != nil {
@@ -176,12 +191,20 @@ func validHostname(h string) error {
 // starts init in cg.
 func (m *Manager) startInit(ctx context.Context, rec *sandboxRec, cg *cgroup.Cgroup) (sandbox.Init, error) {
 	root := m.sbRoot(rec.ID)
-	if err := sandbox.InstallInit(root, m.initBin); err != nil {
-		return sandbox.Init{}, err
-	}
-	return m.launcher.Start(ctx, root, sbinit.Config{
-		Hostname: rec.Hostname, MachineID: rec.MachineID, Env: rec.Env,
-	}, cg.Add)
+	// The init binary, then stage 1's device nodes and mount points
+	// (withHeadroom: a sandbox at its quota still restarts).
+	var init sandbox.Init
+	err := m.withHeadroom(*rec, func() error {
+		if err := sandbox.InstallInit(root, m.initBin); err != nil {
+			return err
+		}
+		var err error
+		init, err = m.launcher.Start(ctx, root, sbinit.Config{
+			Hostname: rec.Hostname, MachineID: rec.MachineID, Env: rec.Env,
+		}, cg.Add)
+		return err
+	})
+	return init, err
 }
 
 // lookupSandbox finds a sandbox by ID, name or unique ID prefix.
@@ -263,6 +286,9 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
 		sb.Standby = s.ck
 	}
 	sb.Standbys, sb.StandbyBytes = m.standbyCheckpoints(rec.ID), m.standbyBytes(rec.ID)
+	if n := m.diskUsage(rec); n >= 0 {
+		sb.DiskUsedBytes = n
+	}
 	if sb.State == v1.StateRunning {
 		if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
 			if st, err := cg.Stats(); err == nil {
@@ -472,6 +498,7 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	if err := removeTree(m.sbDir(rec.ID)); err != nil {
 		return fmt.Errorf("remove %s: %w", rec.ID, err)
 	}
+	m.dropQgroup(rec)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/pool"
 )
 
@@ -42,9 +43,19 @@ func (m *Manager) reserve() int64 {
 }
 
 // room refuses op when the pool (or the filesystem under a loop pool)
-// would keep less than the reserve after need more bytes.
+// would keep less than the reserve after need more bytes. With disk
+// quotas the sandboxes' own writes are held out of the whole reserve
+// (quota.go), and the daemon's work on any sandbox may then use the
+// first half of it: a sandbox that filled the pool to its bound does not
+// stop its neighbours' checkpoints. The last half is for metadata,
+// commits and the filesystem holding molt.db.
 func (m *Manager) room(op string, need int64) error {
-	if err := m.pool.Room(need+metaRoom, m.reserve()); err != nil {
+	m.limitSandboxes(false)
+	reserve := m.reserve()
+	if m.quota.mode != fsnap.QuotaOff {
+		reserve /= 2
+	}
+	if err := m.pool.Room(need+metaRoom, reserve); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	return nil

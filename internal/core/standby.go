@@ -346,7 +346,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	if err != nil {
 		return false, err
 	}
-	err = fsnap.Snapshot(m.ckFS(ck.ID), root, false)
+	err = fsnap.SnapshotIn(m.ckFS(ck.ID), root, false, m.groupsOfID(id)...)
 	releaseCommits()
 	if err != nil {
 		return false, err
@@ -460,7 +460,7 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 	if err := restoreAdj(s.tasks); err != nil {
 		return sandbox.Init{}, fmt.Errorf("standby of %s: %w", s.ck, err)
 	}
-	if err := sandbox.WriteIdentity(m.sbRoot(rec.ID), rec.Hostname, rec.MachineID); err != nil {
+	if err := m.withHeadroom(*rec, func() error { return sandbox.WriteIdentity(m.sbRoot(rec.ID), rec.Hostname, rec.MachineID) }); err != nil {
 		return sandbox.Init{}, err
 	}
 	tree, _, err := treePids(s.sandbox, s.init)
@@ -603,6 +603,6 @@ func (m *Manager) killStrays(rec sandboxRec) {
 		}
 	}
 	for _, d := range dirs {
-		_ = removeTree(d)
+		m.removeOrSetAside(d, "sandbox-"+rec.ID+"-"+filepath.Base(d), "a leftover of a rollback or a standby")
 	}
 }

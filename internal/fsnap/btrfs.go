@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 	"unsafe"
 
@@ -175,6 +176,13 @@ func CreateSubvolume(path string) error {
 // Preconditions: src is a subvolume; dst does not exist and its parent is
 // on the same btrfs filesystem as src.
 func Snapshot(src, dst string, readonly bool) error {
+	return SnapshotIn(src, dst, readonly)
+}
+
+// SnapshotIn is Snapshot with dst's qgroup made a member of groups
+// (already made) in the same ioctl, so that what is written to dst is
+// charged to them from the start.
+func SnapshotIn(src, dst string, readonly bool, groups ...uint64) error {
 	fail := func(err error) error { return fmt.Errorf("snapshot %s to %s: %w", src, dst, err) }
 	sfd, err := openSubvolume(src)
 	if err != nil {
@@ -191,18 +199,24 @@ func Snapshot(src, dst string, readonly bool) error {
 		args.flags = subvolReadonly
 	}
 	copy(args.name[:], name)
-	if err := ioctl(parent, iocSnapCreateV2, unsafe.Pointer(&args)); err != nil {
+	b, err := setInherit(&args, groups)
+	if err != nil {
+		return fail(err)
+	}
+	err = ioctl(parent, iocSnapCreateV2, unsafe.Pointer(&args))
+	runtime.KeepAlive(b)
+	if err != nil {
 		return fail(err)
 	}
 	return nil
 }
 
 // DeleteSubvolume deletes the subvolume at path and everything in it,
-// read-only or not. It fails with ENOTEMPTY if path holds nested
-// subvolumes. It retries EBUSY for up to two seconds; recent kernels (6.18
-// checked) do not return it for a subvolume that is still mounted, even in
-// another mount namespace: they delete it, and those mounts keep the files
-// until they go away.
+// read-only or not, nested subvolumes included (deepest first, by ID:
+// see deleteNested). It retries EBUSY for up to two seconds; recent
+// kernels (6.18 checked) do not return it for a subvolume that is still
+// mounted, even in another mount namespace: they delete it, and those
+// mounts keep the files until they go away.
 func DeleteSubvolume(path string) error {
 	fail := func(err error) error { return fmt.Errorf("delete subvolume %s: %w", path, err) }
 	var st unix.Stat_t
@@ -218,10 +232,21 @@ func DeleteSubvolume(path string) error {
 	}
 	defer unix.Close(parent)
 	deadline := time.Now().Add(deleteBusyTimeout)
+	nested := 0
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
 		err := destroy(parent, name)
 		if err == nil {
 			return nil
+		}
+		// Nested subvolumes: delete them and try again. Something
+		// still running in the tree may make more meanwhile, so a
+		// few rounds.
+		if errors.Is(err, unix.ENOTEMPTY) && nested < 3 {
+			nested++
+			if err := deleteNested(path); err != nil {
+				return fail(fmt.Errorf("nested subvolumes: %w", err))
+			}
+			continue
 		}
 		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
 			return fail(err)
