@@ -181,10 +181,17 @@ func ensureDir(p string, mode os.FileMode) error {
 	return nil
 }
 
-// maskedPaths hide host information; readonlyPaths keep kernel knobs out
-// of reach. Both follow the usual container defaults.
+// maskedPaths hide host information and kernel interfaces a sandbox has
+// no use for; readonlyPaths keep kernel knobs out of reach. Both are
+// runc's defaults (libcontainer/specconv's example spec) with Docker's
+// additions (/proc/interrupts, powercap's energy counters: a side
+// channel). Paths this kernel lacks are skipped.
 var (
-	maskedPaths   = []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats"}
+	maskedPaths = []string{
+		"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+		"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+		"/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap", "/sys/devices/virtual/tpm",
+	}
 	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
 )
 
@@ -199,12 +206,41 @@ func mountSpecial() error {
 	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
 		return fmt.Errorf("mount /dev/pts: %w", err)
 	}
-	for _, p := range maskedPaths {
-		if err := unix.Mount("/dev/null", p, "", unix.MS_BIND, ""); err != nil && !errors.Is(err, unix.ENOENT) {
+	return maskPaths(maskedPaths, readonlyPaths)
+}
+
+// maskPaths hides files under /dev/null and directories under an empty
+// read-only tmpfs, then makes readonly read-only.
+//
+// All masked directories share one tmpfs (the first is mounted, the
+// others are binds of it): CRIU archives each tmpfs superblock it dumps
+// and restores (a tar child), once however many places show it.
+func maskPaths(masked, readonly []string) error {
+	const std = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	emptyDir := ""
+	for _, p := range masked {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+		var err error
+		switch {
+		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+			err = unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
+		case emptyDir == "":
+			err = unix.Mount("tmpfs", p, "tmpfs", std|unix.MS_RDONLY, "size=4k,mode=0555")
+			emptyDir = p
+		default:
+			err = unix.Mount(emptyDir, p, "", unix.MS_BIND, "")
+		}
+		if err != nil {
 			return fmt.Errorf("mask %s: %w", p, err)
 		}
 	}
-	for _, p := range readonlyPaths {
+	for _, p := range readonly {
 		if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			if errors.Is(err, unix.ENOENT) {
 				continue
