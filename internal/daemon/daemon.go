@@ -33,6 +33,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Logger = log
 	}
 	setProcs()
+	raiseKernelLimits(log)
 	m, err := core.Open(ctx, cfg.Config)
 	if err != nil {
 		return err
