@@ -22,6 +22,7 @@ import (
 const holdInotify = `
 import ctypes, errno, time
 libc = ctypes.CDLL(None, use_errno=True)
+out = open('/tmp/inotify.tmp', 'w')
 n = 0
 while n < 200000:
     if libc.inotify_init1(0) < 0:
@@ -30,7 +31,8 @@ while n < 200000:
     n += 1
 else:
     e = 0
-open('/tmp/inotify.tmp', 'w').write('%d %s\n' % (n, errno.errorcode.get(e, e)))
+out.write('%d %s\n' % (n, errno.errorcode.get(e, e)))
+out.close()
 __import__('os').rename('/tmp/inotify.tmp', '/tmp/inotify')
 time.sleep(600)
 `
