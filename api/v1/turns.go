@@ -171,8 +171,16 @@ type LLMEndpointRequest struct {
 
 // LLMEndpoint is a sandbox's LLM endpoint.
 type LLMEndpoint struct {
-	Sandbox  string `json:"sandbox"`
-	URL      string `json:"url"` // the base URL to give the agent
+	Sandbox string `json:"sandbox"`
+	// URL is the base URL to give the agent. When the endpoint is set it
+	// holds the endpoint's token (http://HOST:PORT/t/TOKEN/v1); reading
+	// the endpoint back gives it without (the agent then sends the token
+	// as its API key).
+	URL      string `json:"url"`
 	Upstream string `json:"upstream"`
 	Gate     string `json:"gate"`
+	// Token is the endpoint's secret, returned only when the endpoint is
+	// set: every request must carry it, in URL's path or as the API key
+	// (Authorization: Bearer, x-api-key or api-key).
+	Token string `json:"token,omitempty"`
 }

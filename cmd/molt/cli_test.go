@@ -3,9 +3,11 @@ package main
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -115,5 +117,38 @@ func TestLLMExposeFlag(t *testing.T) {
 		if req.Expose != c.expose || req.Listen != "0.0.0.0:0" {
 			t.Errorf("molt %v sent %s; want expose=%v", c.args, body, c.expose)
 		}
+	}
+}
+
+// TestLLMHeaderFromFile: --header @FILE and @- read the headers, so a
+// key need not be on the command line; a malformed line is refused
+// without being echoed.
+func TestLLMHeaderFromFile(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "hdr")
+	if err := os.WriteFile(f, []byte("# operator key\nAuthorization: Bearer sk-from-file\n\nx-extra: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readHeaders([]string{"@" + f, "@-", "Anthropic-Version: 2023-06-01"}, strings.NewReader("x-api-key: sk-from-stdin\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"Authorization": "Bearer sk-from-file", "x-extra": "1", "x-api-key": "sk-from-stdin", "Anthropic-Version": "2023-06-01"}
+	if !maps.Equal(got, want) {
+		t.Fatalf("headers %v, want %v", got, want)
+	}
+	if _, err := readHeaders([]string{"@-"}, strings.NewReader("sk-secret-without-name\n")); err == nil || strings.Contains(err.Error(), "sk-secret") {
+		t.Fatalf("malformed line: %v", err)
+	}
+	sock, bodies := fakeDaemon(t, http.StatusOK, v1.LLMEndpoint{URL: "http://x/v1"})
+	if err := runCLI(t, "--socket", sock, "llm", "sb", "--upstream", "http://127.0.0.1:1", "--header", "@"+f); err != nil {
+		t.Fatal(err)
+	}
+	_, body, _ := strings.Cut(strings.TrimPrefix((*bodies)[0], "PUT /v1/sandboxes/sb/llm"), " ")
+	var req v1.LLMEndpointRequest
+	if err := json.Unmarshal([]byte(body), &req); err != nil {
+		t.Fatal(err)
+	}
+	if req.Header["Authorization"] != "Bearer sk-from-file" {
+		t.Fatalf("sent %s", body)
 	}
 }

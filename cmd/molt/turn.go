@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"strings"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -96,13 +98,9 @@ func llmCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
-			req.Header = map[string]string{}
-			for _, h := range header {
-				k, v, ok := strings.Cut(h, ":")
-				if !ok {
-					return fmt.Errorf("--header %q: want Name: value", h)
-				}
-				req.Header[strings.TrimSpace(k)] = strings.TrimSpace(v)
+			var err error
+			if req.Header, err = readHeaders(header, cmd.InOrStdin()); err != nil {
+				return err
 			}
 			ep, err := g.client().SetLLM(ctx, args[0], req)
 			if err != nil {
@@ -115,7 +113,7 @@ func llmCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&req.Listen, "listen", "", "host address to serve on (default 127.0.0.1, any port); must be loopback unless --expose")
 	c.Flags().BoolVar(&req.Expose, "expose", false, "allow a --listen address that is not loopback: whoever reaches it can spend the credentials of --header")
 	c.Flags().StringVar(&req.Gate, "gate", "response", "hold the LLM's reply until the turn's checkpoint is captured (response), or let it go and hold the next command (exec)")
-	c.Flags().StringArrayVar(&header, "header", nil, "header set on upstream requests, as 'Authorization: Bearer ...' (repeatable)")
+	c.Flags().StringArrayVar(&header, "header", nil, "header set on upstream requests, as 'Authorization: Bearer ...' (repeatable); @FILE reads 'Name: value' lines from FILE and @- from stdin, keeping secrets out of the command line")
 	c.Flags().StringArrayVar(&req.Ignore, "ignore", nil, "path pattern whose changes do not matter for recovery (repeatable)")
 	_ = c.MarkFlagRequired("upstream")
 	rm := &cobra.Command{
@@ -128,4 +126,50 @@ func llmCmd(g *globals) *cobra.Command {
 	}
 	c.AddCommand(rm)
 	return c
+}
+
+// readHeaders parses --header values: "Name: value", or "@FILE" (or "@-"
+// for stdin) naming lines of them, so that a key need not appear in argv
+// (readable by every user in /proc/PID/cmdline).
+func readHeaders(args []string, stdin io.Reader) (map[string]string, error) {
+	out := map[string]string{}
+	add := func(h, from string) error {
+		k, v, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(k) == "" {
+			if from != "" {
+				return fmt.Errorf("--header %s: a line is not 'Name: value'", from)
+			}
+			return fmt.Errorf("--header %q: want Name: value, or @FILE", h)
+		}
+		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		return nil
+	}
+	for _, h := range args {
+		name, ok := strings.CutPrefix(h, "@")
+		if !ok {
+			if err := add(h, ""); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		var b []byte
+		var err error
+		if name == "-" {
+			b, err = io.ReadAll(io.LimitReader(stdin, 1<<20))
+		} else {
+			b, err = os.ReadFile(name)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--header %s: %w", h, err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			if err := add(line, h); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
 }

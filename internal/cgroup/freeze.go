@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -169,7 +171,7 @@ func (c *Cgroup) killLoop(ctx context.Context) error {
 			return errors.Join(err, c.thawIf(frozen))
 		}
 		for _, pid := range pids {
-			if err := unix.Kill(pid, unix.SIGKILL); err != nil && err != unix.ESRCH {
+			if err := c.KillMember(pid); err != nil && err != unix.ESRCH {
 				return errors.Join(fmt.Errorf("kill pid %d: %w", pid, err), c.thawIf(frozen))
 			}
 		}
@@ -213,4 +215,30 @@ func (c *Cgroup) FreezerDir() string {
 		return c.unified
 	}
 	return c.freezer
+}
+
+// KillMember SIGKILLs pid if it is a member of the cgroup. The pid is
+// pinned with a pidfd before its membership is read, so a number that a
+// process outside the sandbox took over after cgroup.procs was read is
+// never signalled (the pidfd of an exited process gets ESRCH).
+func (c *Cgroup) KillMember(pid int) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return unix.ESRCH
+	}
+	member := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if _, _, ok := strings.Cut(line, ":"); ok && strings.HasSuffix(line, "/"+c.name) {
+			member = true
+		}
+	}
+	if !member {
+		return unix.ESRCH
+	}
+	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 }

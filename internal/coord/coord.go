@@ -16,6 +16,8 @@ package coord
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -98,7 +100,11 @@ func (c *Coordinator) Set(ctx context.Context, ref string, req v1.LLMEndpointReq
 	for k, v := range req.Header {
 		h.Set(k, v)
 	}
-	p, err := llmproxy.New(llmproxy.Config{Upstream: u, Hooks: ep, Header: h, Logger: c.log, Expose: req.Expose})
+	token, err := newToken()
+	if err != nil {
+		return v1.LLMEndpoint{}, err
+	}
+	p, err := llmproxy.New(llmproxy.Config{Upstream: u, Hooks: ep, Header: h, Logger: c.log, Expose: req.Expose, Token: token})
 	if err != nil {
 		return v1.LLMEndpoint{}, fmt.Errorf("llm endpoint: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
@@ -117,6 +123,8 @@ func (c *Coordinator) Set(ctx context.Context, ref string, req v1.LLMEndpointReq
 	if ta, ok := addr.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
 		host = net.JoinHostPort("127.0.0.1", fmt.Sprint(ta.Port))
 	}
+	// The token is shown once, in the answer to this call: Get gives the
+	// base URL without it.
 	ep.info = v1.LLMEndpoint{Sandbox: sb.ID, URL: "http://" + host + "/v1", Upstream: req.Upstream, Gate: req.Gate}
 	c.mu.Lock()
 	old := c.eps[sb.ID]
@@ -125,10 +133,22 @@ func (c *Coordinator) Set(ctx context.Context, ref string, req v1.LLMEndpointReq
 	if old != nil {
 		old.proxy.Close()
 	}
-	return ep.info, nil
+	shown := ep.info
+	shown.URL = "http://" + host + "/t/" + token + "/v1"
+	shown.Token = token
+	return shown, nil
 }
 
-// Get returns a sandbox's LLM endpoint.
+// newToken makes an endpoint token: 192 random bits, URL-safe.
+func newToken() (string, error) {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("llm endpoint token: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// Get returns a sandbox's LLM endpoint, without its token.
 func (c *Coordinator) Get(ctx context.Context, ref string) (v1.LLMEndpoint, error) {
 	sb, err := c.m.Sandbox(ctx, ref)
 	if err != nil {

@@ -512,9 +512,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 				}
 			}
 		}
-		if s.Init.Alive() {
-			_ = unix.Kill(s.Init.Pid, unix.SIGCONT)
-		}
+		_ = s.Init.Signal(unix.SIGCONT)
 	}
 	ents, _ = os.ReadDir(m.path("sandboxes"))
 	for _, e := range ents {

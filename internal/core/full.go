@@ -852,7 +852,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	}
 	key, err := m.recordTakeover(rec.ID, "rollback", takeoverRec{Init: init, Path: next, Head: ck.ID})
 	if err != nil {
-		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		_ = init.Signal(unix.SIGKILL)
 		waitGone(init, 5*time.Second)
 		_ = removeTree(next)
 		return v1.RollbackResult{}, err
@@ -865,7 +865,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	ts := m.turnPrepare(*rec, init)
 	if err := continueTree(*rec, init, m.ckImages(procs.ID)); err != nil {
 		ts.mu.Unlock()
-		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		_ = init.Signal(unix.SIGKILL)
 		return v1.RollbackResult{}, err
 	}
 	m.turnBaselineAsync(*rec, ts)
@@ -892,13 +892,11 @@ func (m *Manager) takeOver(rec *sandboxRec, init sandbox.Init, root string) erro
 	m.crashpoint("takeover:begin")
 	retired, err := m.replaceRoot(rec.ID, root)
 	if err != nil {
-		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		_ = init.Signal(unix.SIGKILL)
 		return fmt.Errorf("switch root: %w", err)
 	}
 	old := rec.Init
-	if old.Alive() {
-		_ = unix.Kill(old.Pid, unix.SIGKILL)
-	}
+	_ = old.Signal(unix.SIGKILL)
 	m.crashpoint("takeover:killed")
 	if retired != "" {
 		m.retire(rec.ID, retired, old)

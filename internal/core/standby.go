@@ -99,8 +99,7 @@ func (m *Manager) standbyBytes(id string) int64 {
 // discard kills the standby's processes (with kill; else they are gone
 // already), removes its root and deletes its takeover record.
 func (m *Manager) discard(s *standby, kill bool) {
-	if kill && s.init.Alive() {
-		_ = unix.Kill(s.init.Pid, unix.SIGKILL)
+	if kill && s.init.Signal(unix.SIGKILL) == nil {
 		waitGone(s.init, 5*time.Second)
 	}
 	m.releaseRoom(s.sandbox, s.room)
@@ -383,7 +382,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 		key, err = m.recordTakeover(id, "standby-"+newID(), takeoverRec{Init: init, Path: root, Head: ck.ID})
 	}
 	if err != nil {
-		_ = unix.Kill(init.Pid, unix.SIGKILL)
+		_ = init.Signal(unix.SIGKILL)
 		waitGone(init, 5*time.Second)
 		m.releaseRoom(id, roomKey)
 		_ = removeTree(root)
@@ -592,14 +591,19 @@ func (m *Manager) killStrays(rec sandboxRec) {
 	dirs = append(dirs, retired...)
 	dirs = append(dirs, filepath.Join(m.sbDir(rec.ID), "root.next"))
 	if rec.Init.Alive() {
+		// Killed through pidfds, and only while still in the sandbox's
+		// cgroup: these PIDs were read before, from a previous daemon's
+		// sandbox.
 		tree, strays, _ := treePids(rec.ID, rec.Init)
-		for _, pid := range strays {
-			_ = unix.Kill(pid, unix.SIGKILL)
-		}
-		// And a copy pid1 made of itself for a template capture the
-		// daemon died in before it held the copy (copies.go).
-		for _, pid := range pid1Copies(rec.Init.Pid, tree) {
-			_ = unix.Kill(pid, unix.SIGKILL)
+		if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+			for _, pid := range strays {
+				_ = cg.KillMember(pid)
+			}
+			// And a copy pid1 made of itself for a template capture the
+			// daemon died in before it held the copy (copies.go).
+			for _, pid := range pid1Copies(rec.Init.Pid, tree) {
+				_ = cg.KillMember(pid)
+			}
 		}
 	}
 	for _, d := range dirs {

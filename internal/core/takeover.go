@@ -127,8 +127,7 @@ func (m *Manager) finishTakeovers(ctx context.Context, sbs []sandboxRec) error {
 				continue
 			}
 			m.log.Warn("completing a rollback a crash interrupted", "sandbox", s.ID, "checkpoint", t.Head, "init", t.Init.Pid)
-			if old := s.Init; old != t.Init && old.Alive() {
-				_ = unix.Kill(old.Pid, unix.SIGKILL)
+			if old := s.Init; old != t.Init && old.Signal(unix.SIGKILL) == nil {
 				waitGone(old, 5*time.Second)
 			}
 			s.Head = t.Head

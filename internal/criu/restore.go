@@ -46,6 +46,11 @@ const lazySocket = "lazy-pages.socket"
 // Restore restores the tree dumped in o.ImagesDir.
 func (t *Tool) Restore(ctx context.Context, o RestoreOptions) (RestoreResult, error) {
 	var res RestoreResult
+	if o.Root != "" {
+		if err := CheckMounts(o.ImagesDir, o.Root); err != nil {
+			return res, &Error{Op: "restore", Err: err}
+		}
+	}
 	dirs, err := openDirs(o.ImagesDir, o.WorkDir)
 	if err != nil {
 		return res, &Error{Op: "restore", Err: err}

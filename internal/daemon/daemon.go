@@ -5,17 +5,13 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/molt-sh/molt/internal/coord"
 	"github.com/molt-sh/molt/internal/core"
-	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/httpapi"
 )
 
@@ -23,30 +19,10 @@ import (
 type Config struct {
 	core.Config
 	Socket string
+	// SocketAccess says who besides root may use the socket.
+	SocketAccess SocketAccess
 	// Ready, if set, is called once the API accepts connections.
 	Ready func()
-}
-
-// Listen creates the API socket. A socket file left by a dead daemon is
-// replaced; one that a live daemon serves is an error.
-func Listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
-	}
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("socket %s: a daemon is already serving it: %w", path, errdefs.ErrAlreadyExists)
-	}
-	_ = os.Remove(path)
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	return ln, nil
 }
 
 // Run serves until ctx is done. Sandboxes keep running after it returns.
@@ -57,12 +33,13 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Logger = log
 	}
 	setProcs()
+	raiseKernelLimits(log)
 	m, err := core.Open(ctx, cfg.Config)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	ln, err := Listen(cfg.Socket)
+	ln, err := ListenAccess(cfg.Socket, cfg.SocketAccess, log)
 	if err != nil {
 		return err
 	}

@@ -55,6 +55,7 @@ func StartEphemeralWith(ctx context.Context, parent, cacheDir, version string, t
 		tweak(&cfg)
 	}
 	setProcs()
+	raiseKernelLimits(cfg.Logger)
 	e := &Ephemeral{Root: root, cfg: cfg, Client: client.New(filepath.Join(root, "molt.sock"))}
 	if err := e.open(ctx); err != nil {
 		if e.Manager != nil {

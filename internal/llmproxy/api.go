@@ -31,6 +31,57 @@ func classify(method, path string) string {
 	return ""
 }
 
+// forwardedPaths are the LLM API paths the proxy forwards (and adds the
+// operator's credentials to), after an optional leading "/v1"; "*" is one
+// path segment (an ID). OpenAI's and Anthropic's inference and model
+// listing APIs; not files, batches, fine-tuning, organisation or admin
+// APIs, which the operator's key may also open.
+var forwardedPaths = [][]string{
+	{"chat", "completions"}, // OpenAI
+	{"completions"},
+	{"embeddings"},
+	{"responses"},
+	{"responses", "input_tokens"},
+	{"responses", "*"},
+	{"responses", "*", "cancel"},
+	{"responses", "*", "input_items"},
+	{"messages"}, // Anthropic
+	{"messages", "count_tokens"},
+	{"models"}, // both
+	{"models", "*"},
+}
+
+// forwarded reports whether the proxy forwards a request for path.
+func forwarded(path string) bool {
+	rest, ok := strings.CutPrefix(path, "/")
+	if !ok {
+		return false
+	}
+	if hasV1(path) {
+		rest = strings.TrimPrefix(strings.TrimPrefix(path, "/v1"), "/")
+	}
+	segs := strings.Split(rest, "/")
+	for _, pat := range forwardedPaths {
+		if len(pat) != len(segs) {
+			continue
+		}
+		match := true
+		for i, s := range pat {
+			if s == "*" {
+				if seg := segs[i]; seg == "" || seg == "." || seg == ".." {
+					match = false
+				}
+			} else if segs[i] != s {
+				match = false
+			}
+		}
+		if match {
+			return true
+		}
+	}
+	return false
+}
+
 // hasV1 reports whether path starts with the segment "/v1".
 func hasV1(path string) bool {
 	return path == "/v1" || strings.HasPrefix(path, "/v1/")

@@ -6,6 +6,18 @@
 // reached its consistent instant. Every LLM call is then reported whole
 // (Recorded), with bounded copies of the request and response bodies.
 //
+// # Token and forwarded paths
+//
+// The proxy adds the operator's credentials (Config.Header) to what it
+// forwards, so it serves only requests that carry the endpoint's token
+// (Config.Token): as the path's first segments "/t/TOKEN", which is
+// removed before anything else sees the path, or as the API key an SDK
+// sends (Authorization: Bearer, x-api-key, api-key), which is removed
+// before forwarding. Others get 401. Only the LLM API's paths
+// (forwardedPaths: inference, token counting, model listing) are
+// forwarded; others get 403, so the credentials never reach the
+// upstream's file, batch, fine-tuning or admin APIs.
+//
 // # Recognised LLM calls
 //
 // Only POST requests to these paths end a turn; the leading "/v1" may be
@@ -15,8 +27,8 @@
 //	/v1/responses          openai.responses
 //	/v1/messages           anthropic.messages
 //
-// Anything else (GET /v1/models, /v1/messages/count_tokens, ...) is forwarded
-// without ending a turn, without hooks and without recording. The paths are
+// Other forwarded paths (GET /v1/models, /v1/messages/count_tokens, ...) go
+// through without ending a turn, without hooks and without recording. The paths are
 // matched as the proxy receives them: the agent's base URL is the proxy's
 // root or its root plus "/v1"; to serve under another prefix, mount the
 // Proxy (an http.Handler) with http.StripPrefix.

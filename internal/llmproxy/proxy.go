@@ -3,6 +3,7 @@ package llmproxy
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -106,6 +108,15 @@ type Config struct {
 	Transport http.RoundTripper
 	// Logger receives the proxy's diagnostics (discarded if nil).
 	Logger *slog.Logger
+	// Token is the endpoint's secret: every request must carry it, as the
+	// first path segments "/t/TOKEN" (a base URL any SDK can use) or as
+	// the agent's API key ("Authorization: Bearer TOKEN", "x-api-key" or
+	// "api-key"). It is compared in constant time and never forwarded.
+	// Required unless NoToken.
+	Token string
+	// NoToken serves without a token: for a proxy mounted behind a handler
+	// that authenticates, or served on a socket only its user can reach.
+	NoToken bool
 	// Expose allows serving on an address that is not loopback. The proxy
 	// adds Header (the operator's credentials) to every call it forwards,
 	// so anyone who can reach its address can spend them: without Expose,
@@ -164,6 +175,7 @@ type Proxy struct {
 	srv         *http.Server
 	seq         atomic.Uint64
 	expose      bool
+	token       []byte // nil: no token required
 }
 
 // New returns a proxy to cfg.Upstream.
@@ -181,6 +193,12 @@ func New(cfg Config) (*Proxy, error) {
 	if u.User != nil {
 		return nil, fmt.Errorf("llmproxy: upstream %s: credentials in the URL are not sent; use Config.Header", u.Redacted())
 	}
+	switch {
+	case cfg.Token == "" && !cfg.NoToken:
+		return nil, errors.New("llmproxy: no token (set Config.Token, or Config.NoToken for a proxy behind its own authentication)")
+	case cfg.Token != "" && !validToken(cfg.Token):
+		return nil, errors.New("llmproxy: a token is 16 to 128 characters of [A-Za-z0-9_-]")
+	}
 	up := *u
 	up.Fragment, up.RawFragment = "", ""
 
@@ -192,6 +210,9 @@ func New(cfg Config) (*Proxy, error) {
 		header:      make(http.Header),
 		log:         cfg.Logger,
 		expose:      cfg.Expose,
+	}
+	if cfg.Token != "" {
+		p.token = []byte(cfg.Token)
 	}
 	if p.hooks == nil {
 		p.hooks = noHooks{}
@@ -284,6 +305,19 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 // ServeHTTP proxies one request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
+	if p.token != nil {
+		var ok bool
+		if r, ok = p.authenticate(r); !ok {
+			p.log.Warn("llmproxy: request without the endpoint's token refused", "method", r.Method, "remote", r.RemoteAddr)
+			p.refuse(w, r, http.StatusUnauthorized, "authentication_error", "llmproxy: this endpoint needs its token (in the base URL's path /t/TOKEN, or as the API key)")
+			return
+		}
+	}
+	if !forwarded(r.URL.Path) {
+		// The operator's credentials go only to the LLM API's own paths.
+		p.refuse(w, r, http.StatusForbidden, "permission_error", "llmproxy: "+r.URL.Path+" is not an LLM API path this proxy forwards")
+		return
+	}
 	api := classify(r.Method, r.URL.Path)
 	var c *Call
 	if api != "" {
@@ -348,6 +382,73 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() { p.finish(r.Context(), st, !completed) }()
 	p.rp.ServeHTTP(w, out)
 	completed = true
+}
+
+// refuse answers a request the proxy does not forward, in the API's style.
+func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, status int, akind, msg string) {
+	if r.Body != nil {
+		w.Header().Set("Connection", "close") // the body stays unread
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(errorBody(anthropicStyle("", r), "invalid_request_error", akind, msg))
+}
+
+// authenticate finds the endpoint's token in r: as the path's leading
+// "/t/TOKEN" (removed from the request's path) or in a header that
+// carries an API key (removed from the request's headers). It returns
+// the request to proxy and whether the token was there.
+func (p *Proxy) authenticate(r *http.Request) (*http.Request, bool) {
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/t/"); ok {
+		tok, tail, _ := strings.Cut(rest, "/")
+		if subtle.ConstantTimeCompare([]byte(tok), p.token) != 1 {
+			return r, false
+		}
+		r2 := r.Clone(r.Context())
+		r2.URL.Path = "/" + tail
+		r2.URL.RawPath = ""
+		if raw, ok := strings.CutPrefix(r.URL.RawPath, "/t/"+tok); ok {
+			r2.URL.RawPath = "/" + strings.TrimPrefix(raw, "/")
+		}
+		p.keyHeaders(r2)
+		return r2, true
+	}
+	r2 := r.Clone(r.Context())
+	return r2, p.keyHeaders(r2)
+}
+
+// keyHeaders removes the API-key headers of r that hold the token, and
+// reports whether one did.
+func (p *Proxy) keyHeaders(r *http.Request) bool {
+	found := false
+	for _, h := range []string{"Authorization", "X-Api-Key", "Api-Key"} {
+		v := r.Header.Get(h)
+		if h == "Authorization" {
+			var ok bool
+			if v, ok = strings.CutPrefix(v, "Bearer "); !ok {
+				continue
+			}
+		}
+		if v != "" && subtle.ConstantTimeCompare([]byte(v), p.token) == 1 {
+			r.Header.Del(h)
+			found = true
+		}
+	}
+	return found
+}
+
+// validToken reports whether s can be a token: long enough to guess
+// nothing, and made of characters that need no escaping in a path.
+func validToken(s string) bool {
+	if len(s) < 16 || len(s) > 128 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // readBody reads the request body whole, up to the proxy's limit. On failure

@@ -76,9 +76,16 @@ func upstream(t *testing.T, h http.HandlerFunc) *httptest.Server {
 	return srv
 }
 
-// start serves a proxy on a loopback port and returns its base URL.
+// testToken is the endpoint token of the proxies start serves.
+const testToken = "test-token-0123456789"
+
+// start serves a proxy on a loopback port and returns its base URL, the
+// token's path included.
 func start(t *testing.T, cfg Config) string {
 	t.Helper()
+	if cfg.Token == "" && !cfg.NoToken {
+		cfg.Token = testToken
+	}
 	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +95,10 @@ func start(t *testing.T, cfg Config) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	return "http://" + addr.String()
+	if cfg.NoToken {
+		return "http://" + addr.String()
+	}
+	return "http://" + addr.String() + "/t/" + cfg.Token
 }
 
 // post sends an SDK-shaped JSON request.
@@ -369,12 +379,12 @@ func TestGate(t *testing.T) {
 	}
 	base := start(t, Config{Upstream: mustURL(t, up.URL), Hooks: h})
 
-	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	conn, err := net.Dial("tcp", mustURL(t, base).Host)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatReq), chatReq)
+	fmt.Fprintf(conn, "POST /t/"+testToken+"/v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatReq), chatReq)
 
 	select {
 	case <-upstreamGot:
@@ -647,7 +657,7 @@ func TestPathMappingWithPrefix(t *testing.T) {
 		{"POST", "/responses", "/api/v1/responses?api-version=2024-06-01", APIOpenAIResponses},
 		{"POST", "/messages", "/api/v1/messages?api-version=2024-06-01", APIAnthropicMessages},
 		{"GET", "/v1/models?limit=2", "/api/v1/models?api-version=2024-06-01&limit=2", ""},
-		{"GET", "/v1/files/a%2Fb", "/api/v1/files/a%2Fb?api-version=2024-06-01", ""},
+		{"GET", "/v1/models/ft%3Agpt-4o", "/api/v1/models/ft%3Agpt-4o?api-version=2024-06-01", ""},
 	} {
 		req, _ := http.NewRequest(tc.method, base+tc.path, strings.NewReader(`{"model":"m"}`))
 		resp, err := http.DefaultClient.Do(req)
@@ -847,11 +857,16 @@ func TestNewValidates(t *testing.T) {
 	if _, err := New(Config{}); err == nil {
 		t.Error("New accepted no upstream")
 	}
+	for _, tok := range []string{"", "short", "has/slash-0123456789", "has space 0123456789"} {
+		if _, err := New(Config{Upstream: mustURL(t, "http://x/v1"), Token: tok}); err == nil {
+			t.Errorf("New accepted token %q", tok)
+		}
+	}
 }
 
 func TestServeAndShutdown(t *testing.T) {
 	up := upstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, chatReply) })
-	p, err := New(Config{Upstream: mustURL(t, up.URL)}) // no hooks
+	p, err := New(Config{Upstream: mustURL(t, up.URL), NoToken: true}) // no hooks
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -953,7 +968,7 @@ func TestCustomTransport(t *testing.T) {
 func TestListenLoopbackOnly(t *testing.T) {
 	up, _ := url.Parse("http://127.0.0.1:1")
 	newProxy := func(expose bool) *Proxy {
-		p, err := New(Config{Upstream: up, Header: http.Header{"Authorization": {"Bearer secret"}}, Expose: expose})
+		p, err := New(Config{Upstream: up, Header: http.Header{"Authorization": {"Bearer secret"}}, Expose: expose, Token: testToken})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -143,6 +143,25 @@ func (i Init) Alive() bool {
 	return err == nil && st == i.Start
 }
 
+// Signal sends sig to the init through a pidfd, checked against the
+// init's start time once opened: a recorded PID that another process took
+// over after the init exited (on the host, after a daemon restart) is
+// never signalled. It returns ESRCH when the init is gone.
+func (i Init) Signal(sig unix.Signal) error {
+	if i.Pid <= 0 {
+		return unix.ESRCH
+	}
+	fd, err := unix.PidfdOpen(i.Pid, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if st, err := procStart(i.Pid); err != nil || st != i.Start {
+		return unix.ESRCH
+	}
+	return unix.PidfdSendSignal(fd, sig, nil, 0)
+}
+
 // Dial opens a connection to the sandbox's init: one request (see
 // sbinit.Request) per connection. The requests are served in this
 // process, by the sandbox's sbinit.Agent, which starts processes through

@@ -219,7 +219,12 @@ func (p *proc) signal(sig unix.Signal, group bool) {
 	default:
 	}
 	if group && p.hostPid > 0 {
-		_ = unix.Kill(-p.hostPid, sig)
+		// Through the leader's pidfd (kernels from 6.9): the group
+		// number cannot have been reused by then.
+		err := unix.PidfdSendSignal(int(p.pidfd.Fd()), sig, nil, unix.PIDFD_SIGNAL_PROCESS_GROUP)
+		if errors.Is(err, unix.EINVAL) {
+			_ = unix.Kill(-p.hostPid, sig)
+		}
 		return
 	}
 	_ = unix.PidfdSendSignal(int(p.pidfd.Fd()), sig, nil, 0)
@@ -279,6 +284,27 @@ func (a *Agent) spawn(ps procSpec, files, keep []*os.File, tag string) (*proc, e
 	return a.newProc(pid, pidfd)
 }
 
+// killChild SIGKILLs child if it is still parent's child: it is pinned
+// with a pidfd first, so a number that exited and was reused by another
+// process (the host's too: numbers are allocated host-wide) after the
+// children list was read is not signalled.
+func killChild(parent, child int) {
+	fd, err := unix.PidfdOpen(child, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
+	if err != nil {
+		return
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if f := strings.Fields(string(b[i+1:])); i < 0 || len(f) < 2 || f[1] != strconv.Itoa(parent) {
+		return
+	}
+	_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+}
+
 // killBelow SIGKILLs every descendant of host process pid (not pid).
 func killBelow(pid int) {
 	if pid <= 0 {
@@ -289,7 +315,7 @@ func killBelow(pid int) {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
 		for _, f := range strings.Fields(string(b)) {
 			if c, err := strconv.Atoi(f); err == nil {
-				_ = unix.Kill(c, unix.SIGKILL)
+				killChild(pid, c)
 				killBelow(c)
 			}
 		}
