@@ -415,16 +415,18 @@ func (c *Cgroup) setCPU(millis int64) error {
 		}
 		return notAvailable("cpu")
 	}
-	// The quota first: a period shorter than a quota already set is
-	// fine, but a quota is checked against the current period.
-	if err := writeFile(filepath.Join(c.cpu, "cpu.cfs_quota_us"), "-1"); err != nil {
-		return err
-	}
-	if err := writeFile(filepath.Join(c.cpu, "cpu.cfs_period_us"), strconv.Itoa(CPUPeriodUs)); err != nil {
-		return err
+	if p, err := readInt(filepath.Join(c.cpu, "cpu.cfs_period_us")); err != nil || p != CPUPeriodUs {
+		// The kernel checks a new period against the quota in force:
+		// lift the quota, then set the period.
+		if err := writeFile(filepath.Join(c.cpu, "cpu.cfs_quota_us"), "-1"); err != nil {
+			return err
+		}
+		if err := writeFile(filepath.Join(c.cpu, "cpu.cfs_period_us"), strconv.Itoa(CPUPeriodUs)); err != nil {
+			return err
+		}
 	}
 	if millis == 0 {
-		return nil
+		return writeFile(filepath.Join(c.cpu, "cpu.cfs_quota_us"), "-1")
 	}
 	return writeFile(filepath.Join(c.cpu, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10))
 }

@@ -86,6 +86,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	if m.report(rec).State != v1.StateRunning {
 		return v1.Checkpoint{}, fmt.Errorf("a full checkpoint needs a running sandbox (it is %s; take an fs checkpoint): %w", m.report(rec).State, errdefs.ErrFailedPrecondition)
 	}
+	m.enforceLimits(&rec, "checkpoint")
 	id := newID()
 	root := m.sbRoot(rec.ID)
 	r := revert.New()
