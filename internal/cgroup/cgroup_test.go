@@ -179,7 +179,7 @@ func TestNewAddPids(t *testing.T) {
 				parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
 				ctrl := strings.Split(parts[1], ",")
 				match := h.unified && parts[1] == "" || len(h.controllers) > 0 && slices.Contains(ctrl, h.controllers[0])
-				if match && parts[2] == "/"+c.Name() {
+				if match && parts[2] == "/"+c.Name()+"/"+Leaf {
 					found = true
 				}
 			}
@@ -703,6 +703,8 @@ func TestParseMountinfo(t *testing.T) {
 			{root: "/sys/fs/cgroup/pids", controllers: []string{"pids"}},
 			{root: "/sys/fs/cgroup/devices", controllers: []string{"devices"}},
 			{root: "/sys/fs/cgroup/cpu,cpuacct", controllers: []string{"cpu", "cpuacct"}},
+			{root: "/sys/fs/cgroup/cpuset", controllers: []string{"cpuset"}},
+			{root: "/sys/fs/cgroup/systemd", controllers: []string{"name=systemd"}},
 			{root: "/sys/fs/cgroup/unified", unified: true},
 		}}},
 		{"v2", v2, &layout{mode: modeV2, hiers: []hierarchy{{root: "/sys/fs/cgroup", unified: true}}}},
