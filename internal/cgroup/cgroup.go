@@ -541,6 +541,10 @@ func (c *Cgroup) Add(pid int) error {
 	return nil
 }
 
+// Legacy reports whether the cgroup was made before leaves existed (its
+// processes are in the cgroup itself).
+func (c *Cgroup) Legacy() bool { return c.legacy }
+
 // ProcsDirs lists the directories Add puts processes in, one per
 // hierarchy, primary first.
 func (c *Cgroup) ProcsDirs() []string { return slices.Clone(c.procs) }

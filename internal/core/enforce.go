@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/store"
 )
 
@@ -164,4 +166,33 @@ func (m *Manager) enforceLimits(rec *sandboxRec, when string) {
 			m.log.Warn("cannot record limit tampering", "sandbox", rec.ID, "err", err)
 		}
 	}
+}
+
+// cgnsRoomBytes is the room of the helper that makes a sandbox's cgroup
+// namespace (a Go process for a few milliseconds).
+const cgnsRoomBytes = 32 << 20
+
+// cgroupNS opens a cgroup namespace rooted at the sandbox's leaf cgroup,
+// for the CRIU that restores its processes: CRIU with
+// --manage-cgroups=ignore makes none, and the tree inherits CRIU's. The
+// running init's is taken when it has one, else a helper makes one (a
+// fork's first restore, a resume). A legacy cgroup (no leaf) gets none
+// (File nil). The caller closes the Ref.
+func (m *Manager) cgroupNS(rec sandboxRec, cg *cgroup.Cgroup) (ns.Ref, error) {
+	if cg.Legacy() {
+		return ns.Ref{}, nil
+	}
+	if r, ok := rec.Init.OwnCgroupNS(); ok {
+		return r, nil
+	}
+	key := "cgns-" + newID()
+	if err := m.reserveRoom(rec, key, room{mem: cgnsRoomBytes, pids: 1}); err != nil {
+		return ns.Ref{}, err
+	}
+	defer m.releaseRoom(rec.ID, key)
+	r, err := m.launcher.CgroupNS(cg.Add)
+	if err != nil {
+		return ns.Ref{}, fmt.Errorf("cgroup namespace: %w", err)
+	}
+	return r, nil
 }
