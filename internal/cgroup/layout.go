@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -170,4 +171,27 @@ func Mode() string {
 		return modeNone
 	}
 	return l.mode
+}
+
+// Available reports whether the host's cgroups offer controller ctrl
+// ("memory", "pids", "cpu", "io"; "io" is blkio on v1) to sandboxes: on
+// v1 whether its hierarchy is mounted, on v2 whether the root offers it.
+func Available(ctrl string) bool {
+	l, err := hostLayout()
+	if err != nil {
+		return false
+	}
+	if l.mode == modeV2 {
+		b, err := os.ReadFile(filepath.Join(l.hiers[0].root, "cgroup.controllers"))
+		return err == nil && slices.Contains(strings.Fields(string(b)), ctrl)
+	}
+	if ctrl == "io" {
+		ctrl = "blkio"
+	}
+	for _, h := range l.hiers {
+		if slices.Contains(h.controllers, ctrl) {
+			return true
+		}
+	}
+	return false
 }

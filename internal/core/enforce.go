@@ -78,11 +78,22 @@ func (m *Manager) resolveResources(r v1.Resources) v1.Resources {
 		}
 		return auto
 	}
-	r.MemoryBytes = pick(r.MemoryBytes, def.MemoryBytes, DefaultMemory())
-	r.Pids = pick(r.Pids, def.Pids, DefaultPids)
-	r.CPUMillis = pick(r.CPUMillis, def.CPUMillis, DefaultCPUMillis())
-	if r.IOWeight == 0 {
-		r.IOWeight = max(def.IOWeight, 0)
+	// A default the host's cgroups cannot enforce is dropped (with a
+	// log line) rather than failing every create; a sandbox's own limit
+	// is refused there (not_supported).
+	avail := func(ctrl string, v, own int64) int64 {
+		if own == 0 && v > 0 && !cgroup.Available(ctrl) {
+			m.log.Warn("default limit not applied: no such cgroup controller here", "controller", ctrl)
+			return -1
+		}
+		return v
+	}
+	own := r
+	r.MemoryBytes = avail("memory", pick(r.MemoryBytes, def.MemoryBytes, DefaultMemory()), own.MemoryBytes)
+	r.Pids = avail("pids", pick(r.Pids, def.Pids, DefaultPids), own.Pids)
+	r.CPUMillis = avail("cpu", pick(r.CPUMillis, def.CPUMillis, DefaultCPUMillis()), own.CPUMillis)
+	if r.IOWeight == 0 && def.IOWeight > 0 && avail("io", def.IOWeight, 0) > 0 {
+		r.IOWeight = def.IOWeight
 	}
 	return r
 }

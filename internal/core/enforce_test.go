@@ -355,6 +355,9 @@ func TestLimitsAcrossCheckpoints(t *testing.T) {
 		sandboxLimitsOK(t, m, sb.ID, res, tier+" rollback")
 		checkHierarchies(t, m, sb.ID, tier+" rollback")
 	}
+	// A fork restored by CRIU (one adopting the source's standby keeps
+	// the source's cgroup namespace: docs/architecture.md, Limits).
+	m.dropStandby(sb.ID, false)
 	fr, err := m.Fork(ctx, sb.ID, v1.ForkRequest{Checkpoint: ck.ID, N: 1})
 	if err != nil {
 		t.Fatal(err)
