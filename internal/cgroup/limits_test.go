@@ -244,3 +244,19 @@ func TestDefaultCPUPeriod(t *testing.T) {
 		t.Fatalf("MinCPUMillis %d gives a quota below the kernel's 1 ms", MinCPUMillis)
 	}
 }
+
+func TestReadLimit(t *testing.T) {
+	dir := t.TempDir()
+	for in, want := range map[string]int64{
+		"max\n": 0, "-1\n": 0, "9223372036854771712\n": 0, "4096\n": 4096,
+		"default 100\n": 100, "default 250\n8:0 100\n": 250,
+	} {
+		p := filepath.Join(dir, "f")
+		if err := os.WriteFile(p, []byte(in), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := readLimit(p); err != nil || got != want {
+			t.Errorf("readLimit(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+}

@@ -164,7 +164,7 @@ func TestForkBombContained(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
 	const limit = 64
-	m.cfg.DefaultResources = v1.Resources{Pids: limit}
+	m.cfg.DefaultResources = v1.Resources{Pids: limit, CPUMillis: 500}
 	bomb := newSandbox(t, m)
 	m.cfg.DefaultResources = v1.Resources{}
 	neighbour := newSandbox(t, m)
