@@ -358,6 +358,32 @@ func (c *Cgroup) denyDevices() error {
 	return nil
 }
 
+// fixDevices brings the device list back to allowedDevices. The kernel
+// refuses "a" (all devices) in either file of a cgroup with children,
+// and the leaf is one: the extra entries are denied one by one and the
+// missing ones allowed. (With the leaf in place nothing can have set
+// "a *:* rwm" either.)
+func (c *Cgroup) fixDevices(list []string) error {
+	if len(c.procs) > 0 && !c.legacy && slices.Contains(list, "a *:* rwm") {
+		return fmt.Errorf("devices: %s allows every device: %w", c.devices, errdefs.ErrFailedPrecondition)
+	}
+	if c.legacy || !isDir(filepath.Join(c.devices, Leaf)) {
+		return c.denyDevices()
+	}
+	var errs []error
+	for _, e := range list {
+		if e != "" && !slices.Contains(allowedDevices, e) {
+			errs = append(errs, writeFile(filepath.Join(c.devices, "devices.deny"), e))
+		}
+	}
+	for _, e := range allowedDevices {
+		if !slices.Contains(list, e) {
+			errs = append(errs, writeFile(filepath.Join(c.devices, "devices.allow"), e))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // limitFile is the file and value that set one limit.
 func (c *Cgroup) memoryFile() (string, string) {
 	if c.v2 {
@@ -803,13 +829,36 @@ func (c *Cgroup) Enforce(res Resources) ([]Drift, error) {
 			errs = append(errs, err)
 		} else if list := strings.Split(strings.TrimSpace(string(b)), "\n"); !slices.Equal(list, allowedDevices) {
 			drifts = append(drifts, Drift{"devices", strings.Join(allowedDevices, ", "), strings.Join(list, ", ")})
-			errs = append(errs, c.denyDevices())
+			errs = append(errs, c.fixDevices(list))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return drifts, fmt.Errorf("enforce limits of cgroup %s: %w", c.name, err)
 	}
 	return drifts, nil
+}
+
+// PidsLimitHits reports how many forks the pids limit refused in the
+// cgroup (pids.events "max"; v1 counts them in the cgroup the fork was
+// tried in, the leaf, v2 in the one whose limit was hit), 0 without a
+// pids controller.
+func (c *Cgroup) PidsLimitHits() int64 {
+	if c.pids == "" {
+		return 0
+	}
+	var n int64
+	for _, dir := range []string{c.pids, filepath.Join(c.pids, Leaf)} {
+		b, err := os.ReadFile(filepath.Join(dir, "pids.events"))
+		if err != nil {
+			continue
+		}
+		if v, ok := keyValue(b, "max"); ok {
+			if k, err := strconv.ParseInt(v, 10, 64); err == nil {
+				n = max(n, k)
+			}
+		}
+	}
+	return n
 }
 
 // OOMKills reports how many processes the kernel's OOM killer has

@@ -180,15 +180,7 @@ func TestForkBombContained(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no fork was refused in 60 s")
 		}
-		if d := v1Dir(bomb.ID, "pids"); d != "" {
-			b, _ := os.ReadFile(filepath.Join(d, "pids.events"))
-			_, v, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
-			refused, _ = strconv.ParseInt(v, 10, 64)
-		} else {
-			b, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", cgroupName(bomb.ID), "pids.events"))
-			_, v, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
-			refused, _ = strconv.ParseInt(v, 10, 64)
-		}
+		refused = cg.PidsLimitHits()
 	}
 	time.Sleep(500 * time.Millisecond)
 	st, err := cg.Stats()
@@ -291,7 +283,7 @@ func TestLimitsTampered(t *testing.T) {
 		wantLimits = append(wantLimits, "cpu")
 	}
 	if d := v1Dir(sb.ID, "devices"); d != "" {
-		if err := os.WriteFile(filepath.Join(d, "devices.allow"), []byte("a"), 0); err != nil {
+		if err := os.WriteFile(filepath.Join(d, "devices.allow"), []byte("c 1:11 rwm"), 0); err != nil {
 			t.Fatal(err)
 		}
 		wantLimits = append(wantLimits, "devices")
@@ -307,7 +299,7 @@ func TestLimitsTampered(t *testing.T) {
 		t.Errorf("after tampering with %v: %d, %+v", wantLimits, got.LimitsTampered, got.LastTampered)
 	}
 	sandboxLimitsOK(t, m, sb.ID, got.Resources, "after the restore")
-	if lst, _ := os.ReadFile(filepath.Join(v1Dir(sb.ID, "devices"), "devices.list")); strings.Contains(string(lst), "a *:* rwm") {
+	if lst, _ := os.ReadFile(filepath.Join(v1Dir(sb.ID, "devices"), "devices.list")); strings.Contains(string(lst), "c 1:11") {
 		t.Errorf("devices still open: %s", lst)
 	}
 	_ = cg
