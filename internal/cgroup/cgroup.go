@@ -872,14 +872,25 @@ func (c *Cgroup) OOMKills() (int64, error) {
 	if !c.v2 {
 		file = "memory.oom_control"
 	}
-	b, err := os.ReadFile(filepath.Join(c.memory, file))
-	if err != nil {
-		return 0, fmt.Errorf("oom kills of cgroup %s: %w", c.name, err)
-	}
-	for line := range strings.Lines(string(b)) {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), " "); ok && k == "oom_kill" {
-			return strconv.ParseInt(v, 10, 64)
+	// v1 counts a kill in the victim's own cgroup (the leaf) only; v2
+	// in the leaf and every ancestor: the larger of the two is the
+	// cgroup's.
+	var n int64
+	for i, dir := range []string{c.memory, filepath.Join(c.memory, Leaf)} {
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if i > 0 && errors.Is(err, fs.ErrNotExist) {
+			break // a legacy cgroup, or v2 without the controller below
+		}
+		if err != nil {
+			return 0, fmt.Errorf("oom kills of cgroup %s: %w", c.name, err)
+		}
+		if v, ok := keyValue(b, "oom_kill"); ok {
+			k, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("oom kills of cgroup %s: %w", c.name, err)
+			}
+			n = max(n, k)
 		}
 	}
-	return 0, nil
+	return n, nil
 }
