@@ -17,12 +17,12 @@ import (
 var names = map[int]string{unix.CLONE_NEWNET: "net", unix.CLONE_NEWUTS: "uts", unix.CLONE_NEWIPC: "ipc", unix.CLONE_NEWCGROUP: "cgroup"}
 
 // Name is the /proc/PID/ns entry of a namespace type ("net", "uts",
-// "ipc"), or "" for a type this package does not handle.
+// "ipc", "cgroup"), or "" for a type this package does not handle.
 func Name(nstype int) string { return names[nstype] }
 
 // Ref is an open namespace of one type.
 type Ref struct {
-	Type int // CLONE_NEWNET, CLONE_NEWUTS or CLONE_NEWIPC
+	Type int // CLONE_NEWNET, CLONE_NEWUTS, CLONE_NEWIPC or CLONE_NEWCGROUP
 	File *os.File
 }
 
