@@ -96,3 +96,16 @@ func FuzzValidEnv(f *testing.F) {
 		}
 	})
 }
+
+func TestResourcesValidate(t *testing.T) {
+	for _, r := range []Resources{{}, {MemoryBytes: -1, Pids: -1, CPUMillis: -1}, {MemoryBytes: 1 << 30, Pids: 10, CPUMillis: 10, IOWeight: 10000}} {
+		if err := r.Validate(); err != nil {
+			t.Errorf("%+v: %v", r, err)
+		}
+	}
+	for _, r := range []Resources{{MemoryBytes: -2}, {Pids: -5}, {CPUMillis: 5}, {IOWeight: -1}, {IOWeight: 10001}, {MemoryBytes: 4096}, {StandbyBudgetBytes: -2}} {
+		if err := r.Validate(); err == nil {
+			t.Errorf("%+v accepted", r)
+		}
+	}
+}

@@ -117,9 +117,25 @@ type Progress struct {
 }
 
 // Resources limits a sandbox.
+//
+// In a request, 0 (or an omitted field) takes the daemon's default
+// (molt daemon --default-memory, --default-pids, --default-cpus) and -1
+// asks for no limit. In a Sandbox, Resources are the limits in force: a
+// positive value is the limit, -1 (or 0, in a sandbox created before
+// defaults existed) means none.
 type Resources struct {
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	Pids        int64 `json:"pids,omitempty"`
+	// CPUMillis is the CPU bandwidth in thousandths of a CPU: 1500 lets
+	// the sandbox use one and a half CPUs' worth of time (cgroup
+	// cpu.max / cpu.cfs_quota_us over a 100 ms period); at least 10.
+	CPUMillis int64 `json:"cpu_millis,omitempty"`
+	// IOWeight is the sandbox's proportional share of block I/O
+	// (cgroup v2 io.weight, 1-10000, 100 being the kernel's default;
+	// cgroup v1 blkio.weight or blkio.bfq.weight, 1-1000). 0 leaves the
+	// kernel's default; a host without a weight file refuses any other
+	// value (not_supported).
+	IOWeight int64 `json:"io_weight,omitempty"`
 	// StandbyBudgetBytes bounds the memory of the sandbox's standbys
 	// (pre-restored checkpoints for hot rollback, counted by the size of
 	// their images) within the host's standby budget: 0 takes the
@@ -130,6 +146,18 @@ type Resources struct {
 	// EDQUOT inside the sandbox. 0 takes the daemon's default
 	// (--default-disk), -1 asks for none.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// LimitsTampered is one time the daemon found a sandbox's cgroup limits
+// changed behind its back (at a checkpoint or a restore) and wrote them
+// back.
+type LimitsTampered struct {
+	Time time.Time `json:"time"`
+	// When is the operation that found it: "checkpoint" or "restore".
+	When string `json:"when"`
+	// Limits lists each limit found changed: "pids: want 4096, found
+	// unlimited".
+	Limits []string `json:"limits"`
 }
 
 // SandboxCreateRequest creates a sandbox from an image.
@@ -172,6 +200,11 @@ type Sandbox struct {
 	// DiskUsedBytes is what the sandbox's root and checkpoints hold
 	// against its disk quota (Resources.DiskBytes); omitted without one.
 	DiskUsedBytes int64 `json:"disk_used_bytes,omitempty"`
+	// LimitsTampered counts the times the daemon found the sandbox's
+	// limits changed behind its back and restored them; LastTampered is
+	// the latest.
+	LimitsTampered int             `json:"limits_tampered,omitempty"`
+	LastTampered   *LimitsTampered `json:"last_tampered,omitempty"`
 }
 
 // Session is a persistent shell inside a sandbox.

@@ -73,7 +73,36 @@ func (r SandboxCreateRequest) Validate() error {
 	if err := noNUL("hostname", r.Hostname); err != nil {
 		return err
 	}
+	if err := r.Resources.Validate(); err != nil {
+		return err
+	}
 	return ValidEnv(r.Env)
+}
+
+// MinCPUMillis is the smallest CPU limit (the kernel refuses a quota
+// below 1 ms per 100 ms period).
+const MinCPUMillis = 10
+
+// Validate checks the limits of a request: 0 (the daemon's default), -1
+// (none) or a positive limit.
+func (r Resources) Validate() error {
+	for _, l := range []struct {
+		name string
+		v    int64
+	}{{"memory_bytes", r.MemoryBytes}, {"pids", r.Pids}, {"cpu_millis", r.CPUMillis}, {"standby_budget_bytes", r.StandbyBudgetBytes}, {"disk_bytes", r.DiskBytes}} {
+		if l.v < -1 {
+			return fmt.Errorf("resources: %s=%d: want 0 (the daemon's default), -1 (none) or a limit", l.name, l.v)
+		}
+	}
+	switch {
+	case r.MemoryBytes > 0 && r.MemoryBytes < 1<<20:
+		return fmt.Errorf("resources: memory_bytes=%d: want at least 1 MiB", r.MemoryBytes)
+	case r.CPUMillis > 0 && r.CPUMillis < MinCPUMillis:
+		return fmt.Errorf("resources: cpu_millis=%d: want at least %d", r.CPUMillis, MinCPUMillis)
+	case r.IOWeight < 0 || r.IOWeight > 10000:
+		return fmt.Errorf("resources: io_weight=%d: want 0 (the kernel's default) or 1-10000", r.IOWeight)
+	}
+	return nil
 }
 
 // Validate checks what can be checked without the daemon's state.

@@ -126,6 +126,8 @@ func parseReserve(s string) (bytes int64, percent float64, err error) {
 
 func daemonCmd(g *globals) *cobra.Command {
 	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve, defaultDisk string
+	var defMemory, defPids, defCPUs string
+	var defIOWeight int64
 	var workers, criuLog int
 	var dynMods, cow, tmpl, diskQuota bool
 	var frozenDeadline time.Duration
@@ -167,6 +169,10 @@ func daemonCmd(g *globals) *cobra.Command {
 			if frozenDeadline == 0 {
 				frozenDeadline = -1 // none
 			}
+			defaults, err := parseResources(defMemory, defPids, defCPUs, defIOWeight)
+			if err != nil {
+				return err
+			}
 			if criuLog < 1 || criuLog > 4 {
 				return fmt.Errorf("--criu-log-level %d: want 1 (errors) to 4 (debugging)", criuLog)
 			}
@@ -184,7 +190,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl,
-					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, NoDiskQuota: !diskQuota},
+					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, NoDiskQuota: !diskQuota, DefaultResources: defaults},
 				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs},
 			})
 		},
@@ -205,6 +211,10 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().DurationVar(&frozenDeadline, "frozen-deadline", core.DefaultFrozenDeadline, "longest a capture may keep a sandbox frozen (fs snapshot, CRIU dump, copy-on-write protection, template copies), plus 1 s per 128 MiB of the tree's private memory for a full checkpoint; past it the capture is aborted (CRIU killed), the sandbox thawed and the error names the step that hung (0: no deadline)")
 	c.Flags().StringVar(&sockGroup, "socket-group", "", "group (name or gid) whose members may use the daemon socket (mode 0660); without it only root may (0600)")
 	c.Flags().IntSliceVar(&sockUIDs, "socket-uid", nil, "further uid allowed on the daemon socket, checked with SO_PEERCRED (repeatable; the user still needs the socket file's permission, e.g. through --socket-group)")
+	c.Flags().StringVar(&defMemory, "default-memory", "auto", "memory limit of a sandbox created without --memory: a size, 0 or unlimited for none, auto for half the host's RAM up to 4G")
+	c.Flags().StringVar(&defPids, "default-pids", "auto", "process limit of a sandbox created without --pids: a count, 0 or unlimited for none, auto for 4096")
+	c.Flags().StringVar(&defCPUs, "default-cpus", "auto", "CPU limit of a sandbox created without --cpus: CPUs as 1.5, 0 or unlimited for none, auto for the host's CPU count")
+	c.Flags().Int64Var(&defIOWeight, "default-io-weight", 0, "block I/O weight of a sandbox created without --io-weight (0: the kernel's default)")
 	c.Flags().IntVar(&criuLog, "criu-log-level", core.DefaultCRIULogLevel, "CRIU's log level for checkpoints and restores: 1 errors, 2 and warnings, 4 debugging (adds milliseconds to every checkpoint's frozen window)")
 	return c
 }
@@ -341,9 +351,9 @@ func parseEnv(kvs []string) (map[string]string, error) {
 }
 
 func createCmd(g *globals) *cobra.Command {
-	var name, hostname, memory, standbyBudget, disk string
+	var name, hostname, memory, pids, cpus, standbyBudget, disk string
 	var env []string
-	var pids int64
+	var ioWeight int64
 	c := &cobra.Command{
 		Use: "create IMAGE", Short: "Create and start a sandbox; prints its ID", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -353,11 +363,9 @@ func createCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var mem int64
-			if memory != "" {
-				if mem, err = parseSize(memory); err != nil {
-					return err
-				}
+			res, err := parseResources(memory, pids, cpus, ioWeight)
+			if err != nil {
+				return err
 			}
 			var sby int64 // the daemon's default
 			switch standbyBudget {
@@ -386,7 +394,7 @@ func createCmd(g *globals) *cobra.Command {
 				}
 			}
 			sb, err := g.client().Create(ctx, v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
-				Resources: v1.Resources{MemoryBytes: mem, Pids: pids, StandbyBudgetBytes: sby, DiskBytes: diskBytes}})
+				Resources: v1.Resources{MemoryBytes: res.MemoryBytes, Pids: res.Pids, CPUMillis: res.CPUMillis, IOWeight: res.IOWeight, StandbyBudgetBytes: sby, DiskBytes: diskBytes}})
 			if err != nil {
 				return err
 			}
@@ -396,8 +404,10 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&name, "name", "", "sandbox name")
 	c.Flags().StringVar(&hostname, "hostname", "", "hostname (default: the name, or molt-ID)")
 	c.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE for every command (repeatable)")
-	c.Flags().StringVar(&memory, "memory", "", "memory limit (e.g. 2G)")
-	c.Flags().Int64Var(&pids, "pids", 0, "process limit")
+	c.Flags().StringVar(&memory, "memory", "", "memory limit (e.g. 2G; 0 or unlimited for none; default: the daemon's --default-memory)")
+	c.Flags().StringVar(&pids, "pids", "", "process (task) limit (0 or unlimited for none; default: the daemon's --default-pids)")
+	c.Flags().StringVar(&cpus, "cpus", "", "CPU limit in CPUs, as 1.5 (0 or unlimited for none; default: the daemon's --default-cpus)")
+	c.Flags().Int64Var(&ioWeight, "io-weight", 0, "proportional block I/O weight, 1-10000 on cgroup v2 and 1-1000 on v1 (0: the kernel's default, 100); refused where the host has no weight file")
 	c.Flags().StringVar(&disk, "disk", "", "disk quota: the sandbox's files and its checkpoints' together, past which its writes fail with EDQUOT (e.g. 10G; none for no quota; default: the daemon's --default-disk)")
 	c.Flags().StringVar(&standbyBudget, "standby-budget", "", "memory for this sandbox's standbys (hot rollback), within the host's (e.g. 512M; 0 for none; default: the daemon's --sandbox-standby-budget)")
 	return c
@@ -452,6 +462,16 @@ func inspectCmd(g *globals) *cobra.Command {
 					fmt.Printf("reason:    %s\n", sb.Reason)
 				}
 				fmt.Printf("head:      %s\ncreated:   %s\n", dash(sb.Head), sb.Created.Local().Format(time.RFC3339))
+				r := sb.Resources
+				fmt.Printf("limits:    memory %s, pids %s, cpus %s", showLimit(r.MemoryBytes, human), showLimit(r.Pids, func(v int64) string { return strconv.FormatInt(v, 10) }),
+					showLimit(r.CPUMillis, func(v int64) string { return strconv.FormatFloat(float64(v)/1000, 'f', -1, 64) }))
+				if r.IOWeight > 0 {
+					fmt.Printf(", io weight %d", r.IOWeight)
+				}
+				fmt.Println()
+				if sb.LimitsTampered > 0 && sb.LastTampered != nil {
+					fmt.Printf("tampered:  %d times; last %s at %s: %s\n", sb.LimitsTampered, sb.LastTampered.When, sb.LastTampered.Time.Local().Format(time.RFC3339), strings.Join(sb.LastTampered.Limits, "; "))
+				}
 				if sb.ForkedFrom != "" {
 					fmt.Printf("forked:    from checkpoint %s\n", sb.ForkedFrom)
 				}

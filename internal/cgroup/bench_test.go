@@ -124,3 +124,21 @@ func BenchmarkMoveVsLimits(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkEnforce is the daemon's limit check at every checkpoint and
+// restore when nothing changed.
+func BenchmarkEnforce(b *testing.B) {
+	testutil.RequireRoot(b)
+	l, err := hostLayout()
+	if err != nil {
+		b.Skip(err)
+	}
+	res := Resources{MemoryMax: 256 << 20, PidsMax: 48, CPUMillis: 1000}
+	c := newTest(b, l, res)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if d, err := c.Enforce(res); err != nil || len(d) != 0 {
+			b.Fatal(d, err)
+		}
+	}
+}

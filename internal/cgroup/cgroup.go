@@ -20,7 +20,29 @@ import (
 type Resources struct {
 	MemoryMax int64 // bytes; 0 = unlimited
 	PidsMax   int64 // 0 = unlimited
+	// CPUMillis is the CPU bandwidth in thousandths of a CPU (1000 = one
+	// CPU's worth of time per period); 0 = unlimited.
+	CPUMillis int64
+	// IOWeight is the proportional I/O weight (v2 io.weight: 1-10000,
+	// v1 blkio.weight/blkio.bfq.weight: 1-1000); 0 leaves the kernel's
+	// default and is neither written nor checked.
+	IOWeight int64
 }
+
+// CPUPeriodUs is the CFS period the CPU limit is expressed in.
+const CPUPeriodUs = 100000
+
+// MinCPUMillis is the smallest CPU limit: the kernel refuses a quota
+// below 1 ms per period.
+const MinCPUMillis = 10
+
+// Leaf is the child cgroup that holds a sandbox's processes. The limits
+// are written one level up, in a cgroup no sandbox process is in: a
+// process that gains the rights to write cgroup files (root in a user
+// namespace of its own, with a cgroup namespace and a cgroupfs mount)
+// reaches only its own cgroup namespace's root, the leaf, whose limits
+// can only tighten the parent's.
+const Leaf = "sandbox"
 
 // Stats is a snapshot of a cgroup's usage.
 type Stats struct {
@@ -40,14 +62,19 @@ var allowedDevices = []string{
 	"c 136:* rwm", // pts
 }
 
-// Cgroup is one sandbox's cgroup, present in every hierarchy molt uses.
+// Cgroup is one sandbox's cgroup, present in every hierarchy of the host.
 type Cgroup struct {
 	name string
 	v2   bool     // the only hierarchy is cgroup2 and holds the controllers
-	dirs []string // one per hierarchy, primary first
+	dirs []string // one per hierarchy, primary first: where the limits are
+	// procs are where processes are added, one per hierarchy: the Leaf
+	// under each of dirs, or dirs themselves for a cgroup made before
+	// leaves existed (legacy).
+	procs  []string
+	legacy bool
 
 	// Directories by role; "" when the host lacks that hierarchy.
-	unified, freezer, memory, pids, devices string
+	unified, freezer, memory, pids, devices, cpu, blkio string
 
 	// cgroup2 interface files in unified, probed when the cgroup is opened.
 	hasFreeze2, hasKill2 bool
@@ -62,10 +89,11 @@ func (l *layout) cgroup(name string) *Cgroup {
 	for _, h := range l.hiers {
 		dir := filepath.Join(h.root, name)
 		c.dirs = append(c.dirs, dir)
+		c.procs = append(c.procs, filepath.Join(dir, Leaf))
 		if h.unified {
 			c.unified = dir
 			if c.v2 {
-				c.memory, c.pids = dir, dir
+				c.memory, c.pids, c.cpu, c.blkio = dir, dir, dir, dir
 			}
 			continue
 		}
@@ -79,6 +107,10 @@ func (l *layout) cgroup(name string) *Cgroup {
 				c.pids = dir
 			case "devices":
 				c.devices = dir
+			case "cpu":
+				c.cpu = dir
+			case "blkio":
+				c.blkio = dir
 			}
 		}
 	}
@@ -99,10 +131,23 @@ func validName(name string) error {
 	return nil
 }
 
+func (r Resources) check() error {
+	switch {
+	case r.MemoryMax < 0 || r.PidsMax < 0 || r.CPUMillis < 0 || r.IOWeight < 0:
+		return fmt.Errorf("negative limit: %w", errdefs.ErrInvalidArgument)
+	case r.CPUMillis > 0 && r.CPUMillis < MinCPUMillis:
+		return fmt.Errorf("cpu limit %d millicpus: want at least %d: %w", r.CPUMillis, MinCPUMillis, errdefs.ErrInvalidArgument)
+	case r.IOWeight > 10000:
+		return fmt.Errorf("io weight %d: want 1-10000: %w", r.IOWeight, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
 // New creates the cgroup named name (e.g. "molt/<id>", relative to each
-// hierarchy root) and applies res. On v1 it also restricts devices to
-// allowedDevices. It fails with errdefs.ErrAlreadyExists if the cgroup
-// exists, and removes whatever it created when it fails.
+// hierarchy root) in every hierarchy of the host, with its Leaf, and
+// applies res. On v1 it also restricts devices to allowedDevices. It
+// fails with errdefs.ErrAlreadyExists if the cgroup exists, and removes
+// whatever it created when it fails.
 func New(name string, res Resources) (*Cgroup, error) {
 	l, err := hostLayout()
 	if err != nil {
@@ -115,8 +160,8 @@ func newIn(l *layout, name string, res Resources) (_ *Cgroup, retErr error) {
 	if err := validName(name); err != nil {
 		return nil, fmt.Errorf("create cgroup: %w", err)
 	}
-	if res.MemoryMax < 0 || res.PidsMax < 0 {
-		return nil, fmt.Errorf("create cgroup %s: negative limit: %w", name, errdefs.ErrInvalidArgument)
+	if err := res.check(); err != nil {
+		return nil, fmt.Errorf("create cgroup %s: %w", name, err)
 	}
 	c := l.cgroup(name)
 	var undo revert
@@ -136,19 +181,34 @@ func newIn(l *layout, name string, res Resources) (_ *Cgroup, retErr error) {
 		return f()
 	}
 	fail := func(err error) error { return fmt.Errorf("create cgroup %s: %w", name, err) }
-
-	limits := res.MemoryMax > 0 || res.PidsMax > 0
-	for i, h := range l.hiers {
-		dir := c.dirs[i]
-		if err := step("mkdir "+dir, func() error { return mkdirCgroup(h, c.v2, name, limits) }); err != nil {
-			return nil, fail(err)
-		}
-		undo.add(func() error {
+	rmdir := func(dir string) func() error {
+		return func() error {
 			if err := unix.Rmdir(dir); err != nil && err != unix.ENOENT {
 				return &fs.PathError{Op: "rmdir", Path: dir, Err: err}
 			}
 			return nil
-		})
+		}
+	}
+
+	var want []string // v2 controllers the limits need
+	if res.MemoryMax > 0 {
+		want = append(want, "memory")
+	}
+	if res.PidsMax > 0 {
+		want = append(want, "pids")
+	}
+	if res.CPUMillis > 0 {
+		want = append(want, "cpu")
+	}
+	if res.IOWeight > 0 {
+		want = append(want, "io")
+	}
+	for i, h := range l.hiers {
+		dir := c.dirs[i]
+		if err := step("mkdir "+dir, func() error { return mkdirCgroup(h, c.v2, name, want) }); err != nil {
+			return nil, fail(err)
+		}
+		undo.add(rmdir(dir))
 	}
 	c.probe()
 
@@ -168,34 +228,53 @@ func newIn(l *layout, name string, res Resources) (_ *Cgroup, retErr error) {
 		}
 	}
 	if res.MemoryMax > 0 {
-		file := "memory.max"
-		if !c.v2 {
-			file = "memory.limit_in_bytes"
-		}
-		if err := step("memory", func() error { return c.setLimit(c.memory, "memory", file, res.MemoryMax) }); err != nil {
+		if err := step("memory", func() error { return c.setMemory(res.MemoryMax) }); err != nil {
 			return nil, fail(err)
 		}
 	}
 	if res.PidsMax > 0 {
-		if err := step("pids", func() error { return c.setLimit(c.pids, "pids", "pids.max", res.PidsMax) }); err != nil {
+		if err := step("pids", func() error { return c.setPids(res.PidsMax) }); err != nil {
 			return nil, fail(err)
 		}
+	}
+	if res.CPUMillis > 0 {
+		if err := step("cpu", func() error { return c.setCPU(res.CPUMillis) }); err != nil {
+			return nil, fail(err)
+		}
+	}
+	if res.IOWeight > 0 {
+		if err := step("io", func() error { return c.setIOWeight(res.IOWeight) }); err != nil {
+			return nil, fail(err)
+		}
+	}
+	// The leaves last: a v1 devices child copies its parent's list when
+	// it is made, and the processes must never see the limits unset.
+	for i, h := range l.hiers {
+		dir := c.procs[i]
+		if err := step("mkdir "+dir, func() error { return mkdirLeaf(h, dir) }); err != nil {
+			return nil, fail(err)
+		}
+		undo.add(rmdir(dir))
 	}
 	return c, nil
 }
 
 // mkdirCgroup creates name under h, creating shared parents as needed. On
-// v2 it first enables the memory and pids controllers down the path; a
-// failure to do so only matters when limits are wanted.
-func mkdirCgroup(h hierarchy, v2 bool, name string, limits bool) error {
+// v2 it first enables the memory, pids, cpu and io controllers down the
+// path, as far as each parent offers them; a failure to enable one only
+// matters when its limit is wanted. In a v1 cpuset hierarchy every
+// directory on the path gets its parent's cpus and mems (a new cpuset
+// has none, and no task can join it then).
+func mkdirCgroup(h hierarchy, v2 bool, name string, want []string) error {
 	dir := h.root
 	parts := strings.Split(name, "/")
 	for i, p := range parts {
 		if v2 {
-			if err := enableControllers(dir); err != nil && limits {
+			if err := enableControllers(dir, want); err != nil {
 				return err
 			}
 		}
+		parent := dir
 		dir = filepath.Join(dir, p)
 		err := unix.Mkdir(dir, 0o755)
 		switch {
@@ -204,13 +283,57 @@ func mkdirCgroup(h hierarchy, v2 bool, name string, limits bool) error {
 		case err != nil && err != unix.EEXIST:
 			return &fs.PathError{Op: "mkdir", Path: dir, Err: err}
 		}
+		if slices.Contains(h.controllers, "cpuset") {
+			if err := inheritCpuset(parent, dir); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
 
-// enableControllers enables memory and pids for the children of the v2
-// cgroup dir, as far as dir offers them.
-func enableControllers(dir string) error {
+// mkdirLeaf creates the leaf dir of a cgroup in h.
+func mkdirLeaf(h hierarchy, dir string) error {
+	if err := unix.Mkdir(dir, 0o755); err != nil {
+		return &fs.PathError{Op: "mkdir", Path: dir, Err: err}
+	}
+	if slices.Contains(h.controllers, "cpuset") {
+		return inheritCpuset(filepath.Dir(dir), dir)
+	}
+	return nil
+}
+
+// inheritCpuset gives the cpuset dir its parent's cpus and mems when it
+// has none.
+func inheritCpuset(parent, dir string) error {
+	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+		cur, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(cur)) != "" {
+			continue
+		}
+		v, err := os.ReadFile(filepath.Join(parent, f))
+		if err != nil {
+			return err
+		}
+		if err := writeFile(filepath.Join(dir, f), strings.TrimSpace(string(v))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// baseControllers are enabled on v2 whenever the parents offer them.
+var baseControllers = []string{"memory", "pids", "cpu", "io"}
+
+// enableControllers enables the memory, pids, cpu and io controllers for
+// the children of the v2 cgroup dir, as far as dir offers them. Each is
+// enabled on its own, as one that cannot be (cpu, with real-time tasks
+// around) must not keep the others off; the error of one only counts
+// when it is in want.
+func enableControllers(dir string, want []string) error {
 	avail, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
 	if err != nil {
 		return err
@@ -219,16 +342,15 @@ func enableControllers(dir string) error {
 	if err != nil {
 		return err
 	}
-	var add []string
-	for _, ctrl := range []string{"memory", "pids"} {
-		if slices.Contains(strings.Fields(string(avail)), ctrl) && !slices.Contains(strings.Fields(string(enabled)), ctrl) {
-			add = append(add, "+"+ctrl)
+	for _, ctrl := range baseControllers {
+		if !slices.Contains(strings.Fields(string(avail)), ctrl) || slices.Contains(strings.Fields(string(enabled)), ctrl) {
+			continue
+		}
+		if err := writeFile(filepath.Join(dir, "cgroup.subtree_control"), "+"+ctrl); err != nil && slices.Contains(want, ctrl) {
+			return err
 		}
 	}
-	if len(add) == 0 {
-		return nil
-	}
-	return writeFile(filepath.Join(dir, "cgroup.subtree_control"), strings.Join(add, " "))
+	return nil
 }
 
 func (c *Cgroup) denyDevices() error {
@@ -243,12 +365,147 @@ func (c *Cgroup) denyDevices() error {
 	return nil
 }
 
-func (c *Cgroup) setLimit(dir, controller, file string, v int64) error {
-	path := filepath.Join(dir, file)
-	if dir == "" || !fileExists(path) {
-		return fmt.Errorf("%s limit: %s controller not available: %w", controller, controller, errdefs.ErrNotSupported)
+// fixDevices brings the device list back to allowedDevices. The kernel
+// refuses "a" (all devices) in either file of a cgroup with children,
+// and the leaf is one: the extra entries are denied one by one and the
+// missing ones allowed. (With the leaf in place nothing can have set
+// "a *:* rwm" either.)
+func (c *Cgroup) fixDevices(list []string) error {
+	if len(c.procs) > 0 && !c.legacy && slices.Contains(list, "a *:* rwm") {
+		return fmt.Errorf("devices: %s allows every device: %w", c.devices, errdefs.ErrFailedPrecondition)
 	}
-	return writeFile(path, strconv.FormatInt(v, 10))
+	if c.legacy || !isDir(filepath.Join(c.devices, Leaf)) {
+		return c.denyDevices()
+	}
+	var errs []error
+	for _, e := range list {
+		if e != "" && !slices.Contains(allowedDevices, e) {
+			errs = append(errs, writeFile(filepath.Join(c.devices, "devices.deny"), e))
+		}
+	}
+	for _, e := range allowedDevices {
+		if !slices.Contains(list, e) {
+			errs = append(errs, writeFile(filepath.Join(c.devices, "devices.allow"), e))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// limitFile is the file and value that set one limit.
+func (c *Cgroup) memoryFile() (string, string) {
+	if c.v2 {
+		return "memory.max", "max"
+	}
+	return "memory.limit_in_bytes", "-1"
+}
+
+func notAvailable(controller string) error {
+	return fmt.Errorf("%s limit: %s controller not available: %w", controller, controller, errdefs.ErrNotSupported)
+}
+
+// setMemory writes the memory limit (0: unlimited).
+func (c *Cgroup) setMemory(v int64) error {
+	file, unlimited := c.memoryFile()
+	path := filepath.Join(c.memory, file)
+	if c.memory == "" || !fileExists(path) {
+		if v == 0 {
+			return nil
+		}
+		return notAvailable("memory")
+	}
+	return writeFile(path, limitValue(v, unlimited))
+}
+
+// setPids writes the process limit (0: unlimited).
+func (c *Cgroup) setPids(v int64) error {
+	path := filepath.Join(c.pids, "pids.max")
+	if c.pids == "" || !fileExists(path) {
+		if v == 0 {
+			return nil
+		}
+		return notAvailable("pids")
+	}
+	return writeFile(path, limitValue(v, "max"))
+}
+
+// setCPU writes the CPU bandwidth limit (0: unlimited): cpu.max on v2,
+// the CFS period and quota on v1.
+func (c *Cgroup) setCPU(millis int64) error {
+	quota := millis * CPUPeriodUs / 1000
+	if c.v2 {
+		path := filepath.Join(c.cpu, "cpu.max")
+		if !fileExists(path) {
+			if millis == 0 {
+				return nil
+			}
+			return notAvailable("cpu")
+		}
+		return writeFile(path, limitValue(quota, "max")+" "+strconv.Itoa(CPUPeriodUs))
+	}
+	if c.cpu == "" || !fileExists(filepath.Join(c.cpu, "cpu.cfs_quota_us")) {
+		if millis == 0 {
+			return nil
+		}
+		return notAvailable("cpu")
+	}
+	if p, err := readInt(filepath.Join(c.cpu, "cpu.cfs_period_us")); err != nil || p != CPUPeriodUs {
+		// The kernel checks a new period against the quota in force:
+		// lift the quota, then set the period.
+		if err := writeFile(filepath.Join(c.cpu, "cpu.cfs_quota_us"), "-1"); err != nil {
+			return err
+		}
+		if err := writeFile(filepath.Join(c.cpu, "cpu.cfs_period_us"), strconv.Itoa(CPUPeriodUs)); err != nil {
+			return err
+		}
+	}
+	if millis == 0 {
+		return writeFile(filepath.Join(c.cpu, "cpu.cfs_quota_us"), "-1")
+	}
+	return writeFile(filepath.Join(c.cpu, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10))
+}
+
+// ioWeightFile is the file that sets the I/O weight here ("" if none)
+// and the format of its value.
+func (c *Cgroup) ioWeightFile() (path string, v2Format bool) {
+	if c.blkio == "" {
+		return "", false
+	}
+	files := []string{"blkio.weight", "blkio.bfq.weight"}
+	if c.v2 {
+		files = []string{"io.weight", "io.bfq.weight"}
+	}
+	for _, f := range files {
+		if p := filepath.Join(c.blkio, f); fileExists(p) {
+			return p, c.v2
+		}
+	}
+	return "", false
+}
+
+// setIOWeight writes the I/O weight (0: leave it).
+func (c *Cgroup) setIOWeight(w int64) error {
+	if w == 0 {
+		return nil
+	}
+	path, v2Format := c.ioWeightFile()
+	if path == "" {
+		return fmt.Errorf("io weight: no io.weight, blkio.weight or blkio.bfq.weight here (the io/blkio controller or a weight-based I/O scheduler is missing): %w", errdefs.ErrNotSupported)
+	}
+	if !v2Format && w > 1000 {
+		return fmt.Errorf("io weight %d: cgroup v1 takes 1-1000: %w", w, errdefs.ErrInvalidArgument)
+	}
+	v := strconv.FormatInt(w, 10)
+	if v2Format {
+		v = "default " + v
+	}
+	return writeFile(path, v)
+}
+
+func limitValue(v int64, unlimited string) string {
+	if v <= 0 {
+		return unlimited
+	}
+	return strconv.FormatInt(v, 10)
 }
 
 // Load opens the existing cgroup name, for instance after a daemon restart.
@@ -269,6 +526,11 @@ func loadIn(l *layout, name string) (*Cgroup, error) {
 	c := l.cgroup(name)
 	if !slices.ContainsFunc(c.dirs, isDir) {
 		return nil, fmt.Errorf("load cgroup %s: %w", name, errdefs.ErrNotFound)
+	}
+	// A cgroup made before leaves existed holds its processes itself.
+	if isDir(c.dirs[0]) && !isDir(c.procs[0]) {
+		c.legacy = true
+		c.procs = slices.Clone(c.dirs)
 	}
 	c.probe()
 	return c, nil
@@ -295,16 +557,30 @@ func (c *Cgroup) Name() string { return c.name }
 // inode is the cgroup ID eBPF programs see.
 func (c *Cgroup) UnifiedDir() string { return c.unified }
 
-// Add moves the process pid into the cgroup in every hierarchy, primary
-// first, so that a process Add touched at all is visible to Pids and Kill.
+// Add moves the process pid into the cgroup's leaf in every hierarchy,
+// primary first, so that a process Add touched at all is visible to Pids
+// and Kill. A legacy cgroup (made before this daemon placed sandboxes in
+// every hierarchy) skips the hierarchies it has no directory in.
 func (c *Cgroup) Add(pid int) error {
-	for _, dir := range c.dirs {
-		if err := writeFile(filepath.Join(dir, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+	for i, dir := range c.procs {
+		err := writeFile(filepath.Join(dir, "cgroup.procs"), strconv.Itoa(pid))
+		if err != nil && c.legacy && i > 0 && errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
 			return fmt.Errorf("add pid %d to cgroup %s: %w", pid, c.name, err)
 		}
 	}
 	return nil
 }
+
+// Legacy reports whether the cgroup was made before leaves existed (its
+// processes are in the cgroup itself).
+func (c *Cgroup) Legacy() bool { return c.legacy }
+
+// ProcsDirs lists the directories Add puts processes in, one per
+// hierarchy, primary first.
+func (c *Cgroup) ProcsDirs() []string { return slices.Clone(c.procs) }
 
 // Pids lists the processes (host PIDs) in the cgroup and its descendants,
 // as the primary hierarchy sees them.
@@ -382,76 +658,114 @@ func (c *Cgroup) Destroy(ctx context.Context) error {
 	return nil
 }
 
-// SetLimits changes the cgroup's limits to res (0: unlimited), for
-// instance to make room for processes the daemon keeps in the cgroup
-// besides the sandbox's own. Lowering the memory limit below the
-// current charge makes the kernel reclaim, and on v2 OOM-kill, or on v1
-// fail with EBUSY: callers lower it once what they made room for is gone.
+// SetLimits changes the cgroup's limits to res (0: unlimited; an
+// IOWeight of 0 is left as it is), for instance to make room for
+// processes the daemon keeps in the cgroup besides the sandbox's own.
+// Lowering the memory limit below the current charge makes the kernel
+// reclaim, and on v2 OOM-kill, or on v1 fail with EBUSY: callers lower
+// it once what they made room for is gone.
 func (c *Cgroup) SetLimits(res Resources) error {
-	if res.MemoryMax < 0 || res.PidsMax < 0 {
-		return fmt.Errorf("limit cgroup %s: negative limit: %w", c.name, errdefs.ErrInvalidArgument)
+	if err := res.check(); err != nil {
+		return fmt.Errorf("limit cgroup %s: %w", c.name, err)
 	}
-	var errs []error
-	if c.memory != "" {
-		file, v := "memory.max", "max"
-		if !c.v2 {
-			file, v = "memory.limit_in_bytes", "-1"
-		}
-		if res.MemoryMax > 0 {
-			v = strconv.FormatInt(res.MemoryMax, 10)
-		}
-		if err := writeFile(filepath.Join(c.memory, file), v); err != nil {
-			errs = append(errs, err)
-		}
-	} else if res.MemoryMax > 0 {
-		errs = append(errs, fmt.Errorf("memory limit: memory controller not available: %w", errdefs.ErrNotSupported))
-	}
-	if c.pids != "" {
-		v := "max"
-		if res.PidsMax > 0 {
-			v = strconv.FormatInt(res.PidsMax, 10)
-		}
-		if err := writeFile(filepath.Join(c.pids, "pids.max"), v); err != nil {
-			errs = append(errs, err)
-		}
-	} else if res.PidsMax > 0 {
-		errs = append(errs, fmt.Errorf("pids limit: pids controller not available: %w", errdefs.ErrNotSupported))
-	}
-	if err := errors.Join(errs...); err != nil {
+	err := errors.Join(c.setMemory(res.MemoryMax), c.setPids(res.PidsMax), c.setCPU(res.CPUMillis), c.setIOWeight(res.IOWeight))
+	if err != nil {
 		return fmt.Errorf("limit cgroup %s: %w", c.name, err)
 	}
 	return nil
 }
 
-// Limits reads the cgroup's current limits (0: unlimited).
+// readLimit reads a limit file holding a number or "max" ("-1" and v1's
+// page-rounded huge number for unlimited), or v2's "default N" weight
+// format; 0 means unlimited.
+func readLimit(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return 0, &fs.PathError{Op: "parse", Path: path, Err: errors.New("empty")}
+	}
+	s := f[len(f)-1]
+	if s == "max" || s == "-1" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, &fs.PathError{Op: "parse", Path: path, Err: err}
+	}
+	if n >= 1<<62 {
+		return 0, nil
+	}
+	return n, nil
+}
+
+// readCPU reads the CPU limit in millicpus (0: unlimited).
+func (c *Cgroup) readCPU() (int64, error) {
+	if c.cpu == "" {
+		return 0, nil
+	}
+	var quota, period int64
+	if c.v2 {
+		b, err := os.ReadFile(filepath.Join(c.cpu, "cpu.max"))
+		if errors.Is(err, fs.ErrNotExist) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		f := strings.Fields(string(b))
+		if len(f) != 2 {
+			return 0, fmt.Errorf("cpu.max: %q", b)
+		}
+		if f[0] == "max" {
+			return 0, nil
+		}
+		if quota, err = strconv.ParseInt(f[0], 10, 64); err == nil {
+			period, err = strconv.ParseInt(f[1], 10, 64)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("cpu.max: %w", err)
+		}
+	} else {
+		q, err := readInt(filepath.Join(c.cpu, "cpu.cfs_quota_us"))
+		if errors.Is(err, fs.ErrNotExist) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		if q < 0 {
+			return 0, nil
+		}
+		if period, err = readInt(filepath.Join(c.cpu, "cpu.cfs_period_us")); err != nil {
+			return 0, err
+		}
+		quota = q
+	}
+	if period <= 0 {
+		return 0, fmt.Errorf("cpu period %d", period)
+	}
+	return quota * 1000 / period, nil
+}
+
+// Limits reads the cgroup's current limits (0: unlimited; IOWeight 0:
+// no weight file here).
 func (c *Cgroup) Limits() (Resources, error) {
 	var res Resources
 	read := func(dir, file string) (int64, error) {
 		if dir == "" {
 			return 0, nil
 		}
-		b, err := os.ReadFile(filepath.Join(dir, file))
-		if err != nil {
-			return 0, err
+		n, err := readLimit(filepath.Join(dir, file))
+		if errors.Is(err, fs.ErrNotExist) && c.v2 {
+			return 0, nil // the controller is not enabled here
 		}
-		s := strings.TrimSpace(string(b))
-		if s == "max" {
-			return 0, nil
-		}
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %w", file, err)
-		}
-		// v1 reports "unlimited" as a huge page-rounded number.
-		if n >= 1<<62 {
-			return 0, nil
-		}
-		return n, nil
+		return n, err
 	}
-	file := "memory.max"
-	if !c.v2 {
-		file = "memory.limit_in_bytes"
-	}
+	file, _ := c.memoryFile()
 	var err error
 	if res.MemoryMax, err = read(c.memory, file); err != nil {
 		return Resources{}, fmt.Errorf("limits of cgroup %s: %w", c.name, err)
@@ -459,7 +773,99 @@ func (c *Cgroup) Limits() (Resources, error) {
 	if res.PidsMax, err = read(c.pids, "pids.max"); err != nil {
 		return Resources{}, fmt.Errorf("limits of cgroup %s: %w", c.name, err)
 	}
+	if res.CPUMillis, err = c.readCPU(); err != nil {
+		return Resources{}, fmt.Errorf("limits of cgroup %s: %w", c.name, err)
+	}
+	if p, _ := c.ioWeightFile(); p != "" {
+		if res.IOWeight, err = readLimit(p); err != nil {
+			return Resources{}, fmt.Errorf("limits of cgroup %s: %w", c.name, err)
+		}
+	}
 	return res, nil
+}
+
+// Drift is a limit of the cgroup that was not what the daemon wrote.
+type Drift struct {
+	Limit string // "memory", "pids", "cpu", "io_weight" or "devices"
+	Want  string
+	Got   string
+}
+
+func (d Drift) String() string { return fmt.Sprintf("%s: want %s, found %s", d.Limit, d.Want, d.Got) }
+
+// Enforce compares the cgroup's limits with res (and, on v1, its device
+// list with the allowed devices) and writes back every one that differs.
+// It returns what differed, even when writing it back failed.
+func (c *Cgroup) Enforce(res Resources) ([]Drift, error) {
+	if err := res.check(); err != nil {
+		return nil, fmt.Errorf("enforce limits of cgroup %s: %w", c.name, err)
+	}
+	got, err := c.Limits()
+	if err != nil {
+		return nil, fmt.Errorf("enforce: %w", err)
+	}
+	show := func(v int64) string {
+		if v == 0 {
+			return "unlimited"
+		}
+		return strconv.FormatInt(v, 10)
+	}
+	var drifts []Drift
+	var errs []error
+	// The kernel keeps a memory limit in pages.
+	page := int64(os.Getpagesize())
+	if want := res.MemoryMax &^ (page - 1); c.memory != "" && got.MemoryMax != want {
+		drifts = append(drifts, Drift{"memory", show(want), show(got.MemoryMax)})
+		errs = append(errs, c.setMemory(res.MemoryMax))
+	}
+	if c.pids != "" && got.PidsMax != res.PidsMax {
+		drifts = append(drifts, Drift{"pids", show(res.PidsMax), show(got.PidsMax)})
+		errs = append(errs, c.setPids(res.PidsMax))
+	}
+	if c.cpu != "" && got.CPUMillis != res.CPUMillis {
+		drifts = append(drifts, Drift{"cpu", show(res.CPUMillis), show(got.CPUMillis)})
+		errs = append(errs, c.setCPU(res.CPUMillis))
+	}
+	if res.IOWeight > 0 && got.IOWeight != res.IOWeight {
+		drifts = append(drifts, Drift{"io_weight", show(res.IOWeight), show(got.IOWeight)})
+		errs = append(errs, c.setIOWeight(res.IOWeight))
+	}
+	if !c.v2 && c.devices != "" {
+		b, err := os.ReadFile(filepath.Join(c.devices, "devices.list"))
+		if err != nil {
+			errs = append(errs, err)
+		} else if list := strings.Split(strings.TrimSpace(string(b)), "\n"); !slices.Equal(list, allowedDevices) {
+			drifts = append(drifts, Drift{"devices", strings.Join(allowedDevices, ", "), strings.Join(list, ", ")})
+			errs = append(errs, c.fixDevices(list))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return drifts, fmt.Errorf("enforce limits of cgroup %s: %w", c.name, err)
+	}
+	return drifts, nil
+}
+
+// PidsLimitHits reports how many forks the pids limit refused in the
+// cgroup (pids.events "max"; v1 counts them in the cgroup the fork was
+// tried in, the leaf, v2 in the one whose limit was hit), 0 without a
+// pids controller.
+func (c *Cgroup) PidsLimitHits() int64 {
+	if c.pids == "" {
+		return 0
+	}
+	var n int64
+	for _, dir := range []string{c.pids, filepath.Join(c.pids, Leaf)} {
+		b, err := os.ReadFile(filepath.Join(dir, "pids.events"))
+		if err != nil {
+			continue
+		}
+		if v, ok := keyValue(b, "max"); ok {
+			if k, err := strconv.ParseInt(v, 10, 64); err == nil {
+				n = max(n, k)
+			}
+		}
+	}
+	return n
 }
 
 // OOMKills reports how many processes the kernel's OOM killer has
@@ -473,14 +879,25 @@ func (c *Cgroup) OOMKills() (int64, error) {
 	if !c.v2 {
 		file = "memory.oom_control"
 	}
-	b, err := os.ReadFile(filepath.Join(c.memory, file))
-	if err != nil {
-		return 0, fmt.Errorf("oom kills of cgroup %s: %w", c.name, err)
-	}
-	for line := range strings.Lines(string(b)) {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), " "); ok && k == "oom_kill" {
-			return strconv.ParseInt(v, 10, 64)
+	// v1 counts a kill in the victim's own cgroup (the leaf) only; v2
+	// in the leaf and every ancestor: the larger of the two is the
+	// cgroup's.
+	var n int64
+	for i, dir := range []string{c.memory, filepath.Join(c.memory, Leaf)} {
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if i > 0 && errors.Is(err, fs.ErrNotExist) {
+			break // a legacy cgroup, or v2 without the controller below
+		}
+		if err != nil {
+			return 0, fmt.Errorf("oom kills of cgroup %s: %w", c.name, err)
+		}
+		if v, ok := keyValue(b, "oom_kill"); ok {
+			k, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("oom kills of cgroup %s: %w", c.name, err)
+			}
+			n = max(n, k)
 		}
 	}
-	return 0, nil
+	return n, nil
 }

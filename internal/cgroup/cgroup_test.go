@@ -179,7 +179,7 @@ func TestNewAddPids(t *testing.T) {
 				parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
 				ctrl := strings.Split(parts[1], ",")
 				match := h.unified && parts[1] == "" || len(h.controllers) > 0 && slices.Contains(ctrl, h.controllers[0])
-				if match && parts[2] == "/"+c.Name() {
+				if match && parts[2] == "/"+c.Name()+"/"+Leaf {
 					found = true
 				}
 			}
@@ -549,14 +549,15 @@ func TestDestroy(t *testing.T) {
 		c := newTest(t, l, Resources{})
 		startIn(t, c, "sleep 1000 & while :; do :; done")
 		waitPids(t, c, 2)
-		// A child cgroup, as a nested runtime would make, goes too.
-		for _, dir := range c.dirs {
-			if err := os.Mkdir(filepath.Join(dir, "nested"), 0o755); err != nil {
+		// A child cgroup, as a nested runtime would make in the
+		// processes' own cgroup, goes too.
+		for i, dir := range c.procs {
+			if err := mkdirLeaf(l.hiers[i], filepath.Join(dir, "nested")); err != nil {
 				t.Fatal(err)
 			}
 		}
 		nested := startIn(t, c, "sleep 1000")
-		for _, dir := range c.dirs {
+		for _, dir := range c.procs {
 			if err := writeFile(filepath.Join(dir, "nested", "cgroup.procs"), strconv.Itoa(nested.cmd.Process.Pid)); err != nil {
 				t.Fatal(err)
 			}
@@ -603,15 +604,9 @@ func TestPidsMax(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Wait until the kernel has refused a fork, then count.
-		events := filepath.Join(c.pids, "pids.events")
 		var refused int64
 		for deadline := time.Now().Add(10 * time.Second); refused == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			b, err := os.ReadFile(events)
-			if err != nil {
-				t.Fatal(err)
-			}
-			v, _ := keyValue(b, "max")
-			refused, _ = strconv.ParseInt(v, 10, 64)
+			refused = c.PidsLimitHits()
 		}
 		if refused == 0 {
 			t.Fatal("no fork was refused")
@@ -703,6 +698,8 @@ func TestParseMountinfo(t *testing.T) {
 			{root: "/sys/fs/cgroup/pids", controllers: []string{"pids"}},
 			{root: "/sys/fs/cgroup/devices", controllers: []string{"devices"}},
 			{root: "/sys/fs/cgroup/cpu,cpuacct", controllers: []string{"cpu", "cpuacct"}},
+			{root: "/sys/fs/cgroup/cpuset", controllers: []string{"cpuset"}},
+			{root: "/sys/fs/cgroup/systemd", controllers: []string{"name=systemd"}},
 			{root: "/sys/fs/cgroup/unified", unified: true},
 		}}},
 		{"v2", v2, &layout{mode: modeV2, hiers: []hierarchy{{root: "/sys/fs/cgroup", unified: true}}}},

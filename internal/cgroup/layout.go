@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -19,15 +20,22 @@ const (
 	modeNone     = "none"
 )
 
-// v1Controllers are the v1 controllers a sandbox cgroup is created under.
-// The first one mounted is the primary hierarchy.
-var v1Controllers = []string{"freezer", "memory", "pids", "devices", "cpu", "cpuacct"}
+// v1Controllers orders the v1 hierarchies a sandbox cgroup is created
+// under: the first one mounted is the primary hierarchy. Every other
+// mounted v1 hierarchy (cpuset, blkio, net_cls, perf_event, hugetlb,
+// rdma, misc, named ones such as name=systemd) follows, so that no
+// sandbox process is left in a host cgroup of any hierarchy.
+var v1Controllers = []string{"freezer", "memory", "pids", "devices", "cpu", "cpuacct", "cpuset", "blkio"}
+
+// mountOptsNotControllers are v1 mount options that do not name what a
+// hierarchy holds.
+var mountOptsNotControllers = []string{"rw", "ro", "xattr", "noprefix", "clone_children", "cpuset_v2_mode", "favordynmods"}
 
 // hierarchy is one mounted cgroup hierarchy.
 type hierarchy struct {
 	root        string   // mount point
 	unified     bool     // cgroup2
-	controllers []string // v1 only: the controllers of v1Controllers bound here
+	controllers []string // v1 only: the controllers (and name=...) bound here
 }
 
 // layout is the set of hierarchies a sandbox cgroup lives in.
@@ -53,10 +61,9 @@ var hostLayout = sync.OnceValues(func() (*layout, error) {
 // parseMountinfo derives the layout from a mountinfo table (proc(5)).
 func parseMountinfo(r io.Reader) (*layout, error) {
 	var (
-		v1     = map[string]string{} // controller -> first mount point
-		v2     []string              // cgroup2 mount points
-		s      = bufio.NewScanner(r)
-		hasAny bool
+		v1 []hierarchy // one per v1 hierarchy, first mount of each
+		v2 []string    // cgroup2 mount points
+		s  = bufio.NewScanner(r)
 	)
 	for s.Scan() {
 		pre, post, ok := strings.Cut(s.Text(), " - ")
@@ -72,13 +79,20 @@ func parseMountinfo(r io.Reader) (*layout, error) {
 		case "cgroup2":
 			v2 = append(v2, mnt)
 		case "cgroup":
+			var ctrls []string
 			for _, opt := range strings.Split(postFields[2], ",") {
-				if slices.Contains(v1Controllers, opt) {
-					if _, seen := v1[opt]; !seen {
-						v1[opt] = mnt
-						hasAny = true
-					}
+				if opt == "" || slices.Contains(mountOptsNotControllers, opt) || strings.HasPrefix(opt, "release_agent=") {
+					continue
 				}
+				ctrls = append(ctrls, opt)
+			}
+			if len(ctrls) == 0 {
+				continue
+			}
+			slices.Sort(ctrls)
+			// A hierarchy mounted twice (a bind mount) is one hierarchy.
+			if !slices.ContainsFunc(v1, func(h hierarchy) bool { return slices.Equal(h.controllers, ctrls) }) {
+				v1 = append(v1, hierarchy{root: mnt, controllers: ctrls})
 			}
 		}
 	}
@@ -91,26 +105,32 @@ func parseMountinfo(r io.Reader) (*layout, error) {
 	if slices.Contains(v2, "/sys/fs/cgroup") {
 		return &layout{mode: modeV2, hiers: []hierarchy{{root: "/sys/fs/cgroup", unified: true}}}, nil
 	}
-	if !hasAny {
+	if len(v1) == 0 {
 		if len(v2) == 0 {
 			return nil, fmt.Errorf("no cgroup hierarchy mounted: %w", errdefs.ErrNotSupported)
 		}
 		return &layout{mode: modeV2, hiers: []hierarchy{{root: v2[0], unified: true}}}, nil
 	}
 
-	l := &layout{mode: modeV1}
-	for _, ctrl := range v1Controllers {
-		mnt, ok := v1[ctrl]
-		if !ok {
-			continue
+	// The hierarchies of known controllers first, in v1Controllers'
+	// order (by their first such controller), then the rest by mount
+	// point.
+	rank := func(h hierarchy) int {
+		best := len(v1Controllers)
+		for _, c := range h.controllers {
+			if i := slices.Index(v1Controllers, c); i >= 0 && i < best {
+				best = i
+			}
 		}
-		i := slices.IndexFunc(l.hiers, func(h hierarchy) bool { return h.root == mnt })
-		if i < 0 {
-			l.hiers = append(l.hiers, hierarchy{root: mnt})
-			i = len(l.hiers) - 1
-		}
-		l.hiers[i].controllers = append(l.hiers[i].controllers, ctrl)
+		return best
 	}
+	slices.SortStableFunc(v1, func(a, b hierarchy) int {
+		if ra, rb := rank(a), rank(b); ra != rb {
+			return ra - rb
+		}
+		return strings.Compare(a.root, b.root)
+	})
+	l := &layout{mode: modeV1, hiers: v1}
 	if len(v2) > 0 {
 		root := v2[0]
 		if slices.Contains(v2, "/sys/fs/cgroup/unified") {
@@ -151,4 +171,27 @@ func Mode() string {
 		return modeNone
 	}
 	return l.mode
+}
+
+// Available reports whether the host's cgroups offer controller ctrl
+// ("memory", "pids", "cpu", "io"; "io" is blkio on v1) to sandboxes: on
+// v1 whether its hierarchy is mounted, on v2 whether the root offers it.
+func Available(ctrl string) bool {
+	l, err := hostLayout()
+	if err != nil {
+		return false
+	}
+	if l.mode == modeV2 {
+		b, err := os.ReadFile(filepath.Join(l.hiers[0].root, "cgroup.controllers"))
+		return err == nil && slices.Contains(strings.Fields(string(b)), ctrl)
+	}
+	if ctrl == "io" {
+		ctrl = "blkio"
+	}
+	for _, h := range l.hiers {
+		if slices.Contains(h.controllers, ctrl) {
+			return true
+		}
+	}
+	return false
 }

@@ -230,6 +230,7 @@ type ckOpts struct {
 // the commit point: a crash before it leaves an unlisted directory,
 // which reconcile removes.
 func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts) (v1.Checkpoint, error) {
+	m.enforceLimits(&rec, "checkpoint")
 	label := o.label
 	start := time.Now()
 	id := newID()
@@ -643,6 +644,7 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	if ck.Sandbox != rec.ID && ck.ID != rec.ForkedFrom {
 		return v1.RollbackResult{}, fmt.Errorf("rollback %s: checkpoint %s belongs to sandbox %s (fork it instead): %w", rec.ID, ck.ID, ck.Sandbox, errdefs.ErrInvalidArgument)
 	}
+	m.enforceLimits(&rec, "restore")
 	if err := m.room("rollback "+rec.ID, 0); err != nil {
 		return v1.RollbackResult{}, err
 	}

@@ -59,6 +59,11 @@ type Config struct {
 	// (v1.Resources.StandbyBudgetBytes); 0 leaves them bounded by
 	// StandbyBudget only.
 	SandboxStandbyBudget int64
+	// DefaultResources are the limits of a sandbox created without its
+	// own (v1.Resources fields left 0). A field left 0 here takes molt's
+	// default (DefaultMemory, DefaultPids, DefaultCPUMillis; no I/O
+	// weight); -1 means no limit.
+	DefaultResources v1.Resources
 	// CRIULogLevel is the log level of CRIU's dumps and restores (1
 	// errors, 2 and warnings, 3 and information, 4 and debugging); 0
 	// means DefaultCRIULogLevel. Errors are quoted from the log either

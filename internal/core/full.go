@@ -86,6 +86,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	if m.report(rec).State != v1.StateRunning {
 		return v1.Checkpoint{}, fmt.Errorf("a full checkpoint needs a running sandbox (it is %s; take an fs checkpoint): %w", m.report(rec).State, errdefs.ErrFailedPrecondition)
 	}
+	m.enforceLimits(&rec, "checkpoint")
 	id := newID()
 	root := m.sbRoot(rec.ID)
 	r := revert.New()
@@ -970,6 +971,20 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		// from (a fork's are another sandbox's).
 		CgroupMode: "ignore", Started: cg.Add, LogLevel: m.criuLogLevel(),
 	}
+	// The tree inherits CRIU's cgroup namespace: the sandbox's (a spare
+	// was started in it).
+	var join []ns.Ref
+	cgroupNS := func() error {
+		cgns, err := m.cgroupNS(*rec, cg)
+		if err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		if cgns.File != nil {
+			join = []ns.Ref{cgns}
+		}
+		return nil
+	}
+	defer func() { ns.Close(join) }()
 	if background {
 		opts.Started = func(pid int) error {
 			if err := cg.Add(pid); err != nil {
@@ -1001,16 +1016,24 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		if s != nil {
 			opts.Spare, opts.Started = s, nil
 		} else {
+			if err := cgroupNS(); err != nil {
+				return sandbox.Init{}, err
+			}
 			nss, err := ns.Fresh(outside, rec.Hostname)
 			if err != nil {
 				return sandbox.Init{}, fmt.Errorf("restore: %w", err)
 			}
 			defer ns.Close(nss)
-			opts.Namespaces = nss
+			opts.Namespaces = append(nss, join...)
 		}
 		if spare {
 			defer m.refillSpare(rec.ID, cg)
 		}
+	} else {
+		if err := cgroupNS(); err != nil {
+			return sandbox.Init{}, err
+		}
+		opts.Namespaces = join
 	}
 	res, err := tool.Restore(ctx, opts)
 	if err != nil {

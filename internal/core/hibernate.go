@@ -92,6 +92,7 @@ func (m *Manager) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
 	if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil {
 		return v1.Sandbox{}, fmt.Errorf("resume %s: its checkpoint %s is gone: %w", rec.ID, rec.Head, errdefs.ErrFailedPrecondition)
 	}
+	m.enforceLimits(&rec, "restore")
 	if _, err := m.rollbackProcesses(ctx, &rec, ck, ck); err != nil {
 		return v1.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
 	}

@@ -80,8 +80,15 @@ func limited(r v1.Resources) bool { return r.MemoryBytes > 0 || r.Pids > 0 }
 // limitsLocked is what the sandbox's cgroup limits are with its rooms.
 // Caller holds m.lim.mu.
 func (m *Manager) limitsLocked(id string) cgroup.Resources {
-	base := m.lim.base[id]
-	res := cgroup.Resources{MemoryMax: base.MemoryBytes, PidsMax: base.Pids}
+	return m.withRoomsLocked(id, m.lim.base[id])
+}
+
+// withRoomsLocked is what the cgroup limits of sandbox id, whose own
+// limits are base, are with its rooms. The rooms hold memory and tasks;
+// CPU and I/O weight stay the sandbox's own (restores and copies share
+// its CPU quota). Caller holds m.lim.mu.
+func (m *Manager) withRoomsLocked(id string, base v1.Resources) cgroup.Resources {
+	res := cgResources(base)
 	for _, r := range m.lim.m[id] {
 		if res.MemoryMax > 0 {
 			res.MemoryMax += r.mem
@@ -310,7 +317,7 @@ func (m *Manager) resetLimits(rec sandboxRec) {
 		return
 	}
 	if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
-		_ = cg.SetLimits(cgroup.Resources{MemoryMax: rec.Resources.MemoryBytes, PidsMax: rec.Resources.Pids})
+		_ = cg.SetLimits(cgResources(rec.Resources))
 	}
 }
 

@@ -49,6 +49,9 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 	if b := req.Resources.StandbyBudgetBytes; b < -1 {
 		return v1.Sandbox{}, fmt.Errorf("standby budget %d: want bytes, 0 for the daemon's default or -1 for none: %w", b, errdefs.ErrInvalidArgument)
 	}
+	if err := req.Resources.Validate(); err != nil {
+		return v1.Sandbox{}, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+	}
 	disk, err := m.diskQuota(req.Resources.DiskBytes)
 	if err != nil {
 		return v1.Sandbox{}, err
@@ -56,7 +59,7 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 	req.Resources.DiskBytes = disk
 	rec := sandboxRec{Sandbox: v1.Sandbox{
 		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
-		Env: req.Env, Resources: req.Resources,
+		Env: req.Env, Resources: m.resolveResources(req.Resources),
 	}, MachineID: newMachineID()}
 	sb, err := m.createFrom(ctx, rec, m.imageDir(req.Image), nil, nil)
 	if err != nil {
@@ -150,7 +153,7 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 	if err := m.fail("create:snapshot"); err != nil {
 		return fail(err)
 	}
-	cg, err := cgroup.New(cgroupName(rec.ID), cgroup.Resources{MemoryMax: rec.Resources.MemoryBytes, PidsMax: rec.Resources.Pids})
+	cg, err := cgroup.New(cgroupName(rec.ID), cgResources(rec.Resources))
 	if err != nil {
 		return fail(err)
 	}
@@ -325,7 +328,7 @@ func (m *Manager) Sandboxes() ([]v1.Sandbox, error) {
 func (m *Manager) loadCgroup(rec sandboxRec) (*cgroup.Cgroup, error) {
 	cg, err := cgroup.Load(cgroupName(rec.ID))
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return cgroup.New(cgroupName(rec.ID), cgroup.Resources{MemoryMax: rec.Resources.MemoryBytes, PidsMax: rec.Resources.Pids})
+		return cgroup.New(cgroupName(rec.ID), cgResources(rec.Resources))
 	}
 	return cg, err
 }

@@ -85,7 +85,20 @@ func (m *Manager) refillSpare(id string, cg *cgroup.Cgroup) {
 		return
 	}
 	m.refill(id, func() (*spareEntry, error) {
-		s, err := tool.StartSpare()
+		// In the sandbox's cgroup namespace, which the tree it restores
+		// inherits.
+		var join []ns.Ref
+		if rec, ok := m.sandboxRecord(id); ok {
+			cgns, err := m.cgroupNS(rec, cg)
+			if err != nil {
+				return nil, err
+			}
+			if cgns.File != nil {
+				defer cgns.File.Close()
+				join = append(join, cgns)
+			}
+		}
+		s, err := tool.StartSpare(join...)
 		if err != nil {
 			return nil, err
 		}

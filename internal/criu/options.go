@@ -123,7 +123,9 @@ type RestoreOptions struct {
 	InheritFDs []InheritFD
 
 	// Namespaces are the namespaces CRIU runs in: a tree whose images
-	// leave namespaces out (DumpOptions.Namespaces) joins CRIU's.
+	// leave namespaces out (DumpOptions.Namespaces) joins CRIU's. A
+	// cgroup namespace here is the restored tree's with CgroupMode
+	// "ignore" (CRIU then makes none).
 	Namespaces []ns.Ref
 
 	// Spare, if set, is the started CRIU the restore runs on (in the

@@ -22,14 +22,16 @@ type Spare struct {
 	p  *swrk // nil once used or killed
 }
 
-// StartSpare starts a Spare.
-func (t *Tool) StartSpare() (*Spare, error) {
+// StartSpare starts a Spare, also in the namespaces join (which stay
+// the caller's to close): a cgroup namespace the restored tree is to
+// inherit.
+func (t *Tool) StartSpare(join ...ns.Ref) (*Spare, error) {
 	nss, err := ns.Fresh(SpareNamespaces, "")
 	if err != nil {
 		return nil, err
 	}
 	defer ns.Close(nss)
-	p, err := t.spawn(nil, nss)
+	p, err := t.spawn(nil, append(nss, join...))
 	if err != nil {
 		return nil, err
 	}

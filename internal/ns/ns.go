@@ -14,15 +14,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var names = map[int]string{unix.CLONE_NEWNET: "net", unix.CLONE_NEWUTS: "uts", unix.CLONE_NEWIPC: "ipc"}
+var names = map[int]string{unix.CLONE_NEWNET: "net", unix.CLONE_NEWUTS: "uts", unix.CLONE_NEWIPC: "ipc", unix.CLONE_NEWCGROUP: "cgroup"}
 
 // Name is the /proc/PID/ns entry of a namespace type ("net", "uts",
-// "ipc"), or "" for a type this package does not handle.
+// "ipc", "cgroup"), or "" for a type this package does not handle.
 func Name(nstype int) string { return names[nstype] }
 
 // Ref is an open namespace of one type.
 type Ref struct {
-	Type int // CLONE_NEWNET, CLONE_NEWUTS or CLONE_NEWIPC
+	Type int // CLONE_NEWNET, CLONE_NEWUTS, CLONE_NEWIPC or CLONE_NEWCGROUP
 	File *os.File
 }
 
@@ -61,7 +61,7 @@ func SetHostname(pid int, hostname string) error {
 // types lists the namespace types in flags in a fixed order.
 func types(flags int) []int {
 	var ts []int
-	for _, t := range []int{unix.CLONE_NEWNET, unix.CLONE_NEWUTS, unix.CLONE_NEWIPC} {
+	for _, t := range []int{unix.CLONE_NEWNET, unix.CLONE_NEWUTS, unix.CLONE_NEWIPC, unix.CLONE_NEWCGROUP} {
 		if flags&t != 0 {
 			ts = append(ts, t)
 		}

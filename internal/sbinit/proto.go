@@ -83,7 +83,10 @@ func RunIfInit() {
 	if len(os.Args) < 2 {
 		return
 	}
-	if os.Args[1] == Arg1 {
+	switch os.Args[1] {
+	case Arg1:
 		Stage1()
+	case ArgCgroupNS:
+		CgroupNSHolder()
 	}
 }

@@ -77,6 +77,14 @@ func stage1(sync *os.File) error {
 	// inherit the reduced sets. pid1 reports "ok" on the sync socket (fd
 	// 3) once it listens.
 	runtime.LockOSThread()
+	// A cgroup namespace rooted at the sandbox's leaf cgroup, which the
+	// daemon put this process in before sending the config: the sandbox
+	// sees its own cgroup as "/" and cannot name the one above, where
+	// its limits are. Namespaces are per thread: this is the thread
+	// that executes pid1.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("cgroup namespace: %w", err)
+	}
 	if err := dropCaps(); err != nil {
 		return err
 	}
