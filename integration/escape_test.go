@@ -51,9 +51,11 @@ func probe(t *testing.T, sb string, args ...string) (probeResult, result) {
 	return p, r
 }
 
-// hostCgroupFile is the host path of file in the cgroup of pid in the
-// hierarchy that holds controller (v1), or in the unified hierarchy.
-func hostCgroupFile(t *testing.T, pid int, controller, file string) string {
+// hostCgroupFile is the host path of file in sandbox sb's own cgroup
+// (where the daemon writes its limits; its processes live below it),
+// found from pid's cgroup in the hierarchy that holds controller (v1),
+// or in the unified hierarchy.
+func hostCgroupFile(t *testing.T, sb string, pid int, controller, file string) string {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
@@ -99,6 +101,9 @@ func hostCgroupFile(t *testing.T, pid int, controller, file string) string {
 		default:
 			continue
 		}
+		if i := strings.Index(path, "/"+sb); i >= 0 {
+			path = path[:i+1+len(sb)]
+		}
 		return filepath.Join(pf[4], path, file)
 	}
 	t.Fatalf("no mount of the %s hierarchy", controller)
@@ -127,7 +132,7 @@ type limitsInfo struct {
 // contained, and that a neighbour sandbox and the daemon are unaffected.
 func TestEscapeAttempts(t *testing.T) {
 	requireCRIU(t)
-	sb := newSandbox(t, "--pids", "512")
+	sb := newSandbox(t, "--pids", "512", "--disk", "256M")
 	neighbour := newSandbox(t)
 	installProbe(t, sb)
 	installProbe(t, neighbour)
@@ -187,7 +192,7 @@ func TestEscapeAttempts(t *testing.T) {
 	t.Run("cgroup-limits", func(t *testing.T) {
 		info := limitsInfo{}
 		mustJSON(t, &info, "inspect", sb)
-		pidsMax := hostCgroupFile(t, info.Pid, "pids", "pids.max")
+		pidsMax := hostCgroupFile(t, sb, info.Pid, "pids", "pids.max")
 		if got := readTrim(t, pidsMax); got != "512" {
 			t.Fatalf("%s = %s before the attempt, want 512", pidsMax, got)
 		}
@@ -201,6 +206,20 @@ func TestEscapeAttempts(t *testing.T) {
 		if got := readTrim(t, pidsMax); got != "512" {
 			t.Errorf("%s = %s after the attempt, want 512", pidsMax, got)
 		}
+	})
+
+	t.Run("pool-fill", func(t *testing.T) {
+		// Writes past the sandbox's quota fail inside it; the pool keeps
+		// room for the neighbour's checkpoints (checked below).
+		r := molt(t, "exec", sb, "--", "bash", "-c", "dd if=/dev/zero of=/root/fill bs=1M count=1024 conv=fsync 2>&1; stat -c %s /root/fill")
+		if r.code == 0 && !strings.Contains(r.stdout, "quota") && !strings.Contains(r.stdout, "No space") {
+			t.Errorf("1 GiB written under a 256 MiB quota: %s", r.stdout)
+		}
+		f := strings.Fields(r.stdout)
+		if n, err := strconv.ParseInt(f[len(f)-1], 10, 64); err != nil || n > 272<<20 {
+			t.Errorf("the file holds %s bytes under a 256 MiB quota (%v)", f[len(f)-1], err)
+		}
+		sh(t, sb, "rm -f /root/fill")
 	})
 
 	t.Run("inotify", func(t *testing.T) {
