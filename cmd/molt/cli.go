@@ -127,7 +127,8 @@ func parseReserve(s string) (bytes int64, percent float64, err error) {
 func daemonCmd(g *globals) *cobra.Command {
 	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve string
 	var workers, criuLog int
-	var dynMods, cow, tmpl bool
+	var dynMods, cow, tmpl, userns bool
+	var usernsBase uint32
 	var frozenDeadline time.Duration
 	c := &cobra.Command{
 		Use:   "daemon",
@@ -174,7 +175,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl,
-					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline},
+					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, UserNS: userns, UserNSBase: usernsBase},
 				Socket: g.socket,
 			})
 		},
@@ -191,6 +192,8 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&tmpl, "template-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory copy every process in the frozen window (an injected clone each) and dump the copies with CRIU after the thaw, when the tree allows it (single-threaded processes, no shared memory, sockets or terminals, no signal pending, empty pipes); others take the --cow-capture path, and the checkpoint says why")
 	c.Flags().BoolVar(&dynMods, "cgroup-favordynmods", true, "set favordynmods on the host's cgroup2 mount and keep it set: cgroup moves (every restore, fork and standby does some) skip an RCU grace period each; forks and exits host-wide cost a little more")
 	c.Flags().DurationVar(&frozenDeadline, "frozen-deadline", core.DefaultFrozenDeadline, "longest a capture may keep a sandbox frozen (fs snapshot, CRIU dump, copy-on-write protection, template copies), plus 1 s per 128 MiB of the tree's private memory for a full checkpoint; past it the capture is aborted (CRIU killed), the sandbox thawed and the error names the step that hung (0: no deadline)")
+	c.Flags().BoolVar(&userns, "userns", false, "give each sandbox created from now on a user namespace: root inside is a block of 65536 unprivileged host uids and gids of its own (docs/architecture.md, User namespaces); sandboxes keep what they were created with")
+	c.Flags().Uint32Var(&usernsBase, "userns-base", core.DefaultUserNSBase, "first host uid and gid of the --userns blocks (65536 ids each, the first free one per sandbox)")
 	c.Flags().IntVar(&criuLog, "criu-log-level", core.DefaultCRIULogLevel, "CRIU's log level for checkpoints and restores: 1 errors, 2 and warnings, 4 debugging (adds milliseconds to every checkpoint's frozen window)")
 	return c
 }

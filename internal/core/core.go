@@ -101,6 +101,12 @@ type Config struct {
 	FrozenDeadline time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// UserNS gives each sandbox created from now on a user namespace:
+	// root inside is a block of UserNSSize unprivileged host ids from
+	// UserNSBase (0: DefaultUserNSBase), see userns.go. Sandboxes keep
+	// what they were created with either way.
+	UserNS     bool
+	UserNSBase uint32
 }
 
 // DefaultCRIULogLevel is Config.CRIULogLevel's default: errors and
@@ -130,6 +136,8 @@ type Manager struct {
 	// noInspect: sandboxes created from now on are not watched (see
 	// SetInspector).
 	noInspect atomic.Bool
+
+	idBlocks idBlocks // user namespace blocks being handed out
 
 	mu    sync.Mutex // guards locks, copying and name uniqueness checks
 	locks map[string]*sync.Mutex
@@ -410,6 +418,13 @@ func removeTree(path string) error {
 func (m *Manager) reconcile(ctx context.Context) error {
 	ents, _ := os.ReadDir(m.path("tmp"))
 	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "idmap-") {
+			// A restore's idmapped root (userns.go) the crash left
+			// mounted: its files are a sandbox's, never staging.
+			if err := unix.Unmount(m.path("tmp", e.Name()), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+				return fmt.Errorf("unmount %s: %w", e.Name(), err)
+			}
+		}
 		if err := removeTree(m.path("tmp", e.Name())); err != nil {
 			return fmt.Errorf("clean staging %s: %w", e.Name(), err)
 		}

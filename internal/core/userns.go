@@ -1,0 +1,150 @@
+package core
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/store"
+)
+
+// User namespaces (Config.UserNS; docs/architecture.md, "User
+// namespaces"): a sandbox created while they are on gets a block of
+// UserNSSize host uids and gids, the first free one from
+// Config.UserNSBase, recorded in its record (sandboxRec.IDs). Root inside
+// is the block's first id. A full checkpoint records the block its
+// images map (CRIU recreates the namespace with the dumped maps), and a
+// restore of it gives the sandbox that block: a fork from a full
+// checkpoint shares its origin's block, a fresh start (create, restart,
+// fs fork) keeps or gets one of its own. A block is free when no
+// sandbox record names it.
+
+// DefaultUserNSBase is the first host uid of the blocks: above the
+// ranges distributions hand out to their users' subordinate ids
+// (/etc/subuid from 100000, 65536 each) for the first 13,000 users, and
+// leaving (2^32 - base) / 65536, about 50,000 blocks.
+const DefaultUserNSBase = 1 << 30
+
+// UserNSSize is the size of one sandbox's block: every 16-bit id, as a
+// Debian image's users and groups expect.
+const UserNSSize = 1 << 16
+
+// idBlocks hands out blocks to sandboxes being made: a block is
+// pending (by sandbox ID) until the sandbox's record names it, or until
+// the sandbox is not made after all.
+type idBlocks struct {
+	mu      sync.Mutex
+	pending map[uint32]string
+}
+
+// allocIDs reserves the first free block for sandbox id; release gives it
+// back if the sandbox is not made.
+func (m *Manager) allocIDs(id string) (ids sandbox.IDRange, release func(), err error) {
+	base := m.cfg.UserNSBase
+	if base == 0 {
+		base = DefaultUserNSBase
+	}
+	m.idBlocks.mu.Lock()
+	defer m.idBlocks.mu.Unlock()
+	sbs, err := store.List[sandboxRec](m.db, store.Sandboxes)
+	if err != nil {
+		return ids, nil, err
+	}
+	used := map[uint32]bool{}
+	recorded := map[string]bool{}
+	for _, s := range sbs {
+		recorded[s.ID] = true
+		if s.IDs.Enabled() {
+			used[s.IDs.Base] = true
+		}
+	}
+	if m.idBlocks.pending == nil {
+		m.idBlocks.pending = map[uint32]string{}
+	}
+	for b, owner := range m.idBlocks.pending {
+		if recorded[owner] {
+			delete(m.idBlocks.pending, b)
+		} else {
+			used[b] = true
+		}
+	}
+	for b := uint64(base); b+UserNSSize <= 1<<32-1; b += UserNSSize {
+		if used[uint32(b)] {
+			continue
+		}
+		m.idBlocks.pending[uint32(b)] = id
+		return sandbox.IDRange{Base: uint32(b), Size: UserNSSize}, func() {
+			m.idBlocks.mu.Lock()
+			if m.idBlocks.pending[uint32(b)] == id {
+				delete(m.idBlocks.pending, uint32(b))
+			}
+			m.idBlocks.mu.Unlock()
+		}, nil
+	}
+	return ids, nil, fmt.Errorf("no free block of %d host ids from %d for a user namespace: %w", UserNSSize, base, errdefs.ErrResourceExhausted)
+}
+
+// criuRoot returns the root CRIU restores the tree of ck onto: root
+// itself, or for a checkpoint whose images hold a user namespace, root
+// mounted idmapped to its block on a directory of its own (the restored
+// tree keeps its copy of the mount). Call done once CRIU is finished.
+func (m *Manager) criuRoot(ck checkpointRec, root string) (string, func(), error) {
+	if !ck.IDs.Enabled() {
+		return root, func() {}, nil
+	}
+	// CRIU reads images from the tasks it restores, which by then are
+	// the namespace's root, an unprivileged host uid: the images must
+	// be theirs to read. Their parents stay the daemon's (0700).
+	if err := ownImages(m.ckImages(ck.ID), ck.IDs); err != nil {
+		return "", nil, err
+	}
+	dir := m.path("tmp", "idmap-"+newID())
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", nil, err
+	}
+	unmount, err := sandbox.MountIDMapped(m.launcher.Binary, root, dir, ck.IDs)
+	if err != nil {
+		os.Remove(dir)
+		return "", nil, err
+	}
+	return dir, func() {
+		if err := unmount(); err != nil {
+			m.log.Error("unmount a restore's idmapped root", "dir", dir, "err", err)
+			return
+		}
+		os.Remove(dir)
+	}, nil
+}
+
+// ownImages gives the images directory dir and the files in it to the
+// first id of r, where they are not already.
+func ownImages(dir string, r sandbox.IDRange) error {
+	own := func(p string) error {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		if st.Uid == r.Base && st.Gid == r.Base {
+			return nil
+		}
+		return unix.Lchown(p, int(r.Base), int(r.Base))
+	}
+	if err := own(dir); err != nil {
+		return fmt.Errorf("images for a user namespace: %w", err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("images for a user namespace: %w", err)
+	}
+	for _, e := range ents {
+		if err := own(filepath.Join(dir, e.Name())); err != nil {
+			return fmt.Errorf("images for a user namespace: %w", err)
+		}
+	}
+	return nil
+}
