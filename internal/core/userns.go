@@ -97,9 +97,9 @@ func (m *Manager) criuRoot(ck checkpointRec, root string) (string, func(), error
 	if !ck.IDs.Enabled() {
 		return root, func() {}, nil
 	}
-	// CRIU reads images from the tasks it restores, which by then are
+	// CRIU reads images from the tasks it restores, some once they are
 	// the namespace's root, an unprivileged host uid: the images must
-	// be theirs to read. Their parents stay the daemon's (0700).
+	// be readable to it. Their parents stay the daemon's (0700).
 	if err := ownImages(m.ckImages(ck.ID), ck.IDs); err != nil {
 		return "", nil, err
 	}
@@ -121,20 +121,35 @@ func (m *Manager) criuRoot(ck checkpointRec, root string) (string, func(), error
 	}, nil
 }
 
-// ownImages gives the images directory dir and the files in it to the
-// first id of r, where they are not already.
+// ownImages lets the group of r's first id read the images directory dir
+// and the files in it (owner host root, mode 0640, the directory 0750).
+// A restoring task opens images both before and after it becomes the
+// namespace's root (host uid 0, then r.Base): it must read them as
+// either.
 func ownImages(dir string, r sandbox.IDRange) error {
-	own := func(p string) error {
+	own := func(p string, dir bool) error {
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			return err
 		}
-		if st.Uid == r.Base && st.Gid == r.Base {
+		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 			return nil
 		}
-		return unix.Lchown(p, int(r.Base), int(r.Base))
+		mode := uint32(0o640)
+		if dir {
+			mode = 0o750
+		}
+		if st.Uid != 0 || st.Gid != r.Base {
+			if err := unix.Lchown(p, 0, int(r.Base)); err != nil {
+				return err
+			}
+		}
+		if st.Mode&0o7777 != mode {
+			return unix.Chmod(p, mode)
+		}
+		return nil
 	}
-	if err := own(dir); err != nil {
+	if err := own(dir, true); err != nil {
 		return fmt.Errorf("images for a user namespace: %w", err)
 	}
 	ents, err := os.ReadDir(dir)
@@ -142,7 +157,7 @@ func ownImages(dir string, r sandbox.IDRange) error {
 		return fmt.Errorf("images for a user namespace: %w", err)
 	}
 	for _, e := range ents {
-		if err := own(filepath.Join(dir, e.Name())); err != nil {
+		if err := own(filepath.Join(dir, e.Name()), e.IsDir()); err != nil {
 			return fmt.Errorf("images for a user namespace: %w", err)
 		}
 	}

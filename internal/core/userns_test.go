@@ -17,7 +17,7 @@ import (
 func openUserNSManager(t *testing.T) *Manager {
 	t.Helper()
 	testutil.RequireRoot(t)
-	m, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), UserNS: true})
+	m, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), UserNS: true, StandbyBudget: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,19 +90,30 @@ func TestUserNS(t *testing.T) {
 	if ra.IDs == rb.IDs {
 		t.Fatalf("neighbours share ids %v", ra.IDs)
 	}
-	run(t, m, a.ID, "X=before; setpriv --reuid=1000 --regid=1000 --clear-groups sleep 1000 >/dev/null 2>&1 &")
+	// A process of another user, and one with enough memory for the
+	// template capture (copies dumped and merged).
+	run(t, m, a.ID, "X=before; setpriv --reuid=1000 --regid=1000 --clear-groups sleep 1000 >/dev/null 2>&1 &"+
+		" python3 -c 'import time; b = bytearray(48 << 20); time.sleep(1000)' >/dev/null 2>&1 & sleep 1")
 	ck, err := m.Checkpoint(ctx, a.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if ck.Capture != captureTemplate {
+		t.Errorf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureTemplate)
+	}
 	run(t, m, a.ID, "X=after; rm /root/made")
-	for _, tier := range []string{v1.TierWarm, ""} {
+	for _, tier := range []string{v1.TierWarm, v1.TierHot} {
+		if tier == v1.TierHot {
+			waitStandbyOf(t, m, a.ID, ck.ID)
+		}
 		res, err := m.RollbackWith(ctx, a.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: tier})
 		if err != nil {
 			t.Fatalf("rollback (tier %q): %v", tier, err)
 		}
-		t.Logf("rollback: tier %s", res.Tier)
-		if r := run(t, m, a.ID, "echo $X; pgrep -u 1000 -x sleep >/dev/null && echo uid1000"); r.Stdout != "before\nuid1000\n" {
+		if res.Tier != tier {
+			t.Fatalf("rollback tier %s, want %s", res.Tier, tier)
+		}
+		if r := run(t, m, a.ID, "echo $X; pgrep -u 1000 -x sleep >/dev/null && echo uid1000; pgrep -x python3 >/dev/null && echo python"); r.Stdout != "before\nuid1000\npython\n" {
 			t.Fatalf("after rollback (tier %s): %+v", res.Tier, r)
 		}
 		if rec := checkMapped(t, m, a.ID); rec.IDs != ra.IDs {
