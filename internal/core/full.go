@@ -995,6 +995,9 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		return sandbox.Init{}, fmt.Errorf("restore: %w", err)
 	}
 	init, err := sandbox.Adopt(res.Pid)
+	if err == nil && ck.IDs.Enabled() && ck.outside()&unix.CLONE_NEWNET != 0 {
+		err = lowPortsFor(init.Pid)
+	}
 	if err == nil && ck.outside()&unix.CLONE_NEWUTS == 0 {
 		// The images carry the dumped UTS namespace (a fork's differs);
 		// else the tree joined CRIU's, named above.

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/store"
 )
@@ -162,4 +163,20 @@ func ownImages(dir string, r sandbox.IDRange) error {
 		}
 	}
 	return nil
+}
+
+// lowPortsFor lets every user of pid's network namespace bind ports below
+// 1024. A sandbox with a user namespace owns the network namespace it
+// starts in, so its root binds them; a restore puts the tree in a fresh
+// one of the host's (CRIU's, left out of the images), where that takes a
+// capability the sandbox does not hold over it. The namespace is the
+// sandbox's alone, loopback only.
+func lowPortsFor(pid int) error {
+	return ns.DoPid(pid, unix.CLONE_NEWNET, func() error {
+		// /proc/sys/net is the reading thread's network namespace's.
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte("0"), 0); err != nil {
+			return fmt.Errorf("low ports in the restored network namespace: %w", err)
+		}
+		return nil
+	})
 }

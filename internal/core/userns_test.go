@@ -66,6 +66,11 @@ func checkMapped(t *testing.T, m *Manager, id string) sandboxRec {
 	if uid := hostUID(t, rec.Init.Pid); uid != int(rec.IDs.Base) {
 		t.Fatalf("host sees init of %s as uid %d, want %d", id, uid, rec.IDs.Base)
 	}
+	// Root binds a privileged port, in the namespace it started with
+	// and in the fresh one a restore gives it alike.
+	if r := run(t, m, id, `python3 -c 'import socket; socket.socket().bind(("127.0.0.1", 80))' && echo bound`); r.Stdout != "bound\n" {
+		t.Fatalf("inside %s: bind port 80: %+v", id, r)
+	}
 	fi, err := os.Stat(m.sbRoot(id) + "/root/made")
 	if err != nil {
 		t.Fatal(err)
@@ -78,8 +83,9 @@ func checkMapped(t *testing.T, m *Manager, id string) sandboxRec {
 
 // TestUserNS: with user namespaces on, a sandbox's root is an
 // unprivileged host uid of a block of its own (neighbours get different
-// ones), and a full checkpoint, a rollback to it and a fork from it keep
-// the mapping; a process running as another user inside can be
+// ones), and a full checkpoint (template capture), a warm and a hot
+// rollback to it, a fork from it, hibernate, resume, stop and start keep the
+// mapping; a process running as another user inside can be
 // checkpointed (CRIU, host root, owns the namespace).
 func TestUserNS(t *testing.T) {
 	m := openUserNSManager(t)
@@ -131,6 +137,28 @@ func TestUserNS(t *testing.T) {
 	// The images' namespace maps the origin's block.
 	if rec := checkMapped(t, m, f.ID); rec.IDs != ra.IDs {
 		t.Fatalf("fork from a full checkpoint has ids %v, want its origin's %v", rec.IDs, ra.IDs)
+	}
+	// Hibernate and resume (a restore with no process of the sandbox
+	// left to take the map from).
+	if _, err := m.Hibernate(ctx, f.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Resume(ctx, f.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, m, f.ID, "echo $X"); r.Stdout != "before\n" {
+		t.Fatalf("fork after resume: %+v", r)
+	}
+	checkMapped(t, m, f.ID)
+	// A sandbox stopped and started afresh keeps its block.
+	if _, err := m.Stop(ctx, f.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Start(ctx, f.ID); err != nil {
+		t.Fatal(err)
+	}
+	if rec := checkMapped(t, m, f.ID); rec.IDs != ra.IDs {
+		t.Fatalf("restart moved %s to ids %v", f.ID, rec.IDs)
 	}
 	// A sandbox started afresh after a neighbour was removed takes a free
 	// block, never one in use.
