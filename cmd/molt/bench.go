@@ -19,6 +19,7 @@ func benchCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().IntVar(&benchNodeSize, "pool-node-size", 0, "the benchmark daemon's pool node size in bytes (0: the default, 8192)")
 	c.PersistentFlags().BoolVar(&benchCOW, "cow-capture", true, "the benchmark daemon's --cow-capture: false copies every page in the frozen window")
 	c.PersistentFlags().BoolVar(&benchTemplate, "template-capture", true, "the benchmark daemon's --template-capture")
+	c.PersistentFlags().BoolVar(&benchUserNS, "userns", false, "the benchmark daemon's --userns (a user namespace per sandbox)")
 	c.PersistentFlags().BoolVar(&benchDynMods, "cgroup-favordynmods", true, "the benchmark daemon's --cgroup-favordynmods; false also clears the option on the host's cgroup2 mount first")
 	var iters, baseIters, files int
 	var sizes []string
@@ -106,7 +107,7 @@ func benchCmd(g *globals) *cobra.Command {
 			defer cancel()
 			return withDaemon(ctx, dir, cacheDir, func(e *daemon.Ephemeral) error {
 				res, err := bench.RunRollback(ctx, e, bench.RollbackConfig{Image: "default", CriuPath: criuPath, Iterations: rbIters, HeapMiB: heap,
-					Restarts: restarts, FaultRounds: faultRounds, Seed: seed, Progress: os.Stderr})
+					Restarts: restarts, FaultRounds: faultRounds, Seed: seed, Progress: os.Stderr, NoCold: benchUserNS})
 				if err != nil {
 					return err
 				}
@@ -220,6 +221,9 @@ var benchCOW = true
 // benchTemplate is bench's --template-capture.
 var benchTemplate = true
 
+// benchUserNS is bench's --userns.
+var benchUserNS bool
+
 // benchNodeSize is bench's --pool-node-size.
 var benchNodeSize int
 
@@ -230,6 +234,7 @@ func benchTweak(tweak func(*core.Config)) func(*core.Config) {
 	return func(c *core.Config) {
 		c.NoCOWCapture = !benchCOW
 		c.NoTemplateCapture = !benchTemplate
+		c.UserNS = benchUserNS
 		c.PoolNodeSize = benchNodeSize
 		if !benchDynMods {
 			c.NoFavorDynMods = true

@@ -129,7 +129,8 @@ func daemonCmd(g *globals) *cobra.Command {
 	var defMemory, defPids, defCPUs string
 	var defIOWeight int64
 	var workers, criuLog int
-	var dynMods, cow, tmpl, diskQuota bool
+	var dynMods, cow, tmpl, diskQuota, userns bool
+	var usernsBase uint32
 	var frozenDeadline time.Duration
 	var sockGroup string
 	var sockUIDs []int
@@ -190,7 +191,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl,
-					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, NoDiskQuota: !diskQuota, DefaultResources: defaults},
+					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, NoDiskQuota: !diskQuota, DefaultResources: defaults, UserNS: userns, UserNSBase: usernsBase},
 				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs},
 			})
 		},
@@ -215,6 +216,8 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&defPids, "default-pids", "auto", "process limit of a sandbox created without --pids: a count, 0 or unlimited for none, auto for 4096")
 	c.Flags().StringVar(&defCPUs, "default-cpus", "auto", "CPU limit of a sandbox created without --cpus: CPUs as 1.5, 0 or unlimited for none, auto for the host's CPU count")
 	c.Flags().Int64Var(&defIOWeight, "default-io-weight", 0, "block I/O weight of a sandbox created without --io-weight (0: the kernel's default)")
+	c.Flags().BoolVar(&userns, "userns", false, "give each sandbox created from now on a user namespace: root inside is a block of 65536 unprivileged host uids and gids of its own (docs/architecture.md, User namespaces); sandboxes keep what they were created with")
+	c.Flags().Uint32Var(&usernsBase, "userns-base", core.DefaultUserNSBase, "first host uid and gid of the --userns blocks (65536 ids each, the first free one per sandbox)")
 	c.Flags().IntVar(&criuLog, "criu-log-level", core.DefaultCRIULogLevel, "CRIU's log level for checkpoints and restores: 1 errors, 2 and warnings, 4 debugging (adds milliseconds to every checkpoint's frozen window)")
 	return c
 }

@@ -33,6 +33,11 @@ type RollbackConfig struct {
 	HeapMiB     int
 	Seed        int64
 	Progress    io.Writer
+	// NoCold skips the cold baselines: a plain criu restore cannot
+	// restore a sandbox with a user namespace (its root must be mounted
+	// idmapped, its images readable to the namespace), so a --userns run
+	// compares with an earlier run's baselines.
+	NoCold bool
 }
 
 // RollbackRow is one workload's result.
@@ -216,6 +221,9 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 		}
 
 		for _, bm := range crBaselines(cfg.CriuPath) {
+			if cfg.NoCold {
+				break
+			}
 			progress("rollback: %s: cold baseline %s", w.name, bm.name)
 			src, err := newColdSource(ctx, c, bm, h.Pool.Dir, sb.ID)
 			if err != nil {

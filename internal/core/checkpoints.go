@@ -21,6 +21,7 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/revert"
+	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
@@ -42,6 +43,9 @@ type checkpointRec struct {
 	// when it held no System V objects).
 	ExternalUTS bool `json:"external_uts,omitempty"`
 	ExternalIPC bool `json:"external_ipc,omitempty"`
+	// IDs is the block of host ids the images' user namespace maps (none
+	// for a sandbox without one): the sandbox restored from them gets it.
+	IDs sandbox.IDRange `json:"ids,omitzero"`
 }
 
 // outside returns the namespace types the checkpoint's images leave out.
@@ -79,10 +83,12 @@ type manifest struct {
 	// runs CRIU in a fresh loopback-only one, which the tree joins.
 	// ExternalUTS and ExternalIPC: the same for the UTS namespace (named
 	// as the sandbox) and the IPC namespace (empty).
-	ExternalNet bool     `json:"external_net,omitempty"`
-	ExternalUTS bool     `json:"external_uts,omitempty"`
-	ExternalIPC bool     `json:"external_ipc,omitempty"`
-	Objects     []object `json:"objects,omitempty"`
+	ExternalNet bool `json:"external_net,omitempty"`
+	ExternalUTS bool `json:"external_uts,omitempty"`
+	ExternalIPC bool `json:"external_ipc,omitempty"`
+	// IDs: the block of host ids the images' user namespace maps.
+	IDs     sandbox.IDRange `json:"ids,omitzero"`
+	Objects []object        `json:"objects,omitempty"`
 	// Committed: the checkpoint's record was committed (the manifest was
 	// written again after the commit, see rebuild.go). Without it the
 	// directory is a checkpoint a crash kept from committing.
@@ -350,7 +356,7 @@ func (m *Manager) manifestOf(ck checkpointRec, committed bool) manifest {
 		Format: 1, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
 		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
 		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
-		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, Objects: ck.Objects,
+		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects,
 		Committed: committed, Keep: ck.Keep, Capture: ck.Capture, CaptureNote: ck.CaptureNote,
 		StallMS: ck.StallMS, StallParts: ck.StallParts, DurationMS: ck.DurationMS, BytesWritten: ck.BytesWritten,
 	}

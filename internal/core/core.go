@@ -113,6 +113,12 @@ type Config struct {
 	FrozenDeadline time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// UserNS gives each sandbox created from now on a user namespace:
+	// root inside is a block of UserNSSize unprivileged host ids from
+	// UserNSBase (0: DefaultUserNSBase), see userns.go. Sandboxes keep
+	// what they were created with either way.
+	UserNS     bool
+	UserNSBase uint32
 }
 
 // DefaultCRIULogLevel is Config.CRIULogLevel's default: errors and
@@ -142,6 +148,8 @@ type Manager struct {
 	// noInspect: sandboxes created from now on are not watched (see
 	// SetInspector).
 	noInspect atomic.Bool
+
+	idBlocks idBlocks // user namespace blocks being handed out
 
 	mu    sync.Mutex // guards locks, copying and name uniqueness checks
 	locks map[string]*sync.Mutex
@@ -426,6 +434,13 @@ func removeTree(path string) error {
 func (m *Manager) reconcile(ctx context.Context) error {
 	ents, _ := os.ReadDir(m.path("tmp"))
 	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "idmap-") {
+			// A restore's idmapped root (userns.go) the crash left
+			// mounted: its files are a sandbox's, never staging.
+			if err := unix.Unmount(m.path("tmp", e.Name()), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+				m.log.Warn("cannot unmount the idmapped root a previous daemon left; set aside", "path", e.Name(), "err", err)
+			}
+		}
 		m.removeOrSetAside(m.path("tmp", e.Name()), "staging-"+e.Name(), "staging a previous daemon left")
 	}
 	// Dump staging a crashed daemon left: this root's at once (this

@@ -127,8 +127,12 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
-	if err := checkDumpable(cg); err != nil {
-		return v1.Checkpoint{}, err
+	// In a user namespace CRIU (host root, the namespace's owner) holds
+	// every capability, CAP_SYS_RESOURCE included: any user dumps.
+	if !rec.IDs.Enabled() {
+		if err := checkDumpable(cg); err != nil {
+			return v1.Checkpoint{}, err
+		}
 	}
 	if err := m.quiet(rec.ID, time.Second); err != nil {
 		return v1.Checkpoint{}, err
@@ -303,7 +307,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		Capture: capt.mode, CaptureNote: capt.note,
 		StallParts: &capt.parts,
 	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: outside&unix.CLONE_NEWNET != 0,
-		ExternalUTS: outside&unix.CLONE_NEWUTS != 0, ExternalIPC: outside&unix.CLONE_NEWIPC != 0}
+		ExternalUTS: outside&unix.CLONE_NEWUTS != 0, ExternalIPC: outside&unix.CLONE_NEWIPC != 0, IDs: rec.IDs}
 	// The consistent instant is captured and the sandbox runs on. The
 	// rest (storing the images, the manifest, the commit) runs in the
 	// background: the checkpoint is pending until committed. The sandbox
@@ -963,8 +967,15 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		return sandbox.Init{}, err
 	}
 	defer os.RemoveAll(work)
+	// A tree in a user namespace is restored onto its root mounted
+	// idmapped to the images' block (userns.go).
+	criuRoot, done, err := m.criuRoot(ck, root)
+	if err != nil {
+		return sandbox.Init{}, err
+	}
+	defer done()
 	opts := criu.RestoreOptions{
-		ImagesDir: m.ckImages(ck.ID), WorkDir: work, Root: root,
+		ImagesDir: m.ckImages(ck.ID), WorkDir: work, Root: criuRoot,
 		RstSibling: true, LeaveStopped: stopped, TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
 		// CRIU runs in the sandbox's cgroup and leaves cgroups alone:
 		// the tree it forks lands there, whatever cgroups it was dumped
@@ -1040,6 +1051,9 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		return sandbox.Init{}, fmt.Errorf("restore: %w", err)
 	}
 	init, err := sandbox.Adopt(res.Pid)
+	if err == nil && ck.IDs.Enabled() && ck.outside()&unix.CLONE_NEWNET != 0 {
+		err = lowPortsFor(init.Pid)
+	}
 	if err == nil && ck.outside()&unix.CLONE_NEWUTS == 0 {
 		// The images carry the dumped UTS namespace (a fork's differs);
 		// else the tree joined CRIU's, named above.
@@ -1052,5 +1066,6 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		_ = unix.Kill(res.Pid, unix.SIGKILL)
 		return sandbox.Init{}, fmt.Errorf("restore: %w", err)
 	}
+	rec.IDs = ck.IDs
 	return init, nil
 }

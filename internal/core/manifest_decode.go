@@ -54,6 +54,9 @@ func (mf manifest) check() error {
 	if mf.Kind == v1.KindFS && len(mf.Objects) > 0 {
 		return errors.New("an fs checkpoint with stored objects")
 	}
+	if r := mf.IDs; r.Enabled() && (r.Size != UserNSSize || r.Base == 0 || uint64(r.Base)+uint64(r.Size) > 1<<32-1) {
+		return fmt.Errorf("user namespace ids %s: want a block of %d unprivileged ids", r, UserNSSize)
+	}
 	for _, o := range mf.Objects {
 		if !filepath.IsLocal(o.Path) || filepath.Clean(o.Path) != o.Path {
 			return fmt.Errorf("object path %q is not inside the checkpoint", o.Path)

@@ -32,6 +32,9 @@ type sandboxRec struct {
 	Restarting bool `json:"restarting,omitempty"`
 	// DiskGroup says the sandbox has its own qgroup (quota.go).
 	DiskGroup bool `json:"disk_group,omitempty"`
+	// IDs is the block of host uids and gids its user namespace maps
+	// root and the other ids to (userns.go); none: no user namespace.
+	IDs sandbox.IDRange `json:"ids,omitzero"`
 }
 
 func cgroupName(id string) string { return "molt/" + id }
@@ -136,6 +139,19 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 	}
 	r.Add(undoQgroup)
 	r.Add(func() error { return removeTree(dir) })
+	switch {
+	case procs != nil:
+		// The images' user namespace maps the block they were dumped
+		// with: a fork from them shares it.
+		rec.IDs = procs.IDs
+	case m.cfg.UserNS && !rec.IDs.Enabled():
+		ids, release, err := m.allocIDs(rec.ID)
+		if err != nil {
+			return fail(err)
+		}
+		r.Add(func() error { release(); return nil })
+		rec.IDs = ids
+	}
 	if sby != nil {
 		r.Add(func() error { m.discard(sby, true); return nil })
 		if err := os.Rename(sby.root, m.sbRoot(rec.ID)); err != nil {
@@ -201,10 +217,16 @@ func (m *Manager) startInit(ctx context.Context, rec *sandboxRec, cg *cgroup.Cgr
 		if err := sandbox.InstallInit(root, m.initBin); err != nil {
 			return err
 		}
+		if rec.IDs.Enabled() {
+			// Stage 1 cannot make device nodes in a user namespace.
+			if err := sandbox.MakeDevNodes(root); err != nil {
+				return err
+			}
+		}
 		var err error
-		init, err = m.launcher.Start(ctx, root, sbinit.Config{
+		init, err = m.launcher.StartIn(ctx, root, sbinit.Config{
 			Hostname: rec.Hostname, MachineID: rec.MachineID, Env: rec.Env,
-		}, cg.Add)
+		}, cg.Add, rec.IDs)
 		return err
 	})
 	return init, err

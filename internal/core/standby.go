@@ -434,7 +434,7 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 		m.discard(s, true)
 		return v1.RollbackResult{}, err
 	}
-	rec.Init, rec.State, rec.Reason, rec.Head = s.init, v1.StateRunning, "", ck.ID
+	rec.Init, rec.State, rec.Reason, rec.Head, rec.IDs = s.init, v1.StateRunning, "", ck.ID, ck.IDs
 	// The promoted tree is charged as the tree it replaces: the room
 	// goes once that one has exited.
 	m.releaseWhenGone(rec.ID, s.room, old)

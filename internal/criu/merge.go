@@ -85,7 +85,7 @@ const (
 // (clockImages) hold the clocks at each dump: the merge takes the first
 // dump's, the nearest to the instant.
 var (
-	imagesTakenOnce = regexp.MustCompile(`^(cgroup\.img|seccomp\.img|mountpoints-\d+\.img|tmpfs-dev-\d+\.tar\.gz\.img|utsns-\d+\.img|ipcns-.*\.img|netns-\d+\.img)$`)
+	imagesTakenOnce = regexp.MustCompile(`^(cgroup\.img|seccomp\.img|mountpoints-\d+\.img|tmpfs-dev-\d+\.tar\.gz\.img|utsns-\d+\.img|ipcns-.*\.img|netns-\d+\.img|userns-\d+\.img)$`)
 	clockImages     = regexp.MustCompile(`^timens-\d+\.img$`)
 )
 

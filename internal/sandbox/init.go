@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -40,6 +41,15 @@ const StartTimeout = 30 * time.Second
 // runs any setup it is placed into the cgroup by join (called with its
 // host PID). On any failure the process is killed and reaped.
 func (l *Launcher) Start(ctx context.Context, root string, cfg sbinit.Config, join func(pid int) error) (Init, error) {
+	return l.StartIn(ctx, root, cfg, join, IDRange{})
+}
+
+// StartIn is Start with a user namespace mapping root inside to ids (none
+// for the zero range). The namespace's maps are written before init runs;
+// the root is mounted idmapped through that namespace, so the image's
+// files (owned by host uid 0) belong to root inside, and stay owned by
+// host uid 0 on disk whatever range a fork of them gets.
+func (l *Launcher) StartIn(ctx context.Context, root string, cfg sbinit.Config, join func(pid int) error, ids IDRange) (Init, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return Init{}, fmt.Errorf("start init: %w", err)
@@ -48,13 +58,26 @@ func (l *Launcher) Start(ctx context.Context, root string, cfg sbinit.Config, jo
 	child := os.NewFile(uintptr(fds[1]), "sync-child")
 	defer parent.Close()
 
-	cmd := exec.Command(l.Binary, sbinit.Arg1)
+	bin := l.Binary
+	if ids.Enabled() {
+		bin = execPath(bin)
+	}
+	cmd := exec.Command(bin, sbinit.Arg1)
 	cmd.Dir = "/"
 	cmd.Env = []string{}
 	cmd.ExtraFiles = []*os.File{child}
 	cmd.SysProcAttr = &unix.SysProcAttr{
 		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
 		Setsid:     true,
+	}
+	if ids.Enabled() {
+		cmd.SysProcAttr.Cloneflags |= unix.CLONE_NEWUSER
+		cmd.SysProcAttr.UidMappings = ids.uidMap()
+		cmd.SysProcAttr.GidMappings = ids.uidMap()
+		cmd.SysProcAttr.GidMappingsEnableSetgroups = true
+		// Become the namespace's root: host uid 0 is not mapped in it,
+		// and an unmapped uid executes stage 1 without capabilities.
+		cmd.SysProcAttr.Credential = &syscall.Credential{}
 	}
 	// Started from the parent namespace ns keeps, so that the sandbox's
 	// network namespace gets socket tables of its own, small ones.
@@ -77,8 +100,22 @@ func (l *Launcher) Start(ctx context.Context, root string, cfg sbinit.Config, jo
 		return fail(fmt.Errorf("start init: join cgroup: %w", err))
 	}
 	cfg.Root = root
+	mnt := -1
+	if ids.Enabled() {
+		us, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/user")
+		if err != nil {
+			return fail(fmt.Errorf("start init: %w", err))
+		}
+		mnt, err = IDMappedTree(root, us)
+		us.Close()
+		if err != nil {
+			return fail(fmt.Errorf("start init: %w", err))
+		}
+		defer unix.Close(mnt)
+		cfg.RootMount = true
+	}
 	b, _ := json.Marshal(cfg)
-	if _, err := parent.Write(append(b, '\n')); err != nil {
+	if err := sendConfig(parent, append(b, '\n'), mnt); err != nil {
 		return fail(fmt.Errorf("start init: send config: %w", err))
 	}
 	deadline := time.Now().Add(StartTimeout)

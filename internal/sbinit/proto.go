@@ -1,6 +1,9 @@
 package sbinit
 
-import "os"
+import (
+	"io"
+	"os"
+)
 
 // PID1Socket is the abstract unix socket name the sandbox's pid1 listens
 // on, in the sandbox's network namespace (private to the sandbox).
@@ -18,6 +21,10 @@ type Config struct {
 	Hostname  string            `json:"hostname"`
 	MachineID string            `json:"machine_id"`
 	Env       map[string]string `json:"env,omitempty"`
+	// RootMount says the root comes as a mount (an idmapped one, for a
+	// sandbox with a user namespace) passed with the config's first byte
+	// (SCM_RIGHTS), to be mounted on Root instead of binding Root.
+	RootMount bool `json:"root_mount,omitempty"`
 }
 
 // Request is the first frame of every daemon connection.
@@ -70,6 +77,9 @@ type SessionInfo struct {
 const (
 	Arg1 = "__molt_init1"
 	Arg2 = "__molt_init2"
+	// ArgHold selects a process that only holds its user namespace until
+	// its stdin closes (sandbox.HoldUserNS).
+	ArgHold = "__molt_userns_hold"
 )
 
 // InitPath is where pid1 lives inside a sandbox root.
@@ -88,5 +98,8 @@ func RunIfInit() {
 		Stage1()
 	case ArgCgroupNS:
 		CgroupNSHolder()
+	case ArgHold:
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
 	}
 }

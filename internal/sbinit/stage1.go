@@ -1,10 +1,10 @@
 package sbinit
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"strconv"
@@ -39,22 +39,30 @@ func Stage1() {
 }
 
 func stage1(sync *os.File) error {
-	line, err := bufio.NewReader(sync).ReadString('\n')
+	line, mnt, err := readConfig(int(sync.Fd()))
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)
 	}
 	var cfg Config
-	if err := json.Unmarshal([]byte(line), &cfg); err != nil {
+	if err := json.Unmarshal(line, &cfg); err != nil {
 		return fmt.Errorf("decode config: %w", err)
 	}
-	if err := setupRoot(cfg.Root); err != nil {
+	if cfg.RootMount != (mnt >= 0) {
+		return fmt.Errorf("read config: root mount expected %v, received %v", cfg.RootMount, mnt >= 0)
+	}
+	if err := setupRoot(cfg.Root, mnt); err != nil {
 		return err
 	}
 	if err := setupDev(); err != nil {
 		return err
 	}
-	if err := mountSpecial(); err != nil {
+	if err := mountSpecial(mnt < 0); err != nil {
 		return err
+	}
+	if mnt >= 0 {
+		if err := detachOldRoot(); err != nil {
+			return err
+		}
 	}
 	if err := writeIdentity(cfg); err != nil {
 		return err
@@ -92,21 +100,96 @@ func stage1(sync *os.File) error {
 	return fmt.Errorf("exec %s: %w", InitPath, err)
 }
 
+// readConfig reads the config line from the daemon, and the root mount
+// passed with it (-1 if none).
+func readConfig(fd int) (line []byte, mnt int, err error) {
+	mnt = -1
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, mnt, err
+		}
+		if oobn > 0 {
+			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+			if err != nil {
+				return nil, mnt, err
+			}
+			for _, m := range msgs {
+				fds, err := unix.ParseUnixRights(&m)
+				if err != nil {
+					return nil, mnt, err
+				}
+				for _, f := range fds {
+					if mnt < 0 {
+						mnt = f
+					} else {
+						unix.Close(f)
+					}
+				}
+			}
+		}
+		if n == 0 {
+			return nil, mnt, io.ErrUnexpectedEOF
+		}
+		line = append(line, buf[:n]...)
+		if line[len(line)-1] == '\n' {
+			return line, mnt, nil
+		}
+	}
+}
+
 // setupRoot makes root (a host path chosen by the daemon) the root of this
-// mount namespace. Nothing under the sandbox root is touched before
-// pivot_root, so symlinks planted in it cannot point setup at host paths.
-func setupRoot(root string) error {
+// mount namespace: root bound onto itself, or mnt, the root's idmapped
+// mount. Nothing under the sandbox root is touched before pivot_root, so
+// symlinks planted in it cannot point setup at host paths.
+func setupRoot(root string, mnt int) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	if mnt >= 0 {
+		// In a user namespace this process is an unprivileged host uid:
+		// the root's host path lies under the daemon's 0700 directories,
+		// out of its reach. The mount goes on /proc instead (present on
+		// every host, searchable by anyone; covered only in this mount
+		// namespace, and detached with the old root below).
+		root = "/proc"
+		err := unix.MoveMount(mnt, "", unix.AT_FDCWD, root, unix.MOVE_MOUNT_F_EMPTY_PATH)
+		unix.Close(mnt)
+		if err != nil {
+			return fmt.Errorf("mount sandbox root: %w", err)
+		}
+	} else if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind sandbox root: %w", err)
 	}
-	// pivot_root(".", ".") stacks the old root on top of the new one; the
-	// detach then removes it, without needing a directory for it.
 	if err := unix.Chdir(root); err != nil {
 		return err
 	}
+	if mnt >= 0 {
+		// In a user namespace the kernel mounts /proc and /sys only
+		// while a full proc and sysfs mount is in the namespace: the old
+		// root stays, on a directory of the new one, until mountSpecial
+		// is done (detachOldRoot).
+		// A link left there by the sandbox goes; a directory is reused.
+		if fi, err := os.Lstat(oldRoot[1:]); err == nil && !fi.IsDir() {
+			if err := os.Remove(oldRoot[1:]); err != nil {
+				return fmt.Errorf("replace %s: %w", oldRoot, err)
+			}
+		}
+		if err := unix.Mkdir(oldRoot[1:], 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("mkdir %s: %w", oldRoot, err)
+		}
+		if err := unix.PivotRoot(".", oldRoot[1:]); err != nil {
+			return fmt.Errorf("pivot_root: %w", err)
+		}
+		return unix.Chdir("/")
+	}
+	// pivot_root(".", ".") stacks the old root on top of the new one; the
+	// detach then removes it, without needing a directory for it.
 	if err := unix.PivotRoot(".", "."); err != nil {
 		return fmt.Errorf("pivot_root: %w", err)
 	}
@@ -114,6 +197,22 @@ func setupRoot(root string) error {
 		return fmt.Errorf("detach old root: %w", err)
 	}
 	return unix.Chdir("/")
+}
+
+// oldRoot is where the host's root stays during a user namespace's
+// set-up (setupRoot).
+const oldRoot = "/.molt-oldroot"
+
+// detachOldRoot removes the host's root from a user namespace's mount
+// namespace once the sandbox's own mounts are made.
+func detachOldRoot() error {
+	if err := unix.Unmount(oldRoot, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	if err := unix.Rmdir(oldRoot); err != nil {
+		return fmt.Errorf("remove %s: %w", oldRoot, err)
+	}
+	return nil
 }
 
 type devNode struct {
@@ -203,13 +302,20 @@ var (
 	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
 )
 
-func mountSpecial() error {
+// mountSpecial mounts /proc, /dev/pts and, with sys, /sys. A sandbox in
+// a user namespace has no /sys: the kernel lets a user namespace mount
+// sysfs only for a network namespace it owns, and a restore puts the
+// tree in a fresh network namespace of the host's, so CRIU could not
+// mount it back (docs/architecture.md, "User namespaces").
+func mountSpecial(sys bool) error {
 	const std = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 	if err := unix.Mount("proc", "/proc", "proc", std, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
 	}
-	if err := unix.Mount("sysfs", "/sys", "sysfs", std|unix.MS_RDONLY, ""); err != nil {
-		return fmt.Errorf("mount /sys: %w", err)
+	if sys {
+		if err := unix.Mount("sysfs", "/sys", "sysfs", std|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("mount /sys: %w", err)
+		}
 	}
 	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
 		return fmt.Errorf("mount /dev/pts: %w", err)
