@@ -1,6 +1,7 @@
 package v1
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -73,7 +74,26 @@ func (r SandboxCreateRequest) Validate() error {
 	if err := noNUL("hostname", r.Hostname); err != nil {
 		return err
 	}
+	if err := r.validSeccomp(); err != nil {
+		return err
+	}
 	return ValidEnv(r.Env)
+}
+
+func (r SandboxCreateRequest) validSeccomp() error {
+	switch {
+	case r.Seccomp != "" && r.Seccomp != SeccompDefault && r.Seccomp != SeccompUnconfined && r.Seccomp != SeccompCustom:
+		return fmt.Errorf("seccomp %q: want %s, %s or %s with a profile", r.Seccomp, SeccompDefault, SeccompUnconfined, SeccompCustom)
+	case r.SeccompProfile == "" && r.Seccomp == SeccompCustom:
+		return errors.New("seccomp: custom without a profile")
+	case r.SeccompProfile != "" && r.Seccomp != "" && r.Seccomp != SeccompCustom:
+		return fmt.Errorf("seccomp %q with a profile: want custom or nothing", r.Seccomp)
+	case len(r.SeccompProfile) > MaxSeccompProfileBytes:
+		return fmt.Errorf("seccomp profile: %d bytes, more than %d", len(r.SeccompProfile), MaxSeccompProfileBytes)
+	case r.SeccompProfile != "" && !json.Valid([]byte(r.SeccompProfile)):
+		return errors.New("seccomp profile: not JSON")
+	}
+	return nil
 }
 
 // Validate checks what can be checked without the daemon's state.

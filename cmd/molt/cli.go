@@ -129,6 +129,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var workers, criuLog int
 	var dynMods, cow, tmpl bool
 	var frozenDeadline time.Duration
+	var seccompDefault string
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the molt daemon in the foreground",
@@ -161,6 +162,9 @@ func daemonCmd(g *globals) *cobra.Command {
 			if frozenDeadline == 0 {
 				frozenDeadline = -1 // none
 			}
+			if seccompDefault != v1.SeccompDefault && seccompDefault != v1.SeccompUnconfined {
+				return fmt.Errorf("--seccomp-default %q: want %s or %s", seccompDefault, v1.SeccompDefault, v1.SeccompUnconfined)
+			}
 			if criuLog < 1 || criuLog > 4 {
 				return fmt.Errorf("--criu-log-level %d: want 1 (errors) to 4 (debugging)", criuLog)
 			}
@@ -174,7 +178,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl,
-					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline},
+					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, SeccompDefault: seccompDefault},
 				Socket: g.socket,
 			})
 		},
@@ -191,6 +195,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&tmpl, "template-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory copy every process in the frozen window (an injected clone each) and dump the copies with CRIU after the thaw, when the tree allows it (single-threaded processes, no shared memory, sockets or terminals, no signal pending, empty pipes); others take the --cow-capture path, and the checkpoint says why")
 	c.Flags().BoolVar(&dynMods, "cgroup-favordynmods", true, "set favordynmods on the host's cgroup2 mount and keep it set: cgroup moves (every restore, fork and standby does some) skip an RCU grace period each; forks and exits host-wide cost a little more")
 	c.Flags().DurationVar(&frozenDeadline, "frozen-deadline", core.DefaultFrozenDeadline, "longest a capture may keep a sandbox frozen (fs snapshot, CRIU dump, copy-on-write protection, template copies), plus 1 s per 128 MiB of the tree's private memory for a full checkpoint; past it the capture is aborted (CRIU killed), the sandbox thawed and the error names the step that hung (0: no deadline)")
+	c.Flags().StringVar(&seccompDefault, "seccomp-default", v1.SeccompDefault, "system call filter of sandboxes created without --seccomp: default (molt's profile, docs/security.md) or unconfined (for comparisons)")
 	c.Flags().IntVar(&criuLog, "criu-log-level", core.DefaultCRIULogLevel, "CRIU's log level for checkpoints and restores: 1 errors, 2 and warnings, 4 debugging (adds milliseconds to every checkpoint's frozen window)")
 	return c
 }
@@ -327,7 +332,7 @@ func parseEnv(kvs []string) (map[string]string, error) {
 }
 
 func createCmd(g *globals) *cobra.Command {
-	var name, hostname, memory, standbyBudget string
+	var name, hostname, memory, standbyBudget, filter string
 	var env []string
 	var pids int64
 	c := &cobra.Command{
@@ -358,8 +363,12 @@ func createCmd(g *globals) *cobra.Command {
 					sby = -1
 				}
 			}
-			sb, err := g.client().Create(ctx, v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
-				Resources: v1.Resources{MemoryBytes: mem, Pids: pids, StandbyBudgetBytes: sby}})
+			req := v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
+				Resources: v1.Resources{MemoryBytes: mem, Pids: pids, StandbyBudgetBytes: sby}}
+			if req.Seccomp, req.SeccompProfile, err = seccompFlag(filter); err != nil {
+				return err
+			}
+			sb, err := g.client().Create(ctx, req)
 			if err != nil {
 				return err
 			}
@@ -372,7 +381,30 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&memory, "memory", "", "memory limit (e.g. 2G)")
 	c.Flags().Int64Var(&pids, "pids", 0, "process limit")
 	c.Flags().StringVar(&standbyBudget, "standby-budget", "", "memory for this sandbox's standbys (hot rollback), within the host's (e.g. 512M; 0 for none; default: the daemon's --sandbox-standby-budget)")
+	c.Flags().StringVar(&filter, "seccomp", "", "system call filter: default (molt's profile, docs/security.md), unconfined, or the path of a Docker/OCI-format JSON profile, read here and sent to the daemon (default: the daemon's --seccomp-default)")
 	return c
+}
+
+// seccompFlag turns --seccomp into the request's fields: a mode, or a
+// profile read from the file it names.
+func seccompFlag(v string) (mode, profile string, err error) {
+	switch v {
+	case "", v1.SeccompDefault, v1.SeccompUnconfined:
+		return v, "", nil
+	}
+	f, err := os.Open(v)
+	if err != nil {
+		return "", "", fmt.Errorf("--seccomp: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, v1.MaxSeccompProfileBytes+1))
+	if err != nil {
+		return "", "", fmt.Errorf("--seccomp: %w", err)
+	}
+	if len(b) > v1.MaxSeccompProfileBytes {
+		return "", "", fmt.Errorf("--seccomp %s: more than %d bytes", v, v1.MaxSeccompProfileBytes)
+	}
+	return v1.SeccompCustom, string(b), nil
 }
 
 func lsCmd(g *globals) *cobra.Command {

@@ -18,6 +18,9 @@ type Config struct {
 	Hostname  string            `json:"hostname"`
 	MachineID string            `json:"machine_id"`
 	Env       map[string]string `json:"env,omitempty"`
+	// Seccomp is the compiled filter (seccomp.Program.Bytes) installed
+	// right before pid1 is executed; empty: none.
+	Seccomp []byte `json:"seccomp,omitempty"`
 }
 
 // Request is the first frame of every daemon connection.
