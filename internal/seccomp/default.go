@@ -104,11 +104,15 @@ func Default() *Profile {
 	for _, v := range []uint64{0, 8, 0x20000, 0x20008, 0xffffffff} {
 		p.Rules = append(p.Rules, Rule{Names: []string{"personality"}, Action: ActAllow, Conds: []Cond{{Index: 0, Op: OpEQ, Value: v}}})
 	}
-	// socket: no raw or packet sockets of any family (the type's low
-	// four bits; the rest are SOCK_NONBLOCK and SOCK_CLOEXEC), then the
-	// families above.
-	for _, t := range []uint64{unix.SOCK_RAW, unix.SOCK_PACKET} {
-		p.Rules = append(p.Rules, Rule{Names: []string{"socket"}, Action: eperm, Conds: []Cond{{Index: 1, Op: OpMaskedEQ, Value: 0xf, ValueTwo: t}}})
+	// socket: no raw or packet IP sockets (the type's low four bits;
+	// the rest are SOCK_NONBLOCK and SOCK_CLOEXEC), then the families
+	// above. Netlink's SOCK_RAW is its ordinary type (ip, ss, glibc's
+	// getaddrinfo use it), and AF_UNIX makes SOCK_RAW a datagram socket.
+	for _, f := range []uint64{unix.AF_INET, unix.AF_INET6} {
+		for _, t := range []uint64{unix.SOCK_RAW, unix.SOCK_PACKET} {
+			p.Rules = append(p.Rules, Rule{Names: []string{"socket"}, Action: eperm, Conds: []Cond{
+				{Index: 0, Op: OpEQ, Value: f}, {Index: 1, Op: OpMaskedEQ, Value: 0xf, ValueTwo: t}}})
+		}
 	}
 	for _, f := range socketFamilies {
 		p.Rules = append(p.Rules, Rule{Names: []string{"socket"}, Action: ActAllow, Conds: []Cond{{Index: 0, Op: OpEQ, Value: f}}})

@@ -49,6 +49,7 @@ var probes = []probe{
 	{"kexec_load", unix.SYS_KEXEC_LOAD, [6]uintptr{}},
 	{"socket_tcp", unix.SYS_SOCKET, [6]uintptr{unix.AF_INET, unix.SOCK_STREAM | unix.SOCK_CLOEXEC}},
 	{"socket_raw", unix.SYS_SOCKET, [6]uintptr{unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP}},
+	{"socket_netlink", unix.SYS_SOCKET, [6]uintptr{unix.AF_NETLINK, unix.SOCK_RAW | unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE}},
 	{"socket_packet", unix.SYS_SOCKET, [6]uintptr{unix.AF_PACKET, unix.SOCK_DGRAM}},
 	{"personality_query", unix.SYS_PERSONALITY, [6]uintptr{0xffffffff}},
 	{"personality_aslr", unix.SYS_PERSONALITY, [6]uintptr{0x40000}},
@@ -62,7 +63,7 @@ var want = map[string]string{
 	"unshare_net": "EPERM", "unshare_fs": "ok", "clone3": "ENOSYS", "setns": "EPERM",
 	"mount": "EPERM", "fsopen": "EPERM", "io_uring_setup": "EPERM", "userfaultfd": "EPERM",
 	"bpf": "EPERM", "perf_event_open": "EPERM", "open_by_handle_at": "EPERM", "kexec_load": "EPERM",
-	"socket_tcp": "ok", "socket_raw": "EPERM", "socket_packet": "EAFNOSUPPORT",
+	"socket_tcp": "ok", "socket_raw": "EPERM", "socket_packet": "EAFNOSUPPORT", "socket_netlink": "ok",
 	"personality_query": "ok", "personality_aslr": "EPERM", "btrfs_snap": "EPERM", "future": "ENOSYS",
 	"Seccomp": "2", "NoNewPrivs": "1",
 }
