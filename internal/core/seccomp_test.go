@@ -111,7 +111,7 @@ func checkConfined(t *testing.T, m *Manager, sb, when string) {
 // captures and brings back processes: each capture mode (template,
 // copy-on-write, frozen copy) with warm, hot and cold rollbacks, forks
 // (adopting a standby, restoring), hibernation and resume, and an fs
-// rollback, which starts init again.
+// rollback. TestSeccompModes covers the paths that start init again.
 func TestSeccompSurvivesCheckpoints(t *testing.T) {
 	for _, mode := range []string{captureTemplate, captureCOW, captureCopy} {
 		t.Run(mode, func(t *testing.T) {
@@ -164,25 +164,27 @@ func TestSeccompSurvivesCheckpoints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: fs.ID})
-			if err != nil {
+			// Its processes come from the full checkpoint before it.
+			if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: fs.ID}); err != nil {
 				t.Fatal(err)
-			}
-			if res.Tier != v1.TierRestart {
-				t.Fatalf("fs rollback tier %s", res.Tier)
 			}
 			checkConfined(t, m, sb.ID, "fs rollback")
 		})
 	}
 }
 
-// TestSeccompModes: --seccomp unconfined leaves a sandbox without a
-// filter, a custom profile is what its processes run under, and both
-// are kept by an fs rollback (init started again) and by forks of an fs
-// checkpoint; a profile that does not compile is refused.
+// TestSeccompModes: a sandbox created without a choice gets the
+// default filter, --seccomp unconfined none, a custom profile is what
+// its processes run under, and each is kept by an fs rollback (init
+// started again) and by forks of an fs checkpoint; a profile that does
+// not compile is refused.
 func TestSeccompModes(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
+	def := newSandbox(t, m)
+	if def.Seccomp != v1.SeccompDefault {
+		t.Fatalf("a sandbox created without a choice reports seccomp %q", def.Seccomp)
+	}
 	un, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Seccomp: v1.SeccompUnconfined})
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +200,7 @@ func TestSeccompModes(t *testing.T) {
 	}
 	check := func(when string) {
 		t.Helper()
+		checkConfined(t, m, def.ID, when)
 		for _, id := range []string{un.ID, cu.ID} {
 			got := probeSeccomp(t, m, id)
 			want := "0"
@@ -214,13 +217,17 @@ func TestSeccompModes(t *testing.T) {
 	}
 	check("created")
 	var forks []string
-	for _, id := range []string{un.ID, cu.ID} {
+	for _, id := range []string{def.ID, un.ID, cu.ID} {
 		ck, err := m.Checkpoint(ctx, id, v1.CheckpointRequest{Kind: v1.KindFS})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.RollbackWith(ctx, id, v1.RollbackRequest{Checkpoint: ck.ID}); err != nil {
+		res, err := m.RollbackWith(ctx, id, v1.RollbackRequest{Checkpoint: ck.ID})
+		if err != nil {
 			t.Fatal(err)
+		}
+		if res.Tier != v1.TierRestart {
+			t.Fatalf("fs rollback tier %s, want %s", res.Tier, v1.TierRestart)
 		}
 		fr, err := m.Fork(ctx, ck.ID, v1.ForkRequest{N: 1})
 		if err != nil {
@@ -229,7 +236,7 @@ func TestSeccompModes(t *testing.T) {
 		forks = append(forks, fr.Sandboxes[0].ID)
 	}
 	check("fs rollback")
-	un.ID, cu.ID = forks[0], forks[1]
+	def.ID, un.ID, cu.ID = forks[0], forks[1], forks[2]
 	check("forks")
 	for _, bad := range []string{`{"defaultAction": "SCMP_ACT_NOPE"}`, `{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 9, "op": "SCMP_CMP_EQ"}]}]}`} {
 		if _, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, SeccompProfile: bad}); err == nil {
