@@ -269,12 +269,18 @@ func initCopies(t *testing.T, m *Manager, sb string) []int {
 	return copies
 }
 
-// TestPid1RefusesForgedCopySignal: a process of the sandbox that queues
-// SIGUSR2 to pid1 with a forged si_pid of 0 (rt_sigqueueinfo, si_code
-// SI_QUEUE) does not make pid1 copy itself; the daemon's kill does.
-func TestPid1RefusesForgedCopySignal(t *testing.T) {
+// TestPid1FromInside: a process of the sandbox (root, with pid1's
+// capabilities) can neither ptrace pid1 nor read its /proc links, and
+// one that queues SIGUSR2 to pid1 with a forged si_pid of 0
+// (rt_sigqueueinfo, si_code SI_QUEUE) does not make pid1 copy itself;
+// the daemon's kill does.
+func TestPid1FromInside(t *testing.T) {
 	m := openManager(t)
 	sb := newSandbox(t, m)
+	got := probeSeccomp(t, m, sb.ID)
+	if got["ptrace_pid1"] != "EPERM" || got["pid1_exe"] != "EACCES" {
+		t.Fatalf("from inside: PTRACE_ATTACH to pid1: %s, readlink /proc/1/exe: %s; want EPERM and EACCES", got["ptrace_pid1"], got["pid1_exe"])
+	}
 	r := run(t, m, sb.ID, `python3 - <<'EOF'
 import ctypes
 class SigInfo(ctypes.Structure):
