@@ -6,9 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -71,12 +73,29 @@ var want = map[string]string{
 func childMain(mode string) int {
 	runtime.LockOSThread()
 	prog, err := Compile(Default())
-	if err == nil {
+	if mode == "bench-none" {
+		mode, err = "bench", nil
+		prog = nil
+	}
+	if err == nil && prog != nil {
 		err = Install(prog)
 	}
 	if err != nil {
 		fmt.Println("install:", err)
 		return 1
+	}
+	if mode == "bench" {
+		// Calls per run of a cheap allowed call (getppid: past the middle
+		// of the search) and of one with argument checks (personality).
+		n, _ := strconv.Atoi(os.Getenv(childEnv + "_N"))
+		for _, nr := range []uintptr{unix.SYS_GETPPID, unix.SYS_PERSONALITY} {
+			start := time.Now()
+			for range n {
+				unix.RawSyscall(nr, 0xffffffff, 0, 0)
+			}
+			fmt.Printf("%d\n", time.Since(start).Nanoseconds())
+		}
+		return 0
 	}
 	if mode == "x32" {
 		// getpid through the x32 ABI: the filter kills the process.
@@ -132,4 +151,31 @@ func TestInstall(t *testing.T) {
 	if ws := ee.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != unix.SIGSYS {
 		t.Fatalf("x32 child ended with %v, want killed by SIGSYS\n%s", ws, out)
 	}
+}
+
+// BenchmarkFilter measures what the default filter adds to a system
+// call: getppid (no argument checks) and personality (argument checks),
+// each in a child without and with the filter.
+func BenchmarkFilter(b *testing.B) {
+	measure := func(mode string) (float64, float64) {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+mode, childEnv+"_N="+strconv.Itoa(b.N))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			b.Fatalf("child: %v\n%s", err, out)
+		}
+		f := strings.Fields(string(out))
+		if len(f) != 2 {
+			b.Fatalf("child printed %q", out)
+		}
+		x, _ := strconv.ParseFloat(f[0], 64)
+		y, _ := strconv.ParseFloat(f[1], 64)
+		return x / float64(b.N), y / float64(b.N)
+	}
+	g0, p0 := measure("bench-none")
+	g1, p1 := measure("bench")
+	b.ReportMetric(g0, "ns/getppid-none")
+	b.ReportMetric(g1, "ns/getppid-filtered")
+	b.ReportMetric(p0, "ns/personality-none")
+	b.ReportMetric(p1, "ns/personality-filtered")
 }
