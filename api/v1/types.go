@@ -167,7 +167,27 @@ type SandboxCreateRequest struct {
 	Hostname  string            `json:"hostname,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
 	Resources Resources         `json:"resources,omitempty"`
+	// Seccomp selects the system call filter of every process of the
+	// sandbox: SeccompDefault (molt's profile, docs/security.md),
+	// SeccompUnconfined (none), SeccompCustom with SeccompProfile, or
+	// "" for the daemon's default (or custom, when SeccompProfile is
+	// set). Forks keep their sandbox's filter.
+	Seccomp string `json:"seccomp,omitempty"`
+	// SeccompProfile is a seccomp profile in the Docker/OCI JSON format:
+	// its content, at most MaxSeccompProfileBytes (the daemon never
+	// reads a path of the client's).
+	SeccompProfile string `json:"seccomp_profile,omitempty"`
 }
+
+// The values of Seccomp.
+const (
+	SeccompDefault    = "default"
+	SeccompUnconfined = "unconfined"
+	SeccompCustom     = "custom"
+)
+
+// MaxSeccompProfileBytes bounds SandboxCreateRequest.SeccompProfile.
+const MaxSeccompProfileBytes = 1 << 20
 
 // Sandbox is a sandbox as the API reports it.
 type Sandbox struct {
@@ -181,6 +201,9 @@ type Sandbox struct {
 	Pid       int               `json:"pid,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
 	Resources Resources         `json:"resources,omitempty"`
+	// Seccomp is the sandbox's system call filter: SeccompDefault,
+	// SeccompUnconfined or SeccompCustom.
+	Seccomp string `json:"seccomp,omitempty"`
 	// Head is the checkpoint the sandbox last rolled back to or was
 	// created from; new checkpoints get it as parent.
 	Head string `json:"head,omitempty"`

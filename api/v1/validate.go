@@ -1,6 +1,7 @@
 package v1
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -76,6 +77,9 @@ func (r SandboxCreateRequest) Validate() error {
 	if err := r.Resources.Validate(); err != nil {
 		return err
 	}
+	if err := r.validSeccomp(); err != nil {
+		return err
+	}
 	return ValidEnv(r.Env)
 }
 
@@ -101,6 +105,22 @@ func (r Resources) Validate() error {
 		return fmt.Errorf("resources: cpu_millis=%d: want at least %d", r.CPUMillis, MinCPUMillis)
 	case r.IOWeight < 0 || r.IOWeight > 10000:
 		return fmt.Errorf("resources: io_weight=%d: want 0 (the kernel's default) or 1-10000", r.IOWeight)
+	}
+	return nil
+}
+
+func (r SandboxCreateRequest) validSeccomp() error {
+	switch {
+	case r.Seccomp != "" && r.Seccomp != SeccompDefault && r.Seccomp != SeccompUnconfined && r.Seccomp != SeccompCustom:
+		return fmt.Errorf("seccomp %q: want %s, %s or %s with a profile", r.Seccomp, SeccompDefault, SeccompUnconfined, SeccompCustom)
+	case r.SeccompProfile == "" && r.Seccomp == SeccompCustom:
+		return errors.New("seccomp: custom without a profile")
+	case r.SeccompProfile != "" && r.Seccomp != "" && r.Seccomp != SeccompCustom:
+		return fmt.Errorf("seccomp %q with a profile: want custom or nothing", r.Seccomp)
+	case len(r.SeccompProfile) > MaxSeccompProfileBytes:
+		return fmt.Errorf("seccomp profile: %d bytes, more than %d", len(r.SeccompProfile), MaxSeccompProfileBytes)
+	case r.SeccompProfile != "" && !json.Valid([]byte(r.SeccompProfile)):
+		return errors.New("seccomp profile: not JSON")
 	}
 	return nil
 }

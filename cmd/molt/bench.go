@@ -20,6 +20,7 @@ func benchCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().BoolVar(&benchCOW, "cow-capture", true, "the benchmark daemon's --cow-capture: false copies every page in the frozen window")
 	c.PersistentFlags().BoolVar(&benchTemplate, "template-capture", true, "the benchmark daemon's --template-capture")
 	c.PersistentFlags().BoolVar(&benchUserNS, "userns", false, "the benchmark daemon's --userns (a user namespace per sandbox)")
+	c.PersistentFlags().StringVar(&benchSeccomp, "seccomp", v1.SeccompDefault, "the benchmark daemon's --seccomp-default: the system call filter of the sandboxes measured (default or unconfined)")
 	c.PersistentFlags().BoolVar(&benchDynMods, "cgroup-favordynmods", true, "the benchmark daemon's --cgroup-favordynmods; false also clears the option on the host's cgroup2 mount first")
 	var iters, baseIters, files int
 	var sizes []string
@@ -196,6 +197,10 @@ func benchCmd(g *globals) *cobra.Command {
 // under dir, with the default image built (from the cache after the
 // first build), and removes everything afterwards.
 func withDaemon(ctx context.Context, dir, cacheDir string, fn func(*daemon.Ephemeral) error) error {
+	if benchSeccomp != v1.SeccompDefault && benchSeccomp != v1.SeccompUnconfined {
+		return fmt.Errorf("--seccomp %q: want %s or %s", benchSeccomp, v1.SeccompDefault, v1.SeccompUnconfined)
+	}
+	fmt.Fprintln(os.Stderr, "bench: sandboxes' seccomp filter:", benchSeccomp)
 	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, benchTweak(nil))
 	if err != nil {
 		return err
@@ -214,6 +219,9 @@ func withDaemon(ctx context.Context, dir, cacheDir string, fn func(*daemon.Ephem
 
 // benchDynMods is bench's --cgroup-favordynmods.
 var benchDynMods = true
+
+// benchSeccomp is bench's --seccomp.
+var benchSeccomp = v1.SeccompDefault
 
 // benchCOW is bench's --cow-capture.
 var benchCOW = true
@@ -236,6 +244,7 @@ func benchTweak(tweak func(*core.Config)) func(*core.Config) {
 		c.NoTemplateCapture = !benchTemplate
 		c.UserNS = benchUserNS
 		c.PoolNodeSize = benchNodeSize
+		c.SeccompDefault = benchSeccomp
 		if !benchDynMods {
 			c.NoFavorDynMods = true
 			if _, err := cgroup.SetDynMods(false); err != nil {

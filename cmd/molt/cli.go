@@ -134,6 +134,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var frozenDeadline time.Duration
 	var sockGroup string
 	var sockUIDs []int
+	var seccompDefault string
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the molt daemon in the foreground",
@@ -174,6 +175,9 @@ func daemonCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if seccompDefault != v1.SeccompDefault && seccompDefault != v1.SeccompUnconfined {
+				return fmt.Errorf("--seccomp-default %q: want %s or %s", seccompDefault, v1.SeccompDefault, v1.SeccompUnconfined)
+			}
 			if criuLog < 1 || criuLog > 4 {
 				return fmt.Errorf("--criu-log-level %d: want 1 (errors) to 4 (debugging)", criuLog)
 			}
@@ -191,7 +195,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl,
-					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, NoDiskQuota: !diskQuota, DefaultResources: defaults, UserNS: userns, UserNSBase: usernsBase},
+					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, NoDiskQuota: !diskQuota, DefaultResources: defaults, UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault},
 				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs},
 			})
 		},
@@ -218,6 +222,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().Int64Var(&defIOWeight, "default-io-weight", 0, "block I/O weight of a sandbox created without --io-weight (0: the kernel's default)")
 	c.Flags().BoolVar(&userns, "userns", false, "give each sandbox created from now on a user namespace: root inside is a block of 65536 unprivileged host uids and gids of its own (docs/architecture.md, User namespaces); sandboxes keep what they were created with")
 	c.Flags().Uint32Var(&usernsBase, "userns-base", core.DefaultUserNSBase, "first host uid and gid of the --userns blocks (65536 ids each, the first free one per sandbox)")
+	c.Flags().StringVar(&seccompDefault, "seccomp-default", v1.SeccompDefault, "system call filter of sandboxes created without --seccomp: default (molt's profile, docs/security.md) or unconfined (for comparisons)")
 	c.Flags().IntVar(&criuLog, "criu-log-level", core.DefaultCRIULogLevel, "CRIU's log level for checkpoints and restores: 1 errors, 2 and warnings, 4 debugging (adds milliseconds to every checkpoint's frozen window)")
 	return c
 }
@@ -354,7 +359,7 @@ func parseEnv(kvs []string) (map[string]string, error) {
 }
 
 func createCmd(g *globals) *cobra.Command {
-	var name, hostname, memory, pids, cpus, standbyBudget, disk string
+	var name, hostname, memory, pids, cpus, standbyBudget, disk, filter string
 	var env []string
 	var ioWeight int64
 	c := &cobra.Command{
@@ -396,8 +401,12 @@ func createCmd(g *globals) *cobra.Command {
 					diskBytes = -1
 				}
 			}
-			sb, err := g.client().Create(ctx, v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
-				Resources: v1.Resources{MemoryBytes: res.MemoryBytes, Pids: res.Pids, CPUMillis: res.CPUMillis, IOWeight: res.IOWeight, StandbyBudgetBytes: sby, DiskBytes: diskBytes}})
+			req := v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
+				Resources: v1.Resources{MemoryBytes: res.MemoryBytes, Pids: res.Pids, CPUMillis: res.CPUMillis, IOWeight: res.IOWeight, StandbyBudgetBytes: sby, DiskBytes: diskBytes}}
+			if req.Seccomp, req.SeccompProfile, err = seccompFlag(filter); err != nil {
+				return err
+			}
+			sb, err := g.client().Create(ctx, req)
 			if err != nil {
 				return err
 			}
@@ -413,7 +422,30 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().Int64Var(&ioWeight, "io-weight", 0, "proportional block I/O weight, 1-10000 on cgroup v2 and 1-1000 on v1 (0: the kernel's default, 100); refused where the host has no weight file")
 	c.Flags().StringVar(&disk, "disk", "", "disk quota: the sandbox's files and its checkpoints' together, past which its writes fail with EDQUOT (e.g. 10G; none for no quota; default: the daemon's --default-disk)")
 	c.Flags().StringVar(&standbyBudget, "standby-budget", "", "memory for this sandbox's standbys (hot rollback), within the host's (e.g. 512M; 0 for none; default: the daemon's --sandbox-standby-budget)")
+	c.Flags().StringVar(&filter, "seccomp", "", "system call filter: default (molt's profile, docs/security.md), unconfined, or the path of a Docker/OCI-format JSON profile, read here and sent to the daemon (default: the daemon's --seccomp-default)")
 	return c
+}
+
+// seccompFlag turns --seccomp into the request's fields: a mode, or a
+// profile read from the file it names.
+func seccompFlag(v string) (mode, profile string, err error) {
+	switch v {
+	case "", v1.SeccompDefault, v1.SeccompUnconfined:
+		return v, "", nil
+	}
+	f, err := os.Open(v)
+	if err != nil {
+		return "", "", fmt.Errorf("--seccomp: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, v1.MaxSeccompProfileBytes+1))
+	if err != nil {
+		return "", "", fmt.Errorf("--seccomp: %w", err)
+	}
+	if len(b) > v1.MaxSeccompProfileBytes {
+		return "", "", fmt.Errorf("--seccomp %s: more than %d bytes", v, v1.MaxSeccompProfileBytes)
+	}
+	return v1.SeccompCustom, string(b), nil
 }
 
 func lsCmd(g *globals) *cobra.Command {

@@ -883,8 +883,8 @@ func (m *Manager) fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 			defer func() { <-sem }()
 			rec := sandboxRec{Sandbox: v1.Sandbox{
 				ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
-				Head: ck.ID, ForkedFrom: ck.ID,
-			}, MachineID: newMachineID()}
+				Head: ck.ID, ForkedFrom: ck.ID, Seccomp: src.Seccomp,
+			}, MachineID: newMachineID(), SeccompProfile: src.SeccompProfile}
 			var r *revert.Reverter
 			var err error
 			if i == 0 && sby != nil {

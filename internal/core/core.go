@@ -111,6 +111,9 @@ type Config struct {
 	// FrozenDeadline bounds each frozen window of a capture (frozen.go);
 	// 0 means DefaultFrozenDeadline, negative none.
 	FrozenDeadline time.Duration
+	// SeccompDefault is the filter of sandboxes created without one:
+	// v1.SeccompDefault ("" too) or v1.SeccompUnconfined.
+	SeccompDefault string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// UserNS gives each sandbox created from now on a user namespace:

@@ -17,6 +17,7 @@ import (
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sbinit"
+	"github.com/molt-sh/molt/internal/seccomp"
 	"github.com/molt-sh/molt/internal/store"
 )
 
@@ -35,6 +36,10 @@ type sandboxRec struct {
 	// IDs is the block of host uids and gids its user namespace maps
 	// root and the other ids to (userns.go); none: no user namespace.
 	IDs sandbox.IDRange `json:"ids,omitzero"`
+	// SeccompProfile is the JSON profile of a sandbox whose Seccomp is
+	// custom: stage 1 gets it compiled wherever it starts the sandbox's
+	// init again (fs rollback, restart, fork).
+	SeccompProfile string `json:"seccomp_profile,omitempty"`
 }
 
 func cgroupName(id string) string { return "molt/" + id }
@@ -62,8 +67,17 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 	req.Resources.DiskBytes = disk
 	rec := sandboxRec{Sandbox: v1.Sandbox{
 		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
-		Env: req.Env, Resources: m.resolveResources(req.Resources),
-	}, MachineID: newMachineID()}
+		Env: req.Env, Resources: m.resolveResources(req.Resources), Seccomp: req.Seccomp,
+	}, MachineID: newMachineID(), SeccompProfile: req.SeccompProfile}
+	if rec.Seccomp == "" && rec.SeccompProfile != "" {
+		rec.Seccomp = v1.SeccompCustom
+	}
+	if rec.Seccomp == "" {
+		rec.Seccomp = m.seccompDefault()
+	}
+	if _, err := m.seccompProgram(&rec); err != nil {
+		return v1.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
 	sb, err := m.createFrom(ctx, rec, m.imageDir(req.Image), nil, nil)
 	if err != nil {
 		return v1.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
@@ -212,8 +226,12 @@ func (m *Manager) startInit(ctx context.Context, rec *sandboxRec, cg *cgroup.Cgr
 	root := m.sbRoot(rec.ID)
 	// The init binary, then stage 1's device nodes and mount points
 	// (withHeadroom: a sandbox at its quota still restarts).
+	prog, err := m.seccompProgram(rec)
+	if err != nil {
+		return sandbox.Init{}, err
+	}
 	var init sandbox.Init
-	err := m.withHeadroom(*rec, func() error {
+	err = m.withHeadroom(*rec, func() error {
 		if err := sandbox.InstallInit(root, m.initBin); err != nil {
 			return err
 		}
@@ -226,10 +244,33 @@ func (m *Manager) startInit(ctx context.Context, rec *sandboxRec, cg *cgroup.Cgr
 		var err error
 		init, err = m.launcher.StartIn(ctx, root, sbinit.Config{
 			Hostname: rec.Hostname, MachineID: rec.MachineID, Env: rec.Env,
+			Seccomp: prog.Bytes(),
 		}, cg.Add, rec.IDs)
 		return err
 	})
 	return init, err
+}
+
+// seccompDefault is the filter of sandboxes created without a choice.
+func (m *Manager) seccompDefault() string {
+	if m.cfg.SeccompDefault == "" {
+		return v1.SeccompDefault
+	}
+	return m.cfg.SeccompDefault
+}
+
+// seccompProgram compiles the filter of rec's processes (nil: none). A
+// record from before filters existed gets the daemon's default.
+func (m *Manager) seccompProgram(rec *sandboxRec) (seccomp.Program, error) {
+	mode := rec.Seccomp
+	if mode == "" {
+		mode = m.seccompDefault()
+	}
+	prog, err := seccomp.ForMode(mode, []byte(rec.SeccompProfile), seccomp.ParseOptions{Caps: sbinit.DefaultCapNames, Kernel: m.kernel})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return prog, nil
 }
 
 // lookupSandbox finds a sandbox by ID, name or unique ID prefix.

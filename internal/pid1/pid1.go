@@ -50,8 +50,12 @@ const Version = 1
 // a copy of itself that stops at once (a child, in the same namespace):
 // a checkpoint that copies the tree instead of dumping it frozen
 // (docs/templates.md) dumps that copy after the thaw and restores it as
-// PID 1. A process of the sandbox cannot trigger it (its signal reads as
-// its own PID, not 0), and a copy let go before its dump ends.
+// PID 1. A process of the sandbox cannot trigger it (its kill reads as
+// its own PID, not 0; a forged si_pid 0 through rt_sigqueueinfo carries a
+// negative si_code, and pid1 takes only SI_USER), and a copy let go
+// before its dump ends. pid1 is not dumpable, so the sandbox's processes
+// (root, with pid1's capabilities) cannot ptrace it or read its /proc
+// files either.
 
 // CopySignal is the signal that asks pid1 for a copy of itself.
 const CopySignal = unix.SIGUSR2

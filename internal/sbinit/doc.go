@@ -6,8 +6,9 @@
 // namespace (pivot_root), mounts /proc, a read-only /sys and /dev/pts,
 // writes the sandbox's identity (hostname, machine-id), brings up
 // loopback, points stdio at the sandbox's own /dev/null, closes every
-// other inherited descriptor and drops the capability bounding and
-// inheritable sets to the sandbox default. It then executes pid1 (package
+// other inherited descriptor, drops the capability bounding and
+// inheritable sets to the sandbox default and installs the sandbox's
+// seccomp filter with no_new_privs (package seccomp). It then executes pid1 (package
 // pid1: a small, single-threaded C program) from its copy inside the
 // sandbox root (/.molt/init), so that after setup nothing in the sandbox
 // refers to a host file: the process tree can be dumped and restored by

@@ -25,6 +25,9 @@ type Config struct {
 	// sandbox with a user namespace) passed with the config's first byte
 	// (SCM_RIGHTS), to be mounted on Root instead of binding Root.
 	RootMount bool `json:"root_mount,omitempty"`
+	// Seccomp is the compiled filter (seccomp.Program.Bytes) installed
+	// right before pid1 is executed; empty: none.
+	Seccomp []byte `json:"seccomp,omitempty"`
 }
 
 // Request is the first frame of every daemon connection.

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/molt-sh/molt/internal/ns"
+	"github.com/molt-sh/molt/internal/seccomp"
 )
 
 // syncFD is the socket shared with the daemon during start-up.
@@ -20,12 +21,22 @@ const syncFD = 3
 
 // DefaultCaps is the capability set sandbox processes keep: the common
 // container default without CAP_MKNOD (molt provides the device nodes, and
-// a process able to create them could reach host devices).
+// a process able to create them could reach host devices), CAP_NET_RAW
+// (raw and packet sockets: spoofing on the host's side of a network),
+// CAP_SETPCAP and CAP_SETFCAP (moving capabilities around, writing file
+// capabilities that a user namespace would honour) and CAP_AUDIT_WRITE
+// (the host's audit log). docs/security.md.
 var DefaultCaps = []uintptr{
 	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FOWNER, unix.CAP_FSETID,
-	unix.CAP_KILL, unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_SETPCAP,
-	unix.CAP_NET_BIND_SERVICE, unix.CAP_NET_RAW, unix.CAP_SYS_CHROOT,
-	unix.CAP_AUDIT_WRITE, unix.CAP_SETFCAP,
+	unix.CAP_KILL, unix.CAP_SETGID, unix.CAP_SETUID,
+	unix.CAP_NET_BIND_SERVICE, unix.CAP_SYS_CHROOT,
+}
+
+// DefaultCapNames names DefaultCaps, as seccomp profiles do.
+var DefaultCapNames = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
 }
 
 // Stage1 sets up the sandbox and executes pid1. It runs with the
@@ -95,6 +106,17 @@ func stage1(sync *os.File) error {
 	}
 	if err := dropCaps(); err != nil {
 		return err
+	}
+	// Last, so that nothing above depends on what the filter allows;
+	// the filter must allow execve, which every usable profile does.
+	if len(cfg.Seccomp) > 0 {
+		prog, err := seccomp.ProgramFromBytes(cfg.Seccomp)
+		if err != nil {
+			return err
+		}
+		if err := seccomp.Install(prog); err != nil {
+			return err
+		}
 	}
 	err = unix.Exec(InitPath, []string{InitPath, PID1Socket}, env)
 	return fmt.Errorf("exec %s: %w", InitPath, err)

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -551,7 +552,10 @@ out:
 
 // copy_self makes a copy of this process for a checkpoint (the
 // template capture, docs/templates.md), on SIGUSR2 from outside the PID
-// namespace (a sender inside would read as itself, not 0). The copy
+// namespace: sent with kill (si_code SI_USER) by a sender the namespace
+// cannot name (si_pid 0). A kill from inside reads as its sender's PID;
+// rt_sigqueueinfo lets a process inside write si_pid 0 itself, but only
+// with a negative si_code. The copy
 // stops at once; the checkpoint dumps it and kills it, and the copy's
 // dump, restored as PID 1, is the sandbox's PID 1: it goes on from here
 // with the state this process had, serving the loop below.
@@ -576,6 +580,15 @@ int main(int argc, char **argv) {
 	if (argc < 2 || !argv[1][0] || strlen(argv[1]) >= sizeof(((struct sockaddr_un *)0)->sun_path) - 1) {
 		fprintf(stderr, "usage: %s SOCKET-NAME\n", argv[0]);
 		return 2;
+	}
+	// Not dumpable: the sandbox's processes run as root with the same
+	// capabilities as this one, and could otherwise ptrace it or read
+	// its /proc files (descriptors, memory). CRIU, host root with
+	// CAP_SYS_PTRACE, dumps it all the same and restores the flag. A
+	// child is dumpable again once it executes its program.
+	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) {
+		perror("pid1: PR_SET_DUMPABLE");
+		return 1;
 	}
 	sigset_t mask;
 	sigemptyset(&mask);
@@ -606,7 +619,7 @@ int main(int argc, char **argv) {
 			struct signalfd_siginfo si;
 			int copy = 0;
 			while (read(sfd, &si, sizeof(si)) > 0)
-				copy |= si.ssi_signo == SIGUSR2 && si.ssi_pid == 0;
+				copy |= si.ssi_signo == SIGUSR2 && si.ssi_code == SI_USER && si.ssi_pid == 0;
 			reap();
 			if (copy)
 				copy_self();
