@@ -416,7 +416,8 @@ func TestCRIURoundTrip(t *testing.T) {
 }
 
 // TestCopySelf: SIGUSR2 from outside the namespace makes pid1 copy
-// itself, stopped; from inside it does nothing; a copy let go ends.
+// itself, stopped; from inside it does nothing; a copy let go or
+// signalled stops again, and only a kill ends it.
 func TestCopySelf(t *testing.T) {
 	in := start(t, true)
 	c := ctx(t)
@@ -465,13 +466,27 @@ func TestCopySelf(t *testing.T) {
 	if pid, _, err := in.c.Info(c); err != nil || pid != 1 {
 		t.Fatalf("info after the copy: %d, %v", pid, err)
 	}
-	// Let go, the copy is not PID 1: it ends, and pid1 reaps it.
-	if err := unix.Kill(cp, unix.SIGCONT); err != nil {
+	// Let go and signalled (a sandbox's broadcast kill, the SIGHUP that
+	// comes with an orphaned group's SIGCONT), the copy is not PID 1: it
+	// stops again and waits for its dump.
+	for _, sig := range []unix.Signal{unix.SIGHUP, unix.SIGTERM, unix.SIGCONT} {
+		if err := unix.Kill(cp, sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	testutil.WaitState(t, cp, "T")
+	if kids := children(); len(kids) != 1 || kids[0] != strconv.Itoa(cp) {
+		t.Fatalf("after SIGHUP, SIGTERM and SIGCONT the copy is gone: children %v", kids)
+	}
+	// A kill ends it, and pid1 reaps it.
+	if err := unix.Kill(cp, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	deadline = time.Now().Add(5 * time.Second)
 	for len(children()) != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the copy let go is still there: %v", children())
+			t.Fatalf("the killed copy is still there: %v", children())
 		}
 		time.Sleep(time.Millisecond)
 	}

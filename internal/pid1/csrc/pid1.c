@@ -566,14 +566,21 @@ out:
 // a bare clone the copy keeps this process's descriptor, as a copy made
 // by ptrace does.
 //
-// A copy let go before its dump (SIGCONT from a process of the sandbox)
-// is not PID 1: it ends rather than serve as a second one.
+// The copy waits for its dump whatever reaches it meanwhile: it blocks
+// every signal it can (a broadcast kill from the sandbox, the SIGHUP the
+// kernel sends with SIGCONT to an orphaned process group), and a copy
+// continued before its dump is not PID 1, so it stops again rather than
+// serve as a second one or end, which would lose the checkpoint. Restored
+// as PID 1, it leaves the loop and takes its mask back.
 static void copy_self(void) {
 	if (syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0) != 0)
 		return;
-	syscall(SYS_kill, syscall(SYS_getpid), SIGSTOP);
-	if (syscall(SYS_getpid) != 1)
-		syscall(SYS_exit_group, 0);
+	uint64_t all = ~(uint64_t)0, old = 0;
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, sizeof(all));
+	do
+		syscall(SYS_kill, syscall(SYS_getpid), SIGSTOP);
+	while (syscall(SYS_getpid) != 1);
+	syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, 0, sizeof(old));
 }
 
 int main(int argc, char **argv) {
