@@ -56,11 +56,17 @@ func run(m *testing.M) int {
 	env.root = filepath.Join(tmp, "root")
 	env.socket = filepath.Join(tmp, "molt.sock")
 	env.log = filepath.Join(tmp, "daemon.log")
-	build := exec.Command("go", "build", "-o", env.bin, "../cmd/molt")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build molt:", err)
-		return 1
+	if b := os.Getenv("MOLT_TEST_BIN"); b != "" {
+		// Another build of molt (an older commit, to show that a test
+		// fails there).
+		env.bin = b
+	} else {
+		build := exec.Command("go", "build", "-o", env.bin, "../cmd/molt")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build molt:", err)
+			return 1
+		}
 	}
 	if err := startDaemon(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
