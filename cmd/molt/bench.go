@@ -21,6 +21,7 @@ func benchCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().BoolVar(&benchTemplate, "template-capture", true, "the benchmark daemon's --template-capture")
 	c.PersistentFlags().BoolVar(&benchUserNS, "userns", false, "the benchmark daemon's --userns (a user namespace per sandbox)")
 	c.PersistentFlags().StringVar(&benchSeccomp, "seccomp", v1.SeccompDefault, "the benchmark daemon's --seccomp-default: the system call filter of the sandboxes measured (default or unconfined)")
+	c.PersistentFlags().BoolVar(&benchHardening, "hardening", true, "false switches off the hardening that can be switched off, to measure its cost: no seccomp filter, no default memory, pids or CPU limits, no disk quotas (masks, dropped capabilities, the device filter and the cgroup namespace stay)")
 	c.PersistentFlags().BoolVar(&benchDynMods, "cgroup-favordynmods", true, "the benchmark daemon's --cgroup-favordynmods; false also clears the option on the host's cgroup2 mount first")
 	var iters, baseIters, files int
 	var sizes []string
@@ -200,7 +201,10 @@ func withDaemon(ctx context.Context, dir, cacheDir string, fn func(*daemon.Ephem
 	if benchSeccomp != v1.SeccompDefault && benchSeccomp != v1.SeccompUnconfined {
 		return fmt.Errorf("--seccomp %q: want %s or %s", benchSeccomp, v1.SeccompDefault, v1.SeccompUnconfined)
 	}
-	fmt.Fprintln(os.Stderr, "bench: sandboxes' seccomp filter:", benchSeccomp)
+	if !benchHardening {
+		benchSeccomp = v1.SeccompUnconfined
+	}
+	fmt.Fprintln(os.Stderr, "bench: sandboxes' seccomp filter:", benchSeccomp, "hardening:", benchHardening)
 	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, benchTweak(nil))
 	if err != nil {
 		return err
@@ -222,6 +226,9 @@ var benchDynMods = true
 
 // benchSeccomp is bench's --seccomp.
 var benchSeccomp = v1.SeccompDefault
+
+// benchHardening is bench's --hardening.
+var benchHardening = true
 
 // benchCOW is bench's --cow-capture.
 var benchCOW = true
@@ -245,6 +252,11 @@ func benchTweak(tweak func(*core.Config)) func(*core.Config) {
 		c.UserNS = benchUserNS
 		c.PoolNodeSize = benchNodeSize
 		c.SeccompDefault = benchSeccomp
+		if !benchHardening {
+			c.SeccompDefault = v1.SeccompUnconfined
+			c.DefaultResources.MemoryBytes, c.DefaultResources.Pids, c.DefaultResources.CPUMillis = -1, -1, -1
+			c.NoDiskQuota = true
+		}
 		if !benchDynMods {
 			c.NoFavorDynMods = true
 			if _, err := cgroup.SetDynMods(false); err != nil {
