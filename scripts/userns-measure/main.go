@@ -17,6 +17,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -36,7 +37,7 @@ const size = 65536
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(fmt.Errorf("usage: start|idmap|copy ..."))
+		fail(errors.New("usage: start, idmap or copy, with their arguments"))
 	}
 	var err error
 	switch os.Args[1] {
