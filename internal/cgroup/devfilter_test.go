@@ -97,3 +97,36 @@ func TestNewAttachesDeviceFilter(t *testing.T) {
 		t.Fatalf("%v: %q", err, out)
 	}
 }
+
+// TestKillMember: a process of the sandbox (in its leaf, below the
+// cgroup named) is killed; one outside is not.
+func TestKillMember(t *testing.T) {
+	testutil.RequireRoot(t)
+	c, err := New(testName(t), Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Destroy(context.Background()) })
+	in, out := exec.Command("sleep", "100"), exec.Command("sleep", "100")
+	for _, cmd := range []*exec.Cmd{in, out} {
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	}
+	if err := c.Add(in.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.KillMember(out.Process.Pid); err == nil {
+		t.Fatal("a process outside the cgroup was signalled")
+	}
+	if err := c.KillMember(in.Process.Pid); err != nil {
+		t.Fatalf("KillMember of a member: %v", err)
+	}
+	if err := in.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("member: %v, want killed", err)
+	}
+	if err := out.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the process outside is gone: %v", err)
+	}
+}

@@ -232,8 +232,11 @@ func (c *Cgroup) KillMember(pid int) error {
 		return unix.ESRCH
 	}
 	member := false
+	// In the sandbox's cgroup or below it (its processes live in a leaf
+	// under the cgroup that holds the limits).
 	for _, line := range strings.Split(string(b), "\n") {
-		if _, _, ok := strings.Cut(line, ":"); ok && strings.HasSuffix(line, "/"+c.name) {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 && (f[2] == "/"+c.name || strings.HasPrefix(f[2], "/"+c.name+"/")) {
 			member = true
 		}
 	}

@@ -118,7 +118,12 @@ func stage1(sync *os.File) error {
 			return err
 		}
 	}
-	err = unix.Exec(InitPath, []string{InitPath, PID1Socket}, env)
+	argv := []string{InitPath, PID1Socket}
+	if mnt >= 0 {
+		// A user namespace of its own: pid1 stays dumpable (pid1.c).
+		argv = append(argv, "dumpable")
+	}
+	err = unix.Exec(InitPath, argv, env)
 	return fmt.Errorf("exec %s: %w", InitPath, err)
 }
 

@@ -593,7 +593,13 @@ int main(int argc, char **argv) {
 	// its /proc files (descriptors, memory). CRIU, host root with
 	// CAP_SYS_PTRACE, dumps it all the same and restores the flag. A
 	// child is dumpable again once it executes its program.
-	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) {
+	//
+	// In a sandbox with a user namespace of its own (argv[2]
+	// "dumpable") it stays dumpable: CRIU cannot dump a non-dumpable
+	// task there (it is refused the task's namespace files), and root
+	// inside is an unprivileged host uid.
+	int dumpable = argc > 2 && strcmp(argv[2], "dumpable") == 0;
+	if (!dumpable && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) {
 		perror("pid1: PR_SET_DUMPABLE");
 		return 1;
 	}
