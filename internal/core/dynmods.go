@@ -25,18 +25,21 @@ func (m *Manager) favorDynMods() {
 		return
 	}
 	m.ensureDynMods(true)
-	go func() {
-		t := time.NewTicker(dynModsCheck)
-		defer t.Stop()
-		for {
-			select {
-			case <-m.closing:
-				return
-			case <-t.C:
-				m.ensureDynMods(false)
-			}
+	go m.every(dynModsCheck, func() { m.ensureDynMods(false) })
+}
+
+// every runs f every d until the Manager closes.
+func (m *Manager) every(d time.Duration, f func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.closing:
+			return
+		case <-t.C:
+			f()
 		}
-	}()
+	}
 }
 
 // ensureDynMods sets favordynmods if it is not set and reports whether

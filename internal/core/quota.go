@@ -87,16 +87,7 @@ func (m *Manager) setupQuota() {
 	q.wg.Add(1)
 	go func() {
 		defer q.wg.Done()
-		t := time.NewTicker(limitEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-m.closing:
-				return
-			case <-t.C:
-				m.limitSandboxes(false)
-			}
-		}
+		m.every(limitEvery, func() { m.limitSandboxes(false) })
 	}()
 }
 

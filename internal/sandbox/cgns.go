@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -44,24 +45,13 @@ var lookTools = sync.OnceValues(func() (string, string) {
 // this process's it is the new one, open it.
 func cgroupNSUnshare(sh, un string, join func(pid int) error) (ns.Ref, error) {
 	cmd := exec.Command(sh, "-c", `read _ && exec "$0" -C cat`, un)
-	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
-	stdin, err := cmd.StdinPipe()
+	stdin, stop, err := startJoined(cmd, join)
 	if err != nil {
 		return ns.Ref{}, err
 	}
-	if err := cmd.Start(); err != nil {
-		return ns.Ref{}, fmt.Errorf("cgroup namespace helper: %w", err)
-	}
-	defer func() {
-		stdin.Close()
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
+	defer stop()
 	pid := cmd.Process.Pid
-	if err := join(pid); err != nil {
-		return ns.Ref{}, fmt.Errorf("cgroup namespace helper: %w", err)
-	}
 	if _, err := stdin.Write([]byte{'\n'}); err != nil {
 		return ns.Ref{}, fmt.Errorf("cgroup namespace helper: %w", err)
 	}
@@ -96,28 +86,17 @@ func cgroupNSUnshare(sh, un string, join func(pid int) error) (ns.Ref, error) {
 // cgroupNSGo is CgroupNS with the binary's own helper stage.
 func (l *Launcher) cgroupNSGo(join func(pid int) error) (ns.Ref, error) {
 	cmd := exec.Command(l.Binary, sbinit.ArgCgroupNS)
-	cmd.Dir = "/"
 	cmd.Env = []string{}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return ns.Ref{}, err
-	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return ns.Ref{}, err
 	}
-	if err := cmd.Start(); err != nil {
-		return ns.Ref{}, fmt.Errorf("cgroup namespace helper: %w", err)
+	stdin, stop, err := startJoined(cmd, join)
+	if err != nil {
+		return ns.Ref{}, err
 	}
-	defer func() {
-		stdin.Close()
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
+	defer stop()
 	pid := cmd.Process.Pid
-	if err := join(pid); err != nil {
-		return ns.Ref{}, fmt.Errorf("cgroup namespace helper: %w", err)
-	}
 	if _, err := stdin.Write([]byte{'g'}); err != nil {
 		return ns.Ref{}, fmt.Errorf("cgroup namespace helper: %w", err)
 	}
@@ -134,6 +113,29 @@ func (l *Launcher) cgroupNSGo(join func(pid int) error) (ns.Ref, error) {
 		return ns.Ref{}, fmt.Errorf("cgroup namespace helper: %w", err)
 	}
 	return ns.Ref{Type: unix.CLONE_NEWCGROUP, File: f}, nil
+}
+
+// startJoined starts a cgroup namespace helper (cmd, in /), which waits
+// on its stdin, and moves it with join. stop closes its stdin, kills it
+// and reaps it.
+func startJoined(cmd *exec.Cmd, join func(pid int) error) (stdin io.WriteCloser, stop func(), err error) {
+	cmd.Dir = "/"
+	if stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("cgroup namespace helper: %w", err)
+	}
+	stop = func() {
+		stdin.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+	if err := join(cmd.Process.Pid); err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("cgroup namespace helper: %w", err)
+	}
+	return stdin, stop, nil
 }
 
 // OwnCgroupNS opens the cgroup namespace of the sandbox whose init is
