@@ -42,7 +42,7 @@ func entryError(op, name string, err error) error {
 // badArchive reports whether err says the archive itself is malformed.
 func badArchive(err error) bool {
 	var corrupt flate.CorruptInputError
-	return errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) ||
+	return errors.As(err, new(malformed)) || errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.As(err, &corrupt)
 }
 

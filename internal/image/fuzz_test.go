@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -129,5 +131,66 @@ func TestImportSparse(t *testing.T) {
 	}
 	if n := diskBytes(t, dst); n > 1<<20 {
 		t.Fatalf("a 1 GiB file of 512 bytes of data took %d bytes on disk", n)
+	}
+}
+
+// A sparse entry whose map does not match its data (data the map does not
+// reference, or a map past the data) is a malformed archive, refused as
+// invalid_argument like any other. The fuzzer found the first.
+func TestImportSparseMismatch(t *testing.T) {
+	data, err := os.ReadFile("testdata/fuzz/FuzzImportTar/sparse-1GiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lit := bytes.TrimSpace(bytes.SplitN(data, []byte("\n"), 2)[1])
+	s, err := strconv.Unquote(string(bytes.TrimSuffix(bytes.TrimPrefix(lit, []byte("[]byte(")), []byte(")"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The seed's one entry holds 512 bytes of data, all of them mapped.
+	for _, tc := range []struct {
+		name string
+		size int // the entry's size field
+	}{
+		{"unreferenced data", 1024},
+		{"missing data", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := []byte(s[:512])
+			copy(h[124:136], fmt.Sprintf("%011o\x00", tc.size))
+			copy(h[148:156], "        ")
+			var sum int
+			for _, c := range h {
+				sum += int(c)
+			}
+			copy(h[148:156], fmt.Sprintf("%06o\x00 ", sum))
+			archive := append(h, bytes.Repeat([]byte("y"), tc.size)...)
+			archive = append(archive, make([]byte, 2*512)...)
+			err := ImportTar(t.Context(), bytes.NewReader(archive), t.TempDir())
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Fatalf("import: %v, want invalid_argument", err)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// A source that fails is the host's fault, not the archive's: its error
+// is not invalid_argument, and it reaches the caller.
+func TestImportSourceFails(t *testing.T) {
+	data, err := os.ReadFile("testdata/fuzz/FuzzImportTar/sparse-1GiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lit := bytes.TrimSpace(bytes.SplitN(data, []byte("\n"), 2)[1])
+	s, err := strconv.Unquote(string(bytes.TrimSuffix(bytes.TrimPrefix(lit, []byte("[]byte(")), []byte(")"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The source fails in the middle of the entry's data.
+	r := io.MultiReader(strings.NewReader(s[:600]), iotest.ErrReader(syscall.EIO))
+	err = ImportTar(t.Context(), r, t.TempDir())
+	if !errors.Is(err, syscall.EIO) || errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("import: %v, want EIO and not invalid_argument", err)
 	}
 }

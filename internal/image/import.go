@@ -28,7 +28,7 @@ func ImportTar(ctx context.Context, r io.Reader, dst string) error {
 		return err
 	}
 	defer x.close()
-	br := bufio.NewReaderSize(r, 1<<20)
+	br := bufio.NewReaderSize(sourceReader{r}, 1<<20)
 	var src io.Reader = br
 	if magic, _ := br.Peek(len(gzipMagic)); bytes.Equal(magic, gzipMagic) {
 		zr, err := gzip.NewReader(br)
@@ -77,8 +77,38 @@ func (c ctxReader) Read(p []byte) (int, error) {
 	if err := c.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return c.r.Read(p)
+	n, err := c.r.Read(p)
+	if err != nil && err != io.EOF && !errors.As(err, new(sourceError)) {
+		// Not the source failing: archive/tar refusing the entry's
+		// contents (a sparse map that does not match its data, a
+		// short entry), whatever words it uses.
+		err = malformed{err}
+	}
+	return n, err
 }
+
+// sourceReader marks the errors of the stream an archive is read from, so
+// that a failing source is told apart from a malformed archive.
+type sourceReader struct{ r io.Reader }
+
+func (s sourceReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = sourceError{err}
+	}
+	return n, err
+}
+
+type sourceError struct{ err error }
+
+func (e sourceError) Error() string { return e.err.Error() }
+func (e sourceError) Unwrap() error { return e.err }
+
+// malformed is an error of archive/tar reading an entry's contents.
+type malformed struct{ err error }
+
+func (e malformed) Error() string { return e.err.Error() }
+func (e malformed) Unwrap() error { return e.err }
 
 // endReader counts the zero bytes that end what has been read. An archive
 // ends with two zero blocks; archive/tar also reports io.EOF for a stream
