@@ -14,6 +14,11 @@
 // reported as ErrCorrupt; the caller sets it aside and rebuilds (the
 // store itself never deletes a database). Watch lets the caller keep
 // copies of records outside the database, from which it can rebuild.
+//
+// Bucket[T] types a bucket's records. AddIndex declares an index over a
+// bucket (index.go): lookups by a record's value (the checkpoints of a
+// sandbox) read only the records that have it, and the entries are
+// written in the transaction that writes the record.
 package store
 
 import (
@@ -49,6 +54,9 @@ type DB struct {
 	// watch holds the functions of Watch, by bucket; set before the
 	// database is shared.
 	watch map[string]func(txid uint64, key string, b []byte)
+	// indexes holds the indexes of each bucket (AddIndex); set before
+	// the database is shared.
+	indexes map[string][]*Index
 }
 
 // ErrCorrupt says a database file cannot be read as one: bbolt refuses
@@ -232,7 +240,18 @@ func (t *Tx) Put(bucket, key string, v any) error {
 	if err != nil {
 		return err
 	}
-	if err := t.tx.Bucket([]byte(bucket)).Put([]byte(key), b); err != nil {
+	return t.put(bucket, key, b)
+}
+
+// put stores the encoded record b, and its index entries.
+func (t *Tx) put(bucket, key string, b []byte) error {
+	bk := t.tx.Bucket([]byte(bucket))
+	// The old record's bytes are the database's own: copied, so the
+	// index writes cannot move them before they are read.
+	if err := t.reindex(bucket, []byte(key), bytes.Clone(bk.Get([]byte(key))), b); err != nil {
+		return err
+	}
+	if err := bk.Put([]byte(key), b); err != nil {
 		return err
 	}
 	t.changed(bucket, key, b)
@@ -244,11 +263,7 @@ func (t *Tx) PutRaw(bucket, key string, b []byte) error {
 	if !json.Valid(b) {
 		return fmt.Errorf("%s %q: not a JSON record", bucket, key)
 	}
-	if err := t.tx.Bucket([]byte(bucket)).Put([]byte(key), b); err != nil {
-		return err
-	}
-	t.changed(bucket, key, b)
-	return nil
+	return t.put(bucket, key, b)
 }
 
 // Get loads key from bucket into v; errdefs.ErrNotFound if missing.
@@ -262,7 +277,13 @@ func (t *Tx) Get(bucket, key string, v any) error {
 
 // Delete removes key from bucket.
 func (t *Tx) Delete(bucket, key string) error {
-	if err := t.tx.Bucket([]byte(bucket)).Delete([]byte(key)); err != nil {
+	bk := t.tx.Bucket([]byte(bucket))
+	if old := bytes.Clone(bk.Get([]byte(key))); old != nil {
+		if err := t.reindex(bucket, []byte(key), old, nil); err != nil {
+			return err
+		}
+	}
+	if err := bk.Delete([]byte(key)); err != nil {
 		return err
 	}
 	t.changed(bucket, key, nil)
@@ -273,8 +294,11 @@ func (t *Tx) Delete(bucket, key string) error {
 func (t *Tx) DeletePrefix(bucket, prefix string) error {
 	c := t.tx.Bucket([]byte(bucket)).Cursor()
 	p := []byte(prefix)
-	for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Seek(p) {
+	for k, old := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, old = c.Seek(p) {
 		key := string(k)
+		if err := t.reindex(bucket, bytes.Clone(k), bytes.Clone(old), nil); err != nil {
+			return err
+		}
 		if err := c.Delete(); err != nil {
 			return err
 		}
