@@ -42,7 +42,7 @@ type ExitStatus struct {
 // FrameWriter writes frames; it is safe for concurrent use.
 type FrameWriter struct {
 	mu sync.Mutex
-	w  io.Writer
+	w  io.Writer // +checklocks:mu
 }
 
 // NewFrameWriter returns a FrameWriter on w.

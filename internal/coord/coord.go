@@ -44,8 +44,9 @@ type Coordinator struct {
 	m   *core.Manager
 	log *slog.Logger
 
-	mu  sync.Mutex
-	eps map[string]*endpoint // by sandbox ID
+	mu sync.Mutex
+	// By sandbox ID.
+	eps map[string]*endpoint // +checklocks:mu
 }
 
 type endpoint struct {
@@ -55,8 +56,9 @@ type endpoint struct {
 	proxy   *llmproxy.Proxy
 	info    v1.LLMEndpoint
 
-	mu    sync.Mutex
-	turns map[uint64]*turnWait // by call ID, until recorded
+	mu sync.Mutex
+	// By call ID, until recorded.
+	turns map[uint64]*turnWait // +checklocks:mu
 }
 
 // New returns a coordinator for m's sandboxes.

@@ -19,7 +19,8 @@ import (
 // RestoreOptions.Spare) or is killed.
 type Spare struct {
 	mu sync.Mutex
-	p  *swrk // nil once used or killed
+	// Nil once used or killed.
+	p *swrk // +checklocks:mu
 }
 
 // StartSpare starts a Spare, also in the namespaces join (which stay

@@ -53,13 +53,14 @@ type Stream struct {
 	hold atomic.Bool
 	// copyPages are processes (their PIDs in the images) whose pages are
 	// copied even when holding: memory that was not write-protected.
-	copyPages map[int]bool
+	// Set before the stream is shared, then only read.
+	copyPages map[int]bool // +checklocksignore
 
 	wg    sync.WaitGroup
 	mu    sync.Mutex
-	files []*streamFile
-	err   error
-	done  bool
+	files []*streamFile // +checklocks:mu
+	err   error         // +checklocks:mu
+	done  bool          // +checklocks:mu
 }
 
 type streamFile struct {
@@ -290,7 +291,9 @@ func (s *Stream) Finish() error {
 // opened right before its pages image); its pagemap image names it
 // (pages_id), and this makes sure the two agree: a held page image of a
 // process whose memory was not write-protected could change after the
-// thaw. Caller holds s.mu.
+// thaw.
+//
+// +checklocks:s.mu
 func (s *Stream) checkCopied() error {
 	pids := make([]int, 0, len(s.copyPages))
 	for pid := range s.copyPages {

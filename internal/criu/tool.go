@@ -19,13 +19,14 @@ type Tool struct {
 	path string
 
 	probeMu sync.Mutex
-	probed  *Features // guarded by probeMu
+	probed  *Features // +checklocks:probeMu
 
 	featMu sync.Mutex
-	feat   *featureSet // guarded by featMu
+	feat   *featureSet // +checklocks:featMu
 
-	kdatMu   sync.Mutex
-	kdatFile string // guarded by kdatMu; the cache /run/criu.kdat points at
+	kdatMu sync.Mutex
+	// The cache /run/criu.kdat points at.
+	kdatFile string // +checklocks:kdatMu
 }
 
 // New returns a Tool for the CRIU binary at path; "" means DefaultPath.

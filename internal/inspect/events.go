@@ -107,7 +107,7 @@ func opBit(name string) uint32 {
 
 var sockOps = map[uint32]string{1: "bind", 2: "listen", 3: "connect", 4: "accept"}
 
-var flagNames = map[uint32]string{
+var flagNames = map[uint32]string{ // +checklocksignore: only read
 	1:  "mount",
 	2:  "umount",
 	3:  "pivot_root",
@@ -279,6 +279,7 @@ func (ev *event) join(us, ds int, magic uint32) (string, string) {
 	return path.Clean(dir + "/" + s), fs
 }
 
+// +checklocks:w.mu
 func (ev *event) account(t *turn, w *Watch) {
 	switch ev.Kind {
 	case evFD:

@@ -36,13 +36,17 @@ type Inspector struct {
 	rd    *ringbuf.Reader
 	done  chan struct{} // closed when the reader goroutine exits
 
-	mu        sync.Mutex
-	watches   map[uint64]*Watch // by cgroup id
-	nextGen   uint32            // generation numbers are unique across watches
-	reqSeq    uint64            // barrier requests made
-	waiters   []barrierWaiter
-	readerErr error // why the reader stopped, once it has
-	closed    bool
+	mu sync.Mutex
+	// By cgroup id.
+	watches map[uint64]*Watch // +checklocks:mu
+	// Generation numbers are unique across watches.
+	nextGen uint32 // +checklocks:mu
+	// Barrier requests made.
+	reqSeq  uint64          // +checklocks:mu
+	waiters []barrierWaiter // +checklocks:mu
+	// Why the reader stopped, once it has.
+	readerErr error // +checklocks:mu
+	closed    bool  // +checklocks:mu
 	closeOnce sync.Once
 
 	// testDispatchDelay slows the reader down (tests of the Cut barrier).
@@ -238,6 +242,7 @@ func (in *Inspector) readLoop() {
 	}
 }
 
+// +checklocks:in.mu
 func (in *Inspector) completeLocked(upTo uint64, err error) {
 	keep := in.waiters[:0]
 	for _, w := range in.waiters {
@@ -252,6 +257,8 @@ func (in *Inspector) completeLocked(upTo uint64, err error) {
 
 // barrier returns a channel that receives once everything committed to the
 // ring before the call has been dispatched.
+//
+// +checklocks:in.mu
 func (in *Inspector) barrierLocked() (<-chan error, error) {
 	if in.readerErr != nil {
 		return nil, in.readerErr
@@ -300,6 +307,8 @@ func (in *Inspector) recursionMisses() uint64 {
 // updateLevelsLocked recomputes the bitmask of cgroup levels that have a
 // watched cgroup, used by the programs to attribute tasks in descendant
 // cgroups to their watched ancestor.
+//
+// +checklocks:in.mu
 func (in *Inspector) updateLevelsLocked() error {
 	var mask uint64
 	for _, w := range in.watches {

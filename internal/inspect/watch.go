@@ -30,16 +30,28 @@ type Watch struct {
 	closed bool
 
 	// Guarded by mu: what the reader accumulated.
-	mu      sync.Mutex
-	openGen uint32 // oldest generation not yet returned by Cut
-	turns   map[uint32]*turn
-	maps    map[int]map[string]string // tgid -> shared writable file mappings (path -> fs)
-	uring   map[int]bool              // tgids holding io_uring instances
-	// State at the start of the open turn.
-	mapsAtStart  map[string]string
+	mu sync.Mutex
+	// Oldest generation not yet returned by Cut.
+	openGen uint32           // +checklocks:mu
+	turns   map[uint32]*turn // +checklocks:mu
+	// Tgid -> shared writable file mappings (path -> fs).
+	maps map[int]map[string]string // +checklocks:mu
+	// Tgids holding io_uring instances.
+	uring map[int]bool // +checklocks:mu
+	// State at the start of the open turn: Cut, which holds cutMu,
+	// moves it on.
+	// +checklocks:mu
+	// +checklocks:cutMu
+	mapsAtStart map[string]string
+	// +checklocks:mu
+	// +checklocks:cutMu
 	uringAtStart bool
-	lostSeen     uint64
-	missSeen     uint64
+	// +checklocks:mu
+	// +checklocks:cutMu
+	lostSeen uint64
+	// +checklocks:mu
+	// +checklocks:cutMu
+	missSeen uint64
 }
 
 // Watch starts recording for the sandbox whose cgroup2 directory is

@@ -238,8 +238,8 @@ func (i Init) legacy() bool {
 // sweep (or by Forget).
 var agents struct {
 	mu    sync.Mutex
-	m     map[Init]*agentEntry
-	swept time.Time
+	m     map[Init]*agentEntry // +checklocks:mu
+	swept time.Time            // +checklocks:mu
 }
 
 type agentEntry struct {
