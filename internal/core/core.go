@@ -165,8 +165,8 @@ type Manager struct {
 	spr       spares // started CRIUs for the next restore, per sandbox
 	lim       rooms  // room in sandboxes' limits for the daemon's processes (limits.go)
 	ret       retiredRoots
-	pipe      pipeline         // pending full checkpoints
-	turns     *turn.Tracker    // sandboxes' turns (internal/turn)
+	pipe      pipeline // pending full checkpoints
+	turns     *turn.Tracker
 	sch       *sched.Scheduler // nil with Config.NoScheduler
 	captures  chan struct{}    // capture slots (captureSlot); nil with Config.NoScheduler
 	closing   chan struct{}    // closed when Close begins
