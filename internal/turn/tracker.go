@@ -41,9 +41,11 @@ type Tracker struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // goroutines started by spawn
 
-	mu     sync.Mutex
-	m      map[string]*state // +checklocks:mu
-	closed bool              // +checklocks:mu
+	mu sync.Mutex
+	// +checklocks:mu
+	m map[string]*state
+	// +checklocks:mu
+	closed bool
 }
 
 // state is one sandbox's turn: the baseline its current turn is
