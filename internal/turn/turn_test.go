@@ -27,6 +27,7 @@ func TestSamePos(t *testing.T) {
 	}{
 		{"same", "7:0x10,0x400 8:0x20,0x500 ", "7:0x10,0x400 8:0x20,0x500 ", true},
 		{"syscall restarted", "7:0x10,0x400 ", "7:0x10,0x402 ", true},
+		{"one byte on", "7:0x10,0x400 ", "7:0x10,0x401 ", false},
 		{"pointer moved on", "7:0x10,0x400 ", "7:0x10,0x404 ", false},
 		{"pointer moved back", "7:0x10,0x402 ", "7:0x10,0x400 ", false},
 		{"stack moved", "7:0x10,0x400 ", "7:0x18,0x402 ", false},
@@ -137,8 +138,7 @@ func newTracker(t *testing.T) *Tracker {
 }
 
 // The recording parses frames split anywhere, keeps at most 64 KiB of
-// each stream, and stops recording output (not the stream) at a frame it
-// does not understand.
+// each stream, and does not buffer a frame over the stream's limit.
 func TestRecording(t *testing.T) {
 	exit, _ := json.Marshal(v1.ExitStatus{ExitCode: 3})
 	big := strings.Repeat("x", keepOutput+100)
@@ -170,6 +170,9 @@ func TestRecording(t *testing.T) {
 			}()
 			if _, err := io.Copy(io.Discard, rc); err != nil {
 				t.Fatal(err)
+			}
+			if n := len(rc.(*recConn).buf); c.name == "oversized frame" && n > 0 {
+				t.Fatalf("%d bytes held after a frame over the limit", n)
 			}
 			rc.Close()
 			rc.Close() // recorded once
