@@ -29,7 +29,7 @@ demo: build
 # `make race-core` runs it.
 test: build lint
 	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
-	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 30m ./api/... ./client ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/ns ./internal/pid1 ./internal/template
+	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 30m ./api/... ./client ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/turn ./internal/ns ./internal/pid1 ./internal/template
 
 # The seed corpora (testdata/fuzz, every input that ever failed among
 # them) run in `make test` with the other tests. The exploration below is

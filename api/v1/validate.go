@@ -64,6 +64,25 @@ func (r ForkRequest) Validate() error {
 	return nil
 }
 
+// Validate checks the kind and the options it takes. Kind auto ends the
+// sandbox's turn, whose effects decide the kind: it takes no wait (a
+// full checkpoint of a turn returns pending) and no keep; keep is a full
+// checkpoint's.
+func (r CheckpointRequest) Validate() error {
+	switch r.Kind {
+	case "", KindFS, KindFull, KindAuto:
+	default:
+		return fmt.Errorf("checkpoint kind %q: want fs, full or auto", r.Kind)
+	}
+	switch {
+	case r.Kind == KindAuto && (r.Wait || r.Keep):
+		return errors.New("checkpoint kind auto takes no --wait or --keep")
+	case r.Keep && r.Kind != KindFull:
+		return fmt.Errorf("--keep keeps a standby of a full checkpoint; this one is %q", r.Kind)
+	}
+	return nil
+}
+
 // Validate checks what can be checked without the daemon's state.
 func (r SandboxCreateRequest) Validate() error {
 	if r.Name != "" {

@@ -32,3 +32,27 @@ func TestSandboxCreateSeccomp(t *testing.T) {
 		}
 	}
 }
+
+// The kind auto ends a turn, whose end decides the kind: it takes no
+// wait nor keep; keep is a full checkpoint's. This is the one place the
+// rule is written (the CLI, the HTTP layer and core call it).
+func TestCheckpointRequestValidate(t *testing.T) {
+	for _, c := range []struct {
+		req CheckpointRequest
+		ok  bool
+	}{
+		{CheckpointRequest{}, true},
+		{CheckpointRequest{Kind: KindFS, Wait: true}, true},
+		{CheckpointRequest{Kind: KindFull, Wait: true, Keep: true}, true},
+		{CheckpointRequest{Kind: KindAuto, Label: "x"}, true},
+		{CheckpointRequest{Kind: KindAuto, Wait: true}, false},
+		{CheckpointRequest{Kind: KindAuto, Keep: true}, false},
+		{CheckpointRequest{Kind: KindFS, Keep: true}, false},
+		{CheckpointRequest{Keep: true}, false},
+		{CheckpointRequest{Kind: "memory"}, false},
+	} {
+		if err := c.req.Validate(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok=%v", c.req, err, c.ok)
+		}
+	}
+}

@@ -684,17 +684,18 @@ func checkpointCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
+			req := v1.CheckpointRequest{Kind: kind, Label: label, Wait: wait, Keep: keep}
+			if err := req.Validate(); err != nil {
+				return err
+			}
 			if kind == v1.KindAuto {
-				if wait || keep {
-					return fmt.Errorf("--kind auto takes no --wait or --keep")
-				}
 				res, err := g.client().CheckpointAuto(ctx, args[0], label)
 				if err != nil {
 					return err
 				}
 				return g.print(res, func() { printTurn(res) })
 			}
-			ck, err := g.client().Checkpoint(ctx, args[0], v1.CheckpointRequest{Kind: kind, Label: label, Wait: wait, Keep: keep})
+			ck, err := g.client().Checkpoint(ctx, args[0], req)
 			if err != nil {
 				return err
 			}

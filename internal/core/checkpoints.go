@@ -122,15 +122,11 @@ func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 // checkpoint is Checkpoint; holdFrozen (full only) leaves the sandbox
 // frozen from its capture on (see Hibernate).
 func (m *Manager) checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest, holdFrozen bool) (v1.Checkpoint, error) {
-	if req.Keep && req.Kind != v1.KindFull {
-		return v1.Checkpoint{}, fmt.Errorf("--keep keeps a standby of a full checkpoint; this one is %q: %w", req.Kind, errdefs.ErrInvalidArgument)
+	if err := req.Validate(); err != nil {
+		return v1.Checkpoint{}, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	switch req.Kind {
-	case "", v1.KindFS, v1.KindFull:
-	case v1.KindAuto:
+	if req.Kind == v1.KindAuto {
 		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind auto ends a turn: use EndTurn: %w", errdefs.ErrInvalidArgument)
-	default:
-		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind %q: want fs, full or auto: %w", req.Kind, errdefs.ErrInvalidArgument)
 	}
 	if req.Label != "" {
 		if err := validName("checkpoint label", req.Label); err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
 	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/turn"
 	"golang.org/x/sys/unix"
 )
 
@@ -148,9 +149,6 @@ type Manager struct {
 	criu     *criu.Tool
 	log      *slog.Logger
 	started  time.Time
-	// noInspect: sandboxes created from now on are not watched (see
-	// SetInspector).
-	noInspect atomic.Bool
 
 	idBlocks idBlocks // user namespace blocks being handed out
 
@@ -168,7 +166,7 @@ type Manager struct {
 	lim       rooms  // room in sandboxes' limits for the daemon's processes (limits.go)
 	ret       retiredRoots
 	pipe      pipeline // pending full checkpoints
-	turns     turnTable
+	turns     *turn.Tracker
 	sch       *sched.Scheduler // nil with Config.NoScheduler
 	captures  chan struct{}    // capture slots (captureSlot); nil with Config.NoScheduler
 	closing   chan struct{}    // closed when Close begins
@@ -253,6 +251,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		copying:  map[string]chan struct{}{},
 		closing:  make(chan struct{}),
 	}
+	m.turns = m.newTurns()
 	m.metrics = newMetrics(m)
 	if !cfg.NoScheduler {
 		m.captures = make(chan struct{}, max(1, runtime.NumCPU()))
@@ -302,6 +301,9 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 // flight end, and kills the standbys. Sandboxes keep running, and the
 // pool stays mounted for them.
 func (m *Manager) Close() error {
+	// Turn ends and baselines in the background first: a turn end may
+	// still add a pending checkpoint to the pipeline.
+	m.turns.Close()
 	m.pipe.wg.Wait()
 	m.closeOnce.Do(func() { close(m.closing) })
 	if m.sch != nil {
@@ -319,15 +321,6 @@ func (m *Manager) Close() error {
 	m.streamMu.Unlock()
 	m.stopRetiring()
 	m.quota.wg.Wait()
-	m.turns.mu.Lock()
-	var turnIDs []string
-	for id := range m.turns.m {
-		turnIDs = append(turnIDs, id)
-	}
-	m.turns.mu.Unlock()
-	for _, id := range turnIDs {
-		m.turnForget(id)
-	}
 	m.sby.mu.Lock()
 	ids := make([]string, 0, len(m.sby.m))
 	for id := range m.sby.m {
@@ -583,7 +576,7 @@ func (m *Manager) Host() v1.Host {
 }
 
 func inspectorFeature() v1.Feature {
-	if ok, why := InspectorStatus(); !ok {
+	if ok, why := turn.InspectorStatus(); !ok {
 		return v1.Feature{Name: "inspector", Reason: why + " (turns are then always full)"}
 	}
 	return v1.Feature{Name: "inspector", Supported: true, Detail: "eBPF on raw_syscalls and sched tracepoints, per sandbox cgroup and PID namespace"}

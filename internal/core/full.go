@@ -867,13 +867,13 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		return v1.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = init, v1.StateRunning, "", ck.ID
-	ts := m.turnPrepare(*rec, init)
+	ts := m.turns.Prepare(rec.ID, init)
 	if err := continueTree(*rec, init, m.ckImages(procs.ID)); err != nil {
-		ts.mu.Unlock()
+		ts.Abandon()
 		_ = init.Signal(unix.SIGKILL)
 		return v1.RollbackResult{}, err
 	}
-	m.turnBaselineAsync(*rec, ts)
+	ts.BaselineAsync()
 	if err := m.commitTakeover(*rec, key); err != nil {
 		return v1.RollbackResult{}, err
 	}

@@ -423,14 +423,14 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	// The standby runs first; then it takes over (the old tree, in its
 	// own namespaces and on its own root, goes in the background).
 	// The turn inspector follows the standby's tree before it runs.
-	ts := m.turnPrepare(*rec, s.init)
+	ts := m.turns.Prepare(rec.ID, s.init)
 	if err := continueTree(*rec, s.init, m.ckImages(ck.ID)); err != nil {
-		ts.mu.Unlock()
+		ts.Abandon()
 		m.discard(s, true)
 		return v1.RollbackResult{}, err
 	}
 	if err := m.takeOver(rec, s.init, s.root); err != nil {
-		ts.mu.Unlock()
+		ts.Abandon()
 		m.discard(s, true)
 		return v1.RollbackResult{}, err
 	}
@@ -438,7 +438,7 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	// The promoted tree is charged as the tree it replaces: the room
 	// goes once that one has exited.
 	m.releaseWhenGone(rec.ID, s.room, old)
-	m.turnBaselineAsync(*rec, ts)
+	ts.BaselineAsync()
 	if err := m.commitTakeover(*rec, s.key); err != nil {
 		return v1.RollbackResult{}, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/testutil"
+	"github.com/molt-sh/molt/internal/turn"
 )
 
 // execOnce runs argv as a one-shot command (not in a session) and
@@ -64,7 +65,7 @@ func TestTurnDecisions(t *testing.T) {
 	m := openManager(t)
 	m.cfg.StandbyBudget = 1 << 30
 	requireCRIU(t, m)
-	if ok, why := InspectorStatus(); !ok {
+	if ok, why := turn.InspectorStatus(); !ok {
 		testutil.Unavailable(t, "eBPF inspector: "+why)
 	}
 	ctx := context.Background()
@@ -262,7 +263,7 @@ func (m *Manager) awaitStandbyFor(t *testing.T, id, ck, tier string) error {
 func TestSetInspectorOff(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
-	if ok, why := InspectorStatus(); !ok {
+	if ok, why := turn.InspectorStatus(); !ok {
 		testutil.Unavailable(t, "eBPF inspector: "+why)
 	}
 	m.SetInspector(false)

@@ -438,11 +438,8 @@ func (s *server) checkpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Kind == v1.KindAuto {
-		// auto ends the turn: the inspector decides the kind.
-		if req.Keep || req.Wait {
-			writeError(w, fmt.Errorf("checkpoint kind auto takes no --keep or --wait: %w", errdefs.ErrInvalidArgument))
-			return
-		}
+		// auto ends the turn: the inspector decides the kind (decode
+		// checked the request: no --keep, no --wait).
 		res, err := s.m.EndTurn(r.Context(), r.PathValue("id"), v1.TurnRequest{Label: req.Label})
 		reply(w, res, err)
 		return
