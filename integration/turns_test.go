@@ -232,14 +232,22 @@ func TestAgentThroughLLMProxy(t *testing.T) {
 	}
 	// The checkpoint runs under the LLM's latency: the agent waits for
 	// the LLM, not for molt.
+	// One turn of a loaded machine may see its checkpoint outlast
+	// 100 ms of the LLM's 400 (a run with a load average of 15 on two
+	// cores saw 169 ms once); a gate that waits on every turn, or for
+	// longer than the LLM takes, is the failure.
 	var added []float64
+	slow := 0
 	for i, tr := range turns {
 		extra := agentLatency[i] - llm.served[i]
 		t.Logf("turn %d %-4s: agent saw %6.1f ms, the LLM took %6.1f ms, gate wait %5.2f ms, molt added %5.1f ms",
 			tr.Turn, tr.Decision, ms(agentLatency[i]), ms(llm.served[i]), tr.LLM[0].GateWaitMS, ms(extra))
 		added = append(added, ms(extra))
-		if tr.LLM[0].GateWaitMS > 100 {
-			t.Errorf("turn %d: the reply waited %.1f ms for the checkpoint, longer than it should under a %v LLM", tr.Turn, tr.LLM[0].GateWaitMS, llm.delay)
+		if w := tr.LLM[0].GateWaitMS; w > 100 {
+			slow++
+			if slow > 1 || w > ms(llm.delay) {
+				t.Errorf("turn %d: the reply waited %.1f ms for the checkpoint, longer than it should under a %v LLM (%d turns over 100 ms)", tr.Turn, w, llm.delay, slow)
+			}
 		}
 	}
 	sort.Float64s(added)
