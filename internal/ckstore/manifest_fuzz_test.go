@@ -1,4 +1,4 @@
-package core
+package ckstore
 
 import (
 	"bytes"
@@ -9,16 +9,16 @@ import (
 	"testing"
 )
 
-// FuzzDecodeManifest: a manifest decodeManifest accepts names only
+// FuzzDecodeManifest: a manifest DecodeManifest accepts names only
 // single path components and objects inside the checkpoint's directory
 // (each with a size and a well-formed hash, which verify slices), is
 // written back by encoding/json and read the same, and is refused once
 // anything follows it.
 func FuzzDecodeManifest(f *testing.F) {
-	// Seeds: testdata/fuzz/FuzzDecodeManifest (manifests as writeManifest
+	// Seeds: testdata/fuzz/FuzzDecodeManifest (manifests as Writer.Commit
 	// writes them, and broken ones).
 	f.Fuzz(func(t *testing.T, b []byte) {
-		mf, err := decodeManifest(b)
+		mf, err := DecodeManifest(b)
 		if err != nil {
 			return
 		}
@@ -35,14 +35,14 @@ func FuzzDecodeManifest(f *testing.F) {
 				t.Fatalf("accepted object %+v", o)
 			}
 		}
-		if _, err := decodeManifest(append(bytes.Clone(b), " {}"...)); err == nil {
+		if _, err := DecodeManifest(append(bytes.Clone(b), " {}"...)); err == nil {
 			t.Fatalf("accepted %q followed by another value", b)
 		}
 		out, err := json.MarshalIndent(mf, "", "  ")
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, err := decodeManifest(out)
+		again, err := DecodeManifest(out)
 		if err != nil {
 			t.Fatalf("%s accepted, its encoding refused: %v", b, err)
 		}
@@ -54,7 +54,7 @@ func FuzzDecodeManifest(f *testing.F) {
 
 // normal drops what JSON does not keep: an empty list and time's
 // monotonic reading and location.
-func normal(mf manifest) manifest {
+func normal(mf Manifest) Manifest {
 	if len(mf.Objects) == 0 {
 		mf.Objects = nil
 	}
@@ -63,41 +63,41 @@ func normal(mf manifest) manifest {
 }
 
 func TestDecodeManifest(t *testing.T) {
-	good := manifest{Format: 1, ID: "3fa2b1c4d5e6", Sandbox: "9e8d7c6b5a41", Parent: "0a1b2c3d4e5f", Kind: "full",
+	good := Manifest{Format: 1, ID: "3fa2b1c4d5e6", Sandbox: "9e8d7c6b5a41", Parent: "0a1b2c3d4e5f", Kind: "full",
 		Image: "debian", Molt: "dev", Kernel: "6.18", Arch: "amd64",
-		Objects: []object{{Path: "images/core-1.img", Size: 5, SHA256: strings.Repeat("ab", 32)}}}
-	enc := func(mf manifest) []byte {
+		Objects: []Object{{Path: "images/core-1.img", Size: 5, SHA256: strings.Repeat("ab", 32)}}}
+	enc := func(mf Manifest) []byte {
 		b, err := json.MarshalIndent(mf, "", "  ")
 		if err != nil {
 			t.Fatal(err)
 		}
 		return b
 	}
-	if _, err := decodeManifest(enc(good)); err != nil {
-		t.Fatalf("a manifest as writeManifest writes it: %v", err)
+	if _, err := DecodeManifest(enc(good)); err != nil {
+		t.Fatalf("a manifest as Writer.Commit writes it: %v", err)
 	}
-	for name, bad := range map[string]func(*manifest){
-		"newer format":     func(m *manifest) { m.Format = 2 },
-		"ID with a slash":  func(m *manifest) { m.ID = "../x" },
-		"empty sandbox":    func(m *manifest) { m.Sandbox = "" },
-		"parent dot-dot":   func(m *manifest) { m.Parent = ".." },
-		"unknown kind":     func(m *manifest) { m.Kind = "auto" },
-		"fs with objects":  func(m *manifest) { m.Kind = "fs" },
-		"object outside":   func(m *manifest) { m.Objects[0].Path = "../../etc/shadow" },
-		"object absolute":  func(m *manifest) { m.Objects[0].Path = "/etc/shadow" },
-		"object not clean": func(m *manifest) { m.Objects[0].Path = "images//core-1.img" },
-		"short hash":       func(m *manifest) { m.Objects[0].SHA256 = "ab" },
-		"uppercase hash":   func(m *manifest) { m.Objects[0].SHA256 = strings.Repeat("AB", 32) },
-		"negative size":    func(m *manifest) { m.Objects[0].Size = -1 },
+	for name, bad := range map[string]func(*Manifest){
+		"newer format":     func(m *Manifest) { m.Format = 2 },
+		"ID with a slash":  func(m *Manifest) { m.ID = "../x" },
+		"empty sandbox":    func(m *Manifest) { m.Sandbox = "" },
+		"parent dot-dot":   func(m *Manifest) { m.Parent = ".." },
+		"unknown kind":     func(m *Manifest) { m.Kind = "auto" },
+		"fs with objects":  func(m *Manifest) { m.Kind = "fs" },
+		"object outside":   func(m *Manifest) { m.Objects[0].Path = "../../etc/shadow" },
+		"object absolute":  func(m *Manifest) { m.Objects[0].Path = "/etc/shadow" },
+		"object not clean": func(m *Manifest) { m.Objects[0].Path = "images//core-1.img" },
+		"short hash":       func(m *Manifest) { m.Objects[0].SHA256 = "ab" },
+		"uppercase hash":   func(m *Manifest) { m.Objects[0].SHA256 = strings.Repeat("AB", 32) },
+		"negative size":    func(m *Manifest) { m.Objects[0].Size = -1 },
 	} {
 		mf := good
-		mf.Objects = append([]object(nil), good.Objects...)
+		mf.Objects = append([]Object(nil), good.Objects...)
 		bad(&mf)
-		if _, err := decodeManifest(enc(mf)); err == nil {
+		if _, err := DecodeManifest(enc(mf)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if _, err := decodeManifest(append(enc(good), "\n{}"...)); err == nil {
+	if _, err := DecodeManifest(append(enc(good), "\n{}"...)); err == nil {
 		t.Errorf("a manifest followed by another value: accepted")
 	}
 }
