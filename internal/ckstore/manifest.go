@@ -147,9 +147,9 @@ func (mf Manifest) Check() error {
 }
 
 // localName reports whether an object's name stays inside its
-// checkpoint's area: relative, clean, no "..".
+// checkpoint's area: relative, clean, no "..", and not the area itself.
 func localName(name string) bool {
-	return filepath.IsLocal(name) && filepath.Clean(name) == name
+	return filepath.IsLocal(name) && filepath.Clean(name) == name && name != "."
 }
 
 // ImageBytes is the size of the process images among objs.

@@ -86,6 +86,7 @@ func TestDecodeManifest(t *testing.T) {
 		"object outside":   func(m *Manifest) { m.Objects[0].Path = "../../etc/shadow" },
 		"object absolute":  func(m *Manifest) { m.Objects[0].Path = "/etc/shadow" },
 		"object not clean": func(m *Manifest) { m.Objects[0].Path = "images//core-1.img" },
+		"object the dir":   func(m *Manifest) { m.Objects[0].Path = "." },
 		"short hash":       func(m *Manifest) { m.Objects[0].SHA256 = "ab" },
 		"uppercase hash":   func(m *Manifest) { m.Objects[0].SHA256 = strings.Repeat("AB", 32) },
 		"negative size":    func(m *Manifest) { m.Objects[0].Size = -1 },

@@ -230,11 +230,20 @@ type Restore struct {
 	FS string
 }
 
-// Open verifies the checkpoint's objects (see Verify) and returns the
-// paths CRIU restores from. Only a local backend restores in place.
+// Open checks that the artifact is complete (its manifest, of this
+// checkpoint, was written), verifies the objects (see Verify) and
+// returns the paths CRIU restores from. Only a local backend restores in
+// place.
 func (r Reader) Open(objs []Object, thorough bool) (Restore, error) {
 	if r.s.local == nil {
 		return Restore{}, fmt.Errorf("checkpoint %s: restoring from a backend without local directories: %w", r.id, errdefs.ErrNotSupported)
+	}
+	mf, err := r.s.ReadManifest(r.id)
+	if err != nil {
+		return Restore{}, fmt.Errorf("checkpoint %s is not complete: %w", r.id, err)
+	}
+	if mf.ID != r.id {
+		return Restore{}, fmt.Errorf("checkpoint %s: its manifest names %q: %w", r.id, mf.ID, errdefs.ErrFailedPrecondition)
 	}
 	if err := r.Verify(objs, thorough); err != nil {
 		return Restore{}, err
