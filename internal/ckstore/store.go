@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -39,7 +40,8 @@ type Store struct {
 	local LocalBackend // b, when its artifacts are directories here
 
 	stampsMu sync.Mutex
-	stamps   map[string]string // id/object -> version hashed by this process
+	// +checklocks:stampsMu
+	stamps map[string]string // id/object -> version hashed by this process
 }
 
 // New returns the store of backend b.
@@ -83,7 +85,7 @@ func (s *Store) Delete(id string) error {
 	err := s.b.Delete(id)
 	s.stampsMu.Lock()
 	for k := range s.stamps {
-		if k[:min(len(k), len(id)+1)] == id+"/" {
+		if strings.HasPrefix(k, id+"/") {
 			delete(s.stamps, k)
 		}
 	}
