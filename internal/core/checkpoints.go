@@ -3,7 +3,6 @@ package core
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -18,6 +17,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/revert"
@@ -32,7 +32,7 @@ type checkpointRec struct {
 	Image string `json:"image"`
 	// Objects lists the stored files of a full checkpoint (process
 	// images) with their hashes; restore verifies them first.
-	Objects []object `json:"objects,omitempty"`
+	Objects []ckstore.Object `json:"objects,omitempty"`
 	// CRIU is the version of CRIU that wrote the images.
 	CRIU string `json:"criu,omitempty"`
 	// ExternalNet says the images leave the network namespace out: a
@@ -63,53 +63,11 @@ func (ck checkpointRec) outside() int {
 	return f
 }
 
-// manifest is written next to a checkpoint's files. It is
-// self-describing and holds no host paths, so a checkpoint can move to
-// another host later.
-type manifest struct {
-	Format  int       `json:"format"`
-	ID      string    `json:"id"`
-	Sandbox string    `json:"sandbox"`
-	Parent  string    `json:"parent,omitempty"`
-	Kind    string    `json:"kind"`
-	Label   string    `json:"label,omitempty"`
-	Image   string    `json:"image"`
-	Created time.Time `json:"created"`
-	Molt    string    `json:"molt"`
-	Kernel  string    `json:"kernel"`
-	Arch    string    `json:"arch"`
-	CRIU    string    `json:"criu,omitempty"`
-	// ExternalNet: the images leave the network namespace out; a restore
-	// runs CRIU in a fresh loopback-only one, which the tree joins.
-	// ExternalUTS and ExternalIPC: the same for the UTS namespace (named
-	// as the sandbox) and the IPC namespace (empty).
-	ExternalNet bool `json:"external_net,omitempty"`
-	ExternalUTS bool `json:"external_uts,omitempty"`
-	ExternalIPC bool `json:"external_ipc,omitempty"`
-	// IDs: the block of host ids the images' user namespace maps.
-	IDs     sandbox.IDRange `json:"ids,omitzero"`
-	Objects []object        `json:"objects,omitempty"`
-	// Committed: the checkpoint's record was committed (the manifest was
-	// written again after the commit, see rebuild.go). Without it the
-	// directory is a checkpoint a crash kept from committing.
-	Committed bool `json:"committed,omitempty"`
-	// What the record holds besides, so that it can be rebuilt from here.
-	Keep         bool           `json:"keep,omitempty"`
-	Capture      string         `json:"capture,omitempty"`
-	CaptureNote  string         `json:"capture_note,omitempty"`
-	StallMS      float64        `json:"stall_ms,omitempty"`
-	StallParts   *v1.StallParts `json:"stall_parts,omitempty"`
-	DurationMS   float64        `json:"duration_ms,omitempty"`
-	BytesWritten int64          `json:"bytes_written,omitempty"`
-}
-
-func (m *Manager) ckDir(id string) string { return m.path("checkpoints", id) }
-func (m *Manager) ckFS(id string) string  { return m.path("checkpoints", id, "fs") }
-
-// ckFSNext is a writable copy of a full checkpoint's files, snapshotted
-// from ckFS before the commit: the first rollback to the checkpoint
-// renames it into place instead of snapshotting on its critical path.
-func (m *Manager) ckFSNext(id string) string { return m.path("checkpoints", id, "fs.next") }
+// The checkpoint's directory, its files and its writable copy of them
+// (see ckstore.FSNextDir).
+func (m *Manager) ckDir(id string) string    { return m.cks.Dir(id) }
+func (m *Manager) ckFS(id string) string     { return m.cks.FS(id) }
+func (m *Manager) ckFSNext(id string) string { return m.cks.FSNext(id) }
 
 // Checkpoint takes a checkpoint of a sandbox: kind fs (the sandbox is
 // frozen, its root snapshotted read-only, and thawed; listed once its
@@ -244,11 +202,10 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFS, Label: label,
 		Created: time.Now().UTC(),
 	}, Image: rec.Image}
-	dir := m.ckDir(id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	if _, err := m.cks.Create(id); err != nil {
 		return v1.Checkpoint{}, err
 	}
-	r.Add(func() error { return removeTree(dir) })
+	r.Add(func() error { return m.cks.Delete(id) })
 	mb, err := m.writeManifest(ck)
 	if err != nil {
 		return v1.Checkpoint{}, err
@@ -339,17 +296,13 @@ func flushFirst(dirty int64) bool { return dirty < 0 || dirty > syncBeforeFreeze
 // is not fsynced: the snapshot that follows commits it (see
 // checkpointLocked), and reconcile rewrites a manifest a host crash lost.
 func (m *Manager) writeManifest(ck checkpointRec) ([]byte, error) {
-	mb, err := json.MarshalIndent(m.manifestOf(ck, false), "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	return mb, os.WriteFile(filepath.Join(m.ckDir(ck.ID), "manifest.json"), mb, 0o600)
+	return m.cks.Writer(ck.ID).Commit(m.manifestOf(ck, false))
 }
 
 // manifestOf is the manifest of ck, committed or not yet.
-func (m *Manager) manifestOf(ck checkpointRec, committed bool) manifest {
-	return manifest{
-		Format: 1, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
+func (m *Manager) manifestOf(ck checkpointRec, committed bool) ckstore.Manifest {
+	return ckstore.Manifest{
+		Format: ckstore.Format, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
 		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
 		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
 		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects,
@@ -551,7 +504,7 @@ func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
 	if err := m.reparent(ck, true); err != nil {
 		return err
 	}
-	return removeTree(m.ckDir(ck.ID))
+	return m.cks.Delete(ck.ID)
 }
 
 // reparent takes ck out of the tree: its children (committed or

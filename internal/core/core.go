@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
@@ -182,8 +182,7 @@ type Manager struct {
 
 	quota quotaState // the pool's disk quotas (quota.go)
 
-	stampsMu sync.Mutex
-	stamps   map[string]stamp // objects hashed by this daemon, as they were then
+	cks *ckstore.Store // the checkpoint artifacts, in pool/checkpoints
 
 	// failpoint, when set (by tests), is called at named steps of
 	// multi-step operations; a non-nil error makes that step fail.
@@ -252,6 +251,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		closing:  make(chan struct{}),
 	}
 	m.turns = m.newTurns()
+	m.cks = ckstore.New(ckstore.NewLocal(m.path("checkpoints")))
 	m.metrics = newMetrics(m)
 	if !cfg.NoScheduler {
 		m.captures = make(chan struct{}, max(1, runtime.NumCPU()))
@@ -398,33 +398,7 @@ func (m *Manager) installInitBinary() (string, error) {
 
 // removeTree deletes path, which may be a subvolume, a directory holding
 // subvolumes, or missing.
-func removeTree(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if fi.IsDir() {
-		if sub, _ := fsnap.IsSubvolume(path); sub {
-			if err := fsnap.DeleteSubvolume(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return err
-			}
-			return nil
-		}
-		ents, err := os.ReadDir(path)
-		if err != nil {
-			return err
-		}
-		for _, e := range ents {
-			if err := removeTree(filepath.Join(path, e.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	return os.Remove(path)
-}
+func removeTree(path string) error { return fsnap.RemoveTree(path) }
 
 // reconcile makes disk and metadata agree after a crash or restart.
 func (m *Manager) reconcile(ctx context.Context) error {

@@ -6,15 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
@@ -27,16 +26,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// object is one stored file of a checkpoint, with its size and hash, as
-// the manifest records it. Paths are relative to the checkpoint
-// directory.
-type object struct {
-	Path   string `json:"path"`
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
-}
-
-func (m *Manager) ckImages(id string) string { return m.path("checkpoints", id, "images") }
+// ckImages is the directory of checkpoint id's process images.
+func (m *Manager) ckImages(id string) string { return m.cks.Images(id) }
 
 // networkLock is how CRIU keeps a sandbox's TCP connections quiet during
 // a dump and a restore: not at all. A sandbox's network namespace holds
@@ -91,15 +82,10 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	root := m.sbRoot(rec.ID)
 	r := revert.New()
 	defer r.Fail()
-	dir := m.ckDir(id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	if _, err := m.cks.Create(id); err != nil {
 		return v1.Checkpoint{}, err
 	}
-	r.Add(func() error { return removeTree(dir) })
-	images := m.ckImages(id)
-	if err := os.Mkdir(images, 0o700); err != nil {
-		return v1.Checkpoint{}, err
-	}
+	r.Add(func() error { return m.cks.Delete(id) })
 	work := m.path("tmp", "dump-"+id)
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return v1.Checkpoint{}, err
@@ -468,7 +454,7 @@ func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, r
 	if err != nil {
 		err = m.exhausted(err)
 		m.metrics.checkpoint.WithLabelValues(v1.KindFull, "failed").Inc()
-		_ = removeTree(m.ckDir(ck.ID))
+		_ = m.cks.Delete(ck.ID)
 		m.unlinkFailed(ck)
 		// Listed as failed from here on, not dropped: it was reported.
 		m.recordFailed(ck, err)
@@ -487,7 +473,10 @@ func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, r
 func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpointRec, rec sandboxRec, staging string, start time.Time) error {
 	// Off the frozen window: move the images from staging into the pool,
 	// writing only the pages no earlier checkpoint of this lineage holds.
-	objs, written, err := m.storeImages(ctx, t, *ck, rec, staging)
+	// Every MiB is accounted to the host's I/O budget, and a rollback
+	// or a capture elsewhere pauses the copy there.
+	yield := func(n int64) error { return charge(ctx, t, n) }
+	objs, written, err := m.cks.Writer(ck.ID).StoreImages(ctx, staging, m.pageIndex(ck.Parent), yield)
 	if err != nil {
 		return err
 	}
@@ -524,12 +513,12 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 		return err
 	}
 	ck.BytesWritten = written + int64(len(mb))
-	ck.ImageBytes = imageBytes(objs)
+	ck.ImageBytes = ckstore.ImageBytes(objs)
 	ck.DurationMS = ms(time.Since(start))
 	if err := m.db.Put(store.Checkpoints, ck.ID, *ck); err != nil {
 		return err
 	}
-	m.remember(ck.ID, objs)
+	m.cks.Remember(ck.ID, objs)
 	m.metrics.committed(ck.Checkpoint)
 	return nil
 }
@@ -542,16 +531,6 @@ func (m *Manager) unlinkFailed(ck checkpointRec) {
 	if err := m.reparent(ck, false); err != nil {
 		m.log.Warn("cannot take a failed checkpoint out of the tree", "checkpoint", ck.ID, "err", err)
 	}
-}
-
-func imageBytes(objs []object) int64 {
-	var n int64
-	for _, o := range objs {
-		if strings.HasPrefix(o.Path, "images/") {
-			n += o.Size
-		}
-	}
-	return n
 }
 
 // stagingDir returns a fresh directory for CRIU to dump into: a tmpfs
@@ -610,183 +589,24 @@ func (m *Manager) stagingPrefix() string {
 	return "molt-dump-" + hex.EncodeToString(sum[:4]) + "-"
 }
 
-// lineageIndexDepth bounds how many earlier full checkpoints of a
-// sandbox's lineage a new checkpoint's pages are matched against.
-const lineageIndexDepth = 4
-
 // pageIndex indexes the pages of the nearest full checkpoints up the
-// lineage of a sandbox whose head is head (parents, then the checkpoint
-// a fork came from, and so on).
+// lineage of a sandbox whose head is head, as their records find them
+// (ckstore.Store.PageIndex).
 func (m *Manager) pageIndex(head string) *pagestore.Index {
-	x := pagestore.NewIndex()
-	found := 0
-	seen := map[string]bool{}
-	for id := head; id != "" && !seen[id] && found < lineageIndexDepth; {
-		seen[id] = true
+	return m.cks.PageIndex(head, func(id string) (ckstore.Ref, bool) {
 		var c checkpointRec
 		if err := m.db.Get(store.Checkpoints, id, &c); err != nil {
-			break
+			return ckstore.Ref{}, false
 		}
-		if c.Kind == v1.KindFull {
-			// What cannot be read only costs sharing.
-			hashes, _ := filepath.Glob(filepath.Join(m.ckDir(c.ID), "pagehash", "*"))
-			for _, h := range hashes {
-				_ = x.AddHashFile(filepath.Join(m.ckImages(c.ID), filepath.Base(h)), h)
-				_ = x.AddFilePages(h) // hash files change little too
-			}
-			for _, o := range c.Objects {
-				var sum [pagestore.HashSize]byte
-				if b, err := hex.DecodeString(o.SHA256); err == nil && len(b) == len(sum) && o.Size < pagestore.PageSize {
-					copy(sum[:], b)
-					x.AddSmall(filepath.Join(m.ckDir(c.ID), o.Path), sum)
-				}
-			}
-			found++
-		}
-		id = c.Parent
-	}
-	return x
+		return ckstore.Ref{ID: c.ID, Parent: c.Parent, Full: c.Kind == v1.KindFull, Objects: c.Objects}, true
+	})
 }
 
-// storeImages moves CRIU's images from staging into the checkpoint
-// through the page store (known pages shared by reflink), with a hash
-// file per multi-page image for later indexes. It returns the stored
-// objects (hashed on the way, not read again) and the bytes written.
-func (m *Manager) storeImages(ctx context.Context, t *sched.Task, ck checkpointRec, rec sandboxRec, staging string) ([]object, int64, error) {
-	images, hashes := m.ckImages(ck.ID), filepath.Join(m.ckDir(ck.ID), "pagehash")
-	if err := os.Mkdir(hashes, 0o700); err != nil {
-		return nil, 0, err
-	}
-	ents, err := os.ReadDir(staging)
-	if err != nil {
-		return nil, 0, err
-	}
-	x := m.pageIndex(ck.Parent)
-	var objs []object
-	var written int64
-	for _, e := range ents {
-		// Every image goes through the page store: memory pages above
-		// all, but the larger metadata images (mm, pagemap, core) of an
-		// unchanged process repeat whole pages too.
-		src, dst := filepath.Join(staging, e.Name()), filepath.Join(images, e.Name())
-		// Every MiB is accounted to the host's I/O budget, and a rollback
-		// or a capture elsewhere pauses the copy there.
-		yield := func(n int64) error { return charge(ctx, t, n) }
-		res, err := pagestore.StoreWith(src, dst, x, yield)
-		if err != nil {
-			return nil, 0, fmt.Errorf("store %s: %w", e.Name(), err)
-		}
-		written += res.Written
-		objs = append(objs, object{Path: "images/" + e.Name(), Size: res.Size, SHA256: hex.EncodeToString(res.Sum[:])})
-		if res.Pages > 1 {
-			// The hash file goes through the page store as well: most of
-			// it repeats the parent's.
-			tmp := filepath.Join(staging, ".pagehash-"+e.Name())
-			if err := os.WriteFile(tmp, res.Hashes, 0o600); err != nil {
-				return nil, 0, err
-			}
-			hres, err := pagestore.StoreWith(tmp, filepath.Join(hashes, e.Name()), x, yield)
-			if err != nil {
-				return nil, 0, fmt.Errorf("store page hashes of %s: %w", e.Name(), err)
-			}
-			objs = append(objs, object{Path: "pagehash/" + e.Name(), Size: hres.Size, SHA256: hex.EncodeToString(hres.Sum[:])})
-			written += hres.Written
-		}
-	}
-	sort.Slice(objs, func(i, j int) bool { return objs[i].Path < objs[j].Path })
-	return objs, written, nil
-}
-
-func hashFile(p string) (string, int64, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, err
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
-// stamp identifies one state of a file: any write through the
-// filesystem changes its ctime.
-type stamp struct {
-	ino, size           int64
-	ctimeSec, ctimeNsec int64
-}
-
-func stampOf(p string) (stamp, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(p, &st); err != nil {
-		return stamp{}, err
-	}
-	return stamp{ino: int64(st.Ino), size: st.Size, ctimeSec: st.Ctim.Sec, ctimeNsec: st.Ctim.Nsec}, nil
-}
-
-// remember records that the objects of checkpoint id were hashed (as
-// written, or verified) in their current state.
-func (m *Manager) remember(id string, objs []object) {
-	m.stampsMu.Lock()
-	defer m.stampsMu.Unlock()
-	if m.stamps == nil {
-		m.stamps = map[string]stamp{}
-	}
-	for _, o := range objs {
-		p := filepath.Join(m.ckDir(id), o.Path)
-		if st, err := stampOf(p); err == nil {
-			m.stamps[p] = st
-		}
-	}
-}
-
-// verify checks every object the checkpoint's record lists: present,
-// same size, same hash. Nothing is restored from a checkpoint that
-// fails. Unless thorough, an object this daemon hashed before and that
-// has not changed since (same inode, size and ctime: any write through
-// the filesystem moves the ctime, and btrfs checksums what the disk
-// returns) is not hashed again; `molt checkpoint verify` is thorough.
+// verify checks every object the checkpoint's record lists (see
+// ckstore.Reader.Verify). Nothing is restored from a checkpoint that
+// fails; `molt checkpoint verify` is thorough.
 func (m *Manager) verify(ck checkpointRec, thorough bool) error {
-	dir := m.ckDir(ck.ID)
-	if _, err := os.Stat(m.ckFS(ck.ID)); err != nil {
-		return fmt.Errorf("checkpoint %s: file snapshot missing: %w", ck.ID, errdefs.ErrFailedPrecondition)
-	}
-	var bad []string
-	var good []object
-	for _, o := range ck.Objects {
-		p := filepath.Join(dir, o.Path)
-		if !thorough {
-			m.stampsMu.Lock()
-			known, ok := m.stamps[p]
-			m.stampsMu.Unlock()
-			if st, err := stampOf(p); ok && err == nil && st == known && st.size == o.Size {
-				continue
-			}
-		}
-		sum, n, err := hashFile(p)
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-			bad = append(bad, o.Path+": missing")
-		case err != nil:
-			bad = append(bad, o.Path+": "+err.Error())
-		case n != o.Size:
-			bad = append(bad, fmt.Sprintf("%s: %d bytes, want %d (truncated or extended)", o.Path, n, o.Size))
-		case sum != o.SHA256:
-			bad = append(bad, fmt.Sprintf("%s: content hash %s..., want %s... (corrupted)", o.Path, sum[:12], o.SHA256[:12]))
-		default:
-			good = append(good, o)
-		}
-	}
-	m.remember(ck.ID, good)
-	if len(bad) > 0 {
-		if len(bad) > 5 {
-			bad = append(bad[:5], fmt.Sprintf("and %d more", len(bad)-5))
-		}
-		return fmt.Errorf("checkpoint %s failed verification: %v: %w", ck.ID, bad, errdefs.ErrFailedPrecondition)
-	}
-	return nil
+	return m.cks.Verify(ck.ID, ck.Objects, thorough)
 }
 
 // VerifyCheckpoint runs the verification a restore runs.

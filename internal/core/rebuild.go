@@ -15,7 +15,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
-	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
@@ -44,7 +44,7 @@ import (
 // Names of the on-disk records.
 const (
 	sandboxFile  = "sandbox.json"
-	manifestFile = "manifest.json"
+	manifestFile = ckstore.ManifestFile
 )
 
 // flushDelay is how long the writer gathers written records before it
@@ -105,20 +105,11 @@ func (m *Manager) watchRecords() {
 // again.
 func (m *Manager) committedManifest(ck checkpointRec) []byte {
 	mf := m.manifestOf(ck, true)
-	if old, err := readManifest(m.ckDir(ck.ID)); err == nil && old.ID == ck.ID {
+	if old, err := m.cks.ReadManifest(ck.ID); err == nil && old.ID == ck.ID {
 		mf.Molt, mf.Kernel, mf.Arch = old.Molt, old.Kernel, old.Arch
 	}
 	mb, _ := json.MarshalIndent(mf, "", "  ")
 	return mb
-}
-
-func readManifest(dir string) (manifest, error) {
-	b, err := os.ReadFile(filepath.Join(dir, manifestFile))
-	if err != nil {
-		return manifest{}, err
-	}
-	// A manifest is read as hostile input: it names files to restore.
-	return decodeManifest(b)
 }
 
 // queueRecord queues w for file (a put), or removes file (a delete, b
@@ -441,36 +432,15 @@ func (m *Manager) rebuild(ctx context.Context) error {
 // is then a complete checkpoint whose commit the lost database may have
 // held.
 func (m *Manager) checkpointOnDisk(id string) (checkpointRec, string) {
-	mf, err := readManifest(m.ckDir(id))
-	if err != nil {
-		return checkpointRec{}, "no readable manifest: " + err.Error()
-	}
-	if mf.ID != id || !nameRE.MatchString(mf.Sandbox) {
-		return checkpointRec{}, fmt.Sprintf("manifest names checkpoint %q of sandbox %q", mf.ID, mf.Sandbox)
-	}
-	if mf.Kind != v1.KindFS && mf.Kind != v1.KindFull {
-		return checkpointRec{}, fmt.Sprintf("manifest of kind %q", mf.Kind)
-	}
-	if sub, _ := fsnap.IsSubvolume(m.ckFS(id)); !sub {
-		return checkpointRec{}, "no file snapshot"
-	}
-	for _, o := range mf.Objects {
-		p := filepath.Join(m.ckDir(id), o.Path)
-		if !filepath.IsLocal(o.Path) {
-			return checkpointRec{}, fmt.Sprintf("object path %q outside the checkpoint", o.Path)
-		}
-		if fi, err := os.Stat(p); err != nil || fi.Size() != o.Size {
-			return checkpointRec{}, fmt.Sprintf("object %s missing or of another size", o.Path)
-		}
-	}
-	if mf.Kind == v1.KindFull && len(mf.Objects) == 0 {
-		return checkpointRec{}, "full checkpoint without process images"
+	mf, why := m.cks.Complete(id)
+	if why != "" {
+		return checkpointRec{}, why
 	}
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: mf.ID, Sandbox: mf.Sandbox, Parent: mf.Parent, Kind: mf.Kind, Label: mf.Label,
 		Created: mf.Created, StallMS: mf.StallMS, DurationMS: mf.DurationMS,
 		Capture: mf.Capture, CaptureNote: mf.CaptureNote, StallParts: mf.StallParts,
-		BytesWritten: mf.BytesWritten, ImageBytes: imageBytes(mf.Objects), Keep: mf.Keep,
+		BytesWritten: mf.BytesWritten, ImageBytes: ckstore.ImageBytes(mf.Objects), Keep: mf.Keep,
 	}, Image: mf.Image, Objects: mf.Objects, CRIU: mf.CRIU,
 		ExternalNet: mf.ExternalNet, ExternalUTS: mf.ExternalUTS, ExternalIPC: mf.ExternalIPC, IDs: mf.IDs}
 	if !mf.Committed {
@@ -513,7 +483,7 @@ func (m *Manager) healRecords(sbs []sandboxRec, cks []checkpointRec) {
 		}
 	}
 	for _, c := range cks {
-		if mf, err := readManifest(m.ckDir(c.ID)); err != nil || !mf.Committed || mf.ID != c.ID || mf.Parent != c.Parent || mf.Label != c.Label {
+		if mf, err := m.cks.ReadManifest(c.ID); err != nil || !mf.Committed || mf.ID != c.ID || mf.Parent != c.Parent || mf.Label != c.Label {
 			m.log.Info("writing the committed manifest of a checkpoint", "checkpoint", c.ID)
 			m.queueRecord(filepath.Join(m.ckDir(c.ID), manifestFile), diskWrite{b: m.committedManifest(c)})
 		}
@@ -532,7 +502,7 @@ func (m *Manager) healRecords(sbs []sandboxRec, cks []checkpointRec) {
 // committed) is removed, as a crash inside its checkpoint leaves it;
 // one that did is quarantined. Neither stops the start.
 func (m *Manager) unlistedCheckpoint(id string) {
-	mf, err := readManifest(m.ckDir(id))
+	mf, err := m.cks.ReadManifest(id)
 	switch {
 	case errors.Is(err, fs.ErrNotExist) || (err == nil && mf.ID == id && !mf.Committed):
 		m.log.Warn("removing a checkpoint a crash kept from committing", "checkpoint", id)

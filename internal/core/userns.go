@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/sandbox"
@@ -33,7 +34,7 @@ const DefaultUserNSBase = 1 << 30
 
 // UserNSSize is the size of one sandbox's block: every 16-bit id, as a
 // Debian image's users and groups expect.
-const UserNSSize = 1 << 16
+const UserNSSize = ckstore.UserNSSize
 
 // idBlocks hands out blocks to sandboxes being made: a block is
 // pending (by sandbox ID) until the sandbox's record names it, or until

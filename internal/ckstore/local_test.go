@@ -1,0 +1,224 @@
+package ckstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"github.com/molt-sh/molt/internal/pool"
+	"github.com/molt-sh/molt/internal/testutil"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/ckstore/storetest"
+)
+
+// TestLocal runs the conformance suite against the local backend, on a
+// plain directory (nothing in it needs btrfs or root).
+func TestLocal(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) ckstore.Backend { return ckstore.NewLocal(t.TempDir()) })
+}
+
+// stored makes a committed local artifact of one image and returns its
+// store, directory and objects.
+func stored(t *testing.T) (*ckstore.Store, string, []ckstore.Object) {
+	t.Helper()
+	l := ckstore.NewLocal(t.TempDir())
+	s := ckstore.New(l)
+	id := "ck0123456789"
+	w, err := s.Create(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(s.FS(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	staging := t.TempDir()
+	// Pages all different: on a filesystem without reflinks (a plain
+	// temporary directory) no page can be shared.
+	pages := make([]byte, 3*4096)
+	if _, err := rand.Read(pages); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(staging, "pages-1.img"), pages, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	objs, _, err := w.StoreImages(context.Background(), staging, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mf := ckstore.Manifest{Format: ckstore.Format, ID: id, Sandbox: "sb0123456789", Kind: "full", Objects: objs}
+	if _, err := w.Commit(mf); err != nil {
+		t.Fatal(err)
+	}
+	s.Remember(id, objs)
+	return s, l.Dir(id), objs
+}
+
+// TestLocalQuickVerifySeesWritesInPlace: the quick verification trusts
+// an object only while it is as it was hashed; a write into the file
+// (what corruption through the filesystem is) moves its ctime, and the
+// object is hashed again.
+func TestLocalQuickVerifySeesWritesInPlace(t *testing.T) {
+	s, dir, objs := stored(t)
+	if err := s.Verify("ck0123456789", objs, false); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "images", "pages-1.img"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("corrupt!"), 100); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := s.Verify("ck0123456789", objs, false); err == nil || !strings.Contains(err.Error(), "corrupted") {
+		t.Fatalf("quick verify after a write in place: %v", err)
+	}
+}
+
+// TestLocalRefusesPlantedLinks: an object replaced by a symbolic link
+// (to a copy of its own bytes elsewhere) is not followed.
+func TestLocalRefusesPlantedLinks(t *testing.T) {
+	s, dir, objs := stored(t)
+	obj := filepath.Join(dir, "images", "pages-1.img")
+	elsewhere := filepath.Join(t.TempDir(), "pages-1.img")
+	b, err := os.ReadFile(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(elsewhere, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(obj); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, obj); err != nil {
+		t.Fatal(err)
+	}
+	for _, thorough := range []bool{false, true} {
+		if err := s.Verify("ck0123456789", objs, thorough); err == nil {
+			t.Fatalf("verified (thorough %v) through a planted link", thorough)
+		}
+	}
+	// A link in place of the images directory is not followed either.
+	if err := os.RemoveAll(filepath.Join(dir, "images")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Dir(elsewhere), filepath.Join(dir, "images")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Verify("ck0123456789", objs, true); err == nil {
+		t.Fatal("verified through a planted directory link")
+	}
+}
+
+// btrfsDir is a directory on a fresh btrfs pool (a loop file), as the
+// daemon's pool/checkpoints is.
+func btrfsDir(t *testing.T) string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	p, err := pool.Open(context.Background(), pool.Config{Root: t.TempDir(), Size: 512 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Unmount(); err != nil {
+			t.Error(err)
+		}
+	})
+	return p.Dir
+}
+
+// TestLocalBtrfs runs the conformance suite against the local backend on
+// btrfs, where pages are shared by reflink and deletes meet subvolumes.
+func TestLocalBtrfs(t *testing.T) {
+	dir := btrfsDir(t)
+	n := 0
+	storetest.Run(t, func(t *testing.T) ckstore.Backend {
+		n++
+		d := filepath.Join(dir, fmt.Sprint(n))
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return ckstore.NewLocal(d)
+	})
+}
+
+// TestPageIndexSharesTheLineage: a checkpoint whose pages its parent
+// holds writes only the new ones; the index follows parents up to
+// LineageDepth full checkpoints.
+func TestPageIndexSharesTheLineage(t *testing.T) {
+	s := ckstore.New(ckstore.NewLocal(btrfsDir(t)))
+	pages := make([]byte, 64*4096)
+	if _, err := rand.Read(pages); err != nil {
+		t.Fatal(err)
+	}
+	refs := map[string]ckstore.Ref{}
+	lookup := func(id string) (ckstore.Ref, bool) { r, ok := refs[id]; return r, ok }
+	write := func(id, parent string) int64 {
+		t.Helper()
+		w, err := s.Create(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		staging := t.TempDir()
+		if err := os.WriteFile(filepath.Join(staging, "pages-1.img"), pages, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		objs, written, err := w.StoreImages(context.Background(), staging, s.PageIndex(parent, lookup), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs[id] = ckstore.Ref{ID: id, Parent: parent, Full: true, Objects: objs}
+		return written
+	}
+	if w := write("ck0000000001", ""); w < int64(len(pages)) {
+		t.Fatalf("first checkpoint wrote %d bytes of %d", w, len(pages))
+	}
+	pages[0] ^= 1 // one page changes
+	if w := write("ck0000000002", "ck0000000001"); w > 2*4096 {
+		t.Fatalf("child checkpoint wrote %d bytes; its parent holds all but one page", w)
+	}
+	// An fs checkpoint in between is passed through.
+	refs["ck0000000003"] = ckstore.Ref{ID: "ck0000000003", Parent: "ck0000000002"}
+	if x := s.PageIndex("ck0000000003", lookup); x.Len() < 64 {
+		t.Fatalf("index through an fs checkpoint: %d pages", x.Len())
+	}
+	if x := s.PageIndex("ck0000000009", lookup); x.Len() != 0 {
+		t.Fatalf("index of an unknown head: %d pages", x.Len())
+	}
+}
+
+// BenchmarkVerifyQuick is the verification on a rollback's path: every
+// object stat'ed, none hashed again.
+func BenchmarkVerifyQuick(b *testing.B) {
+	l := ckstore.NewLocal(b.TempDir())
+	s := ckstore.New(l)
+	id := "ck0123456789"
+	if _, err := s.Create(id); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.MkdirAll(s.FS(id), 0o700); err != nil {
+		b.Fatal(err)
+	}
+	staging := b.TempDir()
+	for i := range 40 {
+		if err := os.WriteFile(filepath.Join(staging, fmt.Sprintf("core-%d.img", i)), []byte(fmt.Sprint(i)), 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
+	objs, _, err := s.Writer(id).StoreImages(context.Background(), staging, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.Remember(id, objs)
+	b.ResetTimer()
+	for b.Loop() {
+		if err := s.Verify(id, objs, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
