@@ -314,15 +314,9 @@ func (m *Manager) manifestOf(ck checkpointRec, committed bool) ckstore.Manifest 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func (m *Manager) checkpointsOf(sandboxID string) ([]checkpointRec, error) {
-	all, err := store.List[checkpointRec](m.db, store.Checkpoints)
+	out, err := checkpointRecs.ListBy(m.db, m.ix.ckBySandbox, sandboxID)
 	if err != nil {
 		return nil, err
-	}
-	var out []checkpointRec
-	for _, c := range all {
-		if c.Sandbox == sandboxID {
-			out = append(out, c)
-		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
@@ -389,23 +383,29 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 	if err := m.db.Get(store.Checkpoints, ref, &byID); err == nil && (!scoped || byID.Sandbox == sandboxID) {
 		return byID, nil
 	}
-	all, err := store.List[checkpointRec](m.db, store.Checkpoints)
+	withLabel, err := checkpointRecs.ListBy(m.db, m.ix.ckByLabel, ref)
 	if err != nil {
 		return rec, err
 	}
 	var own, labelled, prefixed []checkpointRec
-	for _, c := range all {
+	for _, c := range withLabel {
 		if scoped && c.Sandbox != sandboxID {
 			continue
 		}
-		if c.Label == ref {
-			labelled = append(labelled, c)
-			if c.Sandbox == sandboxID {
-				own = append(own, c)
-			}
+		labelled = append(labelled, c)
+		if c.Sandbox == sandboxID {
+			own = append(own, c)
 		}
-		if len(ref) >= 4 && strings.HasPrefix(c.ID, ref) {
-			prefixed = append(prefixed, c)
+	}
+	if isPrefixRef(ref) {
+		cands, err := byIDPrefix(m.db, checkpointRecs, ref)
+		if err != nil {
+			return rec, err
+		}
+		for _, c := range cands {
+			if !scoped || c.Sandbox == sandboxID {
+				prefixed = append(prefixed, c)
+			}
 		}
 	}
 	newest := func(set []checkpointRec) checkpointRec {

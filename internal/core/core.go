@@ -143,6 +143,7 @@ type Manager struct {
 	commits  commitGate
 	pool     *pool.Pool
 	db       *store.DB
+	ix       indexes // over db's records (records.go)
 	launcher *sandbox.Launcher
 	initBin  string // pool copy of the init binary
 	kernel   string // kernel release, recorded in manifests
@@ -238,13 +239,18 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	ix, err := addIndexes(db)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
 	p, err := pool.Open(ctx, pool.Config{Root: cfg.Root, Size: cfg.PoolSize, NodeSize: cfg.PoolNodeSize})
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
 	m := &Manager{
-		cfg: cfg, pool: p, db: db, log: cfg.Logger, started: time.Now(),
+		cfg: cfg, pool: p, db: db, ix: ix, log: cfg.Logger, started: time.Now(),
 		launcher: &sandbox.Launcher{Binary: cfg.InitBinary},
 		locks:    map[string]*sync.Mutex{},
 		copying:  map[string]chan struct{}{},

@@ -283,17 +283,17 @@ func (m *Manager) lookupSandbox(ref string) (sandboxRec, error) {
 	if err := m.db.Get(store.Sandboxes, ref, &rec); err == nil {
 		return rec, nil
 	}
-	all, err := store.List[sandboxRec](m.db, store.Sandboxes)
+	named, err := sandboxRecs.ListBy(m.db, m.ix.sbByName, ref)
 	if err != nil {
 		return rec, err
 	}
+	if len(named) > 0 {
+		return named[0], nil
+	}
 	var matches []sandboxRec
-	for _, s := range all {
-		if s.Name == ref {
-			return s, nil
-		}
-		if len(ref) >= 4 && strings.HasPrefix(s.ID, ref) {
-			matches = append(matches, s)
+	if isPrefixRef(ref) {
+		if matches, err = byIDPrefix(m.db, sandboxRecs, ref); err != nil {
+			return rec, err
 		}
 	}
 	switch len(matches) {
