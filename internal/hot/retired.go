@@ -42,9 +42,13 @@ type Retired struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // pending and running timer functions
 
-	mu     sync.Mutex
-	m      map[string][]RetiredRoot // +checklocks:mu sandbox ID -> retired roots not yet deleted
-	timers map[string]*time.Timer   // +checklocks:mu sandbox ID -> pending collection
+	mu sync.Mutex
+	// sandbox ID -> retired roots not yet deleted
+	// +checklocks:mu
+	m map[string][]RetiredRoot
+	// sandbox ID -> pending collection
+	// +checklocks:mu
+	timers map[string]*time.Timer
 }
 
 // NewRetired returns an empty collector; collect and remove are as in

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -12,7 +13,8 @@ import (
 // collector hands retired roots straight to Remove, as core's GC job
 // does, and records the batches.
 type collector struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	batches [][]RetiredRoot
 	p       *Retired
 }
@@ -24,10 +26,12 @@ func (c *collector) collect(id string, roots []RetiredRoot) {
 	c.mu.Unlock()
 }
 
-func (c *collector) count() int {
+func (c *collector) count() int { return len(c.all()) }
+
+func (c *collector) all() [][]RetiredRoot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.batches)
+	return slices.Clone(c.batches)
 }
 
 func mkroots(t *testing.T, n int) []string {
@@ -63,8 +67,8 @@ func TestRetiredQuiet(t *testing.T) {
 	for deadline := time.Now().Add(RetireQuiet + 10*time.Second); c.count() == 0 && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if c.count() != 1 || len(c.batches[0]) != 3 {
-		t.Fatalf("batches %v, want one of 3", c.batches)
+	if b := c.all(); len(b) != 1 || len(b[0]) != 3 {
+		t.Fatalf("batches %v, want one of 3", b)
 	}
 	for _, r := range roots {
 		if exists(r) {
@@ -82,7 +86,7 @@ func TestRetiredBacklog(t *testing.T) {
 	for _, r := range roots {
 		c.p.Retire("sb", r, zeroInit)
 	}
-	if c.count() != 1 || len(c.batches[0]) != RetireBacklog {
+	if b := c.all(); len(b) != 1 || len(b[0]) != RetireBacklog {
 		t.Fatalf("%d batches, want one of %d at once", c.count(), RetireBacklog)
 	}
 }
@@ -102,7 +106,7 @@ func TestRetiredTakeAndClose(t *testing.T) {
 	c.p.Retire("b", roots[0], zeroInit) // after Close: held, never collected
 	time.Sleep(RetireQuiet + RetireQuiet/2)
 	if c.count() != 0 || !exists(roots[0]) || !exists(roots[1]) {
-		t.Fatalf("collected after Take or Close: %v", c.batches)
+		t.Fatalf("collected after Take or Close: %v", c.all())
 	}
 	var failed []string
 	boom := errors.New("boom")

@@ -30,11 +30,18 @@ type Spares struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // refills
 
-	mu      sync.Mutex
-	m       map[string]*Spare        // +checklocks:mu key -> ready spare
-	filling map[string]chan struct{} // +checklocks:mu key -> closed when its refill ends
-	gen     map[string]int           // +checklocks:mu bumped by drop: a refill under an older one is void
-	closed  bool                     // +checklocks:mu
+	mu sync.Mutex
+	// key -> ready spare
+	// +checklocks:mu
+	m map[string]*Spare
+	// key -> closed when its refill ends
+	// +checklocks:mu
+	filling map[string]chan struct{}
+	// bumped by drop: a refill under an older one is void
+	// +checklocks:mu
+	gen map[string]int
+	// +checklocks:mu
+	closed bool
 }
 
 // A Spare is one CRIU started ahead. A dump spare serves a dump of the

@@ -74,10 +74,14 @@ type Standbys struct {
 	wg     sync.WaitGroup // waiters
 
 	mu sync.Mutex
-	m  map[string]map[string]*Standby // +checklocks:mu sandbox ID -> checkpoint ID -> standby
+	// sandbox ID -> checkpoint ID -> standby
+	// +checklocks:mu
+	m map[string]map[string]*Standby
 	// waiting marks sandboxes with a waiter.
-	waiting map[string]bool // +checklocks:mu
-	closed  bool            // +checklocks:mu
+	// +checklocks:mu
+	waiting map[string]bool
+	// +checklocks:mu
+	closed bool
 }
 
 // NewStandbys returns an empty table.

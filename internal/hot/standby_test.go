@@ -62,8 +62,10 @@ func TestAdmit(t *testing.T) {
 
 // fakeHead is a sandbox head the waiter follows.
 type fakeHead struct {
-	mu   sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	head string
+	// +checklocks:mu
 	gone bool
 }
 
