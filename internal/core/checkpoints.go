@@ -20,6 +20,7 @@ import (
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/hot"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sbinit"
@@ -603,73 +604,15 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	if err := m.room("rollback "+rec.ID, 0); err != nil {
 		return v1.RollbackResult{}, err
 	}
-	if req.Tier == v1.TierCold {
-		if p, ok := m.processSource(ck); ok {
-			if err := m.verify(p, true); err != nil {
-				return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
-			}
-		}
-	}
-	var s *standby
-	if req.Tier == "" || req.Tier == v1.TierHot {
-		s = m.takeStandby(rec.ID, ck.ID)
-	}
-	if s != nil {
-		// A damaged checkpoint is refused even though its standby is
-		// sound: the invariant holds on every tier. (Objects checked at
-		// the standby's preparation are only stat'ed again.)
-		if err := m.verify(ck, false); err != nil {
-			m.discard(s, true)
-			return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
-		}
-		res, err := m.promote(ctx, &rec, ck, s)
-		if err == nil {
-			res.DurationMS = ms(time.Since(start))
-			m.scheduleStandby(rec.ID)
-			return res, nil
-		}
-		m.log.Info("standby not promoted; restoring instead", "sandbox", rec.ID, "checkpoint", ck.ID, "err", err)
-	}
-	if procs, ok := m.processSource(ck); ok {
-		res, err := m.rollbackProcesses(ctx, &rec, ck, procs)
-		if err == nil || ck.Kind == v1.KindFull {
-			if err != nil {
-				return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
-			}
-			if req.Tier == v1.TierCold {
-				res.Tier = v1.TierCold
-			}
-			res.DurationMS = ms(time.Since(start))
-			m.scheduleStandby(rec.ID)
-			return res, nil
-		}
-		// The processes of the full ancestor do not fit this checkpoint's
-		// files (CRIU refuses changed open files): restart instead.
-		m.log.Info("restoring the full ancestor's processes failed; restarting", "sandbox", rec.ID, "checkpoint", ck.ID, "ancestor", procs.ID, "err", err)
-	}
-	wasRunning := m.report(rec).State == v1.StateRunning
-	restart := wasRunning || rec.State == v1.StateLost || rec.State == v1.StateHibernated
-	key, err := m.switchRoot(ctx, rec, ck, restart)
+	// The tiers, fastest first (hot.Run).
+	res, err := hot.Run(ctx, &rollbackTarget{m: m, rec: &rec, ck: ck, req: req})
 	if err != nil {
-		return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
-	}
-	rec.Head = ck.ID
-	// The files are the checkpoint's from here on, whatever happens to
-	// the restart: the record says so first.
-	if err := m.commitTakeover(rec, key); err != nil {
 		return v1.RollbackResult{}, err
 	}
-	res := v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierRestart}
-	if restart {
-		if err := m.restart(ctx, &rec); err != nil {
-			return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: files restored, but the sandbox did not start: %w", rec.ID, ck.ID, err)
-		}
-		res.ProcessesRestarted = true
-		res.Note = "fs checkpoint: files restored; processes were restarted (neither it nor an ancestor holds usable process state)"
-	} else {
-		res.Note = "fs checkpoint: files restored; the sandbox stays " + rec.State
-	}
 	res.DurationMS = ms(time.Since(start))
+	if res.Tier != v1.TierRestart {
+		m.scheduleStandby(rec.ID)
+	}
 	return res, nil
 }
 
@@ -695,7 +638,7 @@ func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointR
 	// No tree takes over: a daemon that dies past the exchange leaves a
 	// sandbox on the checkpoint's files, which start-up records as its
 	// head, and restarts with restart.
-	key, err := m.recordTakeover(rec.ID, "rollback", takeoverRec{Path: next, Head: ck.ID, Restart: restart})
+	key, err := m.recordTakeover(rec.ID, "rollback", hot.Record{Path: next, Head: ck.ID, Restart: restart})
 	if err != nil {
 		_ = removeTree(next)
 		return "", err

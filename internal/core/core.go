@@ -24,6 +24,7 @@ import (
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/hot"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/pool"
 	"github.com/molt-sh/molt/internal/sandbox"
@@ -162,11 +163,12 @@ type Manager struct {
 
 	inflight inflight // open daemon connections to each sandbox's init
 
-	sby       standbys
-	spr       spares // started CRIUs for the next restore, per sandbox
-	lim       rooms  // room in sandboxes' limits for the daemon's processes (limits.go)
-	ret       retiredRoots
-	pipe      pipeline // pending full checkpoints
+	sby       *hot.Standbys  // pre-restored standbys (standby.go)
+	spr       *hot.Spares    // started CRIUs for the next restore or dump, per sandbox
+	lim       rooms          // room in sandboxes' limits for the daemon's processes (limits.go)
+	ret       *hot.Retired   // roots rollbacks replaced, not yet deleted
+	tko       *hot.Takeovers // records of switches of sandboxes' live trees
+	pipe      pipeline       // pending full checkpoints
 	turns     *turn.Tracker
 	sch       *sched.Scheduler // nil with Config.NoScheduler
 	captures  chan struct{}    // capture slots (captureSlot); nil with Config.NoScheduler
@@ -258,6 +260,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m.turns = m.newTurns()
 	m.cks = ckstore.New(ckstore.NewLocal(m.path("checkpoints")))
+	m.openHot()
 	m.metrics = newMetrics(m)
 	if !cfg.NoScheduler {
 		m.captures = make(chan struct{}, max(1, runtime.NumCPU()))
@@ -317,25 +320,19 @@ func (m *Manager) Close() error {
 		// GC would have); running ones end first.
 		m.sch.Close()
 	}
-	m.closeSpares()
-	m.sby.wg.Wait()
+	// Spares first (their refills end), then the standbys' waiters and
+	// the standbys themselves, whose rooms go before the limits' waiters
+	// are waited for.
+	m.spr.Close()
+	m.sby.Close()
 	m.lim.wg.Wait()
 	m.streamMu.Lock()
 	if m.pipes != nil {
 		m.pipes.Close()
 	}
 	m.streamMu.Unlock()
-	m.stopRetiring()
+	m.ret.Close()
 	m.quota.wg.Wait()
-	m.sby.mu.Lock()
-	ids := make([]string, 0, len(m.sby.m))
-	for id := range m.sby.m {
-		ids = append(ids, id)
-	}
-	m.sby.mu.Unlock()
-	for _, id := range ids {
-		m.dropStandby(id, true)
-	}
 	m.closeRecords()
 	return m.db.Close()
 }

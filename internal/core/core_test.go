@@ -637,7 +637,7 @@ func TestStandbyBudget(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m.sby.wg.Wait() // the background preparation has run
+		m.waitHot() // the background preparation has run
 		if s := m.standbyOf(sb.ID); (s != nil) != (c.tier == v1.TierHot) {
 			t.Fatalf("budget %d: standby %+v", c.budget, s)
 		}
@@ -652,7 +652,7 @@ func TestStandbyBudget(t *testing.T) {
 		if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "42\n" {
 			t.Fatalf("budget %d: after rollback X=%q", c.budget, r.Stdout)
 		}
-		m.sby.wg.Wait()
+		m.waitHot()
 	}
 	// A standby dies with its sandbox's processes and leaves no root.
 	if _, err := m.Stop(ctx, sb.ID); err != nil {
@@ -773,7 +773,7 @@ func TestKeptStandbys(t *testing.T) {
 	settle := func() {
 		t.Helper()
 		m.pipe.wg.Wait()
-		m.sby.wg.Wait()
+		m.waitHot()
 	}
 	rollback := func(ck v1.Checkpoint, tier, x string) {
 		t.Helper()
@@ -819,7 +819,7 @@ func TestSandboxStandbyBudget(t *testing.T) {
 	settle := func() {
 		t.Helper()
 		m.pipe.wg.Wait()
-		m.sby.wg.Wait()
+		m.waitHot()
 	}
 	sb := newSandbox(t, m)
 	run(t, m, sb.ID, "export X=a")

@@ -94,7 +94,7 @@ func BenchmarkCOWRewrite(b *testing.B) {
 		if _, err := m.awaitCheckpoint(ctx, ck.ID); err != nil {
 			b.Fatal(err)
 		}
-		m.sby.wg.Wait()
+		m.waitHot()
 	}
 	const samples = 7
 	var none, afterCopy, afterCOW, committedCOW []float64

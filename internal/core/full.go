@@ -17,6 +17,7 @@ import (
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/hot"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/pagestore"
 	"github.com/molt-sh/molt/internal/revert"
@@ -675,7 +676,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		_ = removeTree(next)
 		return v1.RollbackResult{}, err
 	}
-	key, err := m.recordTakeover(rec.ID, "rollback", takeoverRec{Init: init, Path: next, Head: ck.ID})
+	key, err := m.recordTakeover(rec.ID, "rollback", hot.Record{Init: init, Path: next, Head: ck.ID})
 	if err != nil {
 		_ = init.Signal(unix.SIGKILL)
 		waitGone(init, 5*time.Second)
@@ -744,14 +745,6 @@ func setBackground(pid int) error {
 		return fmt.Errorf("lower the priority of %d: %w", pid, err)
 	}
 	return nil
-}
-
-// waitGone waits until init has exited (its PID namespace torn down).
-func waitGone(init sandbox.Init, limit time.Duration) {
-	deadline := time.Now().Add(limit)
-	for init.Alive() && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // restoreProcesses restores the process tree of full checkpoint ck into

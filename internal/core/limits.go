@@ -1,9 +1,6 @@
 package core
 
 import (
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -230,84 +227,11 @@ func (m *Manager) watchRooms() {
 // dropBrokenStandbys discards the sandbox's standbys that lost a task.
 func (m *Manager) dropBrokenStandbys(id string) {
 	for _, ck := range m.standbyCheckpoints(id) {
-		m.sby.mu.Lock()
-		s := m.sby.m[id][ck]
-		m.sby.mu.Unlock()
-		if s != nil && !s.intact() {
+		if s := m.sby.Get(id, ck); s != nil && !s.Intact() {
 			m.log.Info("standby lost a task (the sandbox exceeded its memory limit); dropped", "sandbox", id, "checkpoint", ck)
 			m.dropStandbyOf(id, ck, true)
 		}
 	}
-}
-
-// standbyTask is one task of a standby and the oom_score_adj CRIU
-// restored it with.
-type standbyTask struct {
-	pid int
-	adj string
-}
-
-// intact reports whether every task of the standby still lives (a
-// killed one stays a zombie: its parent is stopped).
-func (s *standby) intact() bool {
-	if !s.init.Alive() {
-		return false
-	}
-	for _, t := range s.tasks {
-		if !taskRunnable(t.pid) {
-			return false
-		}
-	}
-	return true
-}
-
-// taskRunnable reports whether pid exists and is neither a zombie nor
-// dead.
-func taskRunnable(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 || i+2 >= len(b) {
-		return false
-	}
-	st := b[i+2]
-	return st != 'Z' && st != 'X' && st != 'x'
-}
-
-// firstVictims makes the standby tree of init (in sandbox id's cgroup)
-// the OOM killer's first choice in the cgroup and returns its tasks with
-// the oom_score_adj each had. Raising it needs no privilege; lowering it
-// back to a value it had needs none either.
-func firstVictims(id string, init sandbox.Init) ([]standbyTask, error) {
-	tree, _, err := treePids(id, init)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]standbyTask, 0, len(tree))
-	for _, pid := range tree {
-		p := "/proc/" + strconv.Itoa(pid) + "/oom_score_adj"
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return out, err
-		}
-		out = append(out, standbyTask{pid: pid, adj: strings.TrimSpace(string(b))})
-		if err := os.WriteFile(p, []byte("1000"), 0); err != nil {
-			return out, err
-		}
-	}
-	return out, nil
-}
-
-// restoreAdj gives the standby's tasks their own oom_score_adj back.
-func restoreAdj(tasks []standbyTask) error {
-	for _, t := range tasks {
-		if err := os.WriteFile("/proc/"+strconv.Itoa(t.pid)+"/oom_score_adj", []byte(t.adj), 0); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // resetLimits sets a sandbox's limits to its own, as a daemon finds

@@ -69,7 +69,7 @@ time.sleep(1e6)' >/dev/null 2>&1 & PY=$!`)
 		t.Helper()
 		for deadline := time.Now().Add(60 * time.Second); ; {
 			m.pipe.wg.Wait()
-			m.sby.wg.Wait()
+			m.waitHot()
 			if len(m.standbyCheckpoints(sb.ID)) > 0 {
 				return
 			}
@@ -114,12 +114,10 @@ time.sleep(1e6)' >/dev/null 2>&1 & PY=$!`)
 		st, _ = cg.Stats()
 		kills, _ := cg.OOMKills()
 		for _, ck := range m.standbyCheckpoints(sb.ID) {
-			m.sby.mu.Lock()
-			s := m.sby.m[sb.ID][ck]
-			m.sby.mu.Unlock()
-			for _, tk := range s.tasks {
-				b, _ := os.ReadFile("/proc/" + strconv.Itoa(tk.pid) + "/stat")
-				t.Logf("standby %s task %d: %.60s", ck, tk.pid, b)
+			s := m.sby.Get(sb.ID, ck)
+			for _, tk := range s.Tasks {
+				b, _ := os.ReadFile("/proc/" + strconv.Itoa(tk.Pid) + "/stat")
+				t.Logf("standby %s task %d: %.60s", ck, tk.Pid, b)
 			}
 		}
 		t.Fatalf("the sandbox held %d MiB + %d MiB under a %d MiB limit: %q; limits %+v, %d MiB charged, %d oom kills, standbys %v", held, memLimit>>20, memLimit>>20, r.Stdout, lim, st.MemoryBytes>>20, kills, m.standbyCheckpoints(sb.ID))

@@ -77,25 +77,13 @@ func newMetrics(m *Manager) *metrics {
 	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "molt_standbys", Help: "Pre-restored standbys ready for hot rollback.",
 	}, func() float64 {
-		m.sby.mu.Lock()
-		defer m.sby.mu.Unlock()
-		n := 0
-		for _, set := range m.sby.m {
-			n += len(set)
-		}
+		n, _ := m.sby.Totals()
 		return float64(n)
 	}))
 	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "molt_standby_bytes", Help: "Image bytes held by standbys (counted against --standby-budget).",
 	}, func() float64 {
-		m.sby.mu.Lock()
-		defer m.sby.mu.Unlock()
-		var n int64
-		for _, set := range m.sby.m {
-			for _, s := range set {
-				n += s.bytes
-			}
-		}
+		_, n := m.sby.Totals()
 		return float64(n)
 	}))
 	x.reg.MustRegister(&sandboxCollector{m: m, desc: prometheus.NewDesc("molt_sandboxes", "Sandboxes by state.", []string{"state"}, nil)})

@@ -7,10 +7,11 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/hot"
 )
 
 // Roots left by rollbacks wait while the sandbox keeps rolling back and
-// are deleted once it has been quiet for retireQuiet; stopping the
+// are deleted once it has been quiet for hot.RetireQuiet; stopping the
 // sandbox deletes them at once.
 func TestRetiredRootsCollected(t *testing.T) {
 	m, sb := warmOnly(t)
@@ -48,10 +49,10 @@ func TestRetiredRootsCollected(t *testing.T) {
 		if round == 0 {
 			// Within the quiet period all three are still there (each
 			// once its old tree is gone).
-			if r := waitRetired(3, retireQuiet/2); len(r) != 3 && time.Since(start) < retireQuiet {
+			if r := waitRetired(3, hot.RetireQuiet/2); len(r) != 3 && time.Since(start) < hot.RetireQuiet {
 				t.Fatalf("retired roots while rolling back: %v, want 3", r)
 			}
-			if r := waitRetired(0, retireQuiet+5*time.Second); len(r) != 0 {
+			if r := waitRetired(0, hot.RetireQuiet+5*time.Second); len(r) != 0 {
 				t.Fatalf("retired roots %v still there %v after the last rollback", r, time.Since(start))
 			}
 			continue

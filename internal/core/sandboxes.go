@@ -168,13 +168,13 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 	}
 	if sby != nil {
 		r.Add(func() error { m.discard(sby, true); return nil })
-		if err := os.Rename(sby.root, m.sbRoot(rec.ID)); err != nil {
+		if err := os.Rename(sby.Root, m.sbRoot(rec.ID)); err != nil {
 			return fail(err)
 		}
 		// The standby is the fork's now, never its sandbox's.
-		m.forgetTakeover(sby.key)
-		sby.key = ""
-		if err := m.regroup(m.sbRoot(rec.ID), sby.sandbox, groups); err != nil {
+		m.forgetTakeover(sby.Key)
+		sby.Key = ""
+		if err := m.regroup(m.sbRoot(rec.ID), sby.Sandbox, groups); err != nil {
 			return fail(err)
 		}
 	} else if err := fsnap.SnapshotIn(src, m.sbRoot(rec.ID), false, groups...); err != nil {
@@ -349,7 +349,7 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
 	}
 	sb := m.report(rec)
 	if s := m.standbyOf(rec.ID); s != nil {
-		sb.Standby = s.ck
+		sb.Standby = s.Checkpoint
 	}
 	sb.Standbys, sb.StandbyBytes = m.standbyCheckpoints(rec.ID), m.standbyBytes(rec.ID)
 	if n := m.diskUsage(rec); n >= 0 {

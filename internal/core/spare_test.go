@@ -14,6 +14,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/hot"
 	"github.com/molt-sh/molt/internal/ns"
 )
 
@@ -45,11 +46,9 @@ func TestSpareCRIU(t *testing.T) {
 	}
 	spare := func() int {
 		t.Helper()
-		m.sby.wg.Wait() // refills (and standby preparations) have run
-		m.spr.mu.Lock()
-		defer m.spr.mu.Unlock()
-		if e := m.spr.m[sb]; e != nil {
-			return e.s.Pid()
+		m.waitHot() // refills (and standby preparations) have run
+		if e := m.spr.Ready(sb); e != nil {
+			return e.S.Pid()
 		}
 		return 0
 	}
@@ -173,10 +172,8 @@ func TestNetnsInImagesStillRestores(t *testing.T) {
 		if !inImages {
 			// Again, on the spare CRIU the first rollback left: the tree
 			// joins the spare's namespaces, which it names.
-			m.sby.wg.Wait()
-			m.spr.mu.Lock()
-			haveSpare := m.spr.m[sb.ID] != nil
-			m.spr.mu.Unlock()
+			m.waitHot()
+			haveSpare := m.spr.Ready(sb.ID) != nil
 			if !haveSpare {
 				t.Fatal("no spare after a warm rollback")
 			}
@@ -296,11 +293,9 @@ func TestDumpSpare(t *testing.T) {
 	ctx := context.Background()
 	dumpSpare := func() int {
 		t.Helper()
-		m.sby.wg.Wait()
-		m.spr.mu.Lock()
-		defer m.spr.mu.Unlock()
-		if e := m.spr.m[dumpKey(sb)]; e != nil {
-			return e.s.Pid()
+		m.waitHot()
+		if e := m.spr.Ready(hot.DumpKey(sb)); e != nil {
+			return e.S.Pid()
 		}
 		return 0
 	}

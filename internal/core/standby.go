@@ -5,61 +5,69 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/hot"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
 	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
-// A standby is a sandbox's full checkpoint restored ahead of need: its
-// processes restored by CRIU, stopped, on their own writable snapshot of
-// the checkpoint's files, in the sandbox's cgroup. A rollback to that
-// checkpoint promotes it (continue the standby, kill the live tree,
-// switch the root): the hot tier, with no CRIU on the critical path.
-//
-// Policy: a sandbox keeps standbys for the checkpoints a rollback most
-// likely returns to: its head, when the head is a full checkpoint, and
-// the full checkpoints the caller marked to keep (newest first). They
-// are made in the background, one at a time, once the head has stayed
-// put for standbyDelay. Their memory (the size of their checkpoints'
-// images) is bounded per sandbox (v1.Resources.StandbyBudgetBytes, or
-// Config.SandboxStandbyBudget) and across the host
-// (Config.StandbyBudget): the wanted checkpoints are admitted in that
-// order while they fit both, and a sandbox's standbys that no longer
-// fit (a new head before kept ones) are evicted; other sandboxes'
-// standbys are not. Standbys live only in the daemon: a
-// restarted daemon kills the ones it finds and makes new ones on the
-// next checkpoint or rollback.
-type standby struct {
-	sandbox string // whose pool it is in
-	ck      string
-	init    sandbox.Init
-	root    string
-	bytes   int64
-	key     string // of its takeover record (takeoverRec)
-	// Its room in the sandbox's limits (limits.go), its tasks, and the
-	// OOM kills of the cgroup when it was made.
-	room    string
-	tasks   []standbyTask
-	oomSeen int64
-}
+// standby is a pre-restored full checkpoint (see hot.Standby). The
+// table, its waiters and the budget arithmetic are internal/hot's; what
+// needs the sandbox's record, cgroup, CRIU or the checkpoint artifact
+// (preparing, promoting, adopting) is here.
+type standby = hot.Standby
 
-type standbys struct {
-	mu sync.Mutex
-	m  map[string]map[string]*standby // sandbox ID -> checkpoint ID -> standby
-	// waiting marks sandboxes with a scheduleStandby waiter.
-	waiting map[string]bool
-	wg      sync.WaitGroup // preparations and retirements in flight
+// newStandbys makes the manager's standby table, its hooks over the
+// sandboxes' records and the job scheduler.
+func (m *Manager) newStandbys() *hot.Standbys {
+	return hot.NewStandbys(hot.StandbyHooks{
+		Head: func(id string) (string, bool) {
+			var rec sandboxRec
+			if m.db.Get(store.Sandboxes, id, &rec) != nil {
+				return "", false
+			}
+			return rec.Head, true
+		},
+		Prepare: func(id string) (<-chan struct{}, bool) {
+			done := make(chan struct{})
+			select {
+			case <-m.closing:
+				close(done)
+				return done, false
+			default:
+			}
+			m.background(id, sched.Standby, "prepare standby", func(ctx context.Context, _ *sched.Task) error {
+				defer close(done)
+				ctx, cancel := context.WithTimeout(ctx, time.Minute)
+				defer cancel()
+				more, err := m.prepareStandby(ctx, id)
+				if err != nil {
+					m.log.Info("no standby", "sandbox", id, "reason", err)
+					return err
+				}
+				if more {
+					m.scheduleStandbyAfter(id, 0)
+				}
+				return nil
+			})
+			// Unscheduled, the job runs whatever happens: wait for it.
+			return done, m.sch == nil
+		},
+		Release: func(s *standby) {
+			m.releaseRoom(s.Sandbox, s.Room)
+			_ = removeTree(s.Root)
+			m.forgetTakeover(s.Key)
+		},
+	})
 }
 
 // standbyOf returns the standby of the sandbox's head, if one is ready.
@@ -68,75 +76,29 @@ func (m *Manager) standbyOf(id string) *standby {
 	if m.db.Get(store.Sandboxes, id, &rec) != nil {
 		return nil
 	}
-	m.sby.mu.Lock()
-	defer m.sby.mu.Unlock()
-	return m.sby.m[id][rec.Head]
+	return m.sby.Get(id, rec.Head)
 }
 
 // standbyCheckpoints lists the checkpoints with a standby ready.
-func (m *Manager) standbyCheckpoints(id string) []string {
-	m.sby.mu.Lock()
-	defer m.sby.mu.Unlock()
-	var out []string
-	for ck := range m.sby.m[id] {
-		out = append(out, ck)
-	}
-	sort.Strings(out)
-	return out
-}
+func (m *Manager) standbyCheckpoints(id string) []string { return m.sby.Checkpoints(id) }
 
 // standbyBytes is the memory the sandbox's standbys hold.
-func (m *Manager) standbyBytes(id string) int64 {
-	m.sby.mu.Lock()
-	defer m.sby.mu.Unlock()
-	var n int64
-	for _, s := range m.sby.m[id] {
-		n += s.bytes
-	}
-	return n
-}
+func (m *Manager) standbyBytes(id string) int64 { return m.sby.Bytes(id) }
 
 // discard kills the standby's processes (with kill; else they are gone
 // already), removes its root and deletes its takeover record.
-func (m *Manager) discard(s *standby, kill bool) {
-	if kill && s.init.Signal(unix.SIGKILL) == nil {
-		waitGone(s.init, 5*time.Second)
-	}
-	m.releaseRoom(s.sandbox, s.room)
-	_ = removeTree(s.root)
-	m.forgetTakeover(s.key)
-}
+func (m *Manager) discard(s *standby, kill bool) { m.sby.Discard(s, kill) }
 
 // dropStandby forgets the sandbox's standbys, killing their processes
 // unless they are already gone, and removes their roots.
-func (m *Manager) dropStandby(id string, kill bool) {
-	m.sby.mu.Lock()
-	set := m.sby.m[id]
-	delete(m.sby.m, id)
-	m.sby.mu.Unlock()
-	for _, s := range set {
-		m.discard(s, kill)
-	}
-}
+func (m *Manager) dropStandby(id string, kill bool) { m.sby.Drop(id, kill) }
 
 // dropStandbyOf drops the sandbox's standby of checkpoint ck, if any.
-func (m *Manager) dropStandbyOf(id, ck string, kill bool) {
-	if s := m.takeStandby(id, ck); s != nil {
-		m.discard(s, kill)
-	}
-}
+func (m *Manager) dropStandbyOf(id, ck string, kill bool) { m.sby.DropOf(id, ck, kill) }
 
 // takeStandby takes the sandbox's standby of checkpoint ck out of the
 // pool.
-func (m *Manager) takeStandby(id, ck string) *standby {
-	m.sby.mu.Lock()
-	defer m.sby.mu.Unlock()
-	s := m.sby.m[id][ck]
-	if s != nil {
-		delete(m.sby.m[id], ck)
-	}
-	return s
-}
+func (m *Manager) takeStandby(id, ck string) *standby { return m.sby.Take(id, ck) }
 
 // scheduleStandby prepares, in the background, the standbys the policy
 // wants for the sandbox, once its head has stayed put for standbyDelay.
@@ -148,84 +110,10 @@ func (m *Manager) scheduleStandbyAfter(id string, delay time.Duration) {
 	if m.cfg.StandbyBudget <= 0 || m.criu == nil {
 		return
 	}
-	// One waiter per sandbox: it follows the head until it stays put.
-	m.sby.mu.Lock()
-	if m.sby.waiting == nil {
-		m.sby.waiting = map[string]bool{}
-	}
-	if m.sby.waiting[id] {
-		m.sby.mu.Unlock()
-		return
-	}
-	m.sby.waiting[id] = true
-	m.sby.mu.Unlock()
-	var head string
-	var rec sandboxRec
-	if m.db.Get(store.Sandboxes, id, &rec) == nil {
-		head = rec.Head
-	}
-	m.sby.wg.Add(1)
-	go func() {
-		defer m.sby.wg.Done()
-		// Wait until the head has stayed put for delay: a caller that
-		// moves the sandbox again at once (a tree search, an RL loop)
-		// would make a standby of it useless, and its CRIU restore would
-		// only take CPU from the foreground. (An fs checkpoint moves the
-		// head too; the kept standbys are still wanted then.)
-		for {
-			select {
-			case <-time.After(delay):
-			case <-m.closing:
-				m.standbyWaitDone(id)
-				return
-			}
-			if m.db.Get(store.Sandboxes, id, &rec) != nil {
-				m.standbyWaitDone(id)
-				return
-			}
-			if rec.Head == head {
-				break
-			}
-			head = rec.Head
-		}
-		m.standbyWaitDone(id)
-		done := make(chan struct{})
-		m.background(id, sched.Standby, "prepare standby", func(ctx context.Context, _ *sched.Task) error {
-			defer close(done)
-			ctx, cancel := context.WithTimeout(ctx, time.Minute)
-			defer cancel()
-			more, err := m.prepareStandby(ctx, id)
-			if err != nil {
-				m.log.Info("no standby", "sandbox", id, "reason", err)
-				return err
-			}
-			if more {
-				m.scheduleStandbyAfter(id, 0)
-			}
-			return nil
-		})
-		if m.sch == nil {
-			<-done
-			return
-		}
-		// A job dropped at Close never runs: do not wait for it then.
-		select {
-		case <-done:
-		case <-m.closing:
-		}
-	}()
+	m.sby.Schedule(id, delay)
 }
 
-func (m *Manager) standbyWaitDone(id string) {
-	m.sby.mu.Lock()
-	delete(m.sby.waiting, id)
-	m.sby.mu.Unlock()
-}
-
-// standbyDelay is how long a sandbox's head must stay put before a
-// standby is prepared for it. An agent waiting for its model leaves it
-// far longer.
-const standbyDelay = 100 * time.Millisecond
+const standbyDelay = hot.Delay
 
 // wantedStandbys lists, in order, the checkpoints the policy wants
 // standbys for: the head if full, then kept full checkpoints, newest
@@ -254,46 +142,11 @@ func (m *Manager) sandboxStandbyBudget(rec sandboxRec) int64 {
 	return m.cfg.SandboxStandbyBudget
 }
 
-// admitStandbys keeps, in order, the wanted checkpoints whose standbys
-// fit the sandbox's budget and what the other sandboxes' standbys leave
-// of the host's; refused says why the first one left out was (nil if
-// none was).
+// admitStandbys keeps the wanted checkpoints whose standbys fit the
+// sandbox's budget and the host's (hot.Admit).
 func (m *Manager) admitStandbys(rec sandboxRec, wanted []checkpointRec) (admitted []checkpointRec, refused error) {
-	own := m.sandboxStandbyBudget(rec)
-	if own < 0 {
-		if len(wanted) > 0 {
-			refused = fmt.Errorf("sandbox %s allows no standbys", rec.ID)
-		}
-		return nil, refused
-	}
-	m.sby.mu.Lock()
-	var others int64
-	for id, set := range m.sby.m {
-		if id == rec.ID {
-			continue
-		}
-		for _, s := range set {
-			others += s.bytes
-		}
-	}
-	m.sby.mu.Unlock()
-	var sum int64
-	for _, c := range wanted {
-		switch {
-		case own > 0 && sum+c.ImageBytes > own:
-			if refused == nil {
-				refused = fmt.Errorf("standby of %s needs %d bytes; the sandbox's standbys before it take %d of its budget of %d", c.ID, c.ImageBytes, sum, own)
-			}
-		case others+sum+c.ImageBytes > m.cfg.StandbyBudget:
-			if refused == nil {
-				refused = fmt.Errorf("standby of %s needs %d bytes; %d of the host's budget of %d are taken", c.ID, c.ImageBytes, others+sum, m.cfg.StandbyBudget)
-			}
-		default:
-			admitted = append(admitted, c)
-			sum += c.ImageBytes
-		}
-	}
-	return admitted, refused
+	return hot.Admit(rec.ID, m.sandboxStandbyBudget(rec), m.cfg.StandbyBudget, m.sby.OthersBytes(rec.ID), wanted,
+		func(c checkpointRec) (string, int64) { return c.ID, c.ImageBytes })
 }
 
 // prepareStandby drops the sandbox's standbys the policy no longer wants
@@ -320,10 +173,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	}
 	var missing []checkpointRec
 	for _, c := range wanted {
-		m.sby.mu.Lock()
-		s := m.sby.m[id][c.ID]
-		m.sby.mu.Unlock()
-		if s == nil || !s.init.Alive() {
+		if s := m.sby.Get(id, c.ID); s == nil || !s.Init.Alive() {
 			m.dropStandbyOf(id, c.ID, true)
 			missing = append(missing, c)
 		}
@@ -371,15 +221,18 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	}
 	// Only a memory limit makes the standby compete with the sandbox's
 	// own tasks for the OOM killer; the others pay nothing at promotion.
-	var victims []standbyTask
+	var victims []hot.Task
 	if rec.Resources.MemoryBytes > 0 {
-		victims, err = firstVictims(id, init)
+		var tree []int
+		if tree, _, err = treePids(id, init); err == nil {
+			victims, err = hot.FirstVictims(tree)
+		}
 	}
 	// Recorded before a rollback can promote it, so that the promotion
 	// itself writes nothing more than it did without the record.
 	var key string
 	if err == nil {
-		key, err = m.recordTakeover(id, "standby-"+newID(), takeoverRec{Init: init, Path: root, Head: ck.ID})
+		key, err = m.recordTakeover(id, "standby-"+newID(), hot.Record{Init: init, Path: root, Head: ck.ID})
 	}
 	if err != nil {
 		_ = init.Signal(unix.SIGKILL)
@@ -388,16 +241,8 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 		_ = removeTree(root)
 		return false, err
 	}
-	m.sby.mu.Lock()
-	if m.sby.m == nil {
-		m.sby.m = map[string]map[string]*standby{}
-	}
-	if m.sby.m[id] == nil {
-		m.sby.m[id] = map[string]*standby{}
-	}
-	m.sby.m[id][ck.ID] = &standby{sandbox: id, ck: ck.ID, init: init, root: root, bytes: ck.ImageBytes, key: key,
-		room: roomKey, tasks: victims, oomSeen: oomSeen}
-	m.sby.mu.Unlock()
+	m.sby.Put(&standby{Sandbox: id, Checkpoint: ck.ID, Init: init, Root: root, Bytes: ck.ImageBytes, Key: key,
+		Room: roomKey, Tasks: victims, OOMSeen: oomSeen})
 	return len(missing) > 1, nil
 }
 
@@ -405,17 +250,17 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 // killed, the standby's tasks continue, its root becomes the sandbox's.
 // Caller holds the sandbox lock and has taken s out of the pool.
 func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec, s *standby) (v1.RollbackResult, error) {
-	if !s.init.Alive() {
+	if !s.Init.Alive() {
 		m.discard(s, false)
 		return v1.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
 	}
 	// A task of it may have met the OOM killer (its first choice in the
 	// cgroup) since watchRooms last looked.
-	if len(s.tasks) > 0 && m.oomKills(rec.ID) != s.oomSeen && !s.intact() {
+	if len(s.Tasks) > 0 && m.oomKills(rec.ID) != s.OOMSeen && !s.Intact() {
 		m.discard(s, true)
 		return v1.RollbackResult{}, fmt.Errorf("standby of %s lost a task", ck.ID)
 	}
-	if err := restoreAdj(s.tasks); err != nil {
+	if err := hot.RestoreAdj(s.Tasks); err != nil {
 		m.discard(s, true)
 		return v1.RollbackResult{}, fmt.Errorf("standby of %s: %w", ck.ID, err)
 	}
@@ -423,23 +268,23 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	// The standby runs first; then it takes over (the old tree, in its
 	// own namespaces and on its own root, goes in the background).
 	// The turn inspector follows the standby's tree before it runs.
-	ts := m.turns.Prepare(rec.ID, s.init)
-	if err := continueTree(*rec, s.init, m.ckImages(ck.ID)); err != nil {
+	ts := m.turns.Prepare(rec.ID, s.Init)
+	if err := continueTree(*rec, s.Init, m.ckImages(ck.ID)); err != nil {
 		ts.Abandon()
 		m.discard(s, true)
 		return v1.RollbackResult{}, err
 	}
-	if err := m.takeOver(rec, s.init, s.root); err != nil {
+	if err := m.takeOver(rec, s.Init, s.Root); err != nil {
 		ts.Abandon()
 		m.discard(s, true)
 		return v1.RollbackResult{}, err
 	}
-	rec.Init, rec.State, rec.Reason, rec.Head, rec.IDs = s.init, v1.StateRunning, "", ck.ID, ck.IDs
+	rec.Init, rec.State, rec.Reason, rec.Head, rec.IDs = s.Init, v1.StateRunning, "", ck.ID, ck.IDs
 	// The promoted tree is charged as the tree it replaces: the room
 	// goes once that one has exited.
-	m.releaseWhenGone(rec.ID, s.room, old)
+	m.releaseWhenGone(rec.ID, s.Room, old)
 	ts.BaselineAsync()
-	if err := m.commitTakeover(*rec, s.key); err != nil {
+	if err := m.commitTakeover(*rec, s.Key); err != nil {
 		return v1.RollbackResult{}, err
 	}
 	return v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierHot}, nil
@@ -450,19 +295,19 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 // the fork's identity is written, the stopped tree moves into the new
 // cgroup, gets the fork's hostname and continues.
 func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (sandbox.Init, error) {
-	if !s.init.Alive() {
-		return sandbox.Init{}, fmt.Errorf("standby of %s is gone", s.ck)
+	if !s.Init.Alive() {
+		return sandbox.Init{}, fmt.Errorf("standby of %s is gone", s.Checkpoint)
 	}
-	if len(s.tasks) > 0 && m.oomKills(s.sandbox) != s.oomSeen && !s.intact() {
-		return sandbox.Init{}, fmt.Errorf("standby of %s lost a task", s.ck)
+	if len(s.Tasks) > 0 && m.oomKills(s.Sandbox) != s.OOMSeen && !s.Intact() {
+		return sandbox.Init{}, fmt.Errorf("standby of %s lost a task", s.Checkpoint)
 	}
-	if err := restoreAdj(s.tasks); err != nil {
-		return sandbox.Init{}, fmt.Errorf("standby of %s: %w", s.ck, err)
+	if err := hot.RestoreAdj(s.Tasks); err != nil {
+		return sandbox.Init{}, fmt.Errorf("standby of %s: %w", s.Checkpoint, err)
 	}
 	if err := m.withHeadroom(*rec, func() error { return sandbox.WriteIdentity(m.sbRoot(rec.ID), rec.Hostname, rec.MachineID) }); err != nil {
 		return sandbox.Init{}, err
 	}
-	tree, _, err := treePids(s.sandbox, s.init)
+	tree, _, err := treePids(s.Sandbox, s.Init)
 	if err != nil {
 		return sandbox.Init{}, err
 	}
@@ -471,18 +316,18 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 			return sandbox.Init{}, fmt.Errorf("move standby process %d: %w", pid, err)
 		}
 	}
-	if err := sandbox.SetHostname(s.init.Pid, rec.Hostname); err != nil {
+	if err := sandbox.SetHostname(s.Init.Pid, rec.Hostname); err != nil {
 		return sandbox.Init{}, err
 	}
-	if err := continueTree(*rec, s.init, m.ckImages(s.ck)); err != nil {
+	if err := continueTree(*rec, s.Init, m.ckImages(s.Checkpoint)); err != nil {
 		return sandbox.Init{}, err
 	}
 	// The moved tree's memory stays charged to the sandbox it was
 	// restored in (the kernel moves no charges), whose room therefore
 	// stays until the tree exits.
-	m.releaseWhenGone(s.sandbox, s.room, s.init)
-	s.room = ""
-	return s.init, nil
+	m.releaseWhenGone(s.Sandbox, s.Room, s.Init)
+	s.Room = ""
+	return s.Init, nil
 }
 
 // continueTree sends SIGCONT to every process of the sandbox's cgroup

@@ -246,10 +246,7 @@ func (m *Manager) awaitStandbyFor(t *testing.T, id, ck, tier string) error {
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		m.sby.mu.Lock()
-		s := m.sby.m[id][ck]
-		m.sby.mu.Unlock()
-		if s != nil {
+		if s := m.sby.Get(id, ck); s != nil {
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
