@@ -5,7 +5,7 @@ GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all deps build demo test lint fuzz race-core bench-fs clean
+.PHONY: all deps build demo test lint lint-bpf fuzz race-core bench-fs clean
 
 all: build
 
@@ -62,7 +62,7 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime "$$budget" -timeout 0 "$$pkg" | grep -v '^fuzz: elapsed:' || exit 1; \
 	done
 
-lint:
+lint: lint-bpf
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting" >&2; exit 1; }
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
@@ -70,6 +70,17 @@ lint:
 	@# what its source builds to (the build is reproducible).
 	@tmp=$$(mktemp) && musl-gcc -static -Os -s -Wall -Wextra -Werror -o $$tmp internal/pid1/csrc/pid1.c && \
 		if ! cmp -s $$tmp internal/pid1/pid1.bin; then rm -f $$tmp; echo "internal/pid1/pid1.bin is not built from csrc/pid1.c: run go generate ./internal/pid1" >&2; exit 1; fi; rm -f $$tmp
+
+# internal/inspect's BPF object and its Go binding are committed too, and
+# must be what bpf2go makes of bpf/ (reproducible with Debian 12's clang
+# 14; another clang emits other bytes).
+lint-bpf:
+	@tmp=$$(mktemp -d) && \
+		if ! MOLT_BPF2GO_OUT=$$tmp BPF2GO_CC=clang-14 BPF2GO_STRIP=llvm-strip-14 $(GO) generate ./internal/inspect; then rm -rf $$tmp; echo "bpf2go failed (scripts/deps.sh installs clang-14)" >&2; exit 1; fi; \
+		for f in inspect_x86_bpfel.o inspect_x86_bpfel.go; do \
+			if ! cmp -s $$tmp/$$f internal/inspect/$$f; then rm -rf $$tmp; echo "internal/inspect/$$f is not generated from bpf/: run go generate ./internal/inspect" >&2; exit 1; fi; \
+		done; \
+		if [ "$$(ls $$tmp | wc -l)" != 2 ]; then ls $$tmp >&2; rm -rf $$tmp; echo "bpf2go generated other files than the two committed" >&2; exit 1; fi; rm -rf $$tmp
 
 race-core: build
 	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 30m -skip '^TestProcessStateConformance$$' ./internal/core

@@ -3,7 +3,8 @@
 // ($MOLT_SOCKET, else /run/molt/molt.sock).
 //
 // Errors from the daemon are *APIError values; errors.Is(err, ErrNotFound)
-// and the other kind sentinels work on them.
+// and the other kind sentinels (api/v1's, under the same names) work on
+// them.
 package client
 
 import (
@@ -28,24 +29,17 @@ import (
 const DefaultSocket = "/run/molt/molt.sock"
 
 // Error kinds, matched with errors.Is against errors the client returns.
+// They are api/v1's sentinels (the daemon's engine wraps the same values),
+// so either name matches.
 var (
-	ErrNotFound           = errors.New("not found")
-	ErrAlreadyExists      = errors.New("already exists")
-	ErrInvalidArgument    = errors.New("invalid argument")
-	ErrFailedPrecondition = errors.New("failed precondition")
-	ErrUnavailable        = errors.New("unavailable")
-	ErrNotSupported       = errors.New("not supported")
-	ErrResourceExhausted  = errors.New("resource exhausted")
+	ErrNotFound           = v1.ErrNotFound
+	ErrAlreadyExists      = v1.ErrAlreadyExists
+	ErrInvalidArgument    = v1.ErrInvalidArgument
+	ErrFailedPrecondition = v1.ErrFailedPrecondition
+	ErrUnavailable        = v1.ErrUnavailable
+	ErrNotSupported       = v1.ErrNotSupported
+	ErrResourceExhausted  = v1.ErrResourceExhausted
 )
-
-var kinds = map[string]error{
-	"not_found": ErrNotFound, "already_exists": ErrAlreadyExists,
-	"invalid_argument": ErrInvalidArgument, "failed_precondition": ErrFailedPrecondition,
-	"unavailable": ErrUnavailable, "not_supported": ErrNotSupported,
-	"resource_exhausted": ErrResourceExhausted,
-	// A request the daemon has no such method for is a caller's mistake.
-	"method_not_allowed": ErrInvalidArgument,
-}
 
 // APIError is an error reported by the daemon.
 type APIError struct {
@@ -58,8 +52,9 @@ type APIError struct {
 
 func (e *APIError) Error() string { return e.Message }
 
-// Unwrap returns the kind sentinel, so errors.Is works.
-func (e *APIError) Unwrap() error { return kinds[e.Kind] }
+// Unwrap returns the kind's sentinel (v1.KindSentinel), so errors.Is
+// works.
+func (e *APIError) Unwrap() error { return v1.KindSentinel(e.Kind) }
 
 // Client talks to one daemon. Its zero value is ready to use.
 type Client struct {
@@ -149,7 +144,7 @@ func decodeError(resp *http.Response) error {
 	var e v1.Error
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if json.Unmarshal(b, &e) != nil || e.Message == "" {
-		return &APIError{Status: resp.StatusCode, Kind: "internal", Message: fmt.Sprintf("daemon answered %s: %s", resp.Status, strings.TrimSpace(string(b)))}
+		return &APIError{Status: resp.StatusCode, Kind: v1.ErrKindInternal, Message: fmt.Sprintf("daemon answered %s: %s", resp.Status, strings.TrimSpace(string(b)))}
 	}
 	return &APIError{Status: resp.StatusCode, Kind: e.Kind, Message: e.Message, Candidates: e.Candidates}
 }

@@ -29,16 +29,39 @@ func serve(t *testing.T, status int, body any) *Client {
 	return New(sock)
 }
 
+// Every wire kind comes back as the sentinel the daemon's engine wrapped:
+// api/v1's value, under the client's name and under api/v1's.
 func TestErrorKindsSurviveTheWire(t *testing.T) {
-	for kind, sentinel := range kinds {
-		c := serve(t, 418, v1.Error{Kind: kind, Message: "sandbox x: " + kind})
-		_, err := c.Sandbox(context.Background(), "x")
-		if !errors.Is(err, sentinel) {
-			t.Errorf("kind %s: errors.Is(%v, %v) is false", kind, err, sentinel)
+	for _, c := range []struct {
+		kind           string
+		client, shared error
+	}{
+		{v1.ErrKindNotFound, ErrNotFound, v1.ErrNotFound},
+		{v1.ErrKindAlreadyExists, ErrAlreadyExists, v1.ErrAlreadyExists},
+		{v1.ErrKindInvalidArgument, ErrInvalidArgument, v1.ErrInvalidArgument},
+		{v1.ErrKindFailedPrecondition, ErrFailedPrecondition, v1.ErrFailedPrecondition},
+		{v1.ErrKindUnavailable, ErrUnavailable, v1.ErrUnavailable},
+		{v1.ErrKindNotSupported, ErrNotSupported, v1.ErrNotSupported},
+		{v1.ErrKindResourceExhausted, ErrResourceExhausted, v1.ErrResourceExhausted},
+		// A request the daemon has no such method for is a caller's mistake.
+		{v1.ErrKindMethodNotAllowed, ErrInvalidArgument, v1.ErrInvalidArgument},
+	} {
+		cl := serve(t, 418, v1.Error{Kind: c.kind, Message: "sandbox x: " + c.kind})
+		_, err := cl.Sandbox(context.Background(), "x")
+		if !errors.Is(err, c.client) || !errors.Is(err, c.shared) {
+			t.Errorf("kind %s: errors.Is(%v, %v) is false", c.kind, err, c.client)
 		}
 		var ae *APIError
-		if !errors.As(err, &ae) || ae.Status != 418 || ae.Message != "sandbox x: "+kind {
-			t.Errorf("kind %s: %#v", kind, err)
+		if !errors.As(err, &ae) || ae.Status != 418 || ae.Message != "sandbox x: "+c.kind {
+			t.Errorf("kind %s: %#v", c.kind, err)
+		}
+	}
+	// An internal error, or a kind this client does not know, is no kind.
+	for _, kind := range []string{v1.ErrKindInternal, "from_the_future"} {
+		_, err := serve(t, 500, v1.Error{Kind: kind, Message: "boom"}).Sandbox(context.Background(), "x")
+		var ae *APIError
+		if !errors.As(err, &ae) || ae.Kind != kind || errors.Unwrap(err) != nil {
+			t.Errorf("kind %s: %#v wraps %v", kind, err, errors.Unwrap(err))
 		}
 	}
 }

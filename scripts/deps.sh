@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what molt needs on a Debian 12 host, idempotently: btrfs-progs
 # (mkfs.btrfs for the loop pool), debootstrap (images), musl-tools (to
-# check that internal/pid1/pid1.bin is built from its source) and python3
-# (the test processes of internal/template). Needs root.
+# check that internal/pid1/pid1.bin is built from its source), clang-14,
+# llvm-14, libbpf-dev and linux-libc-dev (to check that internal/inspect's
+# BPF object is generated from its source; clang 14 because another
+# version emits other bytes) and python3 (the test processes of
+# internal/template). Needs root.
 set -euo pipefail
 
 need=()
-for pkg in btrfs-progs debootstrap ca-certificates musl-tools python3; do
+for pkg in btrfs-progs debootstrap ca-certificates musl-tools clang-14 llvm-14 libbpf-dev linux-libc-dev python3; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then

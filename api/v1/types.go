@@ -38,10 +38,10 @@ const (
 
 // Error is the body of every non-2xx response.
 type Error struct {
-	// Kind is one of not_found, already_exists, invalid_argument,
-	// failed_precondition, unavailable, not_supported,
-	// resource_exhausted (no space left beyond the daemon's reserve;
-	// HTTP 507), internal.
+	// Kind is one of the ErrKind constants (errors.go): not_found,
+	// already_exists, invalid_argument, failed_precondition, unavailable,
+	// not_supported, resource_exhausted (no space left beyond the
+	// daemon's reserve; HTTP 507), method_not_allowed, internal.
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
 	// Candidates, on an ambiguous reference (invalid_argument), are

@@ -2,31 +2,39 @@
 //
 // Packages wrap one of these sentinels with context ("rollback %s: %w") and
 // callers test the kind with errors.Is. The kinds are mapped to HTTP status
-// codes in exactly one place (internal/httpapi) and back to the same
-// sentinels in the client, so errors.Is works across the API boundary.
+// codes in exactly one place (internal/httpapi); the sentinels are
+// api/v1's, which the client maps each wire kind back to, so errors.Is
+// works across the API boundary with either package's names.
 package errdefs
 
-import "errors"
+import (
+	"errors"
 
+	v1 "github.com/molt-sh/molt/api/v1"
+)
+
+// The sentinels are api/v1's values, not copies: the client returns
+// errors that wrap the same values, so errors.Is(err, ErrNotFound) holds
+// for an error from the engine and for one that crossed the API.
 var (
 	// ErrNotFound: the named object does not exist.
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = v1.ErrNotFound
 	// ErrAlreadyExists: an object with that name or ID already exists.
-	ErrAlreadyExists = errors.New("already exists")
+	ErrAlreadyExists = v1.ErrAlreadyExists
 	// ErrInvalidArgument: the request is malformed or refers to something
 	// that can never be valid (a hostile archive, a bad name).
-	ErrInvalidArgument = errors.New("invalid argument")
+	ErrInvalidArgument = v1.ErrInvalidArgument
 	// ErrFailedPrecondition: the request is valid but the object is not in
 	// a state that allows it (exec in a stopped sandbox).
-	ErrFailedPrecondition = errors.New("failed precondition")
+	ErrFailedPrecondition = v1.ErrFailedPrecondition
 	// ErrUnavailable: a transient condition; retrying may succeed.
-	ErrUnavailable = errors.New("unavailable")
+	ErrUnavailable = v1.ErrUnavailable
 	// ErrNotSupported: this host or build cannot do it; the message says why.
-	ErrNotSupported = errors.New("not supported")
+	ErrNotSupported = v1.ErrNotSupported
 	// ErrResourceExhausted: the host lacks a resource the work needs (disk
 	// space in the pool or under it, beyond the configured reserve).
 	// Retrying once space is freed may succeed.
-	ErrResourceExhausted = errors.New("resource exhausted")
+	ErrResourceExhausted = v1.ErrResourceExhausted
 )
 
 // Kind returns the sentinel that err wraps, or nil if it wraps none. A

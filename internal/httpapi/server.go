@@ -14,13 +14,11 @@ import (
 	"sync"
 
 	v1 "github.com/molt-sh/molt/api/v1"
-	"github.com/molt-sh/molt/internal/coord"
-	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/errdefs"
 )
 
-// Handler returns the API handler for m.
-func Handler(m *core.Manager, co *coord.Coordinator, log *slog.Logger) http.Handler {
+// Handler returns the API handler for the engine m and the LLM endpoints co.
+func Handler(m Engine, co LLMEndpoints, log *slog.Logger) http.Handler {
 	s := &server{m: m, co: co, log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/host", s.host)
@@ -88,7 +86,7 @@ func (e *muxErrorWriter) WriteHeader(code int) {
 		e.replied = true
 		h := e.ResponseWriter.Header()
 		h.Del("X-Content-Type-Options")
-		writeJSON(e.ResponseWriter, code, v1.Error{Kind: "method_not_allowed",
+		writeJSON(e.ResponseWriter, code, v1.Error{Kind: v1.ErrKindMethodNotAllowed,
 			Message: fmt.Sprintf("%s %s: method not allowed (allowed: %s)", e.r.Method, e.r.URL.Path, h.Get("Allow"))})
 	default:
 		e.ResponseWriter.WriteHeader(code)
@@ -103,8 +101,8 @@ func (e *muxErrorWriter) Write(b []byte) (int, error) {
 }
 
 type server struct {
-	m   *core.Manager
-	co  *coord.Coordinator
+	m   Engine
+	co  LLMEndpoints
 	log *slog.Logger
 }
 
@@ -112,24 +110,24 @@ type server struct {
 func Status(err error) (int, string) {
 	switch errdefs.Kind(err) {
 	case errdefs.ErrNotFound:
-		return http.StatusNotFound, "not_found"
+		return http.StatusNotFound, v1.ErrKindNotFound
 	case errdefs.ErrAlreadyExists:
-		return http.StatusConflict, "already_exists"
+		return http.StatusConflict, v1.ErrKindAlreadyExists
 	case errdefs.ErrInvalidArgument:
-		return http.StatusBadRequest, "invalid_argument"
+		return http.StatusBadRequest, v1.ErrKindInvalidArgument
 	case errdefs.ErrFailedPrecondition:
-		return http.StatusPreconditionFailed, "failed_precondition"
+		return http.StatusPreconditionFailed, v1.ErrKindFailedPrecondition
 	case errdefs.ErrUnavailable:
-		return http.StatusServiceUnavailable, "unavailable"
+		return http.StatusServiceUnavailable, v1.ErrKindUnavailable
 	case errdefs.ErrNotSupported:
-		return http.StatusNotImplemented, "not_supported"
+		return http.StatusNotImplemented, v1.ErrKindNotSupported
 	case errdefs.ErrResourceExhausted:
-		return http.StatusInsufficientStorage, "resource_exhausted"
+		return http.StatusInsufficientStorage, v1.ErrKindResourceExhausted
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return http.StatusServiceUnavailable, "unavailable"
+		return http.StatusServiceUnavailable, v1.ErrKindUnavailable
 	}
-	return http.StatusInternalServerError, "internal"
+	return http.StatusInternalServerError, v1.ErrKindInternal
 }
 
 func writeError(w http.ResponseWriter, err error) {

@@ -17,7 +17,7 @@ import (
 )
 
 // openServer serves the API of a fresh Manager (a loop pool, no image, no
-// sandbox): every case below must be refused before the daemon looks
+// sandbox): every case of testBadInput must be refused before the daemon looks
 // anything up, so an answer other than the refusal (such as 404 for the
 // missing sandbox) shows the request got past the check.
 func openServer(t *testing.T) *httptest.Server {
@@ -39,6 +39,17 @@ func openServer(t *testing.T) *httptest.Server {
 	srv := httptest.NewServer(Handler(m, co, log))
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// bothServers runs test against the fake engine (always) and against a
+// fresh core.Manager (as root): the checks are the handlers', and the real
+// engine must answer the requests they let through the same way.
+func bothServers(t *testing.T, test func(t *testing.T, srv *httptest.Server, real bool)) {
+	t.Run("fake", func(t *testing.T) {
+		srv, _ := fakeServer(t)
+		test(t, srv, false)
+	})
+	t.Run("core", func(t *testing.T) { test(t, openServer(t), true) })
 }
 
 type answer struct {
@@ -65,8 +76,10 @@ func call(t *testing.T, srv *httptest.Server, method, path, body string) answer 
 	return a
 }
 
-func TestBadInput(t *testing.T) {
-	srv := openServer(t)
+func TestBadInput(t *testing.T) { bothServers(t, testBadInput) }
+
+// The llm cases are coord's checks: the fake has no coordinator.
+func testBadInput(t *testing.T, srv *httptest.Server, real bool) {
 	cases := []struct {
 		name, method, path, body string
 		want                     string // in the message
@@ -96,6 +109,9 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			if strings.HasPrefix(c.name, "llm ") && !real {
+				t.Skip("the fake has no coordinator")
+			}
 			a := call(t, srv, c.method, c.path, c.body)
 			if a.status != http.StatusBadRequest || a.err.Kind != "invalid_argument" || !strings.Contains(a.err.Message, c.want) {
 				t.Fatalf("%s %s %s: %d %s; want 400 invalid_argument mentioning %q", c.method, c.path, c.body, a.status, a.body, c.want)
@@ -118,8 +134,9 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-func TestMethodNotAllowed(t *testing.T) {
-	srv := openServer(t)
+func TestMethodNotAllowed(t *testing.T) { bothServers(t, testMethodNotAllowed) }
+
+func testMethodNotAllowed(t *testing.T, srv *httptest.Server, _ bool) {
 	for _, c := range []struct{ method, path, allow string }{
 		{"GET", "/v1/sandboxes/x/fork", "POST"},
 		{"PUT", "/v1/sandboxes", "GET, HEAD, POST"},

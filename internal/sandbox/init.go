@@ -374,9 +374,9 @@ func (i Init) Call(ctx context.Context, req sbinit.Request) (sbinit.Response, er
 	if resp.Error != "" {
 		kind := errdefs.ErrFailedPrecondition
 		switch resp.ErrorKind {
-		case "not_found":
+		case v1.ErrKindNotFound:
 			kind = errdefs.ErrNotFound
-		case "invalid_argument":
+		case v1.ErrKindInvalidArgument:
 			kind = errdefs.ErrInvalidArgument
 		}
 		return resp, fmt.Errorf("%s: %w", resp.Error, kind)

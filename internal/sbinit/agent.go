@@ -130,7 +130,7 @@ func (a *Agent) Serve(c net.Conn) {
 	}
 	var req Request
 	if err := json.Unmarshal(payload, &req); err != nil {
-		reply(fw, Response{Error: "decode request: " + err.Error(), ErrorKind: "invalid_argument"})
+		reply(fw, Response{Error: "decode request: " + err.Error(), ErrorKind: v1.ErrKindInvalidArgument})
 		return
 	}
 	switch req.Op {
@@ -138,7 +138,7 @@ func (a *Agent) Serve(c net.Conn) {
 		if req.Detach {
 			pid, err := a.startDetached(req)
 			if err != nil {
-				reply(fw, Response{Error: err.Error(), ErrorKind: "invalid_argument"})
+				reply(fw, Response{Error: err.Error(), ErrorKind: v1.ErrKindInvalidArgument})
 				return
 			}
 			reply(fw, Response{Pid: pid})
@@ -152,7 +152,7 @@ func (a *Agent) Serve(c net.Conn) {
 	case "status":
 		reply(fw, Response{Pid: 1, Sessions: a.sessionList()})
 	default:
-		reply(fw, Response{Error: fmt.Sprintf("unknown op %q", req.Op), ErrorKind: "invalid_argument"})
+		reply(fw, Response{Error: fmt.Sprintf("unknown op %q", req.Op), ErrorKind: v1.ErrKindInvalidArgument})
 	}
 }
 

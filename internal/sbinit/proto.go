@@ -51,7 +51,8 @@ type Request struct {
 // Response answers non-streaming requests.
 type Response struct {
 	Error string `json:"error,omitempty"`
-	// ErrorKind is "not_found" or "invalid_argument" when it applies.
+	// ErrorKind is v1.ErrKindNotFound or v1.ErrKindInvalidArgument when
+	// it applies.
 	ErrorKind string `json:"error_kind,omitempty"`
 
 	Pid int `json:"pid,omitempty"`

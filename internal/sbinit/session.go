@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/pid1"
 )
 
@@ -274,10 +275,10 @@ func findMarker(b []byte, nonce string) (start, end int, rc string) {
 
 func (s *Agent) sessionRun(req Request) Response {
 	if req.Session == "" {
-		return Response{Error: "session name is empty", ErrorKind: "invalid_argument"}
+		return Response{Error: "session name is empty", ErrorKind: v1.ErrKindInvalidArgument}
 	}
 	if strings.IndexByte(req.Command, 0) >= 0 {
-		return Response{Error: "command contains a NUL byte", ErrorKind: "invalid_argument"}
+		return Response{Error: "command contains a NUL byte", ErrorKind: v1.ErrKindInvalidArgument}
 	}
 	ss, err := s.session(req.Session)
 	if err != nil {
@@ -433,7 +434,7 @@ func (s *Agent) sessionClose(name string) Response {
 	delete(s.sessions, name)
 	s.mu.Unlock()
 	if !ok {
-		return Response{Error: fmt.Sprintf("session %q not found", name), ErrorKind: "not_found"}
+		return Response{Error: fmt.Sprintf("session %q not found", name), ErrorKind: v1.ErrKindNotFound}
 	}
 	killBelow(ss.p.hostPid)
 	ss.p.signal(unix.SIGKILL, false)

@@ -1,0 +1,64 @@
+package httpapi
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+)
+
+// Engine is what the handlers need of the daemon's engine (core.Manager
+// is the one in production). Each method takes a sandbox, image or
+// checkpoint reference as given in the path and returns an error that
+// wraps an errdefs kind; the handlers map the kind to the status.
+type Engine interface {
+	Host() v1.Host
+	MetricsHandler() http.Handler
+
+	Images() ([]v1.Image, error)
+	Image(name string) (v1.Image, error)
+	// BuildImage writes progress text to log as it goes.
+	BuildImage(ctx context.Context, req v1.ImageBuildRequest, log io.Writer) (v1.Image, error)
+	ImportImage(ctx context.Context, req v1.ImageImportRequest) (v1.Image, error)
+	RemoveImage(ctx context.Context, name string) error
+
+	Sandboxes() ([]v1.Sandbox, error)
+	Sandbox(ctx context.Context, ref string) (v1.Sandbox, error)
+	Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.Sandbox, error)
+	Remove(ctx context.Context, ref string) error
+	Stop(ctx context.Context, ref string) (v1.Sandbox, error)
+	Start(ctx context.Context, ref string) (v1.Sandbox, error)
+	Hibernate(ctx context.Context, ref string) (v1.Sandbox, error)
+	Resume(ctx context.Context, ref string) (v1.Sandbox, error)
+
+	// Exec starts a command. A detached one returns its pid and no
+	// connection; otherwise the connection carries api/v1 frames to and
+	// from the sandbox's init, and the caller closes it (which kills the
+	// command if it still runs).
+	Exec(ctx context.Context, ref string, req v1.ExecRequest) (int, net.Conn, error)
+	SessionRun(ctx context.Context, ref, session string, req v1.SessionRunRequest) (v1.SessionRunResult, error)
+	SessionClose(ctx context.Context, ref, session string) error
+
+	Checkpoints(ref string) ([]v1.Checkpoint, error)
+	Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error)
+	CheckpointInfo(ref string) (v1.Checkpoint, error)
+	VerifyCheckpoint(ref string) (v1.Checkpoint, error)
+	DeleteCheckpoint(ctx context.Context, ref string) error
+	RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error)
+	// Fork forks the sandbox ref, or req.Checkpoint when ref is "".
+	Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.ForkResult, error)
+
+	EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (v1.TurnResult, error)
+	Turns(ref string) ([]v1.TurnRecord, error)
+}
+
+// LLMEndpoints serves sandboxes' LLM endpoints (coord.Coordinator in
+// production).
+type LLMEndpoints interface {
+	Set(ctx context.Context, ref string, req v1.LLMEndpointRequest) (v1.LLMEndpoint, error)
+	Get(ctx context.Context, ref string) (v1.LLMEndpoint, error)
+	// Remove closes the endpoint of the sandbox with this ID, if any.
+	Remove(id string)
+}

@@ -1,0 +1,146 @@
+package httpapi
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
+)
+
+// fakeEngine is an engine with nothing in it: every call that can fail
+// fails with err, or with not found when err is nil, and is recorded.
+// exec, when set, answers Exec instead.
+type fakeEngine struct {
+	mu    sync.Mutex
+	err   error
+	calls []string
+	exec  func(ref string, req v1.ExecRequest) (int, net.Conn, error)
+}
+
+func (f *fakeEngine) call(name, ref string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, name)
+	if f.err != nil {
+		return f.err
+	}
+	return fmt.Errorf("%s %q: %w", name, ref, errdefs.ErrNotFound)
+}
+
+// called returns the calls so far and forgets them.
+func (f *fakeEngine) called() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.calls
+	f.calls = nil
+	return c
+}
+
+func (f *fakeEngine) setErr(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.err = err
+}
+
+func (f *fakeEngine) Host() v1.Host { return v1.Host{Version: "fake"} }
+func (f *fakeEngine) MetricsHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "fake_metric 1\n") })
+}
+func (f *fakeEngine) Images() ([]v1.Image, error)         { return nil, f.call("Images", "") }
+func (f *fakeEngine) Image(name string) (v1.Image, error) { return v1.Image{}, f.call("Image", name) }
+func (f *fakeEngine) BuildImage(ctx context.Context, req v1.ImageBuildRequest, log io.Writer) (v1.Image, error) {
+	fmt.Fprintf(log, "building %s\n", req.Name)
+	return v1.Image{}, f.call("BuildImage", req.Name)
+}
+func (f *fakeEngine) ImportImage(ctx context.Context, req v1.ImageImportRequest) (v1.Image, error) {
+	return v1.Image{}, f.call("ImportImage", req.Name)
+}
+func (f *fakeEngine) RemoveImage(ctx context.Context, name string) error {
+	return f.call("RemoveImage", name)
+}
+func (f *fakeEngine) Sandboxes() ([]v1.Sandbox, error) { return nil, f.call("Sandboxes", "") }
+func (f *fakeEngine) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
+	return v1.Sandbox{}, f.call("Sandbox", ref)
+}
+func (f *fakeEngine) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.Sandbox, error) {
+	return v1.Sandbox{}, f.call("Create", req.Image)
+}
+func (f *fakeEngine) Remove(ctx context.Context, ref string) error { return f.call("Remove", ref) }
+func (f *fakeEngine) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
+	return v1.Sandbox{}, f.call("Stop", ref)
+}
+func (f *fakeEngine) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
+	return v1.Sandbox{}, f.call("Start", ref)
+}
+func (f *fakeEngine) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error) {
+	return v1.Sandbox{}, f.call("Hibernate", ref)
+}
+func (f *fakeEngine) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
+	return v1.Sandbox{}, f.call("Resume", ref)
+}
+func (f *fakeEngine) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int, net.Conn, error) {
+	err := f.call("Exec", ref)
+	if f.exec != nil {
+		return f.exec(ref, req)
+	}
+	return 0, nil, err
+}
+func (f *fakeEngine) SessionRun(ctx context.Context, ref, session string, req v1.SessionRunRequest) (v1.SessionRunResult, error) {
+	return v1.SessionRunResult{}, f.call("SessionRun", ref)
+}
+func (f *fakeEngine) SessionClose(ctx context.Context, ref, session string) error {
+	return f.call("SessionClose", ref)
+}
+func (f *fakeEngine) Checkpoints(ref string) ([]v1.Checkpoint, error) {
+	return nil, f.call("Checkpoints", ref)
+}
+func (f *fakeEngine) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error) {
+	return v1.Checkpoint{}, f.call("Checkpoint", ref)
+}
+func (f *fakeEngine) CheckpointInfo(ref string) (v1.Checkpoint, error) {
+	return v1.Checkpoint{}, f.call("CheckpointInfo", ref)
+}
+func (f *fakeEngine) VerifyCheckpoint(ref string) (v1.Checkpoint, error) {
+	return v1.Checkpoint{}, f.call("VerifyCheckpoint", ref)
+}
+func (f *fakeEngine) DeleteCheckpoint(ctx context.Context, ref string) error {
+	return f.call("DeleteCheckpoint", ref)
+}
+func (f *fakeEngine) RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error) {
+	return v1.RollbackResult{}, f.call("RollbackWith", ref)
+}
+func (f *fakeEngine) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.ForkResult, error) {
+	return v1.ForkResult{}, f.call("Fork", ref+req.Checkpoint)
+}
+func (f *fakeEngine) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (v1.TurnResult, error) {
+	return v1.TurnResult{}, f.call("EndTurn", ref)
+}
+func (f *fakeEngine) Turns(ref string) ([]v1.TurnRecord, error) { return nil, f.call("Turns", ref) }
+
+// fakeLLM is the fake's LLM endpoints, failing the same way.
+type fakeLLM struct{ f *fakeEngine }
+
+func (l fakeLLM) Set(ctx context.Context, ref string, req v1.LLMEndpointRequest) (v1.LLMEndpoint, error) {
+	return v1.LLMEndpoint{}, l.f.call("LLM.Set", ref)
+}
+func (l fakeLLM) Get(ctx context.Context, ref string) (v1.LLMEndpoint, error) {
+	return v1.LLMEndpoint{}, l.f.call("LLM.Get", ref)
+}
+func (l fakeLLM) Remove(id string) { _ = l.f.call("LLM.Remove", id) }
+
+// fakeServer serves the API of an empty fake engine.
+func fakeServer(t *testing.T) (*httptest.Server, *fakeEngine) {
+	t.Helper()
+	f := &fakeEngine{}
+	srv := httptest.NewServer(Handler(f, fakeLLM{f}, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	t.Cleanup(srv.Close)
+	return srv, f
+}
