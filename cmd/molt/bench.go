@@ -14,6 +14,8 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// benchCmd is molt bench: the flags of the benchmark daemon, shared by
+// every benchmark, and one subcommand per benchmark.
 func benchCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "Benchmarks that print molt next to baselines from one run"}
 	c.PersistentFlags().IntVar(&benchNodeSize, "pool-node-size", 0, "the benchmark daemon's pool node size in bytes (0: the default, 8192)")
@@ -23,6 +25,13 @@ func benchCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().StringVar(&benchSeccomp, "seccomp", v1.SeccompDefault, "the benchmark daemon's --seccomp-default: the system call filter of the sandboxes measured (default or unconfined)")
 	c.PersistentFlags().BoolVar(&benchHardening, "hardening", true, "false switches off the hardening that can be switched off, to measure its cost: no seccomp filter, no default memory, pids or CPU limits, no disk quotas (masks, dropped capabilities, the device filter and the cgroup namespace stay)")
 	c.PersistentFlags().BoolVar(&benchDynMods, "cgroup-favordynmods", true, "the benchmark daemon's --cgroup-favordynmods; false also clears the option on the host's cgroup2 mount first")
+	c.AddCommand(benchFSCmd(g), benchCRCmd(g), benchRollbackCmd(g), benchSearchCmd(g), benchForkCmd(g), turnsBenchCmd(g))
+	return c
+}
+
+// benchFSCmd is molt bench fs: filesystem checkpoint and rollback
+// next to copies and tar of the same root.
+func benchFSCmd(g *globals) *cobra.Command {
 	var iters, baseIters, files int
 	var sizes []string
 	var dir, cacheDir string
@@ -65,6 +74,13 @@ func benchCmd(g *globals) *cobra.Command {
 	fs.Flags().StringSliceVar(&sizes, "sizes", []string{"10M", "1G"}, "data sizes")
 	fs.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	fs.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
+	return fs
+}
+
+// benchCRCmd is molt bench cr: full checkpoint and rollback next to
+// plain criu dump and restore with a root copy.
+func benchCRCmd(g *globals) *cobra.Command {
+	var dir, cacheDir string
 	var crIters, heap int
 	var criuPath string
 	cr := &cobra.Command{
@@ -98,6 +114,14 @@ func benchCmd(g *globals) *cobra.Command {
 	cr.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	cr.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	cr.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
+	return cr
+}
+
+// benchRollbackCmd is molt bench rollback: the latency of each
+// rollback tier next to the cold baselines.
+func benchRollbackCmd(g *globals) *cobra.Command {
+	var heap int
+	var criuPath, dir, cacheDir string
 	var rbIters, restarts, faultRounds int
 	var seed int64
 	rb := &cobra.Command{
@@ -129,6 +153,14 @@ func benchCmd(g *globals) *cobra.Command {
 	rb.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	rb.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	rb.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
+	return rb
+}
+
+// benchSearchCmd is molt bench search: nodes a seeded tree search
+// expands per minute with molt and with the baselines.
+func benchSearchCmd(g *globals) *cobra.Command {
+	var seed int64
+	var criuPath, dir, cacheDir string
 	var budget time.Duration
 	var rounds int
 	search := &cobra.Command{
@@ -163,6 +195,14 @@ func benchCmd(g *globals) *cobra.Command {
 	search.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	search.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	search.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
+	return search
+}
+
+// benchForkCmd is molt bench fork: forks per second of one full
+// checkpoint next to root copies restored with criu.
+func benchForkCmd(g *globals) *cobra.Command {
+	var heap int
+	var criuPath, dir, cacheDir string
 	var forkN, forkRounds int
 	fk := &cobra.Command{
 		Use:   "fork",
@@ -190,8 +230,7 @@ func benchCmd(g *globals) *cobra.Command {
 	fk.Flags().StringVar(&criuPath, "criu", core.DefaultCriuPath, "criu for the baseline")
 	fk.Flags().StringVar(&dir, "dir", "/var/tmp", "where the temporary state root goes")
 	fk.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "debootstrap cache")
-	c.AddCommand(fs, cr, rb, search, fk, turnsBenchCmd(g))
-	return c
+	return fk
 }
 
 // withDaemon runs fn against an ephemeral daemon on a temporary root

@@ -31,9 +31,13 @@ func demoCmd(g *globals) *cobra.Command {
 	return c
 }
 
+// demo is the scripted session: the daemon's client and the IDs one
+// step hands to later ones.
 type demo struct {
 	ctx context.Context
 	c   *client.Client
+
+	sb, ck1, ck2, ckFull string
 }
 
 // demoStep is one line of the demo's report.
@@ -52,7 +56,7 @@ func say(g *globals, format string, a ...any) {
 }
 
 // turn ends the sandbox's turn and says what the inspector decided.
-func (d demo) turn(sb string) (string, error) {
+func (d *demo) turn(sb string) (string, error) {
 	r, err := d.c.EndTurn(d.ctx, sb, v1.TurnRequest{})
 	if err != nil {
 		if errors.Is(err, client.ErrNotSupported) {
@@ -74,7 +78,7 @@ func (d demo) turn(sb string) (string, error) {
 	return fmt.Sprintf("turn %d: %s, %s (%s)", r.Turn, r.Decision, ck, why), nil
 }
 
-func (d demo) session(sb, text string) (string, error) {
+func (d *demo) session(sb, text string) (string, error) {
 	r, err := d.c.SessionRun(d.ctx, sb, "agent", v1.SessionRunRequest{Command: text})
 	if err != nil {
 		return "", err
@@ -114,47 +118,61 @@ func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) 
 		return err
 	}
 	say(g, "daemon on %s, pool %s (loop file: %v), cgroup %s\n\n", e.Root, h.Pool.Dir, h.Pool.Loop, h.Cgroup)
-	d := demo{ctx: ctx, c: e.Client}
-	var sb, ck1, ck2, ckFull string
-	steps := []struct {
-		what string
-		f    func() (string, error)
-	}{
+	d := &demo{ctx: ctx, c: e.Client}
+	var script []demoAction
+	script = append(script, d.filesScript()...)
+	script = append(script, d.turnsScript()...)
+	script = append(script, d.processesScript()...)
+	report, err = runDemoScript(g, script)
+	return err
+}
+
+// demoAction is one step of the demo's script: what the report calls it
+// and what it does.
+type demoAction struct {
+	what string
+	f    func() (string, error)
+}
+
+// filesScript is the filesystem part of the demo: an image, a sandbox,
+// fs checkpoints, a rollback and a fork.
+func (d *demo) filesScript() []demoAction {
+	return []demoAction{
 		{"image build default (debootstrap, cached)", func() (string, error) {
-			img, err := d.c.BuildImage(ctx, v1.ImageBuildRequest{Name: "default"}, func(l string) {})
+			img, err := d.c.BuildImage(d.ctx, v1.ImageBuildRequest{Name: "default"}, func(l string) {})
 			return img.Source, err
 		}},
 		{"create sandbox", func() (string, error) {
-			s, err := d.c.Create(ctx, v1.SandboxCreateRequest{Image: "default", Name: "agent"})
-			sb = s.ID
+			s, err := d.c.Create(d.ctx, v1.SandboxCreateRequest{Image: "default", Name: "agent"})
+			d.sb = s.ID
 			return "id " + s.ID + ", hostname " + s.Hostname, err
 		}},
 		{"agent: set up a project", func() (string, error) {
-			return d.session(sb, `mkdir -p /work/app && cd /work/app && export STAGE=setup && printf 'print("v1")\n' > main.py && python3 main.py`)
+			return d.session(d.sb, `mkdir -p /work/app && cd /work/app && export STAGE=setup && printf 'print("v1")\n' > main.py && python3 main.py`)
 		}},
 		{"checkpoint --kind fs (label: v1)", func() (string, error) {
-			ck, err := d.c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFS, Label: "v1"})
-			ck1 = ck.ID
+			ck, err := d.c.Checkpoint(d.ctx, d.sb, v1.CheckpointRequest{Kind: v1.KindFS, Label: "v1"})
+			d.ck1 = ck.ID
 			return fmt.Sprintf("%s, stall %.2f ms", ck.ID, ck.StallMS), err
 		}},
-		{"agent: session state persists", func() (string, error) { return d.session(sb, `echo "cwd=$(pwd) STAGE=$STAGE"`) }},
+		{"agent: session state persists", func() (string, error) { return d.session(d.sb, `echo "cwd=$(pwd) STAGE=$STAGE"`) }},
 		{"agent: edit, delete, install (a bad turn)", func() (string, error) {
-			return d.session(sb, `printf 'print("v2: broken")\n' > main.py && rm -rf /usr/share/doc && touch junk && python3 main.py`)
+			return d.session(d.sb, `printf 'print("v2: broken")\n' > main.py && rm -rf /usr/share/doc && touch junk && python3 main.py`)
 		}},
 		{"checkpoint --kind fs (label: v2)", func() (string, error) {
-			ck, err := d.c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFS, Label: "v2"})
-			ck2 = ck.ID
+			ck, err := d.c.Checkpoint(d.ctx, d.sb, v1.CheckpointRequest{Kind: v1.KindFS, Label: "v2"})
+			d.ck2 = ck.ID
 			return fmt.Sprintf("%s, stall %.2f ms", ck.ID, ck.StallMS), err
 		}},
 		{"rollback to v1", func() (string, error) {
-			r, err := d.c.Rollback(ctx, sb, ck1)
+			r, err := d.c.Rollback(d.ctx, d.sb, d.ck1)
 			return fmt.Sprintf("tier %s, processes restarted: %v", r.Tier, r.ProcessesRestarted), err
 		}},
 		{"agent: files are back", func() (string, error) {
-			return d.session(sb, `cd /work/app && python3 main.py && ls && ls /usr/share/doc | wc -l`)
+			return d.session(d.sb, `cd /work/app && python3 main.py && ls && ls /usr/share/doc | wc -l`)
 		}},
 		{"fork v2 -n 3", func() (string, error) {
-			r, err := d.c.ForkCheckpoint(ctx, ck2, 3)
+			r, err := d.c.ForkCheckpoint(d.ctx, d.ck2, 3)
 			var ids []string
 			for _, s := range r.Sandboxes {
 				ids = append(ids, s.ID)
@@ -162,13 +180,13 @@ func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) 
 			return fmt.Sprintf("%s (%.0f forks/s)", strings.Join(ids, " "), r.ForksPerSecond), err
 		}},
 		{"forks are independent", func() (string, error) {
-			l, err := d.c.Sandboxes(ctx)
+			l, err := d.c.Sandboxes(d.ctx)
 			if err != nil {
 				return "", err
 			}
 			var outs []string
 			for i, s := range l {
-				if s.ID == sb {
+				if s.ID == d.sb {
 					continue
 				}
 				o, err := d.session(s.ID, fmt.Sprintf(`echo fork%d > /work/app/who; hostname; cat /work/app/who`, i))
@@ -179,55 +197,69 @@ func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) 
 			}
 			return strings.Join(outs, "; "), nil
 		}},
-		{"turn (auto): end the agent's turn", func() (string, error) { return d.turn(sb) }},
+	}
+}
+
+// turnsScript is the demo's turn ends: the inspector deciding after a
+// read-only turn and after an editing one.
+func (d *demo) turnsScript() []demoAction {
+	return []demoAction{
+		{"turn (auto): end the agent's turn", func() (string, error) { return d.turn(d.sb) }},
 		{"agent: a read-only turn (cat, ls, grep)", func() (string, error) {
-			return d.session(sb, `cat /work/app/main.py >/dev/null; ls /work/app; grep -c print /work/app/main.py`)
+			return d.session(d.sb, `cat /work/app/main.py >/dev/null; ls /work/app; grep -c print /work/app/main.py`)
 		}},
-		{"turn (auto)", func() (string, error) { return d.turn(sb) }},
+		{"turn (auto)", func() (string, error) { return d.turn(d.sb) }},
 		{"agent: an editing turn", func() (string, error) {
-			return d.session(sb, `printf 'print("v3")\n' > /work/app/main.py && python3 -B /work/app/main.py`)
+			return d.session(d.sb, `printf 'print("v3")\n' > /work/app/main.py && python3 -B /work/app/main.py`)
 		}},
-		{"turn (auto)", func() (string, error) { return d.turn(sb) }},
+		{"turn (auto)", func() (string, error) { return d.turn(d.sb) }},
+	}
+}
+
+// processesScript is the full (process) part of the demo: a running
+// counter and a shell captured, changed and rolled back, then the tree.
+func (d *demo) processesScript() []demoAction {
+	return []demoAction{
 		{"agent: start a counter in the background", func() (string, error) {
-			_, err := d.c.ExecDetached(ctx, sb, v1.ExecRequest{Args: []string{"python3", "-c",
+			_, err := d.c.ExecDetached(d.ctx, d.sb, v1.ExecRequest{Args: []string{"python3", "-c",
 				"import time\nn = 0\nwhile True:\n    n += 1\n    open('/tmp/count', 'w').write(str(n))\n    time.sleep(0.1)"}})
 			if err != nil {
 				return "", err
 			}
 			time.Sleep(500 * time.Millisecond)
-			return d.session(sb, `export MOOD=calm; echo "count $(cat /tmp/count)"`)
+			return d.session(d.sb, `export MOOD=calm; echo "count $(cat /tmp/count)"`)
 		}},
 		{"checkpoint --kind full (label: live)", func() (string, error) {
-			ck, err := d.c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Label: "live", Wait: true})
+			ck, err := d.c.Checkpoint(d.ctx, d.sb, v1.CheckpointRequest{Kind: v1.KindFull, Label: "live", Wait: true})
 			if err != nil {
 				if errors.Is(err, client.ErrNotSupported) {
 					return "skipped: " + err.Error(), nil
 				}
 				return "", err
 			}
-			ckFull = ck.ID
+			d.ckFull = ck.ID
 			return fmt.Sprintf("%s, stall %.1f ms, %s written", ck.ID, ck.StallMS, human(ck.BytesWritten)), nil
 		}},
 		{"agent: 1 s later, kill the counter, change the shell", func() (string, error) {
 			time.Sleep(time.Second)
-			return d.session(sb, `pkill -f count; export MOOD=angry; echo "count $(cat /tmp/count), MOOD=$MOOD"`)
+			return d.session(d.sb, `pkill -f count; export MOOD=angry; echo "count $(cat /tmp/count), MOOD=$MOOD"`)
 		}},
 		{"rollback to live (files and processes)", func() (string, error) {
-			if ckFull == "" {
+			if d.ckFull == "" {
 				return "skipped", nil
 			}
-			r, err := d.c.Rollback(ctx, sb, ckFull)
+			r, err := d.c.Rollback(d.ctx, d.sb, d.ckFull)
 			return fmt.Sprintf("tier %s in %.1f ms", r.Tier, r.DurationMS), err
 		}},
 		{"agent: counter and shell are back", func() (string, error) {
-			if ckFull == "" {
+			if d.ckFull == "" {
 				return "skipped", nil
 			}
 			time.Sleep(300 * time.Millisecond)
-			return d.session(sb, `echo "count $(cat /tmp/count) and counting, MOOD=$MOOD"`)
+			return d.session(d.sb, `echo "count $(cat /tmp/count) and counting, MOOD=$MOOD"`)
 		}},
 		{"checkpoint tree of the sandbox", func() (string, error) {
-			l, err := d.c.Checkpoints(ctx, sb)
+			l, err := d.c.Checkpoints(d.ctx, d.sb)
 			var s []string
 			for _, c := range l {
 				s = append(s, fmt.Sprintf("%s[%s]<-%s", c.ID, c.Label, dash(c.Parent)))
@@ -235,7 +267,13 @@ func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) 
 			return strings.Join(s, " "), err
 		}},
 	}
-	for _, s := range steps {
+}
+
+// runDemoScript runs the steps in order, printing a line for each, and
+// stops at the first that fails; the report holds every step run.
+func runDemoScript(g *globals, script []demoAction) ([]demoStep, error) {
+	var report []demoStep
+	for _, s := range script {
 		t0 := time.Now()
 		out, err := s.f()
 		st := demoStep{Step: s.what, MS: float64(time.Since(t0).Microseconds()) / 1000, Output: out}
@@ -243,10 +281,10 @@ func runDemo(ctx context.Context, g *globals, dir, cacheDir string) (err error) 
 			st.Error = err.Error()
 			report = append(report, st)
 			say(g, "  %-52s FAILED after %.2f ms: %v\n", st.Step, st.MS, err)
-			return err
+			return report, err
 		}
 		report = append(report, st)
 		say(g, "  %-52s %9.2f ms  %s\n", st.Step, st.MS, out)
 	}
-	return nil
+	return report, nil
 }

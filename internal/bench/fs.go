@@ -69,7 +69,34 @@ func RunFS(ctx context.Context, e *daemon.Ephemeral, cfg FSConfig) (FSResult, er
 		if err != nil {
 			return res, err
 		}
-		fill := fmt.Sprintf(`import os
+		if err := fillFS(ctx, c, sb.ID, cfg.Files, size); err != nil {
+			return res, err
+		}
+		root := filepath.Join(h.Pool.Dir, "sandboxes", sb.ID, "root")
+		if err := measureFS(ctx, c, sb.ID, cfg, size, progress, &res); err != nil {
+			return res, err
+		}
+		// Baselines on the same root (the sandbox is stopped, so the tree
+		// is quiescent), written to the same filesystem.
+		work := filepath.Join(h.Pool.Dir, "tmp", "bench-"+sb.ID)
+		if err := os.MkdirAll(work, 0o700); err != nil {
+			return res, err
+		}
+		if err := measureFSBaselines(root, work, cfg, size, progress, &res); err != nil {
+			return res, err
+		}
+		_ = os.RemoveAll(work)
+		if err := c.Remove(ctx, sb.ID); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// fillFS writes size bytes of random data in files files under /data of
+// the sandbox.
+func fillFS(ctx context.Context, c *client.Client, sb string, files int, size int64) error {
+	fill := fmt.Sprintf(`import os
 n, size = %d, %d
 per = size // n
 buf = os.urandom(1 << 20)
@@ -83,102 +110,102 @@ for i in range(n):
             k = min(left, len(buf))
             f.write(buf[(i * 4096) %% (len(buf) - k + 1):][:k])
             left -= k
-`, cfg.Files, size)
-		if err := run(ctx, c, sb.ID, "python3", "-c", fill); err != nil {
-			return res, fmt.Errorf("fill: %w", err)
-		}
-		root := filepath.Join(h.Pool.Dir, "sandboxes", sb.ID, "root")
+`, files, size)
+	if err := run(ctx, c, sb, "python3", "-c", fill); err != nil {
+		return fmt.Errorf("fill: %w", err)
+	}
+	return nil
+}
 
-		var ckS, stallS, rbS, rbStopped Sample
-		var first string
-		for i := 0; i < cfg.Iterations; i++ {
-			if err := run(ctx, c, sb.ID, "bash", "-c", fmt.Sprintf("echo %d >> /data/000/f00000", i)); err != nil {
-				return res, err
-			}
-			t0 := time.Now()
-			ck, err := c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFS})
-			if err != nil {
-				return res, err
-			}
-			ckS = append(ckS, time.Since(t0))
-			stallS = append(stallS, time.Duration(ck.StallMS*float64(time.Millisecond)))
-			if first == "" {
-				first = ck.ID
-			}
+// measureFS times molt's fs checkpoints (one file changed before each),
+// then rollbacks of the running sandbox and of the stopped one (files
+// only), and adds the row to res. It leaves the sandbox stopped.
+func measureFS(ctx context.Context, c *client.Client, sb string, cfg FSConfig, size int64, progress func(string, ...any), res *FSResult) error {
+	var ckS, stallS, rbS, rbStopped Sample
+	var first string
+	for i := 0; i < cfg.Iterations; i++ {
+		if err := run(ctx, c, sb, "bash", "-c", fmt.Sprintf("echo %d >> /data/000/f00000", i)); err != nil {
+			return err
 		}
-		progress("fs: %s: %d checkpoints taken; rolling back", human(size), cfg.Iterations)
-		cks, err := c.Checkpoints(ctx, sb.ID)
+		t0 := time.Now()
+		ck, err := c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFS})
 		if err != nil {
-			return res, err
+			return err
 		}
-		for i := 0; i < cfg.Iterations; i++ {
-			t0 := time.Now()
-			if _, err := c.Rollback(ctx, sb.ID, cks[i%len(cks)].ID); err != nil {
-				return res, err
-			}
-			rbS = append(rbS, time.Since(t0))
-		}
-		if _, err := c.Stop(ctx, sb.ID); err != nil {
-			return res, err
-		}
-		for i := 0; i < cfg.Iterations; i++ {
-			t0 := time.Now()
-			if _, err := c.Rollback(ctx, sb.ID, cks[i%len(cks)].ID); err != nil {
-				return res, err
-			}
-			rbStopped = append(rbStopped, time.Since(t0))
-		}
-		st, rs, rfs := stallS.Stats(), rbS.Stats(), rbStopped.Stats()
-		res.Rows = append(res.Rows, FSRow{DataBytes: size, Files: cfg.Files, Method: "molt fs checkpoint (btrfs snapshot)",
-			Checkpoint: ckS.Stats(), Rollback: rs, Stall: &st, RollbackFilesOnly: &rfs})
-
-		// Baselines on the same root (the sandbox is stopped, so the tree
-		// is quiescent), written to the same filesystem.
-		work := filepath.Join(h.Pool.Dir, "tmp", "bench-"+sb.ID)
-		if err := os.MkdirAll(work, 0o700); err != nil {
-			return res, err
-		}
-		for _, b := range []struct {
-			name          string
-			save, restore func(dst string) *exec.Cmd
-		}{
-			{"reflinked copy (cp -a --reflink=always)",
-				func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=always", root, dst) },
-				func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=always", dst, dst+".restored") }},
-			{"full copy (cp -a --reflink=never)",
-				func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=never", root, dst) },
-				func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=never", dst, dst+".restored") }},
-			{"tar archive (tar -cf)",
-				func(dst string) *exec.Cmd { return exec.Command("tar", "-cf", dst, "-C", root, ".") },
-				func(dst string) *exec.Cmd {
-					return exec.Command("bash", "-c", fmt.Sprintf("mkdir %s.restored && tar -xf %s -C %s.restored", dst, dst, dst))
-				}},
-		} {
-			progress("fs: %s: baseline %s", human(size), b.name)
-			var saveS, restS Sample
-			for i := 0; i < cfg.BaselineIterations; i++ {
-				dst := filepath.Join(work, fmt.Sprintf("copy-%d", i))
-				t0 := time.Now()
-				if out, err := b.save(dst).CombinedOutput(); err != nil {
-					return res, fmt.Errorf("%s: %v: %s", b.name, err, out)
-				}
-				saveS = append(saveS, time.Since(t0))
-				t0 = time.Now()
-				if out, err := b.restore(dst).CombinedOutput(); err != nil {
-					return res, fmt.Errorf("%s restore: %v: %s", b.name, err, out)
-				}
-				restS = append(restS, time.Since(t0))
-				_ = os.RemoveAll(dst)
-				_ = os.RemoveAll(dst + ".restored")
-			}
-			res.Rows = append(res.Rows, FSRow{DataBytes: size, Files: cfg.Files, Method: b.name, Checkpoint: saveS.Stats(), Rollback: restS.Stats()})
-		}
-		_ = os.RemoveAll(work)
-		if err := c.Remove(ctx, sb.ID); err != nil {
-			return res, err
+		ckS = append(ckS, time.Since(t0))
+		stallS = append(stallS, time.Duration(ck.StallMS*float64(time.Millisecond)))
+		if first == "" {
+			first = ck.ID
 		}
 	}
-	return res, nil
+	progress("fs: %s: %d checkpoints taken; rolling back", human(size), cfg.Iterations)
+	cks, err := c.Checkpoints(ctx, sb)
+	if err != nil {
+		return err
+	}
+	for i := 0; i < cfg.Iterations; i++ {
+		t0 := time.Now()
+		if _, err := c.Rollback(ctx, sb, cks[i%len(cks)].ID); err != nil {
+			return err
+		}
+		rbS = append(rbS, time.Since(t0))
+	}
+	if _, err := c.Stop(ctx, sb); err != nil {
+		return err
+	}
+	for i := 0; i < cfg.Iterations; i++ {
+		t0 := time.Now()
+		if _, err := c.Rollback(ctx, sb, cks[i%len(cks)].ID); err != nil {
+			return err
+		}
+		rbStopped = append(rbStopped, time.Since(t0))
+	}
+	st, rs, rfs := stallS.Stats(), rbS.Stats(), rbStopped.Stats()
+	res.Rows = append(res.Rows, FSRow{DataBytes: size, Files: cfg.Files, Method: "molt fs checkpoint (btrfs snapshot)",
+		Checkpoint: ckS.Stats(), Rollback: rs, Stall: &st, RollbackFilesOnly: &rfs})
+	return nil
+}
+
+// measureFSBaselines times saving root and restoring it with each
+// baseline (reflinked copy, full copy, tar) in work, and adds a row per
+// baseline to res.
+func measureFSBaselines(root, work string, cfg FSConfig, size int64, progress func(string, ...any), res *FSResult) error {
+	for _, b := range []struct {
+		name          string
+		save, restore func(dst string) *exec.Cmd
+	}{
+		{"reflinked copy (cp -a --reflink=always)",
+			func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=always", root, dst) },
+			func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=always", dst, dst+".restored") }},
+		{"full copy (cp -a --reflink=never)",
+			func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=never", root, dst) },
+			func(dst string) *exec.Cmd { return exec.Command("cp", "-a", "--reflink=never", dst, dst+".restored") }},
+		{"tar archive (tar -cf)",
+			func(dst string) *exec.Cmd { return exec.Command("tar", "-cf", dst, "-C", root, ".") },
+			func(dst string) *exec.Cmd {
+				return exec.Command("bash", "-c", fmt.Sprintf("mkdir %s.restored && tar -xf %s -C %s.restored", dst, dst, dst))
+			}},
+	} {
+		progress("fs: %s: baseline %s", human(size), b.name)
+		var saveS, restS Sample
+		for i := 0; i < cfg.BaselineIterations; i++ {
+			dst := filepath.Join(work, fmt.Sprintf("copy-%d", i))
+			t0 := time.Now()
+			if out, err := b.save(dst).CombinedOutput(); err != nil {
+				return fmt.Errorf("%s: %v: %s", b.name, err, out)
+			}
+			saveS = append(saveS, time.Since(t0))
+			t0 = time.Now()
+			if out, err := b.restore(dst).CombinedOutput(); err != nil {
+				return fmt.Errorf("%s restore: %v: %s", b.name, err, out)
+			}
+			restS = append(restS, time.Since(t0))
+			_ = os.RemoveAll(dst)
+			_ = os.RemoveAll(dst + ".restored")
+		}
+		res.Rows = append(res.Rows, FSRow{DataBytes: size, Files: cfg.Files, Method: b.name, Checkpoint: saveS.Stats(), Rollback: restS.Stats()})
+	}
+	return nil
 }
 
 func run(ctx context.Context, c *client.Client, sb string, args ...string) error {

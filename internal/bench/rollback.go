@@ -109,144 +109,178 @@ func RunRollback(ctx context.Context, e *daemon.Ephemeral, cfg RollbackConfig) (
 	res := RollbackResult{Host: GatherHost(ctx, e.Client, cfg.CriuPath)}
 	rng := rand.New(rand.NewSource(cfg.Seed))
 	for wi, w := range processWorkloads(ctx, e.Client, cfg.HeapMiB) {
-		c := e.Client
 		progress("rollback: %s", w.name)
 		sb, err := w.start(ctx, cfg.Image)
 		if err != nil {
 			return res, err
 		}
 		row := RollbackRow{Workload: w.name}
-		var stall, protect, criu, snap, copying Sample
-		var ck v1.Checkpoint
-		var cks []string
-		row.Captures = map[string]int{}
-		for i := 0; i < stallSamples; i++ {
-			if ck, err = c.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}); err != nil {
-				return res, err
-			}
-			cks = append(cks, ck.ID)
-			stall = append(stall, msDur(ck.StallMS))
-			if p := ck.StallParts; p != nil {
-				protect = append(protect, msDur(p.ProtectMS))
-				criu = append(criu, msDur(p.CRIUMS))
-				snap = append(snap, msDur(p.SnapshotMS))
-				copying = append(copying, msDur(p.CopyMS))
-			}
-			row.Captures[ck.Capture]++
+		ck, cks, err := measureStall(ctx, e.Client, sb.ID, &row)
+		if err != nil {
+			return res, err
 		}
-		row.Stall = stall.Stats()
-		row.StallParts = v1.StallParts{ProtectMS: protect.Stats().P50, CRIUMS: criu.Stats().P50, SnapshotMS: snap.Stats().P50, CopyMS: copying.Stats().P50}
-
 		if wi == 1 && cfg.FaultRounds > 0 {
 			progress("rollback: %s: heap rewrite with and without a checkpoint before", w.name)
-			if err := measureRewrite(ctx, c, sb.ID, cfg.FaultRounds, &row); err != nil {
+			if err := measureRewrite(ctx, e.Client, sb.ID, cfg.FaultRounds, &row); err != nil {
 				return res, err
 			}
 			// The head moved: the tiers below roll back to it.
 			cks = append(cks, row.lastCk)
-			ck.ID = row.lastCk
+			ck = row.lastCk
 		}
-
-		var hot, warm, b2b, rnd Sample
-		for i := 0; i < cfg.Iterations; i++ {
-			if err := waitStandby(ctx, e, sb.ID, ck.ID); err != nil {
-				return res, err
-			}
-			t0 := time.Now()
-			r, err := c.Rollback(ctx, sb.ID, ck.ID)
-			if err != nil {
-				return res, err
-			}
-			if r.Tier != v1.TierHot {
-				return res, fmt.Errorf("rollback with a standby ready took tier %s", r.Tier)
-			}
-			hot = append(hot, time.Since(t0))
-		}
-		row.BackTiers, row.Random8Tiers, row.RestartTiers = map[string]int{}, map[string]int{}, map[string]int{}
-		if err := waitStandby(ctx, e, sb.ID, ck.ID); err != nil {
+		if err := measureTiers(ctx, e, sb.ID, ck, cks, cfg.Iterations, rng, &row); err != nil {
 			return res, err
 		}
-		for i := 0; i < cfg.Iterations; i++ {
-			t0 := time.Now()
-			r, err := c.Rollback(ctx, sb.ID, ck.ID)
-			if err != nil {
-				return res, err
-			}
-			b2b = append(b2b, time.Since(t0))
-			row.BackTiers[r.Tier]++
-		}
-		last := cks[max(0, len(cks)-randomOf):]
-		for i := 0; i < cfg.Iterations; i++ {
-			to := last[rng.Intn(len(last))]
-			t0 := time.Now()
-			r, err := c.Rollback(ctx, sb.ID, to)
-			if err != nil {
-				return res, err
-			}
-			rnd = append(rnd, time.Since(t0))
-			row.Random8Tiers[r.Tier]++
-		}
-		for i := 0; i < cfg.Iterations; i++ {
-			t0 := time.Now()
-			if _, err := c.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
-				return res, err
-			}
-			warm = append(warm, time.Since(t0))
-		}
-		row.Hot, row.Warm, row.BackToBack, row.Random8 = hot.Stats(), warm.Stats(), b2b.Stats(), rnd.Stats()
-
 		if cfg.Restarts > 0 {
 			progress("rollback: %s: %d daemon restarts, each followed by a rollback", w.name, cfg.Restarts)
-			var after Sample
-			for i := 0; i < cfg.Restarts; i++ {
-				// The standby, if any, is ready: a restart is what drops
-				// it. (A daemon that does not refill one after its
-				// first rollback still gets measured.)
-				if err := waitStandby(ctx, e, sb.ID, ck.ID); err != nil && ctx.Err() != nil {
-					return res, err
-				}
-				if err := e.Restart(ctx); err != nil {
-					return res, fmt.Errorf("daemon restart: %w", err)
-				}
-				c = e.Client
-				t0 := time.Now()
-				r, err := c.Rollback(ctx, sb.ID, ck.ID)
-				if err != nil {
-					return res, fmt.Errorf("rollback after a restart: %w", err)
-				}
-				after = append(after, time.Since(t0))
-				row.RestartTiers[r.Tier]++
-			}
-			row.AfterRestart = after.Stats()
-		}
-
-		for _, bm := range crBaselines(cfg.CriuPath) {
-			if cfg.NoCold {
-				break
-			}
-			progress("rollback: %s: cold baseline %s", w.name, bm.name)
-			src, err := newColdSource(ctx, c, bm, h.Pool.Dir, sb.ID)
-			if err != nil {
+			if err := measureRestarts(ctx, e, sb.ID, ck, cfg.Restarts, &row); err != nil {
 				return res, err
 			}
-			var cold Sample
-			for i := 0; i < max(2, cfg.Iterations/3); i++ {
-				took, err := src.copy()
-				if err != nil {
-					src.remove()
-					return res, err
-				}
-				cold = append(cold, took)
+		}
+		if !cfg.NoCold {
+			if err := measureCold(ctx, e.Client, cfg, h.Pool.Dir, sb.ID, w.name, progress, &row); err != nil {
+				return res, err
 			}
-			row.Cold = append(row.Cold, ColdRow{Method: bm.name, Stats: cold.Stats()})
-			src.remove()
 		}
 		res.Rows = append(res.Rows, row)
-		if err := c.Remove(ctx, sb.ID); err != nil {
+		if err := e.Client.Remove(ctx, sb.ID); err != nil {
 			return res, err
 		}
 	}
 	return res, nil
+}
+
+// measureStall takes stallSamples full checkpoints of the sandbox and
+// records their stall, its parts and their capture modes in row. It
+// returns the last checkpoint and all of them, in order.
+func measureStall(ctx context.Context, c *client.Client, sb string, row *RollbackRow) (last string, cks []string, err error) {
+	var stall, protect, criu, snap, copying Sample
+	row.Captures = map[string]int{}
+	for i := 0; i < stallSamples; i++ {
+		ck, err := c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+		if err != nil {
+			return "", nil, err
+		}
+		last = ck.ID
+		cks = append(cks, ck.ID)
+		stall = append(stall, msDur(ck.StallMS))
+		if p := ck.StallParts; p != nil {
+			protect = append(protect, msDur(p.ProtectMS))
+			criu = append(criu, msDur(p.CRIUMS))
+			snap = append(snap, msDur(p.SnapshotMS))
+			copying = append(copying, msDur(p.CopyMS))
+		}
+		row.Captures[ck.Capture]++
+	}
+	row.Stall = stall.Stats()
+	row.StallParts = v1.StallParts{ProtectMS: protect.Stats().P50, CRIUMS: criu.Stats().P50, SnapshotMS: snap.Stats().P50, CopyMS: copying.Stats().P50}
+	return last, cks, nil
+}
+
+// measureTiers times iterations rollbacks to ck in each way the row
+// reports: hot (a standby ready before each), back to back, to a random
+// one of the last randomOf checkpoints, and warm (CRIU restore forced).
+func measureTiers(ctx context.Context, e *daemon.Ephemeral, sb, ck string, cks []string, iterations int, rng *rand.Rand, row *RollbackRow) error {
+	c := e.Client
+	var hot, warm, b2b, rnd Sample
+	for i := 0; i < iterations; i++ {
+		if err := waitStandby(ctx, e, sb, ck); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		r, err := c.Rollback(ctx, sb, ck)
+		if err != nil {
+			return err
+		}
+		if r.Tier != v1.TierHot {
+			return fmt.Errorf("rollback with a standby ready took tier %s", r.Tier)
+		}
+		hot = append(hot, time.Since(t0))
+	}
+	row.BackTiers, row.Random8Tiers, row.RestartTiers = map[string]int{}, map[string]int{}, map[string]int{}
+	if err := waitStandby(ctx, e, sb, ck); err != nil {
+		return err
+	}
+	for i := 0; i < iterations; i++ {
+		t0 := time.Now()
+		r, err := c.Rollback(ctx, sb, ck)
+		if err != nil {
+			return err
+		}
+		b2b = append(b2b, time.Since(t0))
+		row.BackTiers[r.Tier]++
+	}
+	last := cks[max(0, len(cks)-randomOf):]
+	for i := 0; i < iterations; i++ {
+		to := last[rng.Intn(len(last))]
+		t0 := time.Now()
+		r, err := c.Rollback(ctx, sb, to)
+		if err != nil {
+			return err
+		}
+		rnd = append(rnd, time.Since(t0))
+		row.Random8Tiers[r.Tier]++
+	}
+	for i := 0; i < iterations; i++ {
+		t0 := time.Now()
+		if _, err := c.RollbackWith(ctx, sb, v1.RollbackRequest{Checkpoint: ck, Tier: v1.TierWarm}); err != nil {
+			return err
+		}
+		warm = append(warm, time.Since(t0))
+	}
+	row.Hot, row.Warm, row.BackToBack, row.Random8 = hot.Stats(), warm.Stats(), b2b.Stats(), rnd.Stats()
+	return nil
+}
+
+// measureRestarts restarts the daemon restarts times and times the
+// rollback to ck right after each. e.Client is the restarted daemon's
+// afterwards.
+func measureRestarts(ctx context.Context, e *daemon.Ephemeral, sb, ck string, restarts int, row *RollbackRow) error {
+	var after Sample
+	for i := 0; i < restarts; i++ {
+		// The standby, if any, is ready: a restart is what drops
+		// it. (A daemon that does not refill one after its
+		// first rollback still gets measured.)
+		if err := waitStandby(ctx, e, sb, ck); err != nil && ctx.Err() != nil {
+			return err
+		}
+		if err := e.Restart(ctx); err != nil {
+			return fmt.Errorf("daemon restart: %w", err)
+		}
+		t0 := time.Now()
+		r, err := e.Client.Rollback(ctx, sb, ck)
+		if err != nil {
+			return fmt.Errorf("rollback after a restart: %w", err)
+		}
+		after = append(after, time.Since(t0))
+		row.RestartTiers[r.Tier]++
+	}
+	row.AfterRestart = after.Stats()
+	return nil
+}
+
+// measureCold times each cold baseline (a root copy and a criu restore
+// of the sandbox's process tree) and adds a ColdRow per baseline to row.
+func measureCold(ctx context.Context, c *client.Client, cfg RollbackConfig, poolDir, sb, workload string, progress func(string, ...any), row *RollbackRow) error {
+	for _, bm := range crBaselines(cfg.CriuPath) {
+		progress("rollback: %s: cold baseline %s", workload, bm.name)
+		src, err := newColdSource(ctx, c, bm, poolDir, sb)
+		if err != nil {
+			return err
+		}
+		var cold Sample
+		for i := 0; i < max(2, cfg.Iterations/3); i++ {
+			took, err := src.copy()
+			if err != nil {
+				src.remove()
+				return err
+			}
+			cold = append(cold, took)
+		}
+		row.Cold = append(row.Cold, ColdRow{Method: bm.name, Stats: cold.Stats()})
+		src.remove()
+	}
+	return nil
 }
 
 // measureRewrite times heap rewrites of the heap workload: rounds times

@@ -101,174 +101,9 @@ func RunSearch(ctx context.Context, e *daemon.Ephemeral, cfg SearchConfig) (Sear
 		return SearchResult{}, err
 	}
 	res := SearchResult{Host: GatherHost(ctx, c, cfg.CriuPath), Rounds: max(cfg.Rounds, 1)}
-	sessionRun := func(sb string) func(string) (string, error) {
-		return func(cmd string) (string, error) {
-			r, err := c.SessionRun(ctx, sb, "main", v1.SessionRunRequest{Command: cmd})
-			if err != nil {
-				return "", err
-			}
-			if r.ExitCode != 0 {
-				return "", fmt.Errorf("%q: exit %d: %s", cmd, r.ExitCode, r.Stderr)
-			}
-			return r.Stdout, nil
-		}
-	}
-	rootOf := func(sb string) string { return filepath.Join(h.Pool.Dir, "sandboxes", sb, "root") }
-	work := filepath.Join(h.Pool.Dir, "tmp", "bench-search")
-
-	// copytree+replay: a node is the list of commands from the root of
-	// the tree; going back replaces the root's contents with a copy of
-	// the pristine root and replays them. copyRoot is the copy.
-	replay := func(name string, copyRoot func(pristine, root string) error) searchMethod {
-		paths := map[string][]string{}
-		var cur []string
-		pristine := filepath.Join(work, "pristine")
-		m := searchMethod{name: name, stop: func() {}}
-		m.start = func(sb string) error {
-			if _, err := c.Stop(ctx, sb); err != nil {
-				return err
-			}
-			if err := reflinkCopy(rootOf(sb), pristine); err != nil {
-				return err
-			}
-			_, err := c.Start(ctx, sb)
-			return err
-		}
-		m.capture = func(sb string, n int) (string, error) {
-			k := strconv.Itoa(n)
-			paths[k] = append([]string(nil), cur...)
-			return k, nil
-		}
-		m.restore = func(sb, handle string) (func(string) (string, error), error) {
-			if _, err := c.Stop(ctx, sb); err != nil {
-				return nil, err
-			}
-			if err := copyRoot(pristine, rootOf(sb)); err != nil {
-				return nil, err
-			}
-			if _, err := c.Start(ctx, sb); err != nil {
-				return nil, err
-			}
-			run := sessionRun(sb)
-			cur = append([]string(nil), paths[handle]...)
-			for _, cmd := range append([]string{setupCmd}, cur...) {
-				if _, err := run(cmd); err != nil {
-					return nil, err
-				}
-			}
-			return func(cmd string) (string, error) {
-				cur = append(cur, cmd)
-				return run(cmd)
-			}, nil
-		}
-		return m
-	}
-	reflinkReplay := func() searchMethod {
-		return replay(searchReflink, func(pristine, root string) error {
-			if out, err := exec.Command("find", root, "-mindepth", "1", "-delete").CombinedOutput(); err != nil {
-				return fmt.Errorf("empty root: %v: %s", err, out)
-			}
-			if out, err := exec.Command("cp", "-a", "--reflink=always", pristine+"/.", root).CombinedOutput(); err != nil {
-				return fmt.Errorf("copy root: %v: %s", err, out)
-			}
-			return nil
-		})
-	}
-	pythonReplay := func() searchMethod {
-		return replay(searchPython, func(pristine, root string) error {
-			if out, err := exec.Command(hostPython, "-c", pyCopytree, pristine, root).CombinedOutput(); err != nil {
-				return fmt.Errorf("shutil.copytree: %v: %s", err, out)
-			}
-			return nil
-		})
-	}
-
-	// Plain CRIU with molt's options and reflinked root copies: a node
-	// is a full dump and a copy of the root; going back copies the root
-	// again and restores.
-	plainCRIU := func() searchMethod {
-		base := criuBaseline{path: cfg.CriuPath, moltOpts: true}
-		var live int // PID of the tree the baseline restored, 0 while molt's init runs
-		m := searchMethod{name: searchCRIU, start: func(string) error { return nil }}
-		m.stop = func() {
-			if live != 0 {
-				killTree(live)
-				live = 0
-			}
-		}
-		m.capture = func(sb string, n int) (string, error) {
-			pid := live
-			if pid == 0 {
-				s, err := c.Sandbox(ctx, sb)
-				if err != nil {
-					return "", err
-				}
-				pid = s.Pid
-			}
-			dir := filepath.Join(work, "plain-"+strconv.Itoa(n))
-			if err := base.dump(pid, filepath.Join(dir, "images")); err != nil {
-				return "", err
-			}
-			src := rootOf(sb)
-			if live != 0 {
-				src = filepath.Join(work, "plain-root")
-			}
-			return dir, reflinkCopy(src, filepath.Join(dir, "root"))
-		}
-		m.restore = func(sb, dir string) (func(string) (string, error), error) {
-			if live != 0 {
-				killTree(live)
-			} else if _, err := c.Stop(ctx, sb); err != nil {
-				return nil, err
-			}
-			root := filepath.Join(work, "plain-root")
-			_ = os.RemoveAll(root)
-			if err := reflinkCopy(filepath.Join(dir, "root"), root); err != nil {
-				return nil, err
-			}
-			pid, err := base.restore(filepath.Join(dir, "images"), work, root)
-			if err != nil {
-				return nil, err
-			}
-			live = pid
-			init, err := sandbox.InitOf(pid)
-			if err != nil {
-				return nil, err
-			}
-			return func(cmd string) (string, error) {
-				r, err := init.Call(ctx, sbinit.Request{Op: "session-run", Session: "main", Command: cmd})
-				if err != nil {
-					return "", err
-				}
-				if r.ExitCode != 0 {
-					return "", fmt.Errorf("%q: exit %d: %s", cmd, r.ExitCode, r.Stderr)
-				}
-				return r.Stdout, nil
-			}, nil
-		}
-		return m
-	}
-
-	// molt: full checkpoints, rollbacks (hot when a standby is ready).
-	molt := func() searchMethod {
-		return searchMethod{
-			name:  searchMolt,
-			start: func(string) error { return nil },
-			stop:  func() {},
-			capture: func(sb string, n int) (string, error) {
-				ck, err := c.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull})
-				return ck.ID, err
-			},
-			restore: func(sb, ck string) (func(string) (string, error), error) {
-				if _, err := c.Rollback(ctx, sb, ck); err != nil {
-					return nil, err
-				}
-				return sessionRun(sb), nil
-			},
-		}
-	}
-
-	methods := []func() searchMethod{molt, reflinkReplay, pythonReplay, plainCRIU}
+	env := &searchEnv{ctx: ctx, c: c, poolDir: h.Pool.Dir, work: filepath.Join(h.Pool.Dir, "tmp", "bench-search"), criuPath: cfg.CriuPath}
+	work := env.work
+	methods := []func() searchMethod{env.molt, env.reflinkReplay, env.pythonReplay, env.plainCRIU}
 	acc := make([]searchAcc, len(methods))
 	for r := 0; r < res.Rounds; r++ {
 		var order []string
@@ -300,6 +135,193 @@ func RunSearch(ctx context.Context, e *daemon.Ephemeral, cfg SearchConfig) (Sear
 		res.Rows = append(res.Rows, row)
 	}
 	return res, nil
+}
+
+// searchEnv is what the search methods share: the daemon, the pool and
+// the scratch directory of the baselines' copies.
+type searchEnv struct {
+	ctx      context.Context
+	c        *client.Client
+	poolDir  string
+	work     string
+	criuPath string
+}
+
+// sessionRun runs commands in the sandbox's session "main" through the
+// daemon; a command that exits non-zero is an error.
+func (e *searchEnv) sessionRun(sb string) func(string) (string, error) {
+	return func(cmd string) (string, error) {
+		r, err := e.c.SessionRun(e.ctx, sb, "main", v1.SessionRunRequest{Command: cmd})
+		if err != nil {
+			return "", err
+		}
+		if r.ExitCode != 0 {
+			return "", fmt.Errorf("%q: exit %d: %s", cmd, r.ExitCode, r.Stderr)
+		}
+		return r.Stdout, nil
+	}
+}
+
+// rootOf is the sandbox's root directory in the pool.
+func (e *searchEnv) rootOf(sb string) string {
+	return filepath.Join(e.poolDir, "sandboxes", sb, "root")
+}
+
+// replay is copytree+replay: a node is the list of commands from the
+// root of the tree; going back replaces the root's contents with a copy
+// of the pristine root and replays them. copyRoot is the copy.
+func (e *searchEnv) replay(name string, copyRoot func(pristine, root string) error) searchMethod {
+	paths := map[string][]string{}
+	var cur []string
+	pristine := filepath.Join(e.work, "pristine")
+	m := searchMethod{name: name, stop: func() {}}
+	m.start = func(sb string) error {
+		if _, err := e.c.Stop(e.ctx, sb); err != nil {
+			return err
+		}
+		if err := reflinkCopy(e.rootOf(sb), pristine); err != nil {
+			return err
+		}
+		_, err := e.c.Start(e.ctx, sb)
+		return err
+	}
+	m.capture = func(sb string, n int) (string, error) {
+		k := strconv.Itoa(n)
+		paths[k] = append([]string(nil), cur...)
+		return k, nil
+	}
+	m.restore = func(sb, handle string) (func(string) (string, error), error) {
+		if _, err := e.c.Stop(e.ctx, sb); err != nil {
+			return nil, err
+		}
+		if err := copyRoot(pristine, e.rootOf(sb)); err != nil {
+			return nil, err
+		}
+		if _, err := e.c.Start(e.ctx, sb); err != nil {
+			return nil, err
+		}
+		run := e.sessionRun(sb)
+		cur = append([]string(nil), paths[handle]...)
+		for _, cmd := range append([]string{setupCmd}, cur...) {
+			if _, err := run(cmd); err != nil {
+				return nil, err
+			}
+		}
+		return func(cmd string) (string, error) {
+			cur = append(cur, cmd)
+			return run(cmd)
+		}, nil
+	}
+	return m
+}
+
+// reflinkReplay is copytree+replay with cp -a --reflink=always.
+func (e *searchEnv) reflinkReplay() searchMethod {
+	return e.replay(searchReflink, func(pristine, root string) error {
+		if out, err := exec.Command("find", root, "-mindepth", "1", "-delete").CombinedOutput(); err != nil {
+			return fmt.Errorf("empty root: %v: %s", err, out)
+		}
+		if out, err := exec.Command("cp", "-a", "--reflink=always", pristine+"/.", root).CombinedOutput(); err != nil {
+			return fmt.Errorf("copy root: %v: %s", err, out)
+		}
+		return nil
+	})
+}
+
+// pythonReplay is copytree+replay with Python's shutil.copytree.
+func (e *searchEnv) pythonReplay() searchMethod {
+	return e.replay(searchPython, func(pristine, root string) error {
+		if out, err := exec.Command(hostPython, "-c", pyCopytree, pristine, root).CombinedOutput(); err != nil {
+			return fmt.Errorf("shutil.copytree: %v: %s", err, out)
+		}
+		return nil
+	})
+}
+
+// plainCRIU is plain CRIU with molt's options and reflinked root copies:
+// a node is a full dump and a copy of the root; going back copies the
+// root again and restores.
+func (e *searchEnv) plainCRIU() searchMethod {
+	base := criuBaseline{path: e.criuPath, moltOpts: true}
+	var live int // PID of the tree the baseline restored, 0 while molt's init runs
+	m := searchMethod{name: searchCRIU, start: func(string) error { return nil }}
+	m.stop = func() {
+		if live != 0 {
+			killTree(live)
+			live = 0
+		}
+	}
+	m.capture = func(sb string, n int) (string, error) {
+		pid := live
+		if pid == 0 {
+			s, err := e.c.Sandbox(e.ctx, sb)
+			if err != nil {
+				return "", err
+			}
+			pid = s.Pid
+		}
+		dir := filepath.Join(e.work, "plain-"+strconv.Itoa(n))
+		if err := base.dump(pid, filepath.Join(dir, "images")); err != nil {
+			return "", err
+		}
+		src := e.rootOf(sb)
+		if live != 0 {
+			src = filepath.Join(e.work, "plain-root")
+		}
+		return dir, reflinkCopy(src, filepath.Join(dir, "root"))
+	}
+	m.restore = func(sb, dir string) (func(string) (string, error), error) {
+		if live != 0 {
+			killTree(live)
+		} else if _, err := e.c.Stop(e.ctx, sb); err != nil {
+			return nil, err
+		}
+		root := filepath.Join(e.work, "plain-root")
+		_ = os.RemoveAll(root)
+		if err := reflinkCopy(filepath.Join(dir, "root"), root); err != nil {
+			return nil, err
+		}
+		pid, err := base.restore(filepath.Join(dir, "images"), e.work, root)
+		if err != nil {
+			return nil, err
+		}
+		live = pid
+		init, err := sandbox.InitOf(pid)
+		if err != nil {
+			return nil, err
+		}
+		return func(cmd string) (string, error) {
+			r, err := init.Call(e.ctx, sbinit.Request{Op: "session-run", Session: "main", Command: cmd})
+			if err != nil {
+				return "", err
+			}
+			if r.ExitCode != 0 {
+				return "", fmt.Errorf("%q: exit %d: %s", cmd, r.ExitCode, r.Stderr)
+			}
+			return r.Stdout, nil
+		}, nil
+	}
+	return m
+}
+
+// molt is molt itself: full checkpoints, rollbacks (hot when a standby
+// is ready).
+func (e *searchEnv) molt() searchMethod {
+	return searchMethod{
+		name:  searchMolt,
+		start: func(string) error { return nil },
+		stop:  func() {},
+		capture: func(sb string, n int) (string, error) {
+			ck, err := e.c.Checkpoint(e.ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull})
+			return ck.ID, err
+		},
+		restore: func(sb, ck string) (func(string) (string, error), error) {
+			if _, err := e.c.Rollback(e.ctx, sb, ck); err != nil {
+				return nil, err
+			}
+			return e.sessionRun(sb), nil
+		},
+	}
 }
 
 // searchWindow is one method's window of one round.

@@ -151,3 +151,16 @@ func progressf(w io.Writer) func(format string, a ...any) {
 		}
 	}
 }
+
+// p50Tail formats a p50 and the tail Stats.Tail allows: "2.1 / max 30.0 ms".
+func p50Tail(s Stats) string {
+	l, v := s.Tail()
+	return fmt.Sprintf("%.1f / %s %.1f ms", s.P50, l, v)
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "MISSED"
+}

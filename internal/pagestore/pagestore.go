@@ -159,51 +159,11 @@ func StoreWith(src, dst string, x *Index, yield func(written int64) error) (Resu
 	}
 	var res Result
 	res.Hashes = make([]byte, 0, (size+PageSize-1)/PageSize*HashSize)
-
-	// A run of consecutive pages shared from consecutive pages of one
-	// file becomes one FICLONERANGE.
-	var run struct {
-		on      bool
-		file    int32
-		srcPage int64
-		dstPage int64
-		pages   int64
-	}
-	srcFiles := map[int32]*os.File{}
-	defer func() {
-		for _, f := range srcFiles {
-			f.Close()
-		}
-	}()
-	flush := func() error {
-		if !run.on {
-			return nil
-		}
-		run.on = false
-		f, ok := srcFiles[run.file]
-		if !ok {
-			var err error
-			if f, err = os.Open(x.files[run.file]); err != nil {
-				return err
-			}
-			srcFiles[run.file] = f
-		}
-		err := unix.IoctlFileCloneRange(int(out.Fd()), &unix.FileCloneRange{
-			Src_fd: int64(f.Fd()), Src_offset: uint64(run.srcPage * PageSize),
-			Src_length: uint64(run.pages * PageSize), Dest_offset: uint64(run.dstPage * PageSize),
-		})
-		if err != nil {
-			return fmt.Errorf("reflink %d pages from %s: %w", run.pages, x.files[run.file], err)
-		}
-		res.Reflinks++
-		return nil
-	}
+	r := newReflinker(x, out)
+	defer r.close()
 	// Pages repeated within the image itself (zero-filled pages, often)
 	// are shared with their first copy, through dst's own descriptor.
-	self := int32(len(x.files))
-	x.files = append(x.files, dst)
-	srcFiles[self] = out
-	defer delete(srcFiles, self)
+	self := r.addSelf(dst)
 
 	whole := sha256.New()
 	buf := make([]byte, PageSize)
@@ -228,18 +188,13 @@ func StoreWith(src, dst string, x *Index, yield func(written int64) error) (Resu
 		res.Pages++
 		l, known := x.pages[h]
 		if n == PageSize && known {
-			if run.on && run.file == l.file && run.srcPage+run.pages == l.page && run.dstPage+run.pages == page {
-				run.pages++
-			} else {
-				if err := flush(); err != nil {
-					return Result{}, err
-				}
-				run.on, run.file, run.srcPage, run.dstPage, run.pages = true, l.file, l.page, page, 1
+			if err := r.share(l, page); err != nil {
+				return Result{}, err
 			}
 			res.Shared++
 			continue
 		}
-		if err := flush(); err != nil {
+		if err := r.flush(); err != nil {
 			return Result{}, err
 		}
 		if _, err := out.WriteAt(buf[:n], page*PageSize); err != nil {
@@ -253,7 +208,7 @@ func StoreWith(src, dst string, x *Index, yield func(written int64) error) (Resu
 			break
 		}
 	}
-	if err := flush(); err != nil {
+	if err := r.flush(); err != nil {
 		return Result{}, err
 	}
 	if err := out.Truncate(size); err != nil {
@@ -264,10 +219,92 @@ func StoreWith(src, dst string, x *Index, yield func(written int64) error) (Resu
 			return Result{}, err
 		}
 	}
+	res.Reflinks = r.reflinks
 	copy(res.Sum[:], whole.Sum(nil))
 	res.Size = size
 	ok = true
 	return res, out.Close()
+}
+
+// reflinker shares pages into out from the index's files: a run of
+// consecutive pages shared from consecutive pages of one file becomes
+// one FICLONERANGE.
+type reflinker struct {
+	x   *Index
+	out *os.File
+	// files are the index's files opened so far, by index in x.files.
+	files map[int32]*os.File
+	self  int32 // out's index, or -1
+	run   struct {
+		on      bool
+		file    int32
+		srcPage int64
+		dstPage int64
+		pages   int64
+	}
+	reflinks int // FICLONERANGE calls
+}
+
+func newReflinker(x *Index, out *os.File) *reflinker {
+	return &reflinker{x: x, out: out, files: map[int32]*os.File{}, self: -1}
+}
+
+// addSelf adds dst (out's name) to the index's files, so its own pages
+// can be shared with later ones, and returns its index.
+func (r *reflinker) addSelf(dst string) int32 {
+	r.self = int32(len(r.x.files))
+	r.x.files = append(r.x.files, dst)
+	r.files[r.self] = r.out
+	return r.self
+}
+
+// share puts the indexed page l at page of out: it extends the current
+// run, or flushes it and starts another.
+func (r *reflinker) share(l loc, page int64) error {
+	if r.run.on && r.run.file == l.file && r.run.srcPage+r.run.pages == l.page && r.run.dstPage+r.run.pages == page {
+		r.run.pages++
+		return nil
+	}
+	if err := r.flush(); err != nil {
+		return err
+	}
+	r.run.on, r.run.file, r.run.srcPage, r.run.dstPage, r.run.pages = true, l.file, l.page, page, 1
+	return nil
+}
+
+// flush clones the current run, if any, into out.
+func (r *reflinker) flush() error {
+	if !r.run.on {
+		return nil
+	}
+	r.run.on = false
+	f, ok := r.files[r.run.file]
+	if !ok {
+		var err error
+		if f, err = os.Open(r.x.files[r.run.file]); err != nil {
+			return err
+		}
+		r.files[r.run.file] = f
+	}
+	err := unix.IoctlFileCloneRange(int(r.out.Fd()), &unix.FileCloneRange{
+		Src_fd: int64(f.Fd()), Src_offset: uint64(r.run.srcPage * PageSize),
+		Src_length: uint64(r.run.pages * PageSize), Dest_offset: uint64(r.run.dstPage * PageSize),
+	})
+	if err != nil {
+		return fmt.Errorf("reflink %d pages from %s: %w", r.run.pages, r.x.files[r.run.file], err)
+	}
+	r.reflinks++
+	return nil
+}
+
+// close closes the files the reflinker opened (not out, whose owner
+// closes it).
+func (r *reflinker) close() {
+	for i, f := range r.files {
+		if i != r.self {
+			f.Close()
+		}
+	}
 }
 
 // storeSmall stores a file shorter than a page: shared whole with an

@@ -517,58 +517,28 @@ func pipe(parentReads bool) (parent, child *os.File, err error) {
 // exited: a background grandchild may hold the pipe open forever.
 const outputGrace = 250 * time.Millisecond
 
+// exec runs req's command with its output relayed as frames on fw and
+// its input and signals read from br, then writes its exit status.
 func (a *Agent) exec(br *bufio.Reader, fw *v1.FrameWriter, req Request) {
-	fail := func(code int, msg string) {
-		_ = fw.WriteFrame(v1.FrameStderr, []byte("molt: "+msg+"\n"))
-		b, _ := json.Marshal(v1.ExitStatus{ExitCode: code})
-		_ = fw.WriteFrame(v1.FrameExit, b)
-	}
 	ps, err := a.resolve(req)
 	if err != nil {
-		fail(126, "exec: "+err.Error())
+		execFail(fw, 126, "exec: "+err.Error())
 		return
 	}
-	var files [3]*os.File // nil: /dev/null
-	var parents [3]*os.File
-	closeAll := func() {
-		for i := range files {
-			if files[i] != nil {
-				files[i].Close()
-			}
-		}
-	}
-	if req.Stdin {
-		parents[0], files[0], err = pipe(false)
-	}
-	if err == nil {
-		parents[1], files[1], err = pipe(true)
-	}
-	if err == nil {
-		parents[2], files[2], err = pipe(true)
-	}
+	files, parents, err := execPipes(req.Stdin)
 	if err != nil {
-		closeAll()
-		for _, p := range parents {
-			if p != nil {
-				p.Close()
-			}
-		}
-		fail(126, "exec: "+err.Error())
+		execFail(fw, 126, "exec: "+err.Error())
 		return
 	}
 	p, err := a.spawn(ps, files[:], nil, "")
-	closeAll()
+	closeFiles(files[:])
 	if err != nil {
-		for _, p := range parents {
-			if p != nil {
-				p.Close()
-			}
-		}
+		closeFiles(parents[:])
 		code := 126
 		if errors.Is(err, errNotFound) {
 			code = 127
 		}
-		fail(code, "exec: "+err.Error())
+		execFail(fw, code, "exec: "+err.Error())
 		return
 	}
 	defer p.pidfd.Close()
@@ -583,53 +553,99 @@ func (a *Agent) exec(br *bufio.Reader, fw *v1.FrameWriter, req Request) {
 			_, _ = io.Copy(v1.StreamWriter{FW: fw, Type: typ}, r)
 		}()
 	}
-	// Frames from the daemon: stdin, signals. A broken connection means
-	// the caller is gone: the command is killed.
 	var reaped atomic.Bool
-	go func() {
-		stdin := parents[0]
-		defer func() {
+	go relayInput(br, p, parents[0], &reaped)
+	timedOut := waitExec(p, req.TimeoutMS, &reaped)
+	drainOutput(&wg, parents[1], parents[2])
+	b, _ := json.Marshal(execStatus(p.status, timedOut))
+	_ = fw.WriteFrame(v1.FrameExit, b)
+}
+
+// execFail reports a command that could not start: msg on stderr, then
+// exit status code.
+func execFail(fw *v1.FrameWriter, code int, msg string) {
+	_ = fw.WriteFrame(v1.FrameStderr, []byte("molt: "+msg+"\n"))
+	b, _ := json.Marshal(v1.ExitStatus{ExitCode: code})
+	_ = fw.WriteFrame(v1.FrameExit, b)
+}
+
+// execPipes makes the command's stdio pipes: files are the child's ends
+// (nil: /dev/null; stdin is one without wantStdin), parents the agent's.
+// On error nothing stays open.
+func execPipes(wantStdin bool) (files, parents [3]*os.File, err error) {
+	if wantStdin {
+		parents[0], files[0], err = pipe(false)
+	}
+	if err == nil {
+		parents[1], files[1], err = pipe(true)
+	}
+	if err == nil {
+		parents[2], files[2], err = pipe(true)
+	}
+	if err != nil {
+		closeFiles(files[:])
+		closeFiles(parents[:])
+	}
+	return files, parents, err
+}
+
+// closeFiles closes the files that are not nil.
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// relayInput reads the daemon's frames for a running command: stdin
+// (into stdin, nil without), its close, and signals. A broken connection
+// means the caller is gone: the command is killed unless reaped.
+func relayInput(br *bufio.Reader, p *proc, stdin *os.File, reaped *atomic.Bool) {
+	defer func() {
+		if stdin != nil {
+			stdin.Close()
+		}
+	}()
+	for {
+		typ, payload, err := v1.ReadFrame(br)
+		if err != nil {
+			if !reaped.Load() {
+				p.signal(unix.SIGKILL, true)
+				p.signal(unix.SIGKILL, false)
+			}
+			return
+		}
+		switch typ {
+		case v1.FrameStdin:
 			if stdin != nil {
-				stdin.Close()
-			}
-		}()
-		for {
-			typ, payload, err := v1.ReadFrame(br)
-			if err != nil {
-				if !reaped.Load() {
-					p.signal(unix.SIGKILL, true)
-					p.signal(unix.SIGKILL, false)
-				}
-				return
-			}
-			switch typ {
-			case v1.FrameStdin:
-				if stdin != nil {
-					if _, err := stdin.Write(payload); err != nil {
-						stdin.Close()
-						stdin = nil
-					}
-				}
-			case v1.FrameStdinClose:
-				if stdin != nil {
+				if _, err := stdin.Write(payload); err != nil {
 					stdin.Close()
 					stdin = nil
 				}
-			case v1.FrameSignal:
-				if n, err := strconv.Atoi(string(payload)); err == nil && n > 0 && n < 65 && !reaped.Load() {
-					p.signal(unix.Signal(n), true)
-				}
+			}
+		case v1.FrameStdinClose:
+			if stdin != nil {
+				stdin.Close()
+				stdin = nil
+			}
+		case v1.FrameSignal:
+			if n, err := strconv.Atoi(string(payload)); err == nil && n > 0 && n < 65 && !reaped.Load() {
+				p.signal(unix.Signal(n), true)
 			}
 		}
-	}()
+	}
+}
 
+// waitExec waits for the command to exit, killing it (and its process
+// group) when timeoutMS (0: none) runs out, and reports whether it did.
+func waitExec(p *proc, timeoutMS int64, reaped *atomic.Bool) (timedOut bool) {
 	var timeout <-chan time.Time
-	if req.TimeoutMS > 0 {
-		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+	if timeoutMS > 0 {
+		t := time.NewTimer(time.Duration(timeoutMS) * time.Millisecond)
 		defer t.Stop()
 		timeout = t.C
 	}
-	timedOut := false
 	for done := false; !done; {
 		select {
 		case <-p.exited:
@@ -642,18 +658,28 @@ func (a *Agent) exec(br *bufio.Reader, fw *v1.FrameWriter, req Request) {
 			p.signal(unix.SIGKILL, false)
 		}
 	}
-	ws := p.status
+	return timedOut
+}
+
+// drainOutput waits for the output relays to finish, at most outputGrace
+// once the command has exited, and closes the agent's output ends.
+func drainOutput(wg *sync.WaitGroup, stdout, stderr *os.File) {
 	outDone := make(chan struct{})
 	go func() { wg.Wait(); close(outDone) }()
 	select {
 	case <-outDone:
 	case <-time.After(outputGrace):
-		parents[1].SetReadDeadline(time.Now())
-		parents[2].SetReadDeadline(time.Now())
+		stdout.SetReadDeadline(time.Now())
+		stderr.SetReadDeadline(time.Now())
 		<-outDone
 	}
-	parents[1].Close()
-	parents[2].Close()
+	stdout.Close()
+	stderr.Close()
+}
+
+// execStatus is the exit status the daemon gets: 128+N for a signal,
+// 124 after a timeout.
+func execStatus(ws unix.WaitStatus, timedOut bool) v1.ExitStatus {
 	st := v1.ExitStatus{ExitCode: ws.ExitStatus(), TimedOut: timedOut}
 	if ws.Signaled() {
 		st.ExitCode = 128 + int(ws.Signal())
@@ -662,6 +688,5 @@ func (a *Agent) exec(br *bufio.Reader, fw *v1.FrameWriter, req Request) {
 	if timedOut {
 		st.ExitCode = 124
 	}
-	b, _ := json.Marshal(st)
-	_ = fw.WriteFrame(v1.FrameExit, b)
+	return st
 }

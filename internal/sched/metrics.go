@@ -1,6 +1,10 @@
 package sched
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics exposes the scheduler's counters to Prometheus: gauges and
 // counters are read from Stats at scrape time; the wait histogram is
@@ -55,4 +59,63 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.throttled, prometheus.CounterValue, st.ThrottledTime.Seconds())
 	ch <- prometheus.MustNewConstMetric(m.paused, prometheus.CounterValue, st.PausedTime.Seconds())
 	ch <- prometheus.MustNewConstMetric(m.foreground, prometheus.GaugeValue, float64(st.Foreground))
+}
+
+// ClassStats are one class's counters.
+type ClassStats struct {
+	Queued  int // waiting to start
+	Running int
+	// Jobs ended: Done without error, Failed with one, Canceled dropped
+	// from the queue or failed after being canceled.
+	Done, Failed, Canceled uint64
+	WaitTime               time.Duration // total, submit to start, of started jobs
+	RunTime                time.Duration // total, start to end, of ended jobs
+	Bytes                  int64         // charged through Task.Charge
+}
+
+// Stats is a snapshot of the scheduler's state and counters.
+type Stats struct {
+	Classes       [NumClasses]ClassStats // indexed by Class
+	Foreground    int                    // holders, Rollback jobs included
+	Bytes         int64                  // charged, all classes
+	ThrottledTime time.Duration          // total time Charge waited for tokens
+	PausedTime    time.Duration          // total time Charge waited for foreground
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Scheduler) Stats() Stats {
+	var st Stats
+	s.mu.Lock()
+	for c := range st.Classes {
+		st.Classes[c] = ClassStats{
+			Queued: s.queued[c], Running: s.running[c],
+			Done: s.counts[c].done, Failed: s.counts[c].failed, Canceled: s.counts[c].canceled,
+			WaitTime: s.counts[c].wait, RunTime: s.counts[c].run,
+		}
+	}
+	st.Foreground = s.fg
+	s.mu.Unlock()
+	for c := range st.Classes {
+		st.Classes[c].Bytes = s.bytes[c].Load()
+		st.Bytes += st.Classes[c].Bytes
+	}
+	st.ThrottledTime = time.Duration(s.throttled.Load())
+	st.PausedTime = time.Duration(s.paused.Load())
+	return st
+}
+
+// Collectors returns the scheduler's Prometheus collectors, to register
+// on a registry of the caller's.
+func (s *Scheduler) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{s.met, s.met.waitVec}
+}
+
+// Register registers the scheduler's collectors on r.
+func (s *Scheduler) Register(r prometheus.Registerer) error {
+	for _, c := range s.Collectors() {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -1,0 +1,175 @@
+// molt daemon and molt host: the daemon's flags, and what it reports about
+// the host it runs on.
+
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/core"
+	"github.com/molt-sh/molt/internal/daemon"
+	"github.com/molt-sh/molt/internal/sched"
+	"github.com/spf13/cobra"
+)
+
+// parseReserve parses --disk-reserve: "auto" (core's default), a size
+// ("0": none) or a percentage of the pool's size ("5%").
+func parseReserve(s string) (bytes int64, percent float64, err error) {
+	s = strings.TrimSpace(s)
+	switch {
+	case s == "auto" || s == "":
+		return 0, 0, nil
+	case strings.HasSuffix(s, "%"):
+		p, err := strconv.ParseFloat(strings.TrimSuffix(s, "%"), 64)
+		if err != nil || p <= 0 || p >= 100 {
+			return 0, 0, fmt.Errorf("bad --disk-reserve %q: want a percentage above 0 and below 100", s)
+		}
+		return 0, p, nil
+	}
+	n, err := parseSize(s)
+	if err != nil {
+		return 0, 0, fmt.Errorf("bad --disk-reserve: %w", err)
+	}
+	if n == 0 {
+		return -1, 0, nil
+	}
+	return n, 0, nil
+}
+
+func daemonCmd(g *globals) *cobra.Command {
+	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve, defaultDisk string
+	var defMemory, defPids, defCPUs string
+	var defIOWeight int64
+	var workers, criuLog int
+	var dynMods, cow, tmpl, diskQuota, userns bool
+	var usernsBase uint32
+	var frozenDeadline time.Duration
+	var sockGroup string
+	var sockUIDs []int
+	var seccompDefault string
+	c := &cobra.Command{
+		Use:   "daemon",
+		Short: "Run the molt daemon in the foreground",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			size, err := parseSize(poolSize)
+			if err != nil {
+				return err
+			}
+			nodes, err := parseSize(nodeSize)
+			if err != nil {
+				return err
+			}
+			sbyBudget, err := parseSize(budget)
+			if err != nil {
+				return err
+			}
+			perSandbox, err := parseSize(sbBudget)
+			if err != nil {
+				return err
+			}
+			bps, err := parseSize(ioBudget)
+			if err != nil {
+				return err
+			}
+			reserve, reservePct, err := parseReserve(diskReserve)
+			if err != nil {
+				return err
+			}
+			defDisk, err := parseSize(defaultDisk)
+			if err != nil {
+				return fmt.Errorf("bad --default-disk: %w", err)
+			}
+			if frozenDeadline == 0 {
+				frozenDeadline = -1 // none
+			}
+			defaults, err := parseResources(defMemory, defPids, defCPUs, defIOWeight)
+			if err != nil {
+				return err
+			}
+			if seccompDefault != v1.SeccompDefault && seccompDefault != v1.SeccompUnconfined {
+				return fmt.Errorf("--seccomp-default %q: want %s or %s", seccompDefault, v1.SeccompDefault, v1.SeccompUnconfined)
+			}
+			if criuLog < 1 || criuLog > 4 {
+				return fmt.Errorf("--criu-log-level %d: want 1 (errors) to 4 (debugging)", criuLog)
+			}
+			gid, err := daemon.ParseSocketGroup(sockGroup)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := ctx()
+			defer cancel()
+			// With --json the daemon logs JSON lines on stderr.
+			var log *slog.Logger
+			if g.json {
+				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+			}
+			return daemon.Run(ctx, daemon.Config{
+				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl,
+					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, NoDiskQuota: !diskQuota, DefaultResources: defaults, UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault},
+				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs},
+			})
+		},
+	}
+	c.Flags().StringVar(&poolSize, "pool-size", "32G", "size of the btrfs loop file when the root is not on btrfs")
+	c.Flags().StringVar(&nodeSize, "pool-node-size", "8K", "btrfs metadata node size of a new loop file (4K to 64K): small nodes keep snapshots of a long-lived, often checkpointed root cheap; an existing pool keeps its own")
+	c.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "cache for debootstrap trees (env MOLT_CACHE_DIR)")
+	c.Flags().StringVar(&budget, "standby-budget", "2G", "memory for pre-restored standbys (hot rollback) across the host; 0 disables them")
+	c.Flags().StringVar(&sbBudget, "sandbox-standby-budget", "0", "default memory for one sandbox's standbys, within --standby-budget (0: no bound of its own; molt create --standby-budget sets one per sandbox)")
+	c.Flags().IntVar(&workers, "sched-workers", 0, "checkpoint background jobs (storing, standbys, GC) run at once host-wide (0: 1 on up to 2 CPUs, else half the CPUs)")
+	c.Flags().StringVar(&diskReserve, "disk-reserve", "auto", "space kept free in the pool and on the filesystem under a loop pool: checkpoints, forks and rollbacks that would leave less are refused (resource_exhausted); a size, a percentage of the pool (5%), 0 for none, or auto (1G, or 5% of a pool under 20G)")
+	c.Flags().StringVar(&defaultDisk, "default-disk", "0", "disk quota of a sandbox created without --disk: its root and its checkpoints' files together, past which its writes fail with EDQUOT (0: none; sandboxes together are still kept out of --disk-reserve)")
+	c.Flags().BoolVar(&diskQuota, "disk-quota", true, "turn btrfs simple quotas on in the pool (Linux 6.7+; the pool then no longer mounts on older kernels) for per-sandbox disk quotas")
+	c.Flags().StringVar(&ioBudget, "sched-io", "0", "bytes per second background jobs may write, as 200M (0: unlimited)")
+	c.Flags().BoolVar(&cow, "cow-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory write-protect it in the frozen window and copy the pages after the thaw (single-threaded processes without shared memory; others are copied frozen, and the checkpoint says why)")
+	c.Flags().BoolVar(&tmpl, "template-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory copy every process in the frozen window (an injected clone each) and dump the copies with CRIU after the thaw, when the tree allows it (single-threaded processes, no shared memory, sockets or terminals, no signal pending, empty pipes); others take the --cow-capture path, and the checkpoint says why")
+	c.Flags().BoolVar(&dynMods, "cgroup-favordynmods", true, "set favordynmods on the host's cgroup2 mount and keep it set: cgroup moves (every restore, fork and standby does some) skip an RCU grace period each; forks and exits host-wide cost a little more")
+	c.Flags().DurationVar(&frozenDeadline, "frozen-deadline", core.DefaultFrozenDeadline, "longest a capture may keep a sandbox frozen (fs snapshot, CRIU dump, copy-on-write protection, template copies), plus 1 s per 128 MiB of the tree's private memory for a full checkpoint; past it the capture is aborted (CRIU killed), the sandbox thawed and the error names the step that hung (0: no deadline)")
+	c.Flags().StringVar(&sockGroup, "socket-group", "", "group (name or gid) whose members may use the daemon socket (mode 0660); without it only root may (0600)")
+	c.Flags().IntSliceVar(&sockUIDs, "socket-uid", nil, "further uid allowed on the daemon socket, checked with SO_PEERCRED (repeatable; the user still needs the socket file's permission, e.g. through --socket-group)")
+	c.Flags().StringVar(&defMemory, "default-memory", "auto", "memory limit of a sandbox created without --memory: a size, 0 or unlimited for none, auto for half the host's RAM up to 4G")
+	c.Flags().StringVar(&defPids, "default-pids", "auto", "process limit of a sandbox created without --pids: a count, 0 or unlimited for none, auto for 4096")
+	c.Flags().StringVar(&defCPUs, "default-cpus", "auto", "CPU limit of a sandbox created without --cpus: CPUs as 1.5, 0 or unlimited for none, auto for the host's CPU count")
+	c.Flags().Int64Var(&defIOWeight, "default-io-weight", 0, "block I/O weight of a sandbox created without --io-weight (0: the kernel's default)")
+	c.Flags().BoolVar(&userns, "userns", false, "give each sandbox created from now on a user namespace: root inside is a block of 65536 unprivileged host uids and gids of its own (docs/architecture.md, User namespaces); sandboxes keep what they were created with")
+	c.Flags().Uint32Var(&usernsBase, "userns-base", core.DefaultUserNSBase, "first host uid and gid of the --userns blocks (65536 ids each, the first free one per sandbox)")
+	c.Flags().StringVar(&seccompDefault, "seccomp-default", v1.SeccompDefault, "system call filter of sandboxes created without --seccomp: default (molt's profile, docs/security.md) or unconfined (for comparisons)")
+	c.Flags().IntVar(&criuLog, "criu-log-level", core.DefaultCRIULogLevel, "CRIU's log level for checkpoints and restores: 1 errors, 2 and warnings, 4 debugging (adds milliseconds to every checkpoint's frozen window)")
+	return c
+}
+
+func hostCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "host", Short: "Show the host, its storage pool and what molt can do here", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			h, err := g.client().Host(ctx)
+			if err != nil {
+				return err
+			}
+			return g.print(h, func() {
+				fmt.Printf("molt %s on Linux %s, cgroup %s\n", h.Version, h.Kernel, h.Cgroup)
+				fmt.Printf("root %s, pool %s (%s free of %s, %s nodes)", h.Root, h.Pool.Dir, human(int64(h.Pool.FreeBytes)), human(int64(h.Pool.SizeBytes)), human(int64(h.Pool.NodeSize)))
+				if h.Pool.Loop {
+					fmt.Printf(", loop file %s on %s", h.Pool.Backing, h.Pool.Device)
+				}
+				fmt.Printf("\n%d sandboxes\n", h.Sandboxes)
+				for _, f := range h.Features {
+					if f.Supported {
+						fmt.Printf("  + %-16s %s\n", f.Name, f.Detail)
+					} else {
+						fmt.Printf("  - %-16s %s\n", f.Name, f.Reason)
+					}
+				}
+			})
+		},
+	}
+}

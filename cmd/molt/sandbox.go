@@ -1,0 +1,263 @@
+// The sandbox lifecycle verbs: create, ls, inspect, rm, stop, start,
+// hibernate and resume.
+
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/spf13/cobra"
+)
+
+func createCmd(g *globals) *cobra.Command {
+	var name, hostname, memory, pids, cpus, standbyBudget, disk, filter string
+	var env []string
+	var ioWeight int64
+	c := &cobra.Command{
+		Use: "create IMAGE", Short: "Create and start a sandbox; prints its ID", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			e, err := parseEnv(env)
+			if err != nil {
+				return err
+			}
+			res, err := parseResources(memory, pids, cpus, ioWeight)
+			if err != nil {
+				return err
+			}
+			var sby int64 // the daemon's default
+			switch standbyBudget {
+			case "":
+			case "none":
+				sby = -1
+			default:
+				if sby, err = parseSize(standbyBudget); err != nil {
+					return err
+				}
+				if sby == 0 { // 0, 0M...: none (the API's 0 is the default)
+					sby = -1
+				}
+			}
+			var diskBytes int64 // the daemon's default
+			switch disk {
+			case "":
+			case "none":
+				diskBytes = -1
+			default:
+				if diskBytes, err = parseSize(disk); err != nil {
+					return fmt.Errorf("bad --disk: %w", err)
+				}
+				if diskBytes == 0 {
+					diskBytes = -1
+				}
+			}
+			req := v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
+				Resources: v1.Resources{MemoryBytes: res.MemoryBytes, Pids: res.Pids, CPUMillis: res.CPUMillis, IOWeight: res.IOWeight, StandbyBudgetBytes: sby, DiskBytes: diskBytes}}
+			if req.Seccomp, req.SeccompProfile, err = seccompFlag(filter); err != nil {
+				return err
+			}
+			sb, err := g.client().Create(ctx, req)
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() { fmt.Println(sb.ID) })
+		},
+	}
+	c.Flags().StringVar(&name, "name", "", "sandbox name")
+	c.Flags().StringVar(&hostname, "hostname", "", "hostname (default: the name, or molt-ID)")
+	c.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE for every command (repeatable)")
+	c.Flags().StringVar(&memory, "memory", "", "memory limit (e.g. 2G; 0 or unlimited for none; default: the daemon's --default-memory)")
+	c.Flags().StringVar(&pids, "pids", "", "process (task) limit (0 or unlimited for none; default: the daemon's --default-pids)")
+	c.Flags().StringVar(&cpus, "cpus", "", "CPU limit in CPUs, as 1.5 (0 or unlimited for none; default: the daemon's --default-cpus)")
+	c.Flags().Int64Var(&ioWeight, "io-weight", 0, "proportional block I/O weight, 1-10000 on cgroup v2 and 1-1000 on v1 (0: the kernel's default, 100); refused where the host has no weight file")
+	c.Flags().StringVar(&disk, "disk", "", "disk quota: the sandbox's files and its checkpoints' together, past which its writes fail with EDQUOT (e.g. 10G; none for no quota; default: the daemon's --default-disk)")
+	c.Flags().StringVar(&standbyBudget, "standby-budget", "", "memory for this sandbox's standbys (hot rollback), within the host's (e.g. 512M; 0 for none; default: the daemon's --sandbox-standby-budget)")
+	c.Flags().StringVar(&filter, "seccomp", "", "system call filter: default (molt's profile, docs/security.md), unconfined, or the path of a Docker/OCI-format JSON profile, read here and sent to the daemon (default: the daemon's --seccomp-default)")
+	return c
+}
+
+// seccompFlag turns --seccomp into the request's fields: a mode, or a
+// profile read from the file it names.
+func seccompFlag(v string) (mode, profile string, err error) {
+	switch v {
+	case "", v1.SeccompDefault, v1.SeccompUnconfined:
+		return v, "", nil
+	}
+	f, err := os.Open(v)
+	if err != nil {
+		return "", "", fmt.Errorf("--seccomp: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, v1.MaxSeccompProfileBytes+1))
+	if err != nil {
+		return "", "", fmt.Errorf("--seccomp: %w", err)
+	}
+	if len(b) > v1.MaxSeccompProfileBytes {
+		return "", "", fmt.Errorf("--seccomp %s: more than %d bytes", v, v1.MaxSeccompProfileBytes)
+	}
+	return v1.SeccompCustom, string(b), nil
+}
+
+func lsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "ls", Short: "List sandboxes", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			l, err := g.client().Sandboxes(ctx)
+			if err != nil {
+				return err
+			}
+			return g.print(l, func() {
+				tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tHEAD\tCREATED")
+				for _, s := range l {
+					state := s.State
+					if s.Reason != "" {
+						state += " (" + s.Reason + ")"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, dash(s.Name), s.Image, state, dash(s.Head), s.Created.Local().Format(time.DateTime))
+				}
+				tw.Flush()
+			})
+		},
+	}
+}
+
+func inspectCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "inspect SANDBOX", Short: "Show a sandbox", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			sb, err := g.client().Sandbox(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() {
+				fmt.Printf("id:        %s\nname:      %s\nimage:     %s\nhostname:  %s\nstate:     %s\n", sb.ID, dash(sb.Name), sb.Image, sb.Hostname, sb.State)
+				if sb.Reason != "" {
+					fmt.Printf("reason:    %s\n", sb.Reason)
+				}
+				fmt.Printf("head:      %s\ncreated:   %s\n", dash(sb.Head), sb.Created.Local().Format(time.RFC3339))
+				r := sb.Resources
+				fmt.Printf("limits:    memory %s, pids %s, cpus %s", showLimit(r.MemoryBytes, human), showLimit(r.Pids, func(v int64) string { return strconv.FormatInt(v, 10) }),
+					showLimit(r.CPUMillis, func(v int64) string { return strconv.FormatFloat(float64(v)/1000, 'f', -1, 64) }))
+				if r.IOWeight > 0 {
+					fmt.Printf(", io weight %d", r.IOWeight)
+				}
+				fmt.Println()
+				if sb.LimitsTampered > 0 && sb.LastTampered != nil {
+					fmt.Printf("tampered:  %d times; last %s at %s: %s\n", sb.LimitsTampered, sb.LastTampered.When, sb.LastTampered.Time.Local().Format(time.RFC3339), strings.Join(sb.LastTampered.Limits, "; "))
+				}
+				if sb.ForkedFrom != "" {
+					fmt.Printf("forked:    from checkpoint %s\n", sb.ForkedFrom)
+				}
+				if sb.State == v1.StateRunning {
+					fmt.Printf("init pid:  %d\nprocesses: %d\nmemory:    %s\n", sb.Pid, sb.Processes, human(sb.MemoryBytes))
+					if len(sb.Standbys) > 0 {
+						fmt.Printf("standbys:  %s (%s)\n", strings.Join(sb.Standbys, ", "), human(sb.StandbyBytes))
+					}
+				}
+				if sb.Resources.DiskBytes > 0 {
+					fmt.Printf("disk:      %s of %s\n", human(sb.DiskUsedBytes), human(sb.Resources.DiskBytes))
+				} else if sb.DiskUsedBytes > 0 {
+					fmt.Printf("disk:      %s (no quota)\n", human(sb.DiskUsedBytes))
+				}
+				for _, s := range sb.Sessions {
+					fmt.Printf("session:   %s (pid %d)\n", s.Name, s.Pid)
+				}
+			})
+		},
+	}
+}
+
+func rmCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "rm SANDBOX...", Short: "Remove sandboxes with their processes and checkpoints", Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			var removed []string
+			for _, a := range args {
+				if err := g.client().Remove(ctx, a); err != nil {
+					return err
+				}
+				removed = append(removed, a)
+			}
+			return g.print(map[string][]string{"removed": removed}, func() {
+				for _, r := range removed {
+					fmt.Println(r)
+				}
+			})
+		},
+	}
+}
+
+func stopCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "stop SANDBOX", Short: "Kill a sandbox's processes; its files stay", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			sb, err := g.client().Stop(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() { fmt.Println(sb.ID, sb.State) })
+		},
+	}
+}
+
+func startCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "start SANDBOX", Short: "Start a stopped or lost sandbox", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			sb, err := g.client().Start(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() { fmt.Println(sb.ID, sb.State) })
+		},
+	}
+}
+
+func hibernateCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "hibernate SANDBOX", Short: "Checkpoint a sandbox fully and stop it", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			sb, err := g.client().Hibernate(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() { fmt.Println(sb.ID, sb.State) })
+		},
+	}
+}
+
+func resumeCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "resume SANDBOX", Short: "Resume a hibernated sandbox", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			sb, err := g.client().Resume(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(sb, func() { fmt.Println(sb.ID, sb.State) })
+		},
+	}
+}
