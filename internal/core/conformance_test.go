@@ -7,6 +7,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 )
 
 // stateCase is one kind of process state a full checkpoint must bring
@@ -196,9 +197,9 @@ var captureModes = []struct {
 	name          string
 	noCOW, noTmpl bool
 }{
-	{captureCopy, true, true},
-	{captureCOW, false, true},
-	{captureTemplate, false, false},
+	{capture.Copy, true, true},
+	{capture.COW, false, true},
+	{capture.Template, false, false},
 }
 
 // TestProcessStateConformance runs the table of process states against
@@ -218,7 +219,7 @@ func TestProcessStateConformance(t *testing.T) {
 			// The frozen copy is what small trees get: its tree has no
 			// big heap (restores are quicker).
 			holder := cowHolder
-			if mode.name == captureCopy {
+			if mode.name == capture.Copy {
 				holder = "open('/tmp/ready', 'w').close()\nimport time\nwhile True:\n    time.sleep(1)\n"
 			}
 			sb := pythonSandbox(t, m, holder)
@@ -267,7 +268,7 @@ func TestProcessStateConformance(t *testing.T) {
 						t.Fatalf("full checkpoint: %v", err)
 					}
 					t.Logf("state %q captured %s (%s), stall %.1f ms", want, ck.Capture, ck.CaptureNote, ck.StallMS)
-					if ck.Capture != mode.name && (mode.name == captureCopy || ck.CaptureNote == "") {
+					if ck.Capture != mode.name && (mode.name == capture.Copy || ck.CaptureNote == "") {
 						t.Fatalf("captured %q with no reason given, want %q", ck.Capture, mode.name)
 					}
 					run(t, m, sb.ID, helpers+"export X=changed; "+c.mutate)
