@@ -18,8 +18,8 @@
 // Invariants: files and processes come from one freeze (the root's
 // snapshot is taken frozen, next to CRIU or the copies); every frozen
 // window has a deadline (Watch), past which the sandbox is thawed and
-// the capture fails; a failed Run leaves the sandbox thawed (unless it
-// was to stay frozen and did not fail) and nothing of what it was handed.
+// the capture fails; a failed Run leaves the sandbox thawed and has
+// released all it was handed.
 // The package starts no goroutine that outlives its owner's Close but
 // the copies' dumps (Start), which Close waits for.
 package capture
