@@ -119,13 +119,13 @@ func (c *Captured) Start(done func()) {
 	if o == nil || o.copies == nil || o.dumped != nil {
 		return
 	}
-	tc, room := o.copies, o.room
+	tc, room, outside := o.copies, o.room, c.Outside
 	o.copies, o.room = nil, nil
 	o.dumped = make(chan struct{})
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), criu.DefaultTimeout)
 		defer cancel()
-		o.dumpErr = dumpCopies(ctx, &o.t, tc, c.Outside)
+		o.dumpErr = dumpCopies(ctx, &o.t, tc, outside)
 		if room != nil {
 			room()
 		}
