@@ -431,40 +431,9 @@ func copyTree(ctx context.Context, t *Target, outside int, capt *state) (freezeS
 			return freezeStart, nil, nil, errIPCAppeared
 		}
 	}
-	// From the processes, not the cgroup's list: a zombie must be seen
-	// (readFrozen refuses it), or it would be missing from the images.
-	pids, err := procTree(init)
+	procs, byHost, err := readTree(init)
 	if err != nil {
 		return freezeStart, nil, nil, err
-	}
-	byHost := map[int]frozenProc{}
-	children := map[int][]int{}
-	pipes := map[string]bool{}
-	for _, pid := range pids {
-		fp, why, err := readFrozen(pid, pid == init, pipes)
-		if err != nil {
-			return freezeStart, nil, nil, err
-		}
-		if why != "" {
-			return freezeStart, nil, nil, fmt.Errorf("%w: %s", errNoTemplate, why)
-		}
-		byHost[pid] = fp
-		children[fp.parentHost] = append(children[fp.parentHost], pid)
-	}
-	// init first, then parents before children, as the merge wants them.
-	procs := make([]frozenProc, 0, len(pids))
-	if fp, ok := byHost[init]; ok && fp.ns == 1 {
-		procs = append(procs, fp)
-	}
-	for i := 0; i < len(procs); i++ {
-		kids := children[procs[i].host]
-		slices.Sort(kids)
-		for _, k := range kids {
-			procs = append(procs, byHost[k])
-		}
-	}
-	if len(procs) != len(pids) {
-		return freezeStart, nil, nil, fmt.Errorf("%w: %d of the tree's %d processes do not descend from its init", errNoTemplate, len(pids)-len(procs), len(pids))
 	}
 	var pidns unix.Stat_t
 	if err := unix.Stat("/proc/"+strconv.Itoa(init)+"/ns/pid", &pidns); err != nil {
@@ -564,6 +533,49 @@ func copyTree(ctx context.Context, t *Target, outside int, capt *state) (freezeS
 	}
 	capt.parts.CopyMS = ms(time.Since(t0))
 	return freezeStart, snapped, tc, err
+}
+
+// readTree reads the frozen tree of init (readFrozen): its processes,
+// init first, then parents before children as the merge wants them,
+// and each by host PID. A tree that cannot be copied fails with
+// errNoTemplate.
+func readTree(init int) ([]frozenProc, map[int]frozenProc, error) {
+	// From the processes, not the cgroup's list: a zombie must be seen
+	// (readFrozen refuses it), or it would be missing from the images.
+	pids, err := procTree(init)
+	if err != nil {
+		return nil, nil, err
+	}
+	byHost := map[int]frozenProc{}
+	children := map[int][]int{}
+	pipes := map[string]bool{}
+	for _, pid := range pids {
+		fp, why, err := readFrozen(pid, pid == init, pipes)
+		if err != nil {
+			return nil, nil, err
+		}
+		if why != "" {
+			return nil, nil, fmt.Errorf("%w: %s", errNoTemplate, why)
+		}
+		byHost[pid] = fp
+		children[fp.parentHost] = append(children[fp.parentHost], pid)
+	}
+	// init first, then parents before children, as the merge wants them.
+	procs := make([]frozenProc, 0, len(pids))
+	if fp, ok := byHost[init]; ok && fp.ns == 1 {
+		procs = append(procs, fp)
+	}
+	for i := 0; i < len(procs); i++ {
+		kids := children[procs[i].host]
+		slices.Sort(kids)
+		for _, k := range kids {
+			procs = append(procs, byHost[k])
+		}
+	}
+	if len(procs) != len(pids) {
+		return nil, nil, fmt.Errorf("%w: %d of the tree's %d processes do not descend from its init", errNoTemplate, len(pids)-len(procs), len(pids))
+	}
+	return procs, byHost, nil
 }
 
 // noneStarted checks, with the tree frozen again, that init's children
