@@ -14,6 +14,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -96,7 +97,7 @@ func (m *Manager) checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 		var need int64
 		if req.Kind == v1.KindFull {
 			if pids, _, err := treePids(r.ID, r.Init); err == nil {
-				need = anonBytes(pids)
+				need = capture.AnonBytes(pids)
 			}
 		}
 		if err := m.room("checkpoint "+r.ID, need); err != nil {
@@ -228,22 +229,22 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 		}
 	}
 	freezeStart := time.Now()
-	var fw *frozenWatch // frozen.go
+	var fw *capture.Watch
 	if cg != nil {
 		var wctx context.Context
-		wctx, fw = watchFrozen(ctx, cg, m.frozenDeadline(0))
-		defer fw.stop()
-		fw.arm("the freeze")
+		wctx, fw = capture.WatchFrozen(ctx, cg, m.frozenDeadline(0))
+		defer fw.Stop()
+		fw.Arm("the freeze")
 		if err := cg.Freeze(wctx); err != nil {
 			return v1.Checkpoint{}, err
 		}
-		fw.enter("the root's snapshot")
+		fw.Enter("the root's snapshot")
 	}
 	snapErr := snapshotRoot(root, m.ckFS(id), m.groupsOf(rec))
 	if snapErr == nil {
 		snapErr = m.fail("checkpoint:frozen")
 	}
-	if err := fw.stop(); err != nil {
+	if err := fw.Stop(); err != nil {
 		snapErr = errors.Join(err, snapErr)
 	}
 	if snapErr == nil && o.frozen != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 )
 
 // stateCase is one kind of process state a full checkpoint must bring
@@ -196,9 +197,9 @@ var captureModes = []struct {
 	name          string
 	noCOW, noTmpl bool
 }{
-	{captureCopy, true, true},
-	{captureCOW, false, true},
-	{captureTemplate, false, false},
+	{capture.Copy, true, true},
+	{capture.COW, false, true},
+	{capture.Template, false, false},
 }
 
 // TestProcessStateConformance runs the table of process states against
@@ -218,7 +219,7 @@ func TestProcessStateConformance(t *testing.T) {
 			// The frozen copy is what small trees get: its tree has no
 			// big heap (restores are quicker).
 			holder := cowHolder
-			if mode.name == captureCopy {
+			if mode.name == capture.Copy {
 				holder = "open('/tmp/ready', 'w').close()\nimport time\nwhile True:\n    time.sleep(1)\n"
 			}
 			sb := pythonSandbox(t, m, holder)
@@ -267,7 +268,7 @@ func TestProcessStateConformance(t *testing.T) {
 						t.Fatalf("full checkpoint: %v", err)
 					}
 					t.Logf("state %q captured %s (%s), stall %.1f ms", want, ck.Capture, ck.CaptureNote, ck.StallMS)
-					if ck.Capture != mode.name && (mode.name == captureCopy || ck.CaptureNote == "") {
+					if ck.Capture != mode.name && (mode.name == capture.Copy || ck.CaptureNote == "") {
 						t.Fatalf("captured %q with no reason given, want %q", ck.Capture, mode.name)
 					}
 					run(t, m, sb.ID, helpers+"export X=changed; "+c.mutate)
@@ -295,5 +296,149 @@ func TestProcessStateConformance(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// conformanceTree is the tree every capture path takes in
+// TestCaptureConformance: a Python process holding 48 MiB of known
+// contents (enough for copy-on-write and template captures), a child
+// it talks to through a pair of pipes (empty between requests), which
+// holds 1 MiB of its own, and a child that writes a numbered line to a
+// file every 10 ms. SIGUSR1 to the parent (PID in /tmp/pid) writes the
+// tree's state to /tmp/out: its heap's hash, the child's answer through
+// the pipes (its memory's hash, its parent), whether the writer's file
+// holds exactly the lines it wrote and ends at its file offset (files
+// and processes from one instant), and whether both children live.
+// SIGUSR2 changes the memory of the parent and the first child.
+const conformanceTree = `
+import os, signal, time, hashlib, select
+heap = bytearray(bytes(range(256)) * (48 << 12))
+heap[12345] = 7
+parent = os.getpid()
+p2c_r, p2c_w = os.pipe()
+c2p_r, c2p_w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(p2c_w); os.close(c2p_r)
+    mem = bytearray(bytes(range(255, -1, -1)) * 4096)
+    while True:
+        req = os.read(p2c_r, 64)
+        if req == b'mutate':
+            mem[0] ^= 0xff
+            os.write(c2p_w, b'ok')
+        else:
+            os.write(c2p_w, ('pong parent-ok=%s mem=%s' % (os.getppid() == parent, hashlib.sha256(mem).hexdigest()[:16])).encode())
+writer = os.fork()
+if writer == 0:
+    for fd in (p2c_r, p2c_w, c2p_r, c2p_w):
+        os.close(fd)
+    out = os.open('/tmp/log', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    n = 0
+    def report(*a):
+        off = os.lseek(out, 0, os.SEEK_CUR)
+        with open('/tmp/log', 'rb') as f:
+            data = f.read()
+        want = b''.join(b'%d\n' % i for i in range(1, n + 1))
+        r = 'consistent' if data == want and off == len(data) else 'inconsistent: %d lines written, offset %d, file %d bytes' % (n, off, len(data))
+        with open('/tmp/w.tmp', 'w') as f:
+            f.write(r)
+        os.rename('/tmp/w.tmp', '/tmp/w.out')
+    signal.signal(signal.SIGUSR1, report)
+    while True:
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+        n += 1
+        os.write(out, b'%d\n' % n)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+        time.sleep(0.01)
+os.close(p2c_r); os.close(c2p_w)
+def ask(req):
+    os.write(p2c_w, req)
+    r, _, _ = select.select([c2p_r], [], [], 5)
+    return os.read(c2p_r, 128).decode() if r else 'no answer'
+def probe(*a):
+    h = hashlib.sha256(heap).hexdigest()[:16]
+    reply = ask(b'ping')
+    try:
+        os.unlink('/tmp/w.out')
+    except FileNotFoundError:
+        pass
+    os.kill(writer, signal.SIGUSR1)
+    w = 'no report'
+    for _ in range(500):
+        if os.path.exists('/tmp/w.out'):
+            with open('/tmp/w.out') as f:
+                w = f.read()
+            break
+        time.sleep(0.01)
+    alive = os.waitpid(child, os.WNOHANG)[0] == 0 and os.waitpid(writer, os.WNOHANG)[0] == 0
+    with open('/tmp/out.tmp', 'w') as f:
+        f.write('heap %s | child %s | writer %s | children alive %s' % (h, reply, w, alive))
+    os.rename('/tmp/out.tmp', '/tmp/out')
+def mutate(*a):
+    heap[0] ^= 0xff
+    ask(b'mutate')
+signal.signal(signal.SIGUSR1, probe)
+signal.signal(signal.SIGUSR2, mutate)
+with open('/tmp/pid.tmp', 'w') as f:
+    f.write(str(parent))
+os.rename('/tmp/pid.tmp', '/tmp/pid')
+open('/tmp/ready', 'w').close()
+while True:
+    signal.pause()
+`
+
+// TestCaptureConformance runs every capture path (capture.Plan's
+// strategies, forced through the configuration) against the same tree
+// (conformanceTree): the path must be the one forced, and the state
+// after a rollback and in a fork must be the state at the checkpoint,
+// the same for every path.
+func TestCaptureConformance(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	probe := func(t *testing.T, id string) string {
+		t.Helper()
+		r := run(t, m, id, `rm -f /tmp/out; kill -USR1 $(cat /tmp/pid); for i in $(seq 500); do [ -e /tmp/out ] && break; sleep 0.02; done; cat /tmp/out`)
+		return strings.TrimSpace(r.Stdout)
+	}
+	states := map[string]string{}
+	for _, mode := range captureModes {
+		t.Run(mode.name, func(t *testing.T) {
+			m.cfg.NoCOWCapture, m.cfg.NoTemplateCapture = mode.noCOW, mode.noTmpl
+			defer func() { m.cfg.NoCOWCapture, m.cfg.NoTemplateCapture = false, false }()
+			sb := pythonSandbox(t, m, conformanceTree)
+			defer func() { _ = m.Remove(ctx, sb.ID) }()
+			want := probe(t, sb.ID)
+			if !strings.Contains(want, "writer consistent") || !strings.Contains(want, "parent-ok=True") || !strings.HasSuffix(want, "alive True") {
+				t.Fatalf("the tree is not as made: %s", want)
+			}
+			ck := fullCaptured(t, m, sb.ID, mode.name)
+			t.Logf("captured %s, stall %.1f ms, parts %+v", ck.Capture, ck.StallMS, ck.StallParts)
+			run(t, m, sb.ID, "kill -USR2 $(cat /tmp/pid); sleep 0.2")
+			if got := probe(t, sb.ID); got == want {
+				t.Fatalf("the change after the checkpoint changed nothing: %s", got)
+			}
+			if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
+				t.Fatalf("rollback: %v", err)
+			}
+			got := probe(t, sb.ID)
+			if got != want {
+				t.Errorf("after the rollback:\n got %s\nwant %s", got, want)
+			}
+			fr, err := m.Fork(ctx, ck.ID, v1.ForkRequest{})
+			if err != nil {
+				t.Fatalf("fork: %v", err)
+			}
+			defer func() { _ = m.Remove(ctx, fr.Sandboxes[0].ID) }()
+			if f := probe(t, fr.Sandboxes[0].ID); f != want {
+				t.Errorf("in the fork:\n got %s\nwant %s", f, want)
+			}
+			states[mode.name] = got
+		})
+	}
+	for name, s := range states {
+		if ref := states[capture.Copy]; ref != "" && s != ref {
+			t.Errorf("%s restored %s, the frozen CRIU dump %s", name, s, ref)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 	"github.com/molt-sh/molt/internal/sandbox"
 )
 
@@ -44,8 +45,8 @@ func TestTemplateCapture(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("checkpoint: stall %.1f ms, capture %s %s, parts %+v, took %.1f ms", ck.StallMS, ck.Capture, ck.CaptureNote, ck.StallParts, ck.DurationMS)
-	if ck.Capture != captureTemplate {
-		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureTemplate)
+	if ck.Capture != capture.Template {
+		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, capture.Template)
 	}
 	if p := ck.StallParts; p == nil || p.CopyMS <= 0 || p.CRIUMS != 0 || p.SnapshotMS <= 0 || p.CopyMS > ck.StallMS+1 {
 		t.Fatalf("stall parts %+v of a %.1f ms stall: want the copying within the stall, no CRIU", p, ck.StallMS)
@@ -71,7 +72,7 @@ func TestTemplateCapture(t *testing.T) {
 	}
 	heapIntact(t, m, sb.ID, "after the rollback")
 	// The restored tree is captured the same way.
-	fullCaptured(t, m, sb.ID, captureTemplate)
+	fullCaptured(t, m, sb.ID, capture.Template)
 }
 
 // TestTemplateCaptureFallsBack: a tree the copies cannot capture (a
@@ -86,8 +87,8 @@ func TestTemplateCaptureFallsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ck.Capture != captureCOW || !strings.Contains(ck.CaptureNote, "socket") {
-		t.Fatalf("capture %q (%q), want %q saying why not %q", ck.Capture, ck.CaptureNote, captureCOW, captureTemplate)
+	if ck.Capture != capture.COW || !strings.Contains(ck.CaptureNote, "socket") {
+		t.Fatalf("capture %q (%q), want %q saying why not %q", ck.Capture, ck.CaptureNote, capture.COW, capture.Template)
 	}
 }
 
@@ -108,7 +109,7 @@ func TestTemplateCaptureFailure(t *testing.T) {
 		t.Fatalf("session after the failed checkpoint: %q", r.Stdout)
 	}
 	heapIntact(t, m, sb.ID, "after the failed checkpoint")
-	fullCaptured(t, m, sb.ID, captureTemplate)
+	fullCaptured(t, m, sb.ID, capture.Template)
 }
 
 // TestTemplateCaptureRollbackRightAfter: a rollback that comes while a
@@ -139,7 +140,7 @@ func TestTemplateCaptureRollbackRightAfter(t *testing.T) {
 		close(hold)
 		t.Fatal(err)
 	}
-	if ck1.Capture != captureTemplate || ck2.Capture != captureTemplate {
+	if ck1.Capture != capture.Template || ck2.Capture != capture.Template {
 		close(hold)
 		t.Fatalf("captures %q (%s), %q (%s)", ck1.Capture, ck1.CaptureNote, ck2.Capture, ck2.CaptureNote)
 	}
@@ -243,7 +244,7 @@ func TestTemplateCaptureCrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ck.Capture != captureTemplate {
+	if ck.Capture != capture.Template {
 		t.Fatalf("capture after the crashes %q (%s)", ck.Capture, ck.CaptureNote)
 	}
 }
@@ -267,7 +268,7 @@ func TestTemplateCaptureDeepTree(t *testing.T) {
 	if !strings.Contains(before, "Running") {
 		t.Fatalf("jobs before the checkpoint: %q", before)
 	}
-	ck := fullCaptured(t, m, sb.ID, captureTemplate)
+	ck := fullCaptured(t, m, sb.ID, capture.Template)
 	if got := jobs(); got != before {
 		t.Fatalf("jobs after the checkpoint %q, before %q", got, before)
 	}

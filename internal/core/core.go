@@ -93,7 +93,7 @@ type Config struct {
 	NoCOWCapture bool
 	// NoTemplateCapture keeps full checkpoints from copying the tree in
 	// the frozen window and dumping the copies after the thaw
-	// (v1.Checkpoint.Capture "template"; copies.go): for comparisons.
+	// (v1.Checkpoint.Capture "template"; internal/capture): for comparisons.
 	NoTemplateCapture bool
 	// DiskReserve is the space kept free in the pool, and under a loop
 	// pool: work that would leave less (a checkpoint, a fork, a
@@ -110,7 +110,7 @@ type Config struct {
 	DefaultDisk int64
 	// NoDiskQuota leaves quotas off in the pool (for comparisons).
 	NoDiskQuota bool
-	// FrozenDeadline bounds each frozen window of a capture (frozen.go);
+	// FrozenDeadline bounds each frozen window of a capture (capture.Watch);
 	// 0 means DefaultFrozenDeadline, negative none.
 	FrozenDeadline time.Duration
 	// SeccompDefault is the filter of sandboxes created without one:
@@ -157,7 +157,7 @@ type Manager struct {
 	mu    sync.Mutex // guards locks, copying and name uniqueness checks
 	locks map[string]*sync.Mutex
 	// copying holds, per sandbox, the end of the dumps of a template
-	// capture's copies (copies.go), closed when they are done: until
+	// capture's copies (internal/capture), closed when they are done: until
 	// then the copies are processes of the sandbox.
 	copying map[string]chan struct{}
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 )
 
 // rewriter holds 100 MiB and, when /tmp/touch appears, writes one byte
@@ -80,9 +81,9 @@ func BenchmarkCOWRewrite(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		want := captureCopy
+		want := capture.Copy
 		if cow {
-			want = captureCOW
+			want = capture.COW
 		}
 		if ck.Capture != want {
 			b.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, want)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 )
 
 // cowHolder holds 48 MiB of 'A's; /tmp/fill makes it write 'B' over all
@@ -93,9 +94,9 @@ func TestCOWCapture(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("checkpoint: stall %.1f ms, capture %s %s, parts %+v", ck.StallMS, ck.Capture, ck.CaptureNote, ck.StallParts)
-	if ck.Capture != captureCOW {
+	if ck.Capture != capture.COW {
 		close(gate)
-		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureCOW)
+		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, capture.COW)
 	}
 	if p := ck.StallParts; p == nil || p.ProtectMS <= 0 || p.CRIUMS <= 0 || p.SnapshotMS <= 0 ||
 		p.ProtectMS+p.CRIUMS > ck.StallMS+1 || p.SnapshotMS > ck.StallMS+1 {
@@ -161,8 +162,8 @@ func TestCOWCaptureFallsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ck.Capture != captureCopy || !strings.Contains(ck.CaptureNote, "threads") {
-		t.Fatalf("capture %q (%q), want %q saying why", ck.Capture, ck.CaptureNote, captureCopy)
+	if ck.Capture != capture.Copy || !strings.Contains(ck.CaptureNote, "threads") {
+		t.Fatalf("capture %q (%q), want %q saying why", ck.Capture, ck.CaptureNote, capture.Copy)
 	}
 	if p := ck.StallParts; p == nil || p.ProtectMS != 0 || p.CRIUMS <= 0 {
 		t.Fatalf("stall parts %+v of a copying capture: want no protection and CRIU's time", p)
@@ -195,7 +196,7 @@ func TestCOWCaptureFailureLeavesSandboxRunning(t *testing.T) {
 			heapIntact(t, m, sb.ID, "after the failed checkpoint")
 		})
 	}
-	fullCaptured(t, m, sb.ID, captureCOW)
+	fullCaptured(t, m, sb.ID, capture.COW)
 }
 
 // TestCOWCaptureWithStandby: the sandbox's cgroup also holds the standby
@@ -217,8 +218,8 @@ func TestCOWCaptureWithStandby(t *testing.T) {
 			t.Fatalf("checkpoint %d: %v", i, err)
 		}
 		t.Logf("checkpoint %d: stall %.1f ms, capture %s %s", i, ck.StallMS, ck.Capture, ck.CaptureNote)
-		if ck.Capture != captureCOW {
-			t.Fatalf("checkpoint %d: capture %q (%s), want %q", i, ck.Capture, ck.CaptureNote, captureCOW)
+		if ck.Capture != capture.COW {
+			t.Fatalf("checkpoint %d: capture %q (%s), want %q", i, ck.Capture, ck.CaptureNote, capture.COW)
 		}
 		if i > 0 && ck.StallMS > 1000 {
 			t.Fatalf("checkpoint %d: stall %.0f ms with a standby in the cgroup", i, ck.StallMS)
@@ -263,8 +264,8 @@ func TestCOWCaptureWithZombie(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("checkpoint: stall %.1f ms, capture %s %s", ck.StallMS, ck.Capture, ck.CaptureNote)
-	if ck.Capture != captureCOW {
-		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureCOW)
+	if ck.Capture != capture.COW {
+		t.Fatalf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, capture.COW)
 	}
 	run(t, m, sb.ID, "touch /tmp/fill")
 	waitFile(t, m, sb.ID, "/tmp/filled")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/criu"
@@ -29,14 +29,6 @@ import (
 
 // ckImages is the directory of checkpoint id's process images.
 func (m *Manager) ckImages(id string) string { return m.cks.Images(id) }
-
-// networkLock is how CRIU keeps a sandbox's TCP connections quiet during
-// a dump and a restore: not at all. A sandbox's network namespace holds
-// only loopback, so both ends of every connection are processes of the
-// sandbox, frozen for the dump or not yet running during the restore:
-// no packet can arrive. Locking with nftables (CRIU's library, no
-// programs needed) costs 17-20 ms of every frozen window here.
-const networkLock = "skip"
 
 // criuReady returns the CRIU tool, or why full checkpoints cannot be
 // taken here.
@@ -64,10 +56,11 @@ func criuProblem(f criu.Features) string {
 }
 
 // fullCheckpointLocked takes a full checkpoint: files and every process
-// of the sandbox at one instant (one freeze of its cgroup). CRIU dumps to
-// a staging directory in memory; after the thaw it returns the
-// checkpoint pending, and persist stores the images through the page
-// store, writes the manifest and commits, in the background.
+// of the sandbox at one instant (one freeze of its cgroup). The capture
+// (internal/capture) dumps to a staging directory in memory; after the
+// thaw it returns the checkpoint pending, and persist stores the images
+// through the page store, writes the manifest and commits, in the
+// background.
 func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ckOpts) (v1.Checkpoint, error) {
 	label, keep := o.label, o.keep
 	start := time.Now()
@@ -80,32 +73,12 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	}
 	m.enforceLimits(&rec, "checkpoint")
 	id := newID()
-	root := m.sbRoot(rec.ID)
 	r := revert.New()
 	defer r.Fail()
 	if _, err := m.cks.Create(id); err != nil {
 		return v1.Checkpoint{}, err
 	}
 	r.Add(func() error { return m.cks.Delete(id) })
-	work := m.path("tmp", "dump-"+id)
-	if err := os.Mkdir(work, 0o700); err != nil {
-		return v1.Checkpoint{}, err
-	}
-	keepStaging := false // handed to the background persist
-	defer func() {
-		if !keepStaging {
-			os.RemoveAll(work)
-		}
-	}()
-	staging, err := m.stagingDir(work, stagingBound(rec))
-	if err != nil {
-		return v1.Checkpoint{}, err
-	}
-	defer func() {
-		if !keepStaging {
-			removeStaging(staging)
-		}
-	}()
 	// One instant for files and processes: freeze the cgroup (cgroup2,
 	// about a millisecond), snapshot the root, let CRIU dump the frozen
 	// tree (it freezes through the same cgroup, so it does not stop each
@@ -117,14 +90,14 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	// In a user namespace CRIU (host root, the namespace's owner) holds
 	// every capability, CAP_SYS_RESOURCE included: any user dumps.
 	if !rec.IDs.Enabled() {
-		if err := checkDumpable(cg); err != nil {
+		if err := capture.CheckDumpable(cg); err != nil {
 			return v1.Checkpoint{}, err
 		}
 	}
 	if err := m.quiet(rec.ID, time.Second); err != nil {
 		return v1.Checkpoint{}, err
 	}
-	if why := tracedObstacle(rec.Init.Pid); why != "" {
+	if why := capture.Traced(rec.Init.Pid); why != "" {
 		return v1.Checkpoint{}, fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)
 	}
 	// From the syncfs to the thaw no background commit of the pool
@@ -134,167 +107,38 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		return v1.Checkpoint{}, err
 	}
 	defer releaseCommits()
-	if err := fsnap.SyncFS(root); err != nil {
+	if err := fsnap.SyncFS(m.sbRoot(rec.ID)); err != nil {
 		return v1.Checkpoint{}, err
 	}
-	// CRIU starts (tens of milliseconds) before the freeze: the freeze
-	// and the snapshot run at its pre-dump notification.
-	// The sandbox's network, UTS and (when it holds no System V objects)
-	// IPC namespaces stay out of the images, and so do its cgroups: CRIU
-	// runs in those namespaces (a tree in CRIU's own namespace leaves it
-	// out), and a restore gives the tree fresh ones and the sandbox's
-	// cgroup. Dumping them took about 40 ms of the frozen window here (a
-	// fork of CRIU per namespace, the host's connection-tracking table
-	// scanned twice, the cgroups). Nothing inside a sandbox can configure
-	// them (no CAP_NET_ADMIN or CAP_SYS_ADMIN, /proc/sys read-only), so
-	// fresh ones equal the dumped ones: loopback up, the sandbox's
-	// hostname, no IPC objects.
-	outside := unix.CLONE_NEWNET | unix.CLONE_NEWUTS
-	inUse, err := sysvIPCInUse(rec.Init.Pid)
+	// How to capture the tree (capture.Plan): the live tree only, the
+	// standbys in the cgroup are not dumped.
+	pids, _, perr := treePids(rec.ID, rec.Init)
+	tree, err := capture.Inspect(rec.Init.Pid, pids, perr == nil, capture.Config{
+		HoldFrozen: o.holdFrozen, NoCOW: m.cfg.NoCOWCapture, NoTemplate: m.cfg.NoTemplateCapture,
+		NamespacesInImages: m.netnsInImages,
+	})
 	if err != nil {
 		return v1.Checkpoint{}, err
-	}
-	if !inUse {
-		outside |= unix.CLONE_NEWIPC
-	}
-	if m.netnsInImages {
-		outside = 0
 	}
 	if err := m.fail("full:namespaces"); err != nil {
 		return v1.Checkpoint{}, err
 	}
-	var freezeStart time.Time
-	var snapped chan error
-	// A tree with much private memory is captured copy-on-write when it
-	// can be (cow.go); CRIU then streams its images to the daemon.
-	capt := capture{mode: captureCopy}
-	// The live tree's memory: standbys in the cgroup are not dumped.
-	pids, _, perr := treePids(rec.ID, rec.Init)
-	var anon int64
-	if perr == nil {
-		anon = anonBytes(pids)
-	}
-	big := perr == nil && anon >= cowMinAnon && !o.holdFrozen
-	// CRIU or ptrace that hangs does not keep the sandbox frozen
-	// (frozen.go): the work in the frozen window runs under wctx.
-	wctx, fw := watchFrozen(ctx, cg, m.frozenDeadline(anon))
-	defer fw.stop()
-	capt.watch = fw
-	if big && !m.cfg.NoCOWCapture {
-		capt.stream = true
-	}
-	var stream *criu.Stream
-	defer func() {
-		if stream != nil {
-			stream.Close()
-		}
-	}()
-	// Better still, a tree that can be copied is copied in the frozen
-	// window and dumped after the thaw (copies.go); one found not to be
-	// once frozen is thawed and captured the other way.
-	var tc *treeCopy
-	defer func() { tc.close() }()
-	if big && !m.cfg.NoTemplateCapture {
-		if why := templateObstacle(rec.Init.Pid, pids); why != "" {
-			capt.note = why
-		} else if rerr := m.reserveRoom(rec, copiesRoom(id), room{mem: anonBytes(pids), pids: int64(len(pids))}); rerr != nil {
-			capt.note = "no room for the copies: " + rerr.Error()
-		} else {
-			// The copies are not the sandbox's: room for them first
-			// (limits.go); it goes when they are gone.
-			defer func() {
-				if tc != nil || capt.mode != captureTemplate {
-					tc.close()
-					m.releaseRoom(rec.ID, copiesRoom(id))
-				}
-			}()
-			freezeStart, snapped, tc, err = m.copyTree(wctx, rec, cg, id, outside, &capt)
-			if tc != nil {
-				tc.room = copiesRoom(id)
-			}
-			switch {
-			case err == nil:
-				capt.mode, capt.stream = captureTemplate, false
-			case errors.Is(err, errNoTemplate), errors.Is(err, errIPCAppeared):
-				if errors.Is(err, errIPCAppeared) {
-					outside &^= unix.CLONE_NEWIPC
-				}
-				if terr := cg.Thaw(); terr != nil {
-					return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
-				}
-				fw.disarm()
-				capt.note = err.Error()
-				capt.parts = v1.StallParts{}
-				freezeStart, err = time.Time{}, nil
-			}
-		}
-	}
-	for tc == nil && err == nil {
-		freezeStart, snapped, stream, err = m.dumpTree(wctx, tool, rec, cg, id, staging, work, outside, &capt)
-		if !errors.Is(err, errIPCAppeared) {
-			break
-		}
-		// An IPC object appeared before the freeze: dump with the
-		// namespace (and without the stream, whose files may be there).
-		if terr := cg.Thaw(); terr != nil {
-			return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
-		}
-		fw.disarm()
-		outside &^= unix.CLONE_NEWIPC
-		if stream != nil {
-			stream.Close()
-			stream = nil
-			if err := clearDir(staging); err != nil {
-				return v1.Checkpoint{}, err
-			}
-		}
-		capt = capture{mode: captureCopy, note: "retried with the IPC namespace", watch: fw}
-		err = nil
-	}
-	if err != nil {
-		err = fmt.Errorf("dump: %w", err)
-	}
-	if snapped != nil {
-		fw.enter("the root's snapshot")
-		if serr := <-snapped; serr != nil {
-			err = errors.Join(err, fmt.Errorf("snapshot: %w", serr))
-		} else if err == nil {
-			err = m.fail("full:snapshot")
-		}
-	}
-	if derr := fw.stop(); derr != nil {
-		if err != nil {
-			derr = fmt.Errorf("%w (%v)", derr, err)
-		}
-		err = derr
-	}
-	if err == nil && o.frozen != nil {
-		o.frozen()
-	}
-	if freezeStart.IsZero() {
-		freezeStart = time.Now()
-	}
-	// CRIU leaves a cgroup it froze frozen; so does a failed dump.
-	if err != nil || !o.holdFrozen {
-		if terr := cg.Thaw(); terr != nil {
-			return v1.Checkpoint{}, errors.Join(err, fmt.Errorf("thaw: %w", terr))
-		}
-	}
-	stall := time.Since(freezeStart)
+	c, err := m.runCapture(ctx, rec, cg, tool, id, tree, o)
 	releaseCommits()
 	if err != nil {
 		return v1.Checkpoint{}, err
 	}
+	defer c.Close()
 	if !o.holdFrozen {
-		m.refillDumpSpare(rec, outside)
+		m.refillDumpSpare(rec, c.Outside)
 	}
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
-		Created: time.Now().UTC(), StallMS: ms(stall), Keep: keep,
-		Capture: capt.mode, CaptureNote: capt.note,
-		StallParts: &capt.parts,
-	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: outside&unix.CLONE_NEWNET != 0,
-		ExternalUTS: outside&unix.CLONE_NEWUTS != 0, ExternalIPC: outside&unix.CLONE_NEWIPC != 0, IDs: rec.IDs}
+		Created: time.Now().UTC(), StallMS: ms(c.Stall), Keep: keep,
+		Capture: c.Mode, CaptureNote: c.Note,
+		StallParts: &c.Parts,
+	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: c.Outside&unix.CLONE_NEWNET != 0,
+		ExternalUTS: c.Outside&unix.CLONE_NEWUTS != 0, ExternalIPC: c.Outside&unix.CLONE_NEWIPC != 0, IDs: rec.IDs}
 	// The consistent instant is captured and the sandbox runs on. The
 	// rest (storing the images, the manifest, the commit) runs in the
 	// background: the checkpoint is pending until committed. The sandbox
@@ -305,18 +149,12 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	}
 	job := m.pipe.add(ck)
 	r.Success()
-	keepStaging = true
-	held := stream
-	stream = nil // persist writes it out and closes it
-	var copied <-chan error
-	if tc != nil {
-		// The copies are dumped into staging from now on; persist waits
-		// for them.
-		copied = m.startDumpCopies(tool, rec, tc, staging, work, outside)
-		tc = nil
-	}
+	// The copies are dumped into staging from now on; persist waits for
+	// them, and owns the capture.
+	m.startCopies(rec.ID, c)
+	held := c.Hand()
 	m.background(rec.ID, sched.Persist, "persist "+ck.ID, func(ctx context.Context, t *sched.Task) error {
-		m.persist(ctx, t, job, rec, staging, work, held, copied, start)
+		m.persist(ctx, t, job, rec, held, start)
 		return job.err
 	})
 	ck.Pending = true
@@ -324,99 +162,42 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	return ck.Checkpoint, nil
 }
 
-// startSnapshot starts the read-only snapshot of the sandbox root root
-// as checkpoint id's files; its result arrives on the channel, and its
-// time in capt's stall parts before that.
-func (m *Manager) startSnapshot(root, id string, groups []uint64, capt *capture) chan error {
-	snapped := make(chan error, 1)
-	go func() {
-		t0 := time.Now()
-		err := snapshotRoot(root, m.ckFS(id), groups)
-		capt.parts.SnapshotMS = ms(time.Since(t0))
-		snapped <- err
-	}()
-	return snapped
-}
-
-// errIPCAppeared fails a dump that left the IPC namespace out when the
-// frozen sandbox turns out to hold System V objects after all.
-var errIPCAppeared = errors.New("the sandbox made System V IPC objects before the freeze")
-
-// dumpTree runs CRIU on the sandbox's tree, in the sandbox's namespaces
-// of the types in outside (left out of the images). At CRIU's pre-dump
-// notification it freezes the cgroup and starts the root's read-only
-// snapshot, whose result arrives on snapped (nil if it never started);
-// CRIU dumps the frozen tree meanwhile. The cgroup is left frozen.
-func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec, cg *cgroup.Cgroup, id, staging, work string, outside int, capt *capture) (freezeStart time.Time, snapped chan error, stream *criu.Stream, err error) {
-	// A CRIU started ahead in those namespaces (after the sandbox's
-	// previous checkpoint), or a new one. A streamed dump runs its own
-	// (criu.Stream).
-	var spare *criu.Spare
-	if capt.stream {
-		if stream, err = criu.Listen(staging, m.pipePool()); err != nil {
-			return freezeStart, nil, nil, err
-		}
-	} else {
-		spare = m.takeDumpSpare(rec, outside)
+// runCapture captures the sandbox's tree as tree's plan says
+// (capture.Run), into a fresh staging directory the result owns.
+func (m *Manager) runCapture(ctx context.Context, rec sandboxRec, cg *cgroup.Cgroup, tool *criu.Tool, id string, tree capture.Tree, o ckOpts) (*capture.Captured, error) {
+	work := m.path("tmp", "dump-"+id)
+	if err := os.Mkdir(work, 0o700); err != nil {
+		return nil, err
 	}
-	var nss []ns.Ref
-	if spare == nil && outside != 0 {
-		if nss, err = ns.Open(rec.Init.Pid, outside); err != nil {
-			return freezeStart, nil, stream, err
-		}
-		defer ns.Close(nss)
+	staging, err := m.stagingDir(work, stagingBound(rec))
+	if err != nil {
+		os.RemoveAll(work)
+		return nil, err
 	}
 	root := m.sbRoot(rec.ID)
-	ds, err := tool.Dump(ctx, criu.DumpOptions{
-		Pid: rec.Init.Pid, ImagesDir: staging, WorkDir: work, LeaveRunning: true,
-		TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
-		FreezeCgroup: cg.FreezerDir(), CgroupMode: "ignore", Namespaces: nss, Spare: spare, LogLevel: m.criuLogLevel(),
-		Stream: stream,
-		PreDump: func() error {
-			freezeStart = time.Now()
-			capt.watch.arm("the freeze")
-			if err := cg.Freeze(ctx); err != nil {
-				return err
-			}
-			if outside&unix.CLONE_NEWIPC != 0 {
-				if inUse, err := sysvIPCInUse(rec.Init.Pid); err != nil {
-					return err
-				} else if inUse {
-					return errIPCAppeared
-				}
-			}
-			if stream != nil {
-				capt.watch.enter("the copy-on-write protection")
-				if err := m.protect(ctx, cg, rec, stream, capt); err != nil {
-					return err
-				}
-				stream.Hold(capt.mode == captureCOW)
-			}
-			// The snapshot (a btrfs transaction commit, 3-5 ms on a
-			// quiet pool) runs while CRIU dumps: nothing writes to the
-			// root until the thaw, which waits for it. It starts after
-			// the write protection: started next to it, on two CPUs, it
-			// took CPU from the protection's fork and exit, which the
-			// stall waits for, and gained nothing over CRIU, which takes
-			// longer than it anyway (stall p50 36 / 48 ms against 38 /
-			// 36 ms, 10 checkpoints each). The writable copy a rollback
-			// takes is made from it later, in persist: a second
-			// snapshot here would serialize behind the first.
-			snapped = m.startSnapshot(root, id, m.groupsOf(rec), capt)
-			capt.watch.enter("CRIU's dump")
-			return nil
+	return capture.Run(ctx, capture.Target{
+		Pid: rec.Init.Pid, Cgroup: cg, Tool: tool, Strategy: capture.Plan(tree),
+		Staging: staging, Work: work,
+		Release:  func() { removeStaging(staging); os.RemoveAll(work) },
+		Deadline: m.frozenDeadline(tree.AnonBytes),
+		Pids: func() ([]int, error) {
+			pids, _, err := treePids(rec.ID, rec.Init)
+			return pids, err
 		},
+		Snapshot: func() error { return snapshotRoot(root, m.ckFS(id), m.groupsOf(rec)) },
+		Pipes:    m.pipePool,
+		Spare:    func(outside int) *criu.Spare { return m.takeDumpSpare(rec, outside) },
+		ReserveCopies: func() (func(), error) {
+			// The copies are not the sandbox's (limits.go).
+			key := copiesRoom(id)
+			if err := m.reserveRoom(rec, key, room{mem: tree.AnonBytes, pids: int64(tree.Procs)}); err != nil {
+				return nil, err
+			}
+			return func() { m.releaseRoom(rec.ID, key) }, nil
+		},
+		HoldFrozen: o.holdFrozen, Frozen: o.frozen, LogLevel: m.criuLogLevel(),
+		Fail: m.fail, Crash: m.crashpoint,
 	})
-	capt.parts.CRIUMS = ds.FrozenMS
-	if stream != nil {
-		if serr := stream.Finish(); serr != nil && err == nil {
-			err = serr
-		}
-	}
-	if freezeStart.IsZero() {
-		freezeStart = time.Now()
-	}
-	return freezeStart, snapped, stream, err
 }
 
 // persist stores a captured full checkpoint (after the previous pending
@@ -424,21 +205,12 @@ func (m *Manager) dumpTree(ctx context.Context, tool *criu.Tool, rec sandboxRec,
 // On failure the checkpoint's directory goes, its children and the
 // sandbox's head move to its parent, and the error is kept for whoever
 // waits on it.
-func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, rec sandboxRec, staging, work string, stream *criu.Stream, copied <-chan error, start time.Time) {
-	var err error
-	if copied != nil {
-		if err = <-copied; err != nil {
-			err = fmt.Errorf("dump the copies: %w", err)
-		}
-	}
-	if stream != nil {
-		// The pages it holds are copied now, off the frozen window (and
-		// before waiting for the previous checkpoint: held pages keep the
-		// processes' copies alive).
-		if err = m.fail("full:stream"); err == nil {
-			err = stream.WriteTo()
-		}
-		stream.Close()
+func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, rec sandboxRec, c *capture.Captured, start time.Time) {
+	// The copies' dumps, or the pages the stream holds, written out now,
+	// off the frozen window (and before waiting for the previous
+	// checkpoint: held pages keep the processes' copies alive).
+	err := c.Finish()
+	if c.Streamed() {
 		m.refillPipes()
 	}
 	job.waitPrevious()
@@ -447,11 +219,10 @@ func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, r
 		err = m.fail("persist:store")
 	}
 	if err == nil {
-		err = m.persistImages(ctx, t, &ck, rec, staging, start)
+		err = m.persistImages(ctx, t, &ck, rec, c.Staging(), start)
 	}
 	// Gone before the waiters are released.
-	removeStaging(staging)
-	os.RemoveAll(work)
+	c.Close()
 	if err != nil {
 		err = m.exhausted(err)
 		m.metrics.checkpoint.WithLabelValues(v1.KindFull, "failed").Inc()

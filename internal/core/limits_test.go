@@ -9,6 +9,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/store"
 )
@@ -201,7 +202,7 @@ while True:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ck.Capture != captureTemplate {
+	if ck.Capture != capture.Template {
 		t.Fatalf("capture %q (%s), want template", ck.Capture, ck.CaptureNote)
 	}
 	if k, err := cg.OOMKills(); err != nil || k != 0 {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 )
 
 // procState returns the state letter (/proc/PID/stat) of the process
@@ -100,7 +101,7 @@ func TestPipePoolLeavesSandboxPipes(t *testing.T) {
 	if r := run(t, m, sb.ID, pipeProbe); r.Stdout != "65536 61440\n" {
 		t.Fatalf("before any checkpoint a new pipe gives %q (exit %d), want 65536 61440: this host's root already holds more than fs.pipe-user-pages-soft in pipes", r.Stdout, r.ExitCode)
 	}
-	fullCaptured(t, m, sb.ID, captureCOW)
+	fullCaptured(t, m, sb.ID, capture.COW)
 	m.pipePool().Fill() // the refill persist started, done
 	if r := run(t, m, sb.ID, pipeProbe); r.Stdout != "65536 61440\n" {
 		t.Fatalf("after a copy-on-write checkpoint a new pipe gives %q (exit %d), want 65536 61440", r.Stdout, r.ExitCode)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 	"github.com/molt-sh/molt/internal/pid1"
 	"golang.org/x/sys/unix"
 )
@@ -113,13 +114,13 @@ func checkConfined(t *testing.T, m *Manager, sb, when string) {
 // (adopting a standby, restoring), hibernation and resume, and an fs
 // rollback. TestSeccompModes covers the paths that start init again.
 func TestSeccompSurvivesCheckpoints(t *testing.T) {
-	for _, mode := range []string{captureTemplate, captureCOW, captureCopy} {
+	for _, mode := range []string{capture.Template, capture.COW, capture.Copy} {
 		t.Run(mode, func(t *testing.T) {
 			m := openManager(t)
 			requireCRIU(t, m)
 			m.cfg.StandbyBudget = 1 << 30
-			m.cfg.NoTemplateCapture = mode != captureTemplate
-			m.cfg.NoCOWCapture = mode == captureCopy
+			m.cfg.NoTemplateCapture = mode != capture.Template
+			m.cfg.NoCOWCapture = mode == capture.Copy
 			ctx := context.Background()
 			sb := pythonSandbox(t, m, cowHolder)
 			checkConfined(t, m, sb.ID, "new sandbox")
@@ -150,7 +151,7 @@ func TestSeccompSurvivesCheckpoints(t *testing.T) {
 				}
 				checkConfined(t, m, f.ID, fmt.Sprintf("fork %d", i))
 			}
-			if mode != captureCopy {
+			if mode != capture.Copy {
 				return
 			}
 			if _, err := m.Hibernate(ctx, sb.ID); err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/capture"
 	"github.com/molt-sh/molt/internal/testutil"
 )
 
@@ -104,8 +105,8 @@ func TestUserNS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ck.Capture != captureTemplate {
-		t.Errorf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, captureTemplate)
+	if ck.Capture != capture.Template {
+		t.Errorf("capture %q (%s), want %q", ck.Capture, ck.CaptureNote, capture.Template)
 	}
 	run(t, m, a.ID, "X=after; rm /root/made")
 	for _, tier := range []string{v1.TierWarm, v1.TierHot} {

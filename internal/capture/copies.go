@@ -1,4 +1,4 @@
-package core
+package capture
 
 import (
 	"context"
@@ -13,20 +13,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/template"
 )
-
-// captureTemplate: in the frozen window molt copies every process of the
-// tree (an injected clone each; pid1 copies itself), and CRIU dumps each
-// copy on its own after the thaw; the dumps are merged into the tree's
-// images (criu.Merge). No CRIU in the frozen window: it holds the freeze,
-// the copies (about 1-2 ms for a 100 MiB heap) and the root's snapshot.
-const captureTemplate = "template"
 
 // errNoTemplate is a tree found, once frozen, not to be copyable: the
 // checkpoint thaws it and captures it another way.
@@ -243,7 +235,6 @@ type treeCopy struct {
 	pidfds []int            // a pidfd of each copy (-1: none), as copies
 	pidns  uint64           // the tree's PID namespace (inode)
 	maps   [][]uint64       // each original's mappings (starts), read frozen
-	room   string           // its room in the sandbox's limits (limits.go)
 	closed bool
 }
 
@@ -425,14 +416,14 @@ func pipeBytes(link string) (int, error) {
 // root's read-only snapshot runs meanwhile; its result arrives on
 // snapped. The cgroup is left frozen. A tree found not copyable in the
 // window fails with errNoTemplate (the cgroup frozen, nothing copied).
-func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgroup, id string, outside int, capt *capture) (freezeStart time.Time, snapped chan error, tc *treeCopy, err error) {
-	init := rec.Init.Pid
+func copyTree(ctx context.Context, t *Target, outside int, capt *state) (freezeStart time.Time, snapped chan error, tc *treeCopy, err error) {
+	init, cg := t.Pid, t.Cgroup
 	freezeStart = time.Now()
-	capt.watch.arm("the freeze")
+	capt.watch.Arm("the freeze")
 	if err := cg.Freeze(ctx); err != nil {
 		return freezeStart, nil, nil, err
 	}
-	capt.watch.enter("the template copy (ptrace)")
+	capt.watch.Enter("the template copy (ptrace)")
 	if outside&unix.CLONE_NEWIPC != 0 {
 		if inUse, err := sysvIPCInUse(init); err != nil {
 			return freezeStart, nil, nil, err
@@ -440,40 +431,9 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 			return freezeStart, nil, nil, errIPCAppeared
 		}
 	}
-	// From the processes, not the cgroup's list: a zombie must be seen
-	// (readFrozen refuses it), or it would be missing from the images.
-	pids, err := procTree(init)
+	procs, byHost, err := readTree(init)
 	if err != nil {
 		return freezeStart, nil, nil, err
-	}
-	byHost := map[int]frozenProc{}
-	children := map[int][]int{}
-	pipes := map[string]bool{}
-	for _, pid := range pids {
-		fp, why, err := readFrozen(pid, pid == init, pipes)
-		if err != nil {
-			return freezeStart, nil, nil, err
-		}
-		if why != "" {
-			return freezeStart, nil, nil, fmt.Errorf("%w: %s", errNoTemplate, why)
-		}
-		byHost[pid] = fp
-		children[fp.parentHost] = append(children[fp.parentHost], pid)
-	}
-	// init first, then parents before children, as the merge wants them.
-	procs := make([]frozenProc, 0, len(pids))
-	if fp, ok := byHost[init]; ok && fp.ns == 1 {
-		procs = append(procs, fp)
-	}
-	for i := 0; i < len(procs); i++ {
-		kids := children[procs[i].host]
-		slices.Sort(kids)
-		for _, k := range kids {
-			procs = append(procs, byHost[k])
-		}
-	}
-	if len(procs) != len(pids) {
-		return freezeStart, nil, nil, fmt.Errorf("%w: %d of the tree's %d processes do not descend from its init", errNoTemplate, len(pids)-len(procs), len(pids))
 	}
 	var pidns unix.Stat_t
 	if err := unix.Stat("/proc/"+strconv.Itoa(init)+"/ns/pid", &pidns); err != nil {
@@ -536,7 +496,7 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	}
 	// Nothing of the tree runs until the second freeze (pid1 only copies
 	// itself and reaps): the snapshot can start now, next to the copies.
-	snapped = m.startSnapshot(m.sbRoot(rec.ID), id, m.groupsOf(rec), capt)
+	snapped = startSnapshot(t.Snapshot, capt)
 	if err := unix.Kill(init, pid1.CopySignal); err != nil {
 		return freezeStart, snapped, tc, refreeze(fmt.Errorf("ask pid1 for its copy: %w", err))
 	}
@@ -564,7 +524,7 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	cp, werr := waitCopy(init, before, tc.copies)
 	tc.hold(0, cp)
 	if werr == nil {
-		m.crashpoint("template:copied")
+		t.crash("template:copied")
 		werr = tc.tracer.Adopt(cp)
 	}
 	err = refreeze(errors.Join(err, werr))
@@ -573,6 +533,49 @@ func (m *Manager) copyTree(ctx context.Context, rec sandboxRec, cg *cgroup.Cgrou
 	}
 	capt.parts.CopyMS = ms(time.Since(t0))
 	return freezeStart, snapped, tc, err
+}
+
+// readTree reads the frozen tree of init (readFrozen): its processes,
+// init first, then parents before children as the merge wants them,
+// and each by host PID. A tree that cannot be copied fails with
+// errNoTemplate.
+func readTree(init int) ([]frozenProc, map[int]frozenProc, error) {
+	// From the processes, not the cgroup's list: a zombie must be seen
+	// (readFrozen refuses it), or it would be missing from the images.
+	pids, err := procTree(init)
+	if err != nil {
+		return nil, nil, err
+	}
+	byHost := map[int]frozenProc{}
+	children := map[int][]int{}
+	pipes := map[string]bool{}
+	for _, pid := range pids {
+		fp, why, err := readFrozen(pid, pid == init, pipes)
+		if err != nil {
+			return nil, nil, err
+		}
+		if why != "" {
+			return nil, nil, fmt.Errorf("%w: %s", errNoTemplate, why)
+		}
+		byHost[pid] = fp
+		children[fp.parentHost] = append(children[fp.parentHost], pid)
+	}
+	// init first, then parents before children, as the merge wants them.
+	procs := make([]frozenProc, 0, len(pids))
+	if fp, ok := byHost[init]; ok && fp.ns == 1 {
+		procs = append(procs, fp)
+	}
+	for i := 0; i < len(procs); i++ {
+		kids := children[procs[i].host]
+		slices.Sort(kids)
+		for _, k := range kids {
+			procs = append(procs, byHost[k])
+		}
+	}
+	if len(procs) != len(pids) {
+		return nil, nil, fmt.Errorf("%w: %d of the tree's %d processes do not descend from its init", errNoTemplate, len(pids)-len(procs), len(pids))
+	}
+	return procs, byHost, nil
 }
 
 // noneStarted checks, with the tree frozen again, that init's children
@@ -630,19 +633,20 @@ func waitCopy(init int, before map[int]bool, copies []int) (int, error) {
 // dumpCopies dumps each copy of tc on its own, in the sandbox's
 // namespaces of the types in outside as the tree's dumps are, and merges
 // the dumps into staging. The copies are gone after.
-func (m *Manager) dumpCopies(ctx context.Context, tool *criu.Tool, rec sandboxRec, tc *treeCopy, staging, work string, outside int) error {
+func dumpCopies(ctx context.Context, t *Target, tc *treeCopy, outside int) error {
 	defer tc.close()
-	if err := m.fail("full:copies"); err != nil {
+	if err := t.fail("full:copies"); err != nil {
 		return err
 	}
-	m.crashpoint("template:dumping")
+	t.crash("template:dumping")
+	tool, staging, work := t.Tool, t.Staging, t.Work
 	shared, err := criu.SharedFiles(tc.copies)
 	if err != nil {
 		return err
 	}
 	var nss []ns.Ref
 	if outside != 0 {
-		if nss, err = ns.Open(rec.Init.Pid, outside); err != nil {
+		if nss, err = ns.Open(t.Pid, outside); err != nil {
 			return err
 		}
 		defer ns.Close(nss)
@@ -666,13 +670,13 @@ func (m *Manager) dumpCopies(ctx context.Context, tool *criu.Tool, rec sandboxRe
 		}
 		if _, err := tool.Dump(ctx, criu.DumpOptions{
 			Pid: cp, ImagesDir: part.Dir, ShellJob: true, External: []string{ext},
-			FileLocks: true, CgroupMode: "ignore", NetworkLock: networkLock, Namespaces: nss, LogLevel: m.criuLogLevel(),
+			FileLocks: true, CgroupMode: "ignore", NetworkLock: NetworkLock, Namespaces: nss, LogLevel: t.LogLevel,
 		}); err != nil {
 			// What the copy was and is, for a copy gone before CRIU
 			// took it (docs/testing.md, Known flaky).
-			oom := int64(-1)
-			if cg, cerr := cgroup.Load(cgroupName(rec.ID)); cerr == nil {
-				oom, _ = cg.OOMKills()
+			oom, oerr := t.Cgroup.OOMKills()
+			if oerr != nil {
+				oom = -1
 			}
 			return fmt.Errorf("dump the copy of %d (before the dump: %s; now: %s; OOM kills in the sandbox: %d): %w", part.As, was, copyState(cp), oom, err)
 		}
@@ -702,65 +706,11 @@ func checkMappings(images string, tc *treeCopy) error {
 	return nil
 }
 
-// waitCopies waits for the dumps of the sandbox's template capture, if
-// one is under way.
-func (m *Manager) waitCopies(id string) {
-	m.mu.Lock()
-	done := m.copying[id]
-	m.mu.Unlock()
-	if done != nil {
-		<-done
-	}
-}
-
-// startDumpCopies dumps tc's copies in the background (dumpCopies), at
-// once rather than through the scheduler: until they are dumped, the
-// copies are processes of the sandbox, which waits for them
-// (waitCopies). The dumps' result arrives on the returned channel.
-func (m *Manager) startDumpCopies(tool *criu.Tool, rec sandboxRec, tc *treeCopy, staging, work string, outside int) <-chan error {
-	done := make(chan struct{})
-	m.mu.Lock()
-	m.copying[rec.ID] = done
-	m.mu.Unlock()
-	res := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), criu.DefaultTimeout)
-		defer cancel()
-		err := m.dumpCopies(ctx, tool, rec, tc, staging, work, outside)
-		m.releaseRoom(rec.ID, tc.room)
-		m.mu.Lock()
-		delete(m.copying, rec.ID)
-		m.mu.Unlock()
-		close(done)
-		res <- err
-	}()
-	return res
-}
-
-// pid1Copies returns the processes of tree that run the init's program
-// but are not the init: copies pid1 made of itself.
-func pid1Copies(init int, tree []int) []int {
-	exe, err := os.Readlink("/proc/" + strconv.Itoa(init) + "/exe")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, pid := range tree {
-		if pid == init {
-			continue
-		}
-		if e, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); err == nil && e == exe {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
-
-// tracedObstacle says which process of init's tree is traced ("" if
+// Traced says which process of init's tree is traced ("" if
 // none): CRIU seizes every process with ptrace, which a traced one
 // refuses, so no capture path can take the tree (the tracer, a
 // debugger say, must let go first).
-func tracedObstacle(init int) string {
+func Traced(init int) string {
 	tree, err := procTree(init)
 	if err != nil {
 		return ""

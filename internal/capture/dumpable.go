@@ -1,4 +1,4 @@
-package core
+package capture
 
 import (
 	"fmt"
@@ -23,10 +23,10 @@ func hasCap(c uint) bool {
 	return data[c/32].Effective&(1<<(c%32)) != 0
 }
 
-// checkDumpable refuses, before anything is frozen, a tree CRIU cannot
+// CheckDumpable refuses, before anything is frozen, a tree CRIU cannot
 // dump on this host: without CAP_SYS_RESOURCE, CRIU cannot read the
 // rlimits of a process that runs as another user than root.
-func checkDumpable(cg *cgroup.Cgroup) error {
+func CheckDumpable(cg *cgroup.Cgroup) error {
 	if hasCap(unix.CAP_SYS_RESOURCE) {
 		return nil
 	}

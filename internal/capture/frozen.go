@@ -1,4 +1,4 @@
-package core
+package capture
 
 import (
 	"context"
@@ -37,10 +37,10 @@ const DefaultFrozenDeadline = 2 * time.Second
 // quarter of it, for slower machines and a busy pool, halved again).
 const frozenBytesPerSec = 128 << 20
 
-// frozenDeadline is the deadline of a frozen window over a tree with anon
-// bytes of private memory; 0 means none.
-func (m *Manager) frozenDeadline(anon int64) time.Duration {
-	d := m.cfg.FrozenDeadline
+// Deadline is the deadline of a frozen window over a tree with anon
+// bytes of private memory, d being Config.FrozenDeadline (0: the
+// default, negative: none); 0 means none.
+func Deadline(d time.Duration, anon int64) time.Duration {
 	switch {
 	case d < 0:
 		return 0
@@ -50,8 +50,8 @@ func (m *Manager) frozenDeadline(anon int64) time.Duration {
 	return d + time.Duration(float64(anon)/frozenBytesPerSec*float64(time.Second))
 }
 
-// frozenWatch bounds the frozen windows of one capture.
-type frozenWatch struct {
+// Watch bounds the frozen windows of one capture.
+type Watch struct {
 	d      time.Duration
 	cg     *cgroup.Cgroup
 	cancel context.CancelCauseFunc
@@ -66,17 +66,17 @@ type frozenWatch struct {
 // errFrozenDeadline is the cause of a window's cancelled context.
 var errFrozenDeadline = errors.New("the frozen deadline passed")
 
-// watchFrozen returns a context for the capture's work on cg and the
+// WatchFrozen returns a context for the capture's work on cg and the
 // watch of its frozen windows; d 0 means no deadline. The caller calls
 // stop once the sandbox is thawed for good.
-func watchFrozen(ctx context.Context, cg *cgroup.Cgroup, d time.Duration) (context.Context, *frozenWatch) {
+func WatchFrozen(ctx context.Context, cg *cgroup.Cgroup, d time.Duration) (context.Context, *Watch) {
 	ctx, cancel := context.WithCancelCause(ctx)
-	return ctx, &frozenWatch{d: d, cg: cg, cancel: cancel}
+	return ctx, &Watch{d: d, cg: cg, cancel: cancel}
 }
 
-// arm starts the deadline as the sandbox freezes, the window's first
+// Arm starts the deadline as the sandbox freezes, the window's first
 // step being step. A nil watch does nothing.
-func (w *frozenWatch) arm(step string) {
+func (w *Watch) Arm(step string) {
 	if w == nil {
 		return
 	}
@@ -95,8 +95,8 @@ func (w *frozenWatch) arm(step string) {
 	w.timer = time.AfterFunc(w.d, func() { w.expire(gen) })
 }
 
-// enter names the step the frozen sandbox waits for from now on.
-func (w *frozenWatch) enter(step string) {
+// Enter names the step the frozen sandbox waits for from now on.
+func (w *Watch) Enter(step string) {
 	if w == nil {
 		return
 	}
@@ -105,8 +105,8 @@ func (w *frozenWatch) enter(step string) {
 	w.mu.Unlock()
 }
 
-// disarm stops the deadline as the sandbox thaws between two windows.
-func (w *frozenWatch) disarm() {
+// Disarm stops the deadline as the sandbox thaws between two windows.
+func (w *Watch) Disarm() {
 	if w == nil {
 		return
 	}
@@ -123,7 +123,7 @@ func (w *frozenWatch) disarm() {
 // wait on the tree returns) and the sandbox thaws at once, even if the
 // goroutine in the window is stuck. The capture thaws again once that
 // goroutine is back.
-func (w *frozenWatch) expire(gen int) {
+func (w *Watch) expire(gen int) {
 	w.mu.Lock()
 	if gen != w.gen || w.hung != "" {
 		w.mu.Unlock()
@@ -135,13 +135,13 @@ func (w *frozenWatch) expire(gen int) {
 	_ = w.cg.Thaw()
 }
 
-// stop disarms the watch for good and returns the deadline's error if
+// Stop disarms the watch for good and returns the deadline's error if
 // a window overran (then the capture must fail with it).
-func (w *frozenWatch) stop() error {
+func (w *Watch) Stop() error {
 	if w == nil {
 		return nil
 	}
-	w.disarm()
+	w.Disarm()
 	w.mu.Lock()
 	hung := w.hung
 	w.mu.Unlock()

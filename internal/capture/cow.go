@@ -1,4 +1,4 @@
-package core
+package capture
 
 import (
 	"bufio"
@@ -12,60 +12,17 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
-	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/template"
 )
 
-// Capture modes of a full checkpoint (v1.Checkpoint.Capture).
-const (
-	// captureCopy: CRIU copies every private page while the tree is
-	// frozen (about 0.5 ms per MiB here).
-	captureCopy = "copy"
-	// captureCOW: in the frozen window molt write-protects the tree's
-	// private memory (an injected fork, killed at once) and CRIU hands
-	// its pages over by reference (criu.Stream); they are copied after
-	// the thaw, and a process that writes a page meanwhile gets a copy
-	// of its own.
-	captureCOW = "copy-on-write"
-)
+// COWMinAnon is the private memory above which a checkpoint takes its
+// pages copy-on-write (or by copies): below it, CRIU's copy costs less
+// than the protection (seizing and stepping every process, 2-4 ms).
+const COWMinAnon = 32 << 20
 
-// cowMinAnon is the private memory above which a checkpoint takes its
-// pages copy-on-write: below it, CRIU's copy costs less than the
-// protection (seizing and stepping every process, 2-4 ms).
-const cowMinAnon = 32 << 20
-
-// streamPipes is how many pipes the host keeps ready for streamed dumps:
-// 1 MiB each at the default fs.pipe-max-size, enough for a 150 MiB tree
-// without making one while CRIU writes.
-const streamPipes = 160
-
-// pipePool returns the host's pool of stream pipes, made and filled at
-// the first use (before that dump's freeze).
-func (m *Manager) pipePool() *criu.PipePool {
-	m.streamMu.Lock()
-	defer m.streamMu.Unlock()
-	if m.pipes == nil {
-		m.pipes = criu.NewPipePool(streamPipes)
-		if err := m.pipes.Fill(); err != nil {
-			m.log.Debug("stream pipes", "err", err)
-		}
-	}
-	return m.pipes
-}
-
-// refillPipes tops the pool up in the background, off the frozen window.
-func (m *Manager) refillPipes() {
-	p := m.pipePool()
-	go func() {
-		if err := p.Fill(); err != nil {
-			m.log.Debug("stream pipes", "err", err)
-		}
-	}()
-}
-
-// anonBytes sums the resident private memory (RssAnon) of pids.
-func anonBytes(pids []int) int64 {
+// AnonBytes sums the resident private memory (RssAnon) of pids.
+func AnonBytes(pids []int) int64 {
 	var n int64
 	for _, pid := range pids {
 		n += template.RssAnon(pid)
@@ -127,32 +84,32 @@ func sharedWritable(maps []byte) string {
 	return ""
 }
 
-// capture is how a full checkpoint takes the tree's memory.
-type capture struct {
+// state is how a capture takes the tree's memory, as it goes.
+type state struct {
 	stream bool   // CRIU streams the images (criu.Stream)
-	mode   string // captureCopy or captureCOW
-	note   string // why not captureCOW, for a tree that would have used it
+	mode   string // Copy or COW
+	note   string // why not COW, for a tree that would have used it
 	// The frozen window's parts; SnapshotMS is written before the
 	// snapshot's result is sent.
 	parts v1.StallParts
-	watch *frozenWatch // the frozen window's deadline (frozen.go)
+	watch *Watch // the frozen window's deadline (frozen.go)
 }
 
 // protect write-protects the frozen tree's private memory for a streamed
-// dump (capt.mode becomes captureCOW), or says in capt.note why it
-// cannot. It returns an error only when the tree is not frozen after.
-func (m *Manager) protect(ctx context.Context, cg *cgroup.Cgroup, rec sandboxRec, stream *criu.Stream, capt *capture) error {
-	if err := m.fail("full:protect"); err != nil {
+// dump (capt.mode becomes COW), or says in capt.note why it cannot. It
+// returns an error only when the tree is not frozen after.
+func protect(ctx context.Context, t *Target, stream *criu.Stream, capt *state) error {
+	if err := t.fail("full:protect"); err != nil {
 		return err
 	}
 	// Only the live tree: the cgroup also holds the sandbox's standbys
 	// (stopped, in PID namespaces of their own), which CRIU does not
 	// dump, and a process traced here would stop CRIU from seizing it.
-	pids, _, err := treePids(rec.ID, rec.Init)
+	pids, err := t.Pids()
 	if err != nil {
 		return err
 	}
-	init := rec.Init.Pid
+	cg, init := t.Cgroup, t.Pid
 	if why := cowObstacle(pids); why != "" {
 		capt.note = why
 		return nil
@@ -175,7 +132,7 @@ func (m *Manager) protect(ctx context.Context, cg *cgroup.Cgroup, rec sandboxRec
 		return cg.Freeze(ctx)
 	}
 	stream.CopyPagesOf(1)
-	capt.mode = captureCOW
+	capt.mode = COW
 	return nil
 }
 
