@@ -566,20 +566,6 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		// from (a fork's are another sandbox's).
 		CgroupMode: "ignore", Started: cg.Add, LogLevel: m.criuLogLevel(),
 	}
-	// The tree inherits CRIU's cgroup namespace: the sandbox's (a spare
-	// was started in it).
-	var join []ns.Ref
-	cgroupNS := func() error {
-		cgns, err := m.cgroupNS(*rec, cg)
-		if err != nil {
-			return fmt.Errorf("restore: %w", err)
-		}
-		if cgns.File != nil {
-			join = []ns.Ref{cgns}
-		}
-		return nil
-	}
-	defer func() { ns.Close(join) }()
 	if background {
 		opts.Started = func(pid int) error {
 			if err := cg.Add(pid); err != nil {
@@ -588,47 +574,10 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 			return setBackground(pid)
 		}
 	}
-	if outside := ck.outside(); outside != 0 {
-		// The tree joins CRIU's namespaces of these types: fresh ones,
-		// named as the sandbox. A spare was started in fresh ones and
-		// moved into the cgroup ahead of time.
-		var s *criu.Spare
-		if spare {
-			s = m.takeSpare(rec.ID)
-		}
-		if s != nil && outside&unix.CLONE_NEWUTS != 0 {
-			if err := s.SetHostname(rec.Hostname); err != nil {
-				s.Kill()
-				s = nil
-			}
-		}
-		if s != nil && background {
-			if err := setBackground(s.Pid()); err != nil {
-				s.Kill()
-				s = nil
-			}
-		}
-		if s != nil {
-			opts.Spare, opts.Started = s, nil
-		} else {
-			if err := cgroupNS(); err != nil {
-				return sandbox.Init{}, err
-			}
-			nss, err := ns.Fresh(outside, rec.Hostname)
-			if err != nil {
-				return sandbox.Init{}, fmt.Errorf("restore: %w", err)
-			}
-			defer ns.Close(nss)
-			opts.Namespaces = append(nss, join...)
-		}
-		if spare {
-			defer m.refillSpare(rec.ID, cg)
-		}
-	} else {
-		if err := cgroupNS(); err != nil {
-			return sandbox.Init{}, err
-		}
-		opts.Namespaces = join
+	release, err := m.restoreNamespaces(*rec, cg, ck, &opts, spare, background)
+	defer release()
+	if err != nil {
+		return sandbox.Init{}, err
 	}
 	res, err := tool.Restore(ctx, opts)
 	if err != nil {
@@ -652,4 +601,81 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	}
 	rec.IDs = ck.IDs
 	return init, nil
+}
+
+// restoreNamespaces sets the namespaces the restored tree joins in opts:
+// the sandbox's cgroup namespace, and fresh ones of the types the images
+// leave out (named as the sandbox), or the sandbox's spare CRIU, started
+// in such namespaces ahead of time, when spare is set and one is ready.
+// release, always to be called once the restore is over, closes them and
+// starts the next spare.
+func (m *Manager) restoreNamespaces(rec sandboxRec, cg *cgroup.Cgroup, ck checkpointRec, opts *criu.RestoreOptions, spare, background bool) (release func(), err error) {
+	var cleanups []func()
+	release = func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	// The tree inherits CRIU's cgroup namespace: the sandbox's (a spare
+	// was started in it).
+	var join []ns.Ref
+	cgroupNS := func() error {
+		cgns, err := m.cgroupNS(rec, cg)
+		if err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		if cgns.File != nil {
+			join = []ns.Ref{cgns}
+		}
+		return nil
+	}
+	cleanups = append(cleanups, func() { ns.Close(join) })
+	outside := ck.outside()
+	if outside == 0 {
+		if err := cgroupNS(); err != nil {
+			return release, err
+		}
+		opts.Namespaces = join
+		return release, nil
+	}
+	// The tree joins CRIU's namespaces of these types: fresh ones, named
+	// as the sandbox. A spare was started in fresh ones and moved into
+	// the cgroup ahead of time.
+	refill := func() {
+		if spare { // the next restore's spare, once this one is done
+			cleanups = append(cleanups, func() { m.refillSpare(rec.ID, cg) })
+		}
+	}
+	var s *criu.Spare
+	if spare {
+		s = m.takeSpare(rec.ID)
+	}
+	if s != nil && outside&unix.CLONE_NEWUTS != 0 {
+		if err := s.SetHostname(rec.Hostname); err != nil {
+			s.Kill()
+			s = nil
+		}
+	}
+	if s != nil && background {
+		if err := setBackground(s.Pid()); err != nil {
+			s.Kill()
+			s = nil
+		}
+	}
+	if s != nil {
+		opts.Spare, opts.Started = s, nil
+		refill()
+		return release, nil
+	}
+	if err := cgroupNS(); err != nil {
+		return release, err
+	}
+	nss, err := ns.Fresh(outside, rec.Hostname)
+	if err != nil {
+		return release, fmt.Errorf("restore: %w", err)
+	}
+	cleanups = append(cleanups, func() { ns.Close(nss) })
+	opts.Namespaces = append(nss, join...)
+	refill()
+	return release, nil
 }
