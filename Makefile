@@ -4,6 +4,9 @@ export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# gVisor's lock analyzer: fields annotated +checklocks:MU are only
+# touched with MU held (internal/core/doc.go, "Locks").
+CHECKLOCKS := gvisor.dev/gvisor/tools/checklocks/cmd/checklocks@v0.0.0-20260905035102-160fafc42237
 
 .PHONY: all deps build demo test lint lint-bpf fuzz race-core bench-fs clean
 
@@ -66,6 +69,11 @@ lint: lint-bpf
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting" >&2; exit 1; }
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	@# -wrappers=false: the analyzer reports the compiler's wrapper
+	@# functions at no position, where no annotation can answer it.
+	$(GO) run $(CHECKLOCKS) -test=false -wrappers=false ./...
+	@# No production file over 800 lines, no function over 120.
+	$(GO) run ./internal/tools/sizes
 	@# pid1.bin is committed (so go build needs no C toolchain) and must be
 	@# what its source builds to (the build is reproducible).
 	@tmp=$$(mktemp) && musl-gcc -static -Os -s -Wall -Wextra -Werror -o $$tmp internal/pid1/csrc/pid1.c && \

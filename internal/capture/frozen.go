@@ -56,11 +56,15 @@ type Watch struct {
 	cg     *cgroup.Cgroup
 	cancel context.CancelCauseFunc
 
-	mu    sync.Mutex
-	step  string      // what the frozen sandbox waits for now
-	timer *time.Timer // armed while frozen
-	gen   int         // bumped by every arm and disarm
-	hung  string      // the step that overran, once one did
+	mu sync.Mutex
+	// What the frozen sandbox waits for now.
+	step string // +checklocks:mu
+	// Armed while frozen.
+	timer *time.Timer // +checklocks:mu
+	// Bumped by every arm and disarm.
+	gen int // +checklocks:mu
+	// The step that overran, once one did.
+	hung string // +checklocks:mu
 }
 
 // errFrozenDeadline is the cause of a window's cancelled context.

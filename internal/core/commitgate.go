@@ -18,11 +18,14 @@ import (
 // for background commits already running before it begins, outside its
 // frozen window.
 type commitGate struct {
-	mu      sync.Mutex
-	fg, bg  int
-	changed chan struct{} // closed and replaced on every release
+	mu sync.Mutex
+	fg int // +checklocks:mu
+	bg int // +checklocks:mu
+	// Closed and replaced on every release.
+	changed chan struct{} // +checklocks:mu
 }
 
+// +checklocks:g.mu
 func (g *commitGate) wake() {
 	if g.changed != nil {
 		close(g.changed)
@@ -30,6 +33,7 @@ func (g *commitGate) wake() {
 	}
 }
 
+// +checklocks:g.mu
 func (g *commitGate) waitChange() <-chan struct{} {
 	if g.changed == nil {
 		g.changed = make(chan struct{})
@@ -42,9 +46,9 @@ func (g *commitGate) waitChange() <-chan struct{} {
 func (g *commitGate) foreground(ctx context.Context) (release func(), err error) {
 	g.mu.Lock()
 	g.fg++ // waiting counts: no new background commit starts meanwhile
-	err = g.waitWhile(ctx, func() bool { return g.bg > 0 })
-	g.mu.Unlock()
+	err = g.waitWhile(ctx, &g.bg)
 	release = g.releaser(&g.fg)
+	g.mu.Unlock()
 	if err != nil {
 		release()
 		return nil, err
@@ -57,17 +61,19 @@ func (g *commitGate) foreground(ctx context.Context) (release func(), err error)
 func (g *commitGate) background(ctx context.Context) (release func(), err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.waitWhile(ctx, func() bool { return g.fg > 0 }); err != nil {
+	if err := g.waitWhile(ctx, &g.fg); err != nil {
 		return nil, err
 	}
 	g.bg++
 	return g.releaser(&g.bg), nil
 }
 
-// waitWhile waits, with g.mu held on entry and on return, until busy
-// reports false or ctx is done.
-func (g *commitGate) waitWhile(ctx context.Context, busy func() bool) error {
-	for busy() {
+// waitWhile waits, with g.mu held on entry and on return, until the
+// count busy (g.fg or g.bg) is 0 or ctx is done.
+//
+// +checklocks:g.mu
+func (g *commitGate) waitWhile(ctx context.Context, busy *int) error {
+	for *busy > 0 {
 		ch := g.waitChange()
 		g.mu.Unlock()
 		select {

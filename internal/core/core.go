@@ -154,12 +154,12 @@ type Manager struct {
 
 	idBlocks idBlocks // user namespace blocks being handed out
 
-	mu    sync.Mutex // guards locks, copying and name uniqueness checks
-	locks map[string]*sync.Mutex
+	mu    sync.Mutex             // guards locks, copying and name uniqueness checks
+	locks map[string]*sync.Mutex // +checklocks:mu
 	// copying holds, per sandbox, the end of the dumps of a template
 	// capture's copies (internal/capture), closed when they are done: until
 	// then the copies are processes of the sandbox.
-	copying map[string]chan struct{}
+	copying map[string]chan struct{} // +checklocks:mu
 
 	inflight inflight // open daemon connections to each sandbox's init
 
@@ -179,7 +179,8 @@ type Manager struct {
 	dynModsSets atomic.Int64 // times this manager set favordynmods
 
 	streamMu sync.Mutex
-	pipes    *criu.PipePool // pipes for streamed dumps (pipePool)
+	// Pipes for streamed dumps (pipePool)
+	pipes *criu.PipePool // +checklocks:streamMu
 
 	disk diskRecords // on-disk copies of the records (rebuild.go)
 
@@ -359,7 +360,11 @@ func (m *Manager) fail(step string) error {
 	return nil
 }
 
-// lock serializes lifecycle operations on one object.
+// lock serializes lifecycle operations on one object: it returns holding
+// the object's lock, and the function that releases it (a hand-off the
+// analyzer cannot follow).
+//
+// +checklocksignore
 func (m *Manager) lock(id string) func() {
 	m.mu.Lock()
 	l, ok := m.locks[id]

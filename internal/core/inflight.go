@@ -18,7 +18,7 @@ import (
 
 type inflight struct {
 	mu sync.Mutex
-	n  map[string]int
+	n  map[string]int // +checklocks:mu
 }
 
 func (f *inflight) add(id string, d int) {

@@ -45,7 +45,7 @@ type rooms struct {
 	oom     map[string]int64           // oom kills last seen per sandbox
 	// until when a sandbox's standbys are looked at on every tick: an
 	// OOM-killed task takes a moment to exit.
-	suspect map[string]time.Time
+	suspect map[string]time.Time // +checklocks:mu
 	watch   sync.Once
 	// watchRooms and releaseWhenGone's waiters, which end at Close (a
 	// waiter can outlive everything else: a fork's tree).

@@ -30,9 +30,11 @@ func (j *pendingJob) waitPrevious() {
 }
 
 type pipeline struct {
-	mu   sync.Mutex
-	jobs map[string]*pendingJob // by checkpoint ID, until committed
-	last map[string]*pendingJob // by sandbox ID: the newest job
+	mu sync.Mutex
+	// By checkpoint ID, until committed.
+	jobs map[string]*pendingJob // +checklocks:mu
+	// By sandbox ID: the newest job.
+	last map[string]*pendingJob // +checklocks:mu
 	wg   sync.WaitGroup
 }
 

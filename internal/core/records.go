@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"strings"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/store"
 )
 
@@ -12,7 +11,6 @@ import (
 var (
 	sandboxRecs    = store.Bucket[sandboxRec](store.Sandboxes)
 	checkpointRecs = store.Bucket[checkpointRec](store.Checkpoints)
-	imageRecs      = store.Bucket[v1.Image](store.Images)
 )
 
 // indexes find records by what references name them with, reading only

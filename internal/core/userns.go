@@ -41,7 +41,7 @@ const UserNSSize = ckstore.UserNSSize
 // the sandbox is not made after all.
 type idBlocks struct {
 	mu      sync.Mutex
-	pending map[uint32]string
+	pending map[uint32]string // +checklocks:mu
 }
 
 // allocIDs reserves the first free block for sandbox id; release gives it

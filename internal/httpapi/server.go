@@ -209,9 +209,9 @@ func (s *server) imageRemove(w http.ResponseWriter, r *http.Request) {
 // progressWriter turns written text into NDJSON progress lines.
 type progressWriter struct {
 	mu  sync.Mutex
-	enc *json.Encoder
-	f   http.Flusher
-	buf []byte
+	enc *json.Encoder // +checklocks:mu
+	f   http.Flusher  // +checklocks:mu
+	buf []byte        // +checklocks:mu
 }
 
 func (p *progressWriter) Write(b []byte) (int, error) {

@@ -39,12 +39,13 @@ type Agent struct {
 	hostname string
 
 	mu       sync.Mutex
-	sessions map[string]*session
-	closed   bool
+	sessions map[string]*session // +checklocks:mu
+	closed   bool                // +checklocks:mu
 
 	// calls holds Close (which closes netns) until pid1 calls end.
 	calls sync.RWMutex
-	gone  bool // closed, under calls
+	// Closed, under calls.
+	gone bool // +checklocks:calls
 }
 
 // errClosed fails a call on a closed agent.

@@ -61,15 +61,20 @@ type session struct {
 
 	call sync.Mutex // one request at a time
 
-	mu         sync.Mutex
-	out, err   bytes.Buffer
-	outT, errT bool         // truncated
-	state      bytes.Buffer // state text written by stateCmd, NUL-terminated
-	stateT     bool
-	notify     chan struct{}
-	resync     bool // taken over: the next call syncs first (caller holds call)
-	exited     chan struct{}
-	status     unix.WaitStatus
+	// checklocks pairs annotations with fields by position: one field
+	// per line in annotated structs.
+	mu     sync.Mutex
+	out    bytes.Buffer
+	err    bytes.Buffer
+	outT   bool         // truncated
+	errT   bool         // truncated
+	state  bytes.Buffer // state text written by stateCmd, NUL-terminated
+	stateT bool
+	notify chan struct{}
+	// Taken over: the next call syncs first.
+	resync bool // +checklocks:call
+	exited chan struct{}
+	status unix.WaitStatus // +checklocks:mu
 }
 
 // sessionTag is the tag pid1 keeps a session's pipes under: the write
@@ -221,8 +226,10 @@ func (s *Agent) loadSessions(ctx context.Context) error {
 			continue // it exited meanwhile
 		}
 		ss := s.watchSession(name, p, files)
-		ss.resync = true
+		ss.resync = true // +checklocksignore: not shared yet
+		s.mu.Lock()
 		s.sessions[name] = ss
+		s.mu.Unlock()
 	}
 	return nil
 }
@@ -292,7 +299,10 @@ func (s *Agent) sessionRun(req Request) Response {
 
 // sessionDigest returns a digest of the session's shell state, or, when
 // the session is busy with a call or cannot say, a value equal to no
-// other (the session counts as changed).
+// other (the session counts as changed). The analyzer does not follow
+// TryLock.
+//
+// +checklocksignore
 func (s *Agent) sessionDigest(ss *session) string {
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
@@ -310,6 +320,8 @@ func (s *Agent) sessionDigest(ss *session) string {
 
 // runIn runs text in the session (caller holds ss.call). With state, the
 // text is stateCmd and runIn also returns the digest of what it wrote.
+//
+// +checklocks:ss.call
 func (s *Agent) runIn(ss *session, text string, timeoutMS int64, state bool) (Response, string) {
 	if ss.resync {
 		// Taken over from pid1's table: a call of the agent before may

@@ -118,9 +118,9 @@ func defaultWorkers(ncpu int) int {
 type Scheduler struct {
 	cfg Config
 
-	base       context.Context // parent of every job's context
-	baseCancel context.CancelCauseFunc
-	wg         sync.WaitGroup // running jobs
+	base       context.Context         // parent of every job's context
+	baseCancel context.CancelCauseFunc // +checklocks:mu
+	wg         sync.WaitGroup          // running jobs
 
 	mu        sync.Mutex
 	closed    bool

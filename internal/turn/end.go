@@ -38,6 +38,8 @@ type End struct {
 // Preconditions: the caller holds the sandbox lock, the sandbox runs
 // with init as its PID 1 and head as its head, and req's ignore patterns
 // are valid (ValidIgnore). The caller calls Close.
+//
+// +checklocksignore: lock hand-off (see prepare)
 func (t *Tracker) Begin(ctx context.Context, id string, init sandbox.Init, head string, req v1.TurnRequest, began time.Time) *End {
 	ts := t.of(id)
 	if ts == nil {
@@ -64,6 +66,8 @@ func (t *Tracker) Begin(ctx context.Context, id string, init sandbox.Init, head 
 func (e *End) Result() v1.TurnResult { return e.res }
 
 // Close releases the sandbox's turn state.
+//
+// +checklocksignore: lock hand-off (see prepare)
 func (e *End) Close() {
 	if !e.dry {
 		e.t.finishEnd(e.ts)

@@ -60,7 +60,7 @@ type state struct {
 	sessions map[string]string
 	carry    inspect.Effects // effects held over for the next turn
 	force    []string        // reasons the next turn is full regardless
-	ignore   []string
+	ignore   []string        // +checklocks:mu
 
 	// Under Tracker.mu: commands are recorded without waiting for a
 	// turn end. ending counts turn ends in progress; endDone is closed
@@ -181,6 +181,11 @@ func (t *Tracker) Prepare(id string, init sandbox.Init) *Pending {
 }
 
 // prepare is Prepare; it returns the state locked.
+//
+// The state's lock is handed between functions (prepare to Baseline or
+// Abandon; Begin to Close), which the analyzer cannot follow.
+//
+// +checklocksignore
 func (t *Tracker) prepare(id string, init sandbox.Init) *state {
 	t.mu.Lock()
 	ts := t.m[id]
@@ -232,6 +237,8 @@ func (t *Tracker) watch(id string, init sandbox.Init, ts *state) {
 
 // Baseline records the tree's processes and sessions as the state the
 // next turn is compared with, and releases the state.
+//
+// +checklocksignore: lock hand-off (see prepare)
 func (p *Pending) Baseline(ctx context.Context) {
 	defer p.ts.mu.Unlock()
 	p.t.baseline(ctx, p.id, p.init, p.ts)
@@ -240,6 +247,8 @@ func (p *Pending) Baseline(ctx context.Context) {
 // BaselineAsync takes the baseline in the background, off the
 // rollback's critical path: the sandbox's next command and turn end wait
 // for it (Gate, the state's lock).
+//
+// +checklocksignore: lock hand-off (see prepare)
 func (p *Pending) BaselineAsync() {
 	t := p.t
 	t.beginEnd(p.ts)
@@ -258,6 +267,8 @@ func (p *Pending) BaselineAsync() {
 
 // Abandon releases the state without a baseline: the tree it was
 // prepared for did not take over.
+//
+// +checklocksignore: lock hand-off (see prepare)
 func (p *Pending) Abandon() { p.ts.mu.Unlock() }
 
 // baseline is Baseline without the unlock. Caller holds ts.mu.
