@@ -48,7 +48,9 @@
 //
 //  1. A sandbox's lock (Manager.lock, lockSandbox): held for a whole
 //     lifecycle operation, minutes at most (a restore, a fork). Two
-//     sandboxes' locks are never held together.
+//     sandboxes' locks are never held together. The same table locks a
+//     name ("name/N", taken before the lock of the sandbox being made
+//     with it) and an image ("image/N", while it is built or removed).
 //  2. The sandbox's turn state (internal/turn, state.mu): a turn end
 //     takes it under the sandbox's lock; a command waits for it without
 //     the sandbox's lock (Gate), so a turn end never waits for a
