@@ -194,7 +194,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 	start := time.Now()
 	id := newID()
 	root := m.sbRoot(rec.ID)
-	r := revert.New()
+	r := revert.Logged(m.log, "fs checkpoint of "+rec.ID)
 	defer r.Fail()
 
 	ck := checkpointRec{Checkpoint: v1.Checkpoint{

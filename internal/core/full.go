@@ -73,7 +73,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	}
 	m.enforceLimits(&rec, "checkpoint")
 	id := newID()
-	r := revert.New()
+	r := revert.Logged(m.log, "full checkpoint of "+rec.ID)
 	defer r.Fail()
 	if _, err := m.cks.Create(id); err != nil {
 		return v1.Checkpoint{}, err

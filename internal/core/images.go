@@ -76,7 +76,7 @@ func (m *Manager) makeImage(ctx context.Context, name, source string, force, reu
 	case err != nil && !errors.Is(err, errdefs.ErrNotFound):
 		return v1.Image{}, err
 	}
-	r := revert.New()
+	r := revert.Logged(m.log, "image "+name)
 	defer r.Fail()
 	staging := m.path("tmp", "image-"+newID())
 	if err := fsnap.CreateSubvolume(staging); err != nil {

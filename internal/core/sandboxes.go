@@ -138,7 +138,7 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 	unlock := m.lock(rec.ID)
 	defer unlock()
 
-	r := revert.New()
+	r := revert.Logged(m.log, "make sandbox "+rec.ID)
 	dir := m.sbDir(rec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return rec, nil, err

@@ -7,18 +7,28 @@
 //	r.Success()
 //
 // Fail runs the undo functions in reverse order unless Success was called.
-// Undo errors are collected, not hidden: the caller may report them.
+// Undo errors are collected, not hidden: Err holds them, and a Reverter
+// made with Logged logs each one.
 package revert
 
-import "errors"
+import (
+	"errors"
+	"log/slog"
+)
 
 // Reverter collects undo functions.
 type Reverter struct {
 	fns  []func() error
 	done bool
+	log  *slog.Logger
+	op   string
 	// Err holds the joined errors of the undo functions after Fail ran.
 	Err error
 }
+
+// Logged returns an empty Reverter whose Fail logs each undo that fails
+// to l, naming op (what the undone operation was).
+func Logged(l *slog.Logger, op string) *Reverter { return &Reverter{log: l, op: op} }
 
 // New returns an empty Reverter.
 func New() *Reverter { return &Reverter{} }
@@ -40,6 +50,9 @@ func (r *Reverter) Fail() {
 	for i := len(r.fns) - 1; i >= 0; i-- {
 		if err := r.fns[i](); err != nil {
 			errs = append(errs, err)
+			if r.log != nil {
+				r.log.Warn("undo of a failed operation failed; what it made may remain until start-up removes it", "op", r.op, "err", err)
+			}
 		}
 	}
 	r.Err = errors.Join(errs...)

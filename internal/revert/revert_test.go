@@ -1,8 +1,11 @@
 package revert
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -34,5 +37,24 @@ func TestSuccessKeeps(t *testing.T) {
 	r.Fail()
 	if ran {
 		t.Fatal("undo ran after Success")
+	}
+}
+
+// A Logged reverter logs each undo that fails, with the operation.
+func TestLoggedLogsUndoErrors(t *testing.T) {
+	var buf bytes.Buffer
+	r := Logged(slog.New(slog.NewTextHandler(&buf, nil)), "make sandbox x")
+	r.Add(func() error { return errors.New("first") })
+	r.Add(func() error { return nil })
+	r.Add(func() error { return errors.New("second") })
+	r.Fail()
+	out := buf.String()
+	for _, want := range []string{"op=\"make sandbox x\"", "err=first", "err=second"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("log lacks %s:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "\n"); n != 2 {
+		t.Fatalf("%d log lines, want one per failed undo:\n%s", n, out)
 	}
 }
