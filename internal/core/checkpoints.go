@@ -20,9 +20,9 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -161,7 +161,7 @@ func (m *Manager) awaitCheckpoint(ctx context.Context, id string) (v1.Checkpoint
 		}
 	}
 	var ck checkpointRec
-	if err := m.db.Get(store.Checkpoints, id, &ck); err != nil {
+	if err := m.db.Get(meta.Checkpoints, id, &ck); err != nil {
 		return v1.Checkpoint{}, err
 	}
 	return ck.Checkpoint, nil
@@ -268,11 +268,11 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 	}
 	rec.Head = id
 	ck.DurationMS = ms(time.Since(start))
-	err = m.db.Update(func(tx *store.Tx) error {
-		if err := tx.Put(store.Checkpoints, id, ck); err != nil {
+	err = m.db.Update(func(tx *meta.Tx) error {
+		if err := tx.Put(meta.Checkpoints, id, ck); err != nil {
 			return err
 		}
-		return tx.Put(store.Sandboxes, rec.ID, rec)
+		return tx.Put(meta.Sandboxes, rec.ID, rec)
 	})
 	if err != nil {
 		return v1.Checkpoint{}, err
@@ -379,7 +379,7 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 		ref, sandboxID, scoped = rest, sb.ID, true
 	}
 	var byID checkpointRec
-	if err := m.db.Get(store.Checkpoints, ref, &byID); err == nil && (!scoped || byID.Sandbox == sandboxID) {
+	if err := m.db.Get(meta.Checkpoints, ref, &byID); err == nil && (!scoped || byID.Sandbox == sandboxID) {
 		return byID, nil
 	}
 	withLabel, err := checkpointRecs.ListBy(m.db, m.ix.ckByLabel, ref)
@@ -423,7 +423,7 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 			return newest(labelled), nil
 		}
 		names := map[string]string{}
-		if sbs, err := store.List[sandboxRec](m.db, store.Sandboxes); err == nil {
+		if sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes); err == nil {
 			for _, s := range sbs {
 				if s.Name != "" {
 					names[s.ID] = s.Name
@@ -492,7 +492,7 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
 	unlock := m.lock(ck.Sandbox)
 	defer unlock()
 	var sb sandboxRec
-	if err := m.db.Get(store.Sandboxes, ck.Sandbox, &sb); err == nil && sb.State == v1.StateHibernated && sb.Head == ck.ID {
+	if err := m.db.Get(meta.Sandboxes, ck.Sandbox, &sb); err == nil && sb.State == v1.StateHibernated && sb.Head == ck.ID {
 		return fmt.Errorf("delete checkpoint %s: sandbox %s is hibernated at it (resume it, or remove the sandbox): %w", ck.ID, sb.ID, errdefs.ErrFailedPrecondition)
 	}
 	return m.deleteCheckpoint(ck)
@@ -516,28 +516,28 @@ func (m *Manager) reparent(ck checkpointRec, drop bool) error {
 	// Pending children first: one that commits from here on names the
 	// parent.
 	m.pipe.reparent(ck.ID, ck.Parent)
-	return m.db.Update(func(tx *store.Tx) error {
-		all, err := store.ListIn[checkpointRec](tx, store.Checkpoints)
+	return m.db.Update(func(tx *meta.Tx) error {
+		all, err := meta.ListIn[checkpointRec](tx, meta.Checkpoints)
 		if err != nil {
 			return err
 		}
 		for _, c := range all {
 			if c.Parent == ck.ID {
 				c.Parent = ck.Parent
-				if err := tx.Put(store.Checkpoints, c.ID, c); err != nil {
+				if err := tx.Put(meta.Checkpoints, c.ID, c); err != nil {
 					return err
 				}
 			}
 		}
 		var sb sandboxRec
-		if err := tx.Get(store.Sandboxes, ck.Sandbox, &sb); err == nil && sb.Head == ck.ID {
+		if err := tx.Get(meta.Sandboxes, ck.Sandbox, &sb); err == nil && sb.Head == ck.ID {
 			sb.Head = ck.Parent
-			if err := tx.Put(store.Sandboxes, sb.ID, sb); err != nil {
+			if err := tx.Put(meta.Sandboxes, sb.ID, sb); err != nil {
 				return err
 			}
 		}
 		if drop {
-			return tx.Delete(store.Checkpoints, ck.ID)
+			return tx.Delete(meta.Checkpoints, ck.ID)
 		}
 		return nil
 	})

@@ -25,11 +25,11 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/pool"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
-	"github.com/molt-sh/molt/internal/store"
 	"github.com/molt-sh/molt/internal/turn"
 	"golang.org/x/sys/unix"
 )
@@ -143,7 +143,7 @@ type Manager struct {
 	cfg      Config
 	commits  commitGate
 	pool     *pool.Pool
-	db       *store.DB
+	db       *meta.DB
 	ix       indexes // over db's records (records.go)
 	launcher *sandbox.Launcher
 	initBin  string // pool copy of the init binary
@@ -433,7 +433,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			return err
 		}
 	}
-	cks, err := store.List[checkpointRec](m.db, store.Checkpoints)
+	cks, err := meta.List[checkpointRec](m.db, meta.Checkpoints)
 	if err != nil {
 		return err
 	}
@@ -443,7 +443,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		known[c.ID] = true
 		if _, err := os.Stat(m.ckFS(c.ID)); err != nil {
 			m.log.Warn("checkpoint lost its files; dropping record", "checkpoint", c.ID, "err", err)
-			if err := m.db.Delete(store.Checkpoints, c.ID); err != nil {
+			if err := m.db.Delete(meta.Checkpoints, c.ID); err != nil {
 				return err
 			}
 			continue
@@ -458,7 +458,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			m.unlistedCheckpoint(e.Name())
 		}
 	}
-	sbs, err := store.List[sandboxRec](m.db, store.Sandboxes)
+	sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes)
 	if err != nil {
 		return err
 	}
@@ -473,12 +473,12 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		// A head that names a checkpoint a crash kept from committing.
 		if s.Head != "" {
 			var c checkpointRec
-			if err := m.db.Get(store.Checkpoints, s.Head, &c); err != nil {
+			if err := m.db.Get(meta.Checkpoints, s.Head, &c); err != nil {
 				m.log.Warn("head names an uncommitted checkpoint; clearing it", "sandbox", s.ID, "checkpoint", s.Head)
 				// It was reported pending: listed as failed, not dropped.
 				m.recordFailed(checkpointRec{Checkpoint: v1.Checkpoint{ID: s.Head, Sandbox: s.ID, Kind: v1.KindFull}}, errors.New("the daemon stopped before it was stored"))
 				s.Head = ""
-				if err := m.db.Put(store.Sandboxes, s.ID, s); err != nil {
+				if err := m.db.Put(meta.Sandboxes, s.ID, s); err != nil {
 					return err
 				}
 			}
@@ -513,7 +513,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			m.unlistedSandbox(ctx, e.Name())
 		}
 	}
-	if sbs, err = store.List[sandboxRec](m.db, store.Sandboxes); err != nil {
+	if sbs, err = meta.List[sandboxRec](m.db, meta.Sandboxes); err != nil {
 		return err
 	}
 	m.healRecords(sbs, listed)
@@ -536,7 +536,7 @@ func (m *Manager) Host() v1.Host {
 		h.Pool.SizeBytes = st.Blocks * uint64(st.Bsize)
 		h.Pool.FreeBytes = st.Bavail * uint64(st.Bsize)
 	}
-	if sbs, err := store.List[sandboxRec](m.db, store.Sandboxes); err == nil {
+	if sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes); err == nil {
 		h.Sandboxes = len(sbs)
 	}
 	h.Features = []v1.Feature{

@@ -16,8 +16,8 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sbinit"
-	"github.com/molt-sh/molt/internal/store"
 	"github.com/molt-sh/molt/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -909,7 +909,7 @@ func TestStandbyPriority(t *testing.T) {
 		t.Fatalf("rollback with a standby ready: tier %s", res.Tier)
 	}
 	var rec sandboxRec
-	if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err != nil {
+	if err := m.db.Get(meta.Sandboxes, sb.ID, &rec); err != nil {
 		t.Fatal(err)
 	}
 	tree, _, err := treePids(sb.ID, rec.Init)

@@ -16,8 +16,8 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/ns"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // Default limits of a sandbox created without its own (Config.DefaultResources
@@ -171,9 +171,9 @@ func (m *Manager) enforceLimits(rec *sandboxRec, when string) {
 	}
 	note(rec)
 	var cur sandboxRec
-	if m.db.Get(store.Sandboxes, rec.ID, &cur) == nil {
+	if m.db.Get(meta.Sandboxes, rec.ID, &cur) == nil {
 		note(&cur)
-		if err := m.db.Put(store.Sandboxes, rec.ID, cur); err != nil {
+		if err := m.db.Put(meta.Sandboxes, rec.ID, cur); err != nil {
 			m.log.Warn("cannot record limit tampering", "sandbox", rec.ID, "err", err)
 		}
 	}

@@ -11,9 +11,9 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sbinit"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // Fork creates n sandboxes from a checkpoint, or from a sandbox (an fs
@@ -104,7 +104,7 @@ func (m *Manager) forkSource(ctx context.Context, ref, ckRef string) (forkFrom, 
 		return fs, fmt.Errorf("fork: %w", err)
 	}
 	fs.ck = ck
-	_ = m.db.Get(store.Sandboxes, ck.Sandbox, &fs.src)
+	_ = m.db.Get(meta.Sandboxes, ck.Sandbox, &fs.src)
 	// An fs checkpoint's forks take its full ancestor's processes when
 	// CRIU can restore them, and start afresh otherwise.
 	if p, ok := m.processSource(ck); ok && (ck.Kind == v1.KindFull || m.criu != nil) {
@@ -207,9 +207,9 @@ func (m *Manager) recordForks(made madeForks) error {
 		}
 	}
 	m.crashpoint("fork:made")
-	err := m.db.Update(func(tx *store.Tx) error {
+	err := m.db.Update(func(tx *meta.Tx) error {
 		for _, rec := range made.recs {
-			if err := tx.Put(store.Sandboxes, rec.ID, rec); err != nil {
+			if err := tx.Put(meta.Sandboxes, rec.ID, rec); err != nil {
 				return err
 			}
 		}

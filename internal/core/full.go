@@ -18,12 +18,12 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/pagestore"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
-	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -144,7 +144,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	// background: the checkpoint is pending until committed. The sandbox
 	// moves its head at once, so the next checkpoint is its child.
 	rec.Head = id
-	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
+	if err := m.db.Put(meta.Sandboxes, rec.ID, rec); err != nil {
 		return v1.Checkpoint{}, err
 	}
 	job := m.pipe.add(ck)
@@ -287,7 +287,7 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 	ck.BytesWritten = written + int64(len(mb))
 	ck.ImageBytes = ckstore.ImageBytes(objs)
 	ck.DurationMS = ms(time.Since(start))
-	if err := m.db.Put(store.Checkpoints, ck.ID, *ck); err != nil {
+	if err := m.db.Put(meta.Checkpoints, ck.ID, *ck); err != nil {
 		return err
 	}
 	m.cks.Remember(ck.ID, objs)
@@ -367,7 +367,7 @@ func (m *Manager) stagingPrefix() string {
 func (m *Manager) pageIndex(head string) *pagestore.Index {
 	return m.cks.PageIndex(head, func(id string) (ckstore.Ref, bool) {
 		var c checkpointRec
-		if err := m.db.Get(store.Checkpoints, id, &c); err != nil {
+		if err := m.db.Get(meta.Checkpoints, id, &c); err != nil {
 			return ckstore.Ref{}, false
 		}
 		return ckstore.Ref{ID: c.ID, Parent: c.Parent, Full: c.Kind == v1.KindFull, Objects: c.Objects}, true
@@ -406,7 +406,7 @@ func (m *Manager) processSource(ck checkpointRec) (checkpointRec, bool) {
 		}
 		seen[c.ID] = true
 		var p checkpointRec
-		if err := m.db.Get(store.Checkpoints, c.Parent, &p); err != nil {
+		if err := m.db.Get(meta.Checkpoints, c.Parent, &p); err != nil {
 			return checkpointRec{}, false
 		}
 		c = p

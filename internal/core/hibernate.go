@@ -8,7 +8,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // Hibernate takes a full checkpoint of a running sandbox, then stops its
@@ -89,7 +89,7 @@ func (m *Manager) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
 		return v1.Sandbox{}, fmt.Errorf("resume %s: the sandbox is %s, not hibernated: %w", rec.ID, m.report(rec).State, errdefs.ErrFailedPrecondition)
 	}
 	var ck checkpointRec
-	if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil {
+	if err := m.db.Get(meta.Checkpoints, rec.Head, &ck); err != nil {
 		return v1.Sandbox{}, fmt.Errorf("resume %s: its checkpoint %s is gone: %w", rec.ID, rec.Head, errdefs.ErrFailedPrecondition)
 	}
 	m.enforceLimits(&rec, "restore")

@@ -11,10 +11,10 @@ import (
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
-	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -156,7 +156,7 @@ func (m *Manager) recordTakeover(id, name string, t hot.Record) (string, error) 
 // commitTakeover writes the sandbox's record after a switch and deletes
 // the switch's takeover record, in one transaction.
 func (m *Manager) commitTakeover(rec sandboxRec, key string) error {
-	return m.tko.Commit(key, func(tx *store.Tx) error { return tx.Put(store.Sandboxes, rec.ID, rec) })
+	return m.tko.Commit(key, func(tx *meta.Tx) error { return tx.Put(meta.Sandboxes, rec.ID, rec) })
 }
 
 // forgetTakeover deletes a takeover record that can no longer happen.
@@ -222,7 +222,7 @@ func (m *Manager) finishTakeovers(ctx context.Context, sbs []sandboxRec) error {
 			if err := removeTree(t.Path); err != nil {
 				m.log.Warn("cannot remove the sandbox's old root", "sandbox", s.ID, "path", t.Path, "err", err)
 			}
-			if err := m.db.Put(store.Sandboxes, s.ID, *s); err != nil {
+			if err := m.db.Put(meta.Sandboxes, s.ID, *s); err != nil {
 				return fmt.Errorf("complete the rollback of %s: %w", s.ID, err)
 			}
 		}

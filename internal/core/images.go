@@ -15,8 +15,8 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/image"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/revert"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 func (m *Manager) imageDir(name string) string { return m.path("images", name) }
@@ -65,7 +65,7 @@ func (m *Manager) makeImage(ctx context.Context, name, source string, force, reu
 	unlock := m.lock("image/" + name)
 	defer unlock()
 	var existing v1.Image
-	err := m.db.Get(store.Images, name, &existing)
+	err := m.db.Get(meta.Images, name, &existing)
 	switch {
 	case err == nil && !force && reuse && existing.Source == source:
 		return existing, nil
@@ -88,7 +88,7 @@ func (m *Manager) makeImage(ctx context.Context, name, source string, force, reu
 	}
 	dst := m.imageDir(name)
 	if force {
-		if err := m.db.Delete(store.Images, name); err != nil {
+		if err := m.db.Delete(meta.Images, name); err != nil {
 			return v1.Image{}, err
 		}
 		if err := removeTree(dst); err != nil {
@@ -106,7 +106,7 @@ func (m *Manager) makeImage(ctx context.Context, name, source string, force, reu
 		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
 	}
 	img := v1.Image{Name: name, Source: source, Created: time.Now().UTC()}
-	if err := m.db.Put(store.Images, name, img); err != nil {
+	if err := m.db.Put(meta.Images, name, img); err != nil {
 		return v1.Image{}, err
 	}
 	r.Success()
@@ -115,7 +115,7 @@ func (m *Manager) makeImage(ctx context.Context, name, source string, force, reu
 
 // Images lists images by name.
 func (m *Manager) Images() ([]v1.Image, error) {
-	l, err := store.List[v1.Image](m.db, store.Images)
+	l, err := meta.List[v1.Image](m.db, meta.Images)
 	sort.Slice(l, func(i, j int) bool { return l[i].Name < l[j].Name })
 	return l, err
 }
@@ -123,7 +123,7 @@ func (m *Manager) Images() ([]v1.Image, error) {
 // Image returns one image.
 func (m *Manager) Image(name string) (v1.Image, error) {
 	var img v1.Image
-	if err := m.db.Get(store.Images, name, &img); err != nil {
+	if err := m.db.Get(meta.Images, name, &img); err != nil {
 		return v1.Image{}, notFound("image", name)
 	}
 	return img, nil
@@ -137,7 +137,7 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	if _, err := m.Image(name); err != nil {
 		return err
 	}
-	if err := m.db.Delete(store.Images, name); err != nil {
+	if err := m.db.Delete(meta.Images, name); err != nil {
 		return err
 	}
 	return removeTree(m.imageDir(name))

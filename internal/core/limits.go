@@ -6,8 +6,8 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // The daemon keeps processes of its own in a sandbox's cgroup: standbys
@@ -270,7 +270,7 @@ func (m *Manager) releaseWhenGone(id, key string, init sandbox.Init) {
 // sandboxRecord reads the sandbox's record (its own limits).
 func (m *Manager) sandboxRecord(id string) (sandboxRec, bool) {
 	var rec sandboxRec
-	if m.db.Get(store.Sandboxes, id, &rec) != nil {
+	if m.db.Get(meta.Sandboxes, id, &rec) != nil {
 		return rec, false
 	}
 	return rec, true

@@ -9,7 +9,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // Disk quotas (docs/architecture.md, "Disk quotas"; docs/security.md,
@@ -212,7 +212,7 @@ func (m *Manager) groupsOfID(id string) []uint64 {
 		return nil
 	}
 	var rec sandboxRec
-	if err := m.db.Get(store.Sandboxes, id, &rec); err != nil {
+	if err := m.db.Get(meta.Sandboxes, id, &rec); err != nil {
 		return nil
 	}
 	return m.groupsOf(rec)

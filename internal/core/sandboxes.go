@@ -14,11 +14,11 @@ import (
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/seccomp"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // sandboxRec is a sandbox's metadata record. State is the state molt
@@ -107,7 +107,7 @@ func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, pr
 		return v1.Sandbox{}, err
 	}
 	defer r.Fail()
-	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
+	if err := m.db.Put(meta.Sandboxes, rec.ID, rec); err != nil {
 		return v1.Sandbox{}, err
 	}
 	r.Success()
@@ -280,7 +280,7 @@ func (m *Manager) lookupSandbox(ref string) (sandboxRec, error) {
 	if ref == "" {
 		return rec, fmt.Errorf("empty sandbox reference: %w", errdefs.ErrInvalidArgument)
 	}
-	if err := m.db.Get(store.Sandboxes, ref, &rec); err == nil {
+	if err := m.db.Get(meta.Sandboxes, ref, &rec); err == nil {
 		return rec, nil
 	}
 	named, err := sandboxRecs.ListBy(m.db, m.ix.sbByName, ref)
@@ -319,7 +319,7 @@ func (m *Manager) lockSandbox(ref string) (sandboxRec, func(), error) {
 	// captures it again) waits for that, a few hundred milliseconds at
 	// most after the capture.
 	m.waitCopies(rec.ID)
-	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
+	if err := m.db.Get(meta.Sandboxes, rec.ID, &rec); err != nil {
 		unlock()
 		return rec, nil, notFound("sandbox", ref)
 	}
@@ -374,7 +374,7 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
 
 // Sandboxes lists all sandboxes, oldest first.
 func (m *Manager) Sandboxes() ([]v1.Sandbox, error) {
-	recs, err := store.List[sandboxRec](m.db, store.Sandboxes)
+	recs, err := meta.List[sandboxRec](m.db, meta.Sandboxes)
 	if err != nil {
 		return nil, err
 	}
@@ -419,7 +419,7 @@ func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
 func (m *Manager) stopTree(ctx context.Context, rec sandboxRec, state, reason string) (sandboxRec, error) {
 	next := rec
 	next.State, next.Reason, next.Init = state, reason, sandbox.Init{}
-	if err := m.db.Put(store.Sandboxes, rec.ID, next); err != nil {
+	if err := m.db.Put(meta.Sandboxes, rec.ID, next); err != nil {
 		return rec, err
 	}
 	m.crashpoint("stop:recorded")
@@ -428,7 +428,7 @@ func (m *Manager) stopTree(ctx context.Context, rec sandboxRec, state, reason st
 		err = m.killProcesses(ctx, rec)
 	}
 	if err != nil {
-		if perr := m.db.Put(store.Sandboxes, rec.ID, rec); perr != nil {
+		if perr := m.db.Put(meta.Sandboxes, rec.ID, rec); perr != nil {
 			err = errors.Join(err, perr)
 		}
 		return rec, err
@@ -481,14 +481,14 @@ func (m *Manager) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
 func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 	if !rec.Restarting {
 		rec.Restarting = true
-		if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
+		if err := m.db.Put(meta.Sandboxes, rec.ID, *rec); err != nil {
 			rec.Restarting = false
 			return err
 		}
 	}
 	if err := m.killProcesses(ctx, *rec); err != nil {
 		rec.Restarting = false
-		_ = m.db.Put(store.Sandboxes, rec.ID, *rec)
+		_ = m.db.Put(meta.Sandboxes, rec.ID, *rec)
 		return err
 	}
 	m.crashpoint("restart:killed")
@@ -502,10 +502,10 @@ func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 	}
 	if err != nil {
 		rec.State, rec.Reason, rec.Init = v1.StateStopped, "start failed: "+err.Error(), sandbox.Init{}
-		_ = m.db.Put(store.Sandboxes, rec.ID, *rec)
+		_ = m.db.Put(meta.Sandboxes, rec.ID, *rec)
 		return err
 	}
-	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
+	if err := m.db.Put(meta.Sandboxes, rec.ID, *rec); err != nil {
 		return err
 	}
 	m.turnReset(ctx, *rec)
@@ -535,21 +535,21 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	m.dropStandby(rec.ID, false)
 	m.removeRetired(rec.ID)
 	m.turnForget(rec.ID)
-	err = m.db.Update(func(tx *store.Tx) error {
-		if err := tx.DeletePrefix(store.Turns, rec.ID+"/"); err != nil {
+	err = m.db.Update(func(tx *meta.Tx) error {
+		if err := tx.DeletePrefix(meta.Turns, rec.ID+"/"); err != nil {
 			return err
 		}
-		if err := tx.DeletePrefix(store.FailedCheckpoints, rec.ID+"/"); err != nil {
+		if err := tx.DeletePrefix(meta.FailedCheckpoints, rec.ID+"/"); err != nil {
 			return err
 		}
-		return tx.DeletePrefix(store.Takeovers, rec.ID+"/")
+		return tx.DeletePrefix(meta.Takeovers, rec.ID+"/")
 	})
 	if err != nil {
 		return err
 	}
 	// The record goes first: from here on the sandbox is not listed, and
 	// a crash leaves only unlisted directories, which start-up removes.
-	if err := m.db.Delete(store.Sandboxes, rec.ID); err != nil {
+	if err := m.db.Delete(meta.Sandboxes, rec.ID); err != nil {
 		return err
 	}
 	cks, err := m.checkpointsOf(rec.ID)

@@ -14,9 +14,9 @@ import (
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
-	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -32,7 +32,7 @@ func (m *Manager) newStandbys() *hot.Standbys {
 	return hot.NewStandbys(hot.StandbyHooks{
 		Head: func(id string) (string, bool) {
 			var rec sandboxRec
-			if m.db.Get(store.Sandboxes, id, &rec) != nil {
+			if m.db.Get(meta.Sandboxes, id, &rec) != nil {
 				return "", false
 			}
 			return rec.Head, true
@@ -73,7 +73,7 @@ func (m *Manager) newStandbys() *hot.Standbys {
 // standbyOf returns the standby of the sandbox's head, if one is ready.
 func (m *Manager) standbyOf(id string) *standby {
 	var rec sandboxRec
-	if m.db.Get(store.Sandboxes, id, &rec) != nil {
+	if m.db.Get(meta.Sandboxes, id, &rec) != nil {
 		return nil
 	}
 	return m.sby.Get(id, rec.Head)
@@ -121,7 +121,7 @@ const standbyDelay = hot.Delay
 func (m *Manager) wantedStandbys(rec sandboxRec) []checkpointRec {
 	var out []checkpointRec
 	var head checkpointRec
-	if rec.Head != "" && m.db.Get(store.Checkpoints, rec.Head, &head) == nil && head.Kind == v1.KindFull {
+	if rec.Head != "" && m.db.Get(meta.Checkpoints, rec.Head, &head) == nil && head.Kind == v1.KindFull {
 		out = append(out, head)
 	}
 	cks, _ := m.checkpointsOf(rec.ID)
@@ -364,7 +364,7 @@ func continueTree(rec sandboxRec, init sandbox.Init, images string) error {
 // checkpoint id: its own, or for an fs checkpoint its full ancestor's.
 func (m *Manager) headImages(id string) string {
 	var ck checkpointRec
-	if m.db.Get(store.Checkpoints, id, &ck) == nil {
+	if m.db.Get(meta.Checkpoints, id, &ck) == nil {
 		if p, ok := m.processSource(ck); ok {
 			return m.ckImages(p.ID)
 		}

@@ -10,10 +10,10 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
-// The turn log: one record per ended turn in bucket store.Turns, keyed
+// The turn log: one record per ended turn in bucket meta.Turns, keyed
 // "<sandbox>/<turn number, 9 digits>" so that a prefix scan lists a
 // sandbox's turns oldest first.
 
@@ -22,7 +22,7 @@ func turnKey(id string, n int) string { return fmt.Sprintf("%s/%09d", id, n) }
 // lastTurn is the number of sandbox id's last logged turn (0: none).
 func (t *Tracker) lastTurn(id string) int {
 	last := 0
-	_ = t.cfg.DB.ForEachPrefix(store.Turns, id+"/", func(k string, _ []byte) error {
+	_ = t.cfg.DB.ForEachPrefix(meta.Turns, id+"/", func(k string, _ []byte) error {
 		if n, err := strconv.Atoi(strings.TrimPrefix(k, id+"/")); err == nil && n > last {
 			last = n
 		}
@@ -34,7 +34,7 @@ func (t *Tracker) lastTurn(id string) int {
 // record writes an ended turn to the log; a failure is logged, not
 // returned: the turn's checkpoint is taken either way.
 func (t *Tracker) record(tr v1.TurnRecord) {
-	if err := t.cfg.DB.Put(store.Turns, turnKey(tr.Sandbox, tr.Turn), tr); err != nil {
+	if err := t.cfg.DB.Put(meta.Turns, turnKey(tr.Sandbox, tr.Turn), tr); err != nil {
 		t.cfg.Log.Warn("turn not recorded", "sandbox", tr.Sandbox, "turn", tr.Turn, "err", err)
 	}
 }
@@ -42,9 +42,9 @@ func (t *Tracker) record(tr v1.TurnRecord) {
 // Log lists sandbox id's turn log, oldest first.
 func (t *Tracker) Log(id string) ([]v1.TurnRecord, error) {
 	var out []v1.TurnRecord
-	err := t.cfg.DB.ForEachPrefix(store.Turns, id+"/", func(_ string, b []byte) error {
+	err := t.cfg.DB.ForEachPrefix(meta.Turns, id+"/", func(_ string, b []byte) error {
 		var tr v1.TurnRecord
-		if err := store.Unmarshal(b, &tr); err != nil {
+		if err := meta.Unmarshal(b, &tr); err != nil {
 			return err
 		}
 		out = append(out, tr)
@@ -60,13 +60,13 @@ func (t *Tracker) RecordLLM(id string, turn int, c v1.LLMCall) error {
 		ts.mu.Lock()
 		defer ts.mu.Unlock()
 	}
-	return t.cfg.DB.Update(func(tx *store.Tx) error {
+	return t.cfg.DB.Update(func(tx *meta.Tx) error {
 		var tr v1.TurnRecord
-		if err := tx.Get(store.Turns, turnKey(id, turn), &tr); err != nil {
+		if err := tx.Get(meta.Turns, turnKey(id, turn), &tr); err != nil {
 			return err
 		}
 		tr.LLM = append(tr.LLM, c)
-		return tx.Put(store.Turns, turnKey(id, turn), tr)
+		return tx.Put(meta.Turns, turnKey(id, turn), tr)
 	})
 }
 

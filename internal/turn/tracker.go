@@ -12,14 +12,14 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/inspect"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // Config is what a Tracker needs of the engine.
 type Config struct {
-	// DB holds the turn log (bucket store.Turns).
-	DB *store.DB
+	// DB holds the turn log (bucket meta.Turns).
+	DB *meta.DB
 	// Log gets what cannot be returned (a watch that cannot be set up,
 	// a turn record that cannot be written).
 	Log *slog.Logger

@@ -17,7 +17,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/inspect"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 func TestSamePos(t *testing.T) {
@@ -127,7 +127,7 @@ func frame(typ byte, payload []byte) []byte {
 
 func newTracker(t *testing.T) *Tracker {
 	t.Helper()
-	db, err := store.Open(filepath.Join(t.TempDir(), "molt.db"))
+	db, err := meta.Open(filepath.Join(t.TempDir(), "molt.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
