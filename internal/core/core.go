@@ -58,14 +58,14 @@ type Config struct {
 	StandbyBudget int64
 	// SandboxStandbyBudget is the default bound of one sandbox's
 	// standbys, for sandboxes created without their own
-	// (v1.Resources.StandbyBudgetBytes); 0 leaves them bounded by
+	// (meta.Resources.StandbyBudgetBytes); 0 leaves them bounded by
 	// StandbyBudget only.
 	SandboxStandbyBudget int64
 	// DefaultResources are the limits of a sandbox created without its
-	// own (v1.Resources fields left 0). A field left 0 here takes molt's
+	// own (meta.Resources fields left 0). A field left 0 here takes molt's
 	// default (DefaultMemory, DefaultPids, DefaultCPUMillis; no I/O
 	// weight); -1 means no limit.
-	DefaultResources v1.Resources
+	DefaultResources meta.Resources
 	// CRIULogLevel is the log level of CRIU's dumps and restores (1
 	// errors, 2 and warnings, 3 and information, 4 and debugging); 0
 	// means DefaultCRIULogLevel. Errors are quoted from the log either
@@ -88,12 +88,12 @@ type Config struct {
 	// more host-wide.
 	NoFavorDynMods bool
 	// NoCOWCapture makes every full checkpoint copy the processes'
-	// memory while the sandbox is frozen (v1.Checkpoint.Capture "copy"),
+	// memory while the sandbox is frozen (meta.Checkpoint.Capture "copy"),
 	// as before copy-on-write capture: for comparisons.
 	NoCOWCapture bool
 	// NoTemplateCapture keeps full checkpoints from copying the tree in
 	// the frozen window and dumping the copies after the thaw
-	// (v1.Checkpoint.Capture "template"; internal/capture): for comparisons.
+	// (meta.Checkpoint.Capture "template"; internal/capture): for comparisons.
 	NoTemplateCapture bool
 	// DiskReserve is the space kept free in the pool, and under a loop
 	// pool: work that would leave less (a checkpoint, a fork, a
@@ -104,7 +104,7 @@ type Config struct {
 	// percentage of the pool's size instead.
 	DiskReservePercent float64
 	// DefaultDisk is the disk quota of a sandbox created without one
-	// (v1.Resources.DiskBytes 0): its root and checkpoints together
+	// (meta.Resources.DiskBytes 0): its root and checkpoints together
 	// (quota.go). 0: none, the sandboxes then share the pool less the
 	// reserve.
 	DefaultDisk int64
@@ -476,7 +476,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			if err := m.db.Get(meta.Checkpoints, s.Head, &c); err != nil {
 				m.log.Warn("head names an uncommitted checkpoint; clearing it", "sandbox", s.ID, "checkpoint", s.Head)
 				// It was reported pending: listed as failed, not dropped.
-				m.recordFailed(checkpointRec{Checkpoint: v1.Checkpoint{ID: s.Head, Sandbox: s.ID, Kind: v1.KindFull}}, errors.New("the daemon stopped before it was stored"))
+				m.recordFailed(checkpointRec{Checkpoint: meta.Checkpoint{ID: s.Head, Sandbox: s.ID, Kind: v1.KindFull}}, errors.New("the daemon stopped before it was stored"))
 				s.Head = ""
 				if err := m.db.Put(meta.Sandboxes, s.ID, s); err != nil {
 					return err
@@ -522,12 +522,12 @@ func (m *Manager) reconcile(ctx context.Context) error {
 }
 
 // Host reports the host, the pool and the features molt has here.
-func (m *Manager) Host() v1.Host {
-	h := v1.Host{
+func (m *Manager) Host() meta.Host {
+	h := meta.Host{
 		Version: m.cfg.Version,
 		Kernel:  m.kernel,
 		Root:    m.cfg.Root,
-		Pool:    v1.Pool{Dir: m.pool.Dir, Loop: m.pool.Loop, Backing: m.pool.Backing, Device: m.pool.Device, NodeSize: m.pool.NodeSize},
+		Pool:    meta.Pool{Dir: m.pool.Dir, Loop: m.pool.Loop, Backing: m.pool.Backing, Device: m.pool.Device, NodeSize: m.pool.NodeSize},
 		Cgroup:  cgroup.Mode(),
 		Started: m.started,
 	}
@@ -539,7 +539,7 @@ func (m *Manager) Host() v1.Host {
 	if sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes); err == nil {
 		h.Sandboxes = len(sbs)
 	}
-	h.Features = []v1.Feature{
+	h.Features = []meta.Feature{
 		{Name: "btrfs-pool", Supported: true, Detail: poolDetail(m.pool)},
 		{Name: "fs-checkpoint", Supported: true, Detail: "btrfs snapshot ioctl under a cgroup freeze"},
 		m.quotaFeature(),
@@ -552,11 +552,11 @@ func (m *Manager) Host() v1.Host {
 	return h
 }
 
-func inspectorFeature() v1.Feature {
+func inspectorFeature() meta.Feature {
 	if ok, why := turn.InspectorStatus(); !ok {
-		return v1.Feature{Name: "inspector", Reason: why + " (turns are then always full)"}
+		return meta.Feature{Name: "inspector", Reason: why + " (turns are then always full)"}
 	}
-	return v1.Feature{Name: "inspector", Supported: true, Detail: "eBPF on raw_syscalls and sched tracepoints, per sandbox cgroup and PID namespace"}
+	return meta.Feature{Name: "inspector", Supported: true, Detail: "eBPF on raw_syscalls and sched tracepoints, per sandbox cgroup and PID namespace"}
 }
 
 // KerndatDir holds CRIU's kernel-probe cache, on a 1 MiB tmpfs that a
@@ -579,16 +579,16 @@ func findCriu(p string) string {
 	return ""
 }
 
-func (m *Manager) criuFeature() v1.Feature {
+func (m *Manager) criuFeature() meta.Feature {
 	if m.criu == nil {
-		return v1.Feature{Name: "full-checkpoint", Reason: "no criu found: run scripts/criu.sh"}
+		return meta.Feature{Name: "full-checkpoint", Reason: "no criu found: run scripts/criu.sh"}
 	}
 	f := m.criu.Probe(context.Background())
 	if p := criuProblem(f); p != "" {
-		return v1.Feature{Name: "full-checkpoint", Reason: p}
+		return meta.Feature{Name: "full-checkpoint", Reason: p}
 	}
 	d := fmt.Sprintf("CRIU %s at %s; self-test %.0f ms; lazy pages %v; dirty tracking %v", f.Version, m.criu.Path(), f.SelfTestMS, f.LazyPages, f.DirtyTrack)
-	return v1.Feature{Name: "full-checkpoint", Supported: true, Detail: d}
+	return meta.Feature{Name: "full-checkpoint", Supported: true, Detail: d}
 }
 
 func poolDetail(p *pool.Pool) string {

@@ -112,7 +112,7 @@ func (c *sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 
 func seconds(msv float64) float64 { return msv / 1000 }
 
-func (x *metrics) checkpointed(ck v1.Checkpoint, captured time.Duration) {
+func (x *metrics) checkpointed(ck meta.Checkpoint, captured time.Duration) {
 	x.stall.WithLabelValues(ck.Kind).Observe(seconds(ck.StallMS))
 	x.capture.WithLabelValues(ck.Kind).Observe(captured.Seconds())
 	if !ck.Pending {
@@ -120,7 +120,7 @@ func (x *metrics) checkpointed(ck v1.Checkpoint, captured time.Duration) {
 	}
 }
 
-func (x *metrics) committed(ck v1.Checkpoint) {
+func (x *metrics) committed(ck meta.Checkpoint) {
 	x.bytes.WithLabelValues(ck.Kind).Add(float64(ck.BytesWritten))
 	x.checkpoint.WithLabelValues(ck.Kind, "committed").Inc()
 	if ck.Kind == v1.KindFull {

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/meta"
@@ -298,7 +297,7 @@ func openStore(path string, log interface {
 
 // decodeRecords decodes every image, sandbox and checkpoint record.
 func decodeRecords(db *meta.DB) error {
-	if _, err := meta.List[v1.Image](db, meta.Images); err != nil {
+	if _, err := meta.List[meta.Image](db, meta.Images); err != nil {
 		return err
 	}
 	if _, err := meta.List[sandboxRec](db, meta.Sandboxes); err != nil {
@@ -348,9 +347,9 @@ func (m *Manager) rebuild(ctx context.Context) error {
 			m.log.Warn("not an image name; left in the pool unlisted", "path", m.imageDir(name))
 			continue
 		}
-		var img v1.Image
+		var img meta.Image
 		if b, err := os.ReadFile(m.imageFile(name)); err != nil || json.Unmarshal(b, &img) != nil || img.Name != name {
-			img = v1.Image{Name: name, Source: "unknown (rebuilt from the pool)"}
+			img = meta.Image{Name: name, Source: "unknown (rebuilt from the pool)"}
 			if fi, err := e.Info(); err == nil {
 				img.Created = fi.ModTime().UTC()
 			}
@@ -436,10 +435,10 @@ func (m *Manager) checkpointOnDisk(id string) (checkpointRec, string) {
 	if why != "" {
 		return checkpointRec{}, why
 	}
-	ck := checkpointRec{Checkpoint: v1.Checkpoint{
+	ck := checkpointRec{Checkpoint: meta.Checkpoint{
 		ID: mf.ID, Sandbox: mf.Sandbox, Parent: mf.Parent, Kind: mf.Kind, Label: mf.Label,
 		Created: mf.Created, StallMS: mf.StallMS, DurationMS: mf.DurationMS,
-		Capture: mf.Capture, CaptureNote: mf.CaptureNote, StallParts: mf.StallParts,
+		Capture: mf.Capture, CaptureNote: mf.CaptureNote, StallParts: (*meta.StallParts)(mf.StallParts),
 		BytesWritten: mf.BytesWritten, ImageBytes: ckstore.ImageBytes(mf.Objects), Keep: mf.Keep,
 	}, Image: mf.Image, Objects: mf.Objects, CRIU: mf.CRIU,
 		ExternalNet: mf.ExternalNet, ExternalUTS: mf.ExternalUTS, ExternalIPC: mf.ExternalIPC, IDs: mf.IDs}
@@ -488,7 +487,7 @@ func (m *Manager) healRecords(sbs []sandboxRec, cks []checkpointRec) {
 			m.queueRecord(filepath.Join(m.ckDir(c.ID), manifestFile), diskWrite{b: m.committedManifest(c)})
 		}
 	}
-	imgs, _ := meta.List[v1.Image](m.db, meta.Images)
+	imgs, _ := meta.List[meta.Image](m.db, meta.Images)
 	for _, img := range imgs {
 		if _, err := os.Stat(m.imageDir(img.Name) + ".json"); err != nil {
 			b, _ := json.Marshal(img)

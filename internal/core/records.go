@@ -4,15 +4,14 @@ import (
 	"encoding/json"
 	"strings"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/meta"
 )
 
-// The record buckets, typed.
+// The record buckets, typed (meta/records.go).
 var (
-	sandboxRecs    = meta.Bucket[sandboxRec](meta.Sandboxes)
-	checkpointRecs = meta.Bucket[checkpointRec](meta.Checkpoints)
-	imageRecs      = meta.Bucket[v1.Image](meta.Images)
+	sandboxRecs    = meta.SandboxRecords
+	checkpointRecs = meta.CheckpointRecords
+	imageRecs      = meta.ImageRecords
 )
 
 // indexes find records by what references name them with, reading only
@@ -51,7 +50,7 @@ func addIndexes(db *meta.DB) (indexes, error) {
 }
 
 // refFields are the fields of a record that the indexes read (JSON
-// names of v1.Checkpoint and v1.Sandbox).
+// names of meta.Checkpoint and meta.Sandbox).
 type refFields struct {
 	Sandbox string `json:"sandbox"`
 	Label   string `json:"label"`

@@ -249,20 +249,20 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 // promote makes the standby s the sandbox's live tree: the old tree is
 // killed, the standby's tasks continue, its root becomes the sandbox's.
 // Caller holds the sandbox lock and has taken s out of the pool.
-func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec, s *standby) (v1.RollbackResult, error) {
+func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec, s *standby) (meta.RollbackResult, error) {
 	if !s.Init.Alive() {
 		m.discard(s, false)
-		return v1.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
+		return meta.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
 	}
 	// A task of it may have met the OOM killer (its first choice in the
 	// cgroup) since watchRooms last looked.
 	if len(s.Tasks) > 0 && m.oomKills(rec.ID) != s.OOMSeen && !s.Intact() {
 		m.discard(s, true)
-		return v1.RollbackResult{}, fmt.Errorf("standby of %s lost a task", ck.ID)
+		return meta.RollbackResult{}, fmt.Errorf("standby of %s lost a task", ck.ID)
 	}
 	if err := hot.RestoreAdj(s.Tasks); err != nil {
 		m.discard(s, true)
-		return v1.RollbackResult{}, fmt.Errorf("standby of %s: %w", ck.ID, err)
+		return meta.RollbackResult{}, fmt.Errorf("standby of %s: %w", ck.ID, err)
 	}
 	old := rec.Init
 	// The standby runs first; then it takes over (the old tree, in its
@@ -272,12 +272,12 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	if err := continueTree(*rec, s.Init, m.ckImages(ck.ID)); err != nil {
 		ts.Abandon()
 		m.discard(s, true)
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	if err := m.takeOver(rec, s.Init, s.Root); err != nil {
 		ts.Abandon()
 		m.discard(s, true)
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head, rec.IDs = s.Init, v1.StateRunning, "", ck.ID, ck.IDs
 	// The promoted tree is charged as the tree it replaces: the room
@@ -285,9 +285,9 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	m.releaseWhenGone(rec.ID, s.Room, old)
 	ts.BaselineAsync()
 	if err := m.commitTakeover(*rec, s.Key); err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
-	return v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierHot}, nil
+	return meta.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierHot}, nil
 }
 
 // adoptStandby makes a standby taken from another sandbox's pool the tree

@@ -27,8 +27,10 @@ var (
 	TurnRecords             = Bucket[TurnRecord](Turns)
 )
 
-// SandboxRecord is a sandbox as bucket Sandboxes keeps it: what the API
-// reports, and what the engine needs to find its processes again.
+// SandboxRecord is a sandbox as bucket Sandboxes keeps it: what the
+// engine reports, and what it needs to find the sandbox's processes
+// again. State is the state molt last put it in; the reported state also
+// checks that init still runs.
 type SandboxRecord struct {
 	Sandbox
 	Init      sandbox.Init `json:"init"`

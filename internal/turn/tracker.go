@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/inspect"
 	"github.com/molt-sh/molt/internal/meta"
@@ -66,7 +65,7 @@ type state struct {
 	// turn end. ending counts turn ends in progress; endDone is closed
 	// when it drops to zero. Commands wait for it (they belong to the
 	// next turn).
-	commands []v1.TurnCommand
+	commands []meta.TurnCommand
 	ending   int
 	endDone  chan struct{}
 }
@@ -362,7 +361,7 @@ func (t *Tracker) finishEnd(ts *state) {
 
 // Outcome is the result of an asynchronous turn end.
 type Outcome struct {
-	Result v1.TurnResult
+	Result meta.TurnResult
 	Err    error
 }
 
@@ -370,7 +369,7 @@ type Outcome struct {
 // background with the Tracker's context. Commands of the sandbox sent
 // after Async returns wait until end is done (id "": the sandbox is
 // unknown, end reports that).
-func (t *Tracker) Async(id string, end func(context.Context) (v1.TurnResult, error)) <-chan Outcome {
+func (t *Tracker) Async(id string, end func(context.Context) (meta.TurnResult, error)) <-chan Outcome {
 	out := make(chan Outcome, 1)
 	ts := t.of(id)
 	if ts != nil {
