@@ -13,7 +13,9 @@ import (
 // Engine is what the handlers need of the daemon's engine (core.Manager
 // is the one in production). Each method takes a sandbox, image or
 // checkpoint reference as given in the path and returns an error that
-// wraps an errdefs kind; the handlers map the kind to the status.
+// wraps an errdefs kind; the handlers map the kind to the status. It
+// takes api/v1 requests as decoded and returns domain values (meta's),
+// which convert.go turns into wire values.
 type Engine interface {
 	Host() meta.Host
 	MetricsHandler() http.Handler
