@@ -31,6 +31,7 @@ import (
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/llmproxy"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // Gate modes.
@@ -221,7 +222,7 @@ func (ep *endpoint) Recorded(call *llmproxy.Call) {
 	tw := ep.turns[call.ID]
 	delete(ep.turns, call.ID)
 	ep.mu.Unlock()
-	rec := v1.LLMCall{
+	rec := meta.LLMCall{
 		ID: int(call.ID), API: call.API, Path: call.Path, Model: call.Model, Stream: call.Stream,
 		Status: call.Status, Request: string(call.Request), RequestTruncated: call.RequestTruncated,
 		Response: string(call.Response), ResponseTruncated: call.ResponseTruncated,

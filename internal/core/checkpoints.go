@@ -20,47 +20,13 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/revert"
-	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
-type checkpointRec struct {
-	v1.Checkpoint
-	Image string `json:"image"`
-	// Objects lists the stored files of a full checkpoint (process
-	// images) with their hashes; restore verifies them first.
-	Objects []ckstore.Object `json:"objects,omitempty"`
-	// CRIU is the version of CRIU that wrote the images.
-	CRIU string `json:"criu,omitempty"`
-	// ExternalNet says the images leave the network namespace out: a
-	// restore runs CRIU in a fresh loopback-only one, which the tree joins.
-	ExternalNet bool `json:"external_net,omitempty"`
-	// ExternalUTS and ExternalIPC say the same of the UTS namespace (the
-	// restore names the fresh one) and the IPC namespace (left out only
-	// when it held no System V objects).
-	ExternalUTS bool `json:"external_uts,omitempty"`
-	ExternalIPC bool `json:"external_ipc,omitempty"`
-	// IDs is the block of host ids the images' user namespace maps (none
-	// for a sandbox without one): the sandbox restored from them gets it.
-	IDs sandbox.IDRange `json:"ids,omitzero"`
-}
-
-// outside returns the namespace types the checkpoint's images leave out.
-func (ck checkpointRec) outside() int {
-	f := 0
-	if ck.ExternalNet {
-		f |= unix.CLONE_NEWNET
-	}
-	if ck.ExternalUTS {
-		f |= unix.CLONE_NEWUTS
-	}
-	if ck.ExternalIPC {
-		f |= unix.CLONE_NEWIPC
-	}
-	return f
-}
+// checkpointRec is a checkpoint's record (meta.CheckpointRecord).
+type checkpointRec = meta.CheckpointRecord
 
 // The checkpoint's directory, its files and its writable copy of them
 // (see ckstore.FSNextDir).
@@ -72,22 +38,22 @@ func (m *Manager) ckFSNext(id string) string { return m.cks.FSNext(id) }
 // frozen, its root snapshotted read-only, and thawed; listed once its
 // manifest is on disk) or full (files and processes; see
 // fullCheckpointLocked: pending until committed in the background).
-func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error) {
+func (m *Manager) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (meta.Checkpoint, error) {
 	return m.checkpoint(ctx, ref, req, false)
 }
 
 // checkpoint is Checkpoint; holdFrozen (full only) leaves the sandbox
 // frozen from its capture on (see Hibernate).
-func (m *Manager) checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest, holdFrozen bool) (v1.Checkpoint, error) {
+func (m *Manager) checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest, holdFrozen bool) (meta.Checkpoint, error) {
 	if err := req.Validate(); err != nil {
-		return v1.Checkpoint{}, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		return meta.Checkpoint{}, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	if req.Kind == v1.KindAuto {
-		return v1.Checkpoint{}, fmt.Errorf("checkpoint kind auto ends a turn: use EndTurn: %w", errdefs.ErrInvalidArgument)
+		return meta.Checkpoint{}, fmt.Errorf("checkpoint kind auto ends a turn: use EndTurn: %w", errdefs.ErrInvalidArgument)
 	}
 	if req.Label != "" {
 		if err := validName("checkpoint label", req.Label); err != nil {
-			return v1.Checkpoint{}, err
+			return meta.Checkpoint{}, err
 		}
 	}
 	began := time.Now()
@@ -102,25 +68,25 @@ func (m *Manager) checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 		}
 		if err := m.room("checkpoint "+r.ID, need); err != nil {
 			m.metrics.checkpoint.WithLabelValues(cmp.Or(req.Kind, v1.KindFS), "failed").Inc()
-			return v1.Checkpoint{}, err
+			return meta.Checkpoint{}, err
 		}
 		if req.Kind == v1.KindFull {
 			if err := m.persistRoom(ctx, r.ID); err != nil {
-				return v1.Checkpoint{}, err
+				return meta.Checkpoint{}, err
 			}
 		}
 	}
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	slot, err := m.captureSlot(ctx)
 	if err != nil {
 		unlock()
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	release := m.foreground(rec.ID)
-	var ck v1.Checkpoint
+	var ck meta.Checkpoint
 	if req.Kind == v1.KindFull {
 		ck, err = m.fullCheckpointLocked(ctx, rec, ckOpts{label: req.Label, keep: req.Keep, holdFrozen: holdFrozen})
 	} else {
@@ -135,7 +101,7 @@ func (m *Manager) checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 			kind = v1.KindFS
 		}
 		m.metrics.checkpoint.WithLabelValues(kind, "failed").Inc()
-		return v1.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", rec.ID, m.exhausted(err))
+		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", rec.ID, m.exhausted(err))
 	}
 	m.metrics.checkpointed(ck, time.Since(began))
 	if ck.Pending && req.Wait {
@@ -146,7 +112,7 @@ func (m *Manager) checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 
 // awaitCheckpoint waits until checkpoint id is committed and returns its
 // record, or the error that kept it from committing.
-func (m *Manager) awaitCheckpoint(ctx context.Context, id string) (v1.Checkpoint, error) {
+func (m *Manager) awaitCheckpoint(ctx context.Context, id string) (meta.Checkpoint, error) {
 	for _, j := range m.pipe.matching(id, "") {
 		if m.pipe.ckOf(j).ID != id {
 			continue
@@ -154,15 +120,15 @@ func (m *Manager) awaitCheckpoint(ctx context.Context, id string) (v1.Checkpoint
 		select {
 		case <-j.done:
 		case <-ctx.Done():
-			return v1.Checkpoint{}, ctx.Err()
+			return meta.Checkpoint{}, ctx.Err()
 		}
 		if j.err != nil {
-			return v1.Checkpoint{}, fmt.Errorf("checkpoint %s was captured but not committed: %w", id, j.err)
+			return meta.Checkpoint{}, fmt.Errorf("checkpoint %s was captured but not committed: %w", id, j.err)
 		}
 	}
 	var ck checkpointRec
-	if err := m.db.Get(store.Checkpoints, id, &ck); err != nil {
-		return v1.Checkpoint{}, err
+	if err := m.db.Get(meta.Checkpoints, id, &ck); err != nil {
+		return meta.Checkpoint{}, err
 	}
 	return ck.Checkpoint, nil
 }
@@ -188,7 +154,7 @@ type ckOpts struct {
 // metadata record (one bbolt transaction with the sandbox's new head) is
 // the commit point: a crash before it leaves an unlisted directory,
 // which reconcile removes.
-func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts) (v1.Checkpoint, error) {
+func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts) (meta.Checkpoint, error) {
 	m.enforceLimits(&rec, "checkpoint")
 	label := o.label
 	start := time.Now()
@@ -197,27 +163,27 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 	r := revert.Logged(m.log, "fs checkpoint of "+rec.ID)
 	defer r.Fail()
 
-	ck := checkpointRec{Checkpoint: v1.Checkpoint{
+	ck := checkpointRec{Checkpoint: meta.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFS, Label: label,
 		Created: time.Now().UTC(),
 	}, Image: rec.Image}
 	if _, err := m.cks.Create(id); err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	r.Add(func() error { return m.cks.Delete(id) })
 	mb, err := m.writeManifest(ck)
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	if err := m.fail("checkpoint:manifest"); err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 
 	var cg *cgroup.Cgroup
 	if m.report(rec).State == v1.StateRunning {
 		c, err := cgroup.Load(cgroupName(rec.ID))
 		if err != nil {
-			return v1.Checkpoint{}, err
+			return meta.Checkpoint{}, err
 		}
 		cg = c
 	}
@@ -225,7 +191,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 	// window. When there is much of it, flush it before freezing instead.
 	if cg == nil || flushFirst(cg.DirtyBytes()) {
 		if err := fsnap.SyncFS(root); err != nil {
-			return v1.Checkpoint{}, err
+			return meta.Checkpoint{}, err
 		}
 	}
 	freezeStart := time.Now()
@@ -236,7 +202,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 		defer fw.Stop()
 		fw.Arm("the freeze")
 		if err := cg.Freeze(wctx); err != nil {
-			return v1.Checkpoint{}, err
+			return meta.Checkpoint{}, err
 		}
 		fw.Enter("the root's snapshot")
 	}
@@ -252,30 +218,30 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 	}
 	if cg != nil {
 		if err := cg.Thaw(); err != nil {
-			return v1.Checkpoint{}, errors.Join(snapErr, fmt.Errorf("thaw: %w", err))
+			return meta.Checkpoint{}, errors.Join(snapErr, fmt.Errorf("thaw: %w", err))
 		}
 	}
 	stall := time.Since(freezeStart)
 	if snapErr != nil {
-		return v1.Checkpoint{}, snapErr
+		return meta.Checkpoint{}, snapErr
 	}
 
 	ck.StallMS = ms(stall)
 	ck.BytesWritten = int64(len(mb))
 	m.crashpoint("fs:snapshotted")
 	if err := m.fail("checkpoint:record"); err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	rec.Head = id
 	ck.DurationMS = ms(time.Since(start))
-	err = m.db.Update(func(tx *store.Tx) error {
-		if err := tx.Put(store.Checkpoints, id, ck); err != nil {
+	err = m.db.Update(func(tx *meta.Tx) error {
+		if err := tx.Put(meta.Checkpoints, id, ck); err != nil {
 			return err
 		}
-		return tx.Put(store.Sandboxes, rec.ID, rec)
+		return tx.Put(meta.Sandboxes, rec.ID, rec)
 	})
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	r.Success()
 	return ck.Checkpoint, nil
@@ -306,7 +272,7 @@ func (m *Manager) manifestOf(ck checkpointRec, committed bool) ckstore.Manifest 
 		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
 		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects,
 		Committed: committed, Keep: ck.Keep, Capture: ck.Capture, CaptureNote: ck.CaptureNote,
-		StallMS: ck.StallMS, StallParts: ck.StallParts, DurationMS: ck.DurationMS, BytesWritten: ck.BytesWritten,
+		StallMS: ck.StallMS, StallParts: (*v1.StallParts)(ck.StallParts), DurationMS: ck.DurationMS, BytesWritten: ck.BytesWritten,
 	}
 }
 
@@ -322,7 +288,7 @@ func (m *Manager) checkpointsOf(sandboxID string) ([]checkpointRec, error) {
 }
 
 // Checkpoints lists a sandbox's checkpoints, oldest first.
-func (m *Manager) Checkpoints(ref string) ([]v1.Checkpoint, error) {
+func (m *Manager) Checkpoints(ref string) ([]meta.Checkpoint, error) {
 	rec, err := m.lookupSandbox(ref)
 	if err != nil {
 		return nil, err
@@ -331,7 +297,7 @@ func (m *Manager) Checkpoints(ref string) ([]v1.Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]v1.Checkpoint, 0, len(cks))
+	out := make([]meta.Checkpoint, 0, len(cks))
 	for _, c := range cks {
 		out = append(out, c.Checkpoint)
 	}
@@ -379,7 +345,7 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 		ref, sandboxID, scoped = rest, sb.ID, true
 	}
 	var byID checkpointRec
-	if err := m.db.Get(store.Checkpoints, ref, &byID); err == nil && (!scoped || byID.Sandbox == sandboxID) {
+	if err := m.db.Get(meta.Checkpoints, ref, &byID); err == nil && (!scoped || byID.Sandbox == sandboxID) {
 		return byID, nil
 	}
 	withLabel, err := checkpointRecs.ListBy(m.db, m.ix.ckByLabel, ref)
@@ -423,7 +389,7 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 			return newest(labelled), nil
 		}
 		names := map[string]string{}
-		if sbs, err := store.List[sandboxRec](m.db, store.Sandboxes); err == nil {
+		if sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes); err == nil {
 			for _, s := range sbs {
 				if s.Name != "" {
 					names[s.ID] = s.Name
@@ -459,7 +425,7 @@ func (m *Manager) lookupCheckpoint(ref, sandboxID string) (checkpointRec, error)
 }
 
 // CheckpointInfo returns one checkpoint.
-func (m *Manager) CheckpointInfo(ref string) (v1.Checkpoint, error) {
+func (m *Manager) CheckpointInfo(ref string) (meta.Checkpoint, error) {
 	for _, j := range m.pipe.matching(ref, "") {
 		ck := m.pipe.ckOf(j)
 		ck.Pending = true
@@ -492,7 +458,7 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
 	unlock := m.lock(ck.Sandbox)
 	defer unlock()
 	var sb sandboxRec
-	if err := m.db.Get(store.Sandboxes, ck.Sandbox, &sb); err == nil && sb.State == v1.StateHibernated && sb.Head == ck.ID {
+	if err := m.db.Get(meta.Sandboxes, ck.Sandbox, &sb); err == nil && sb.State == v1.StateHibernated && sb.Head == ck.ID {
 		return fmt.Errorf("delete checkpoint %s: sandbox %s is hibernated at it (resume it, or remove the sandbox): %w", ck.ID, sb.ID, errdefs.ErrFailedPrecondition)
 	}
 	return m.deleteCheckpoint(ck)
@@ -516,28 +482,28 @@ func (m *Manager) reparent(ck checkpointRec, drop bool) error {
 	// Pending children first: one that commits from here on names the
 	// parent.
 	m.pipe.reparent(ck.ID, ck.Parent)
-	return m.db.Update(func(tx *store.Tx) error {
-		all, err := store.ListIn[checkpointRec](tx, store.Checkpoints)
+	return m.db.Update(func(tx *meta.Tx) error {
+		all, err := meta.ListIn[checkpointRec](tx, meta.Checkpoints)
 		if err != nil {
 			return err
 		}
 		for _, c := range all {
 			if c.Parent == ck.ID {
 				c.Parent = ck.Parent
-				if err := tx.Put(store.Checkpoints, c.ID, c); err != nil {
+				if err := tx.Put(meta.Checkpoints, c.ID, c); err != nil {
 					return err
 				}
 			}
 		}
 		var sb sandboxRec
-		if err := tx.Get(store.Sandboxes, ck.Sandbox, &sb); err == nil && sb.Head == ck.ID {
+		if err := tx.Get(meta.Sandboxes, ck.Sandbox, &sb); err == nil && sb.Head == ck.ID {
 			sb.Head = ck.Parent
-			if err := tx.Put(store.Sandboxes, sb.ID, sb); err != nil {
+			if err := tx.Put(meta.Sandboxes, sb.ID, sb); err != nil {
 				return err
 			}
 		}
 		if drop {
-			return tx.Delete(store.Checkpoints, ck.ID)
+			return tx.Delete(meta.Checkpoints, ck.ID)
 		}
 		return nil
 	})
@@ -547,14 +513,14 @@ func (m *Manager) reparent(ck checkpointRec, drop bool) error {
 // root is switched to a writable snapshot of the checkpoint and the
 // sandbox's processes are restarted (there is no process state to
 // restore); the result says so.
-func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (v1.RollbackResult, error) {
+func (m *Manager) Rollback(ctx context.Context, ref, ckRef string) (meta.RollbackResult, error) {
 	return m.RollbackWith(ctx, ref, v1.RollbackRequest{Checkpoint: ckRef})
 }
 
 // RollbackWith is Rollback with the request's options: req.Tier "warm"
 // skips a standby and restores from the images, "cold" also rehashes
 // every object first; "" takes the fastest tier available.
-func (m *Manager) RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error) {
+func (m *Manager) RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (meta.RollbackResult, error) {
 	res, err := m.rollback(ctx, ref, req)
 	err = m.exhausted(err)
 	if err == nil {
@@ -563,12 +529,12 @@ func (m *Manager) RollbackWith(ctx context.Context, ref string, req v1.RollbackR
 	return res, err
 }
 
-func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error) {
+func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackRequest) (meta.RollbackResult, error) {
 	ckRef := req.Checkpoint
 	switch req.Tier {
 	case "", v1.TierHot, v1.TierWarm, v1.TierCold:
 	default:
-		return v1.RollbackResult{}, fmt.Errorf("rollback tier %q: want hot, warm or cold: %w", req.Tier, errdefs.ErrInvalidArgument)
+		return meta.RollbackResult{}, fmt.Errorf("rollback tier %q: want hot, warm or cold: %w", req.Tier, errdefs.ErrInvalidArgument)
 	}
 	start := time.Now()
 	if r, err := m.lookupSandbox(ref); err == nil {
@@ -579,11 +545,11 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	// A pending checkpoint is waited for, outside the sandbox's lock
 	// (its commit may need it).
 	if err := m.pipe.wait(ctx, ckRef, ""); err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	defer unlock()
 	// The target is committed: now this sandbox's own background work
@@ -593,19 +559,19 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	defer m.foreground("")()
 	ck, err := m.lookupCheckpoint(ckRef, rec.ID)
 	if err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	if ck.Sandbox != rec.ID && ck.ID != rec.ForkedFrom {
-		return v1.RollbackResult{}, fmt.Errorf("rollback %s: checkpoint %s belongs to sandbox %s (fork it instead): %w", rec.ID, ck.ID, ck.Sandbox, errdefs.ErrInvalidArgument)
+		return meta.RollbackResult{}, fmt.Errorf("rollback %s: checkpoint %s belongs to sandbox %s (fork it instead): %w", rec.ID, ck.ID, ck.Sandbox, errdefs.ErrInvalidArgument)
 	}
 	m.enforceLimits(&rec, "restore")
 	if err := m.room("rollback "+rec.ID, 0); err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	// The tiers, fastest first (hot.Run).
 	res, err := hot.Run(ctx, &rollbackTarget{m: m, rec: &rec, ck: ck, req: req})
 	if err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	res.DurationMS = ms(time.Since(start))
 	if res.Tier != v1.TierRestart {

@@ -25,11 +25,11 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/pool"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
-	"github.com/molt-sh/molt/internal/store"
 	"github.com/molt-sh/molt/internal/turn"
 	"golang.org/x/sys/unix"
 )
@@ -58,14 +58,14 @@ type Config struct {
 	StandbyBudget int64
 	// SandboxStandbyBudget is the default bound of one sandbox's
 	// standbys, for sandboxes created without their own
-	// (v1.Resources.StandbyBudgetBytes); 0 leaves them bounded by
+	// (meta.Resources.StandbyBudgetBytes); 0 leaves them bounded by
 	// StandbyBudget only.
 	SandboxStandbyBudget int64
 	// DefaultResources are the limits of a sandbox created without its
-	// own (v1.Resources fields left 0). A field left 0 here takes molt's
+	// own (meta.Resources fields left 0). A field left 0 here takes molt's
 	// default (DefaultMemory, DefaultPids, DefaultCPUMillis; no I/O
 	// weight); -1 means no limit.
-	DefaultResources v1.Resources
+	DefaultResources meta.Resources
 	// CRIULogLevel is the log level of CRIU's dumps and restores (1
 	// errors, 2 and warnings, 3 and information, 4 and debugging); 0
 	// means DefaultCRIULogLevel. Errors are quoted from the log either
@@ -88,12 +88,12 @@ type Config struct {
 	// more host-wide.
 	NoFavorDynMods bool
 	// NoCOWCapture makes every full checkpoint copy the processes'
-	// memory while the sandbox is frozen (v1.Checkpoint.Capture "copy"),
+	// memory while the sandbox is frozen (meta.Checkpoint.Capture "copy"),
 	// as before copy-on-write capture: for comparisons.
 	NoCOWCapture bool
 	// NoTemplateCapture keeps full checkpoints from copying the tree in
 	// the frozen window and dumping the copies after the thaw
-	// (v1.Checkpoint.Capture "template"; internal/capture): for comparisons.
+	// (meta.Checkpoint.Capture "template"; internal/capture): for comparisons.
 	NoTemplateCapture bool
 	// DiskReserve is the space kept free in the pool, and under a loop
 	// pool: work that would leave less (a checkpoint, a fork, a
@@ -104,7 +104,7 @@ type Config struct {
 	// percentage of the pool's size instead.
 	DiskReservePercent float64
 	// DefaultDisk is the disk quota of a sandbox created without one
-	// (v1.Resources.DiskBytes 0): its root and checkpoints together
+	// (meta.Resources.DiskBytes 0): its root and checkpoints together
 	// (quota.go). 0: none, the sandboxes then share the pool less the
 	// reserve.
 	DefaultDisk int64
@@ -143,7 +143,7 @@ type Manager struct {
 	cfg      Config
 	commits  commitGate
 	pool     *pool.Pool
-	db       *store.DB
+	db       *meta.DB
 	ix       indexes // over db's records (records.go)
 	launcher *sandbox.Launcher
 	initBin  string // pool copy of the init binary
@@ -438,7 +438,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			return err
 		}
 	}
-	cks, err := store.List[checkpointRec](m.db, store.Checkpoints)
+	cks, err := meta.List[checkpointRec](m.db, meta.Checkpoints)
 	if err != nil {
 		return err
 	}
@@ -448,7 +448,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		known[c.ID] = true
 		if _, err := os.Stat(m.ckFS(c.ID)); err != nil {
 			m.log.Warn("checkpoint lost its files; dropping record", "checkpoint", c.ID, "err", err)
-			if err := m.db.Delete(store.Checkpoints, c.ID); err != nil {
+			if err := m.db.Delete(meta.Checkpoints, c.ID); err != nil {
 				return err
 			}
 			continue
@@ -463,7 +463,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			m.unlistedCheckpoint(e.Name())
 		}
 	}
-	sbs, err := store.List[sandboxRec](m.db, store.Sandboxes)
+	sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes)
 	if err != nil {
 		return err
 	}
@@ -478,12 +478,12 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		// A head that names a checkpoint a crash kept from committing.
 		if s.Head != "" {
 			var c checkpointRec
-			if err := m.db.Get(store.Checkpoints, s.Head, &c); err != nil {
+			if err := m.db.Get(meta.Checkpoints, s.Head, &c); err != nil {
 				m.log.Warn("head names an uncommitted checkpoint; clearing it", "sandbox", s.ID, "checkpoint", s.Head)
 				// It was reported pending: listed as failed, not dropped.
-				m.recordFailed(checkpointRec{Checkpoint: v1.Checkpoint{ID: s.Head, Sandbox: s.ID, Kind: v1.KindFull}}, errors.New("the daemon stopped before it was stored"))
+				m.recordFailed(checkpointRec{Checkpoint: meta.Checkpoint{ID: s.Head, Sandbox: s.ID, Kind: v1.KindFull}}, errors.New("the daemon stopped before it was stored"))
 				s.Head = ""
-				if err := m.db.Put(store.Sandboxes, s.ID, s); err != nil {
+				if err := m.db.Put(meta.Sandboxes, s.ID, s); err != nil {
 					return err
 				}
 			}
@@ -518,7 +518,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			m.unlistedSandbox(ctx, e.Name())
 		}
 	}
-	if sbs, err = store.List[sandboxRec](m.db, store.Sandboxes); err != nil {
+	if sbs, err = meta.List[sandboxRec](m.db, meta.Sandboxes); err != nil {
 		return err
 	}
 	m.healRecords(sbs, listed)
@@ -527,12 +527,12 @@ func (m *Manager) reconcile(ctx context.Context) error {
 }
 
 // Host reports the host, the pool and the features molt has here.
-func (m *Manager) Host() v1.Host {
-	h := v1.Host{
+func (m *Manager) Host() meta.Host {
+	h := meta.Host{
 		Version: m.cfg.Version,
 		Kernel:  m.kernel,
 		Root:    m.cfg.Root,
-		Pool:    v1.Pool{Dir: m.pool.Dir, Loop: m.pool.Loop, Backing: m.pool.Backing, Device: m.pool.Device, NodeSize: m.pool.NodeSize},
+		Pool:    meta.Pool{Dir: m.pool.Dir, Loop: m.pool.Loop, Backing: m.pool.Backing, Device: m.pool.Device, NodeSize: m.pool.NodeSize},
 		Cgroup:  cgroup.Mode(),
 		Started: m.started,
 	}
@@ -541,10 +541,10 @@ func (m *Manager) Host() v1.Host {
 		h.Pool.SizeBytes = st.Blocks * uint64(st.Bsize)
 		h.Pool.FreeBytes = st.Bavail * uint64(st.Bsize)
 	}
-	if sbs, err := store.List[sandboxRec](m.db, store.Sandboxes); err == nil {
+	if sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes); err == nil {
 		h.Sandboxes = len(sbs)
 	}
-	h.Features = []v1.Feature{
+	h.Features = []meta.Feature{
 		{Name: "btrfs-pool", Supported: true, Detail: poolDetail(m.pool)},
 		{Name: "fs-checkpoint", Supported: true, Detail: "btrfs snapshot ioctl under a cgroup freeze"},
 		m.quotaFeature(),
@@ -557,11 +557,11 @@ func (m *Manager) Host() v1.Host {
 	return h
 }
 
-func inspectorFeature() v1.Feature {
+func inspectorFeature() meta.Feature {
 	if ok, why := turn.InspectorStatus(); !ok {
-		return v1.Feature{Name: "inspector", Reason: why + " (turns are then always full)"}
+		return meta.Feature{Name: "inspector", Reason: why + " (turns are then always full)"}
 	}
-	return v1.Feature{Name: "inspector", Supported: true, Detail: "eBPF on raw_syscalls and sched tracepoints, per sandbox cgroup and PID namespace"}
+	return meta.Feature{Name: "inspector", Supported: true, Detail: "eBPF on raw_syscalls and sched tracepoints, per sandbox cgroup and PID namespace"}
 }
 
 // KerndatDir holds CRIU's kernel-probe cache, on a 1 MiB tmpfs that a
@@ -584,16 +584,16 @@ func findCriu(p string) string {
 	return ""
 }
 
-func (m *Manager) criuFeature() v1.Feature {
+func (m *Manager) criuFeature() meta.Feature {
 	if m.criu == nil {
-		return v1.Feature{Name: "full-checkpoint", Reason: "no criu found: run scripts/criu.sh"}
+		return meta.Feature{Name: "full-checkpoint", Reason: "no criu found: run scripts/criu.sh"}
 	}
 	f := m.criu.Probe(context.Background())
 	if p := criuProblem(f); p != "" {
-		return v1.Feature{Name: "full-checkpoint", Reason: p}
+		return meta.Feature{Name: "full-checkpoint", Reason: p}
 	}
 	d := fmt.Sprintf("CRIU %s at %s; self-test %.0f ms; lazy pages %v; dirty tracking %v", f.Version, m.criu.Path(), f.SelfTestMS, f.LazyPages, f.DirtyTrack)
-	return v1.Feature{Name: "full-checkpoint", Supported: true, Detail: d}
+	return meta.Feature{Name: "full-checkpoint", Supported: true, Detail: d}
 }
 
 func poolDetail(p *pool.Pool) string {

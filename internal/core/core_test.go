@@ -16,8 +16,8 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sbinit"
-	"github.com/molt-sh/molt/internal/store"
 	"github.com/molt-sh/molt/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -85,7 +85,7 @@ func closeLast(t testing.TB, cur **Manager) {
 }
 
 // newSandbox creates a sandbox of the test image.
-func newSandbox(t testing.TB, m *Manager) v1.Sandbox {
+func newSandbox(t testing.TB, m *Manager) meta.Sandbox {
 	t.Helper()
 	sb, err := m.Create(context.Background(), v1.SandboxCreateRequest{Image: testImage})
 	if err != nil {
@@ -94,7 +94,7 @@ func newSandbox(t testing.TB, m *Manager) v1.Sandbox {
 	return sb
 }
 
-func run(t testing.TB, m *Manager, sb, cmd string) v1.SessionRunResult {
+func run(t testing.TB, m *Manager, sb, cmd string) meta.SessionRunResult {
 	t.Helper()
 	res, err := m.SessionRun(context.Background(), sb, "t", v1.SessionRunRequest{Command: cmd})
 	if err != nil {
@@ -736,7 +736,7 @@ func TestMetrics(t *testing.T) {
 
 // rollbackTo rolls sandbox sb back to ck and checks the tier it took and
 // the session variable X it brought back.
-func rollbackTo(t *testing.T, m *Manager, sb string, ck v1.Checkpoint, tier, x string) {
+func rollbackTo(t *testing.T, m *Manager, sb string, ck meta.Checkpoint, tier, x string) {
 	t.Helper()
 	res, err := m.Rollback(context.Background(), sb, ck.ID)
 	if err != nil {
@@ -752,7 +752,7 @@ func rollbackTo(t *testing.T, m *Manager, sb string, ck v1.Checkpoint, tier, x s
 
 // standbySandbox returns a manager with room for standbys (1 GiB) and a
 // sandbox of the test image in it.
-func standbySandbox(t *testing.T) (*Manager, v1.Sandbox) {
+func standbySandbox(t *testing.T) (*Manager, meta.Sandbox) {
 	t.Helper()
 	m := openManager(t)
 	requireCRIU(t, m)
@@ -775,7 +775,7 @@ func TestKeptStandbys(t *testing.T) {
 		m.pipe.wg.Wait()
 		m.waitHot()
 	}
-	rollback := func(ck v1.Checkpoint, tier, x string) {
+	rollback := func(ck meta.Checkpoint, tier, x string) {
 		t.Helper()
 		settle()
 		rollbackTo(t, m, sb.ID, ck, tier, x)
@@ -909,7 +909,7 @@ func TestStandbyPriority(t *testing.T) {
 		t.Fatalf("rollback with a standby ready: tier %s", res.Tier)
 	}
 	var rec sandboxRec
-	if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err != nil {
+	if err := m.db.Get(meta.Sandboxes, sb.ID, &rec); err != nil {
 		t.Fatal(err)
 	}
 	tree, _, err := treePids(sb.ID, rec.Init)

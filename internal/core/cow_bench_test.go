@@ -13,6 +13,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/capture"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // rewriter holds 100 MiB and, when /tmp/touch appears, writes one byte
@@ -74,7 +75,7 @@ func BenchmarkCOWRewrite(b *testing.B) {
 			time.Sleep(200 * time.Microsecond)
 		}
 	}
-	capture := func(cow bool) v1.Checkpoint {
+	capture := func(cow bool) meta.Checkpoint {
 		b.Helper()
 		m.cfg.NoCOWCapture = !cow
 		ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
@@ -90,7 +91,7 @@ func BenchmarkCOWRewrite(b *testing.B) {
 		}
 		return ck
 	}
-	commit := func(ck v1.Checkpoint) {
+	commit := func(ck meta.Checkpoint) {
 		b.Helper()
 		if _, err := m.awaitCheckpoint(ctx, ck.ID); err != nil {
 			b.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/capture"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // cowHolder holds 48 MiB of 'A's; /tmp/fill makes it write 'B' over all
@@ -45,7 +46,7 @@ func openCOWManager(t testing.TB) *Manager {
 
 // pythonSandbox creates a sandbox that runs script with python3 in the
 // background and waits for the script to create /tmp/ready.
-func pythonSandbox(t testing.TB, m *Manager, script string) v1.Sandbox {
+func pythonSandbox(t testing.TB, m *Manager, script string) meta.Sandbox {
 	t.Helper()
 	ctx := context.Background()
 	sb := newSandbox(t, m)
@@ -211,7 +212,7 @@ func TestCOWCaptureWithStandby(t *testing.T) {
 	m.cfg.StandbyBudget = 1 << 30
 	ctx := context.Background()
 	sb := pythonSandbox(t, m, cowHolder)
-	var last v1.Checkpoint
+	var last meta.Checkpoint
 	for i := 0; i < 3; i++ {
 		ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 		if err != nil {
@@ -289,7 +290,7 @@ func heapIntact(t testing.TB, m *Manager, id, when string) {
 
 // fullCaptured takes a full checkpoint of sandbox id, waits for its
 // commit and checks that it was captured the way want says.
-func fullCaptured(t testing.TB, m *Manager, id, want string) v1.Checkpoint {
+func fullCaptured(t testing.TB, m *Manager, id, want string) meta.Checkpoint {
 	t.Helper()
 	ck, err := m.Checkpoint(context.Background(), id, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {

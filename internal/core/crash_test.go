@@ -15,8 +15,8 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -154,7 +154,7 @@ func TestCrashListedMeansRestorable(t *testing.T) {
 // as a daemon that exits does.
 func forgetInit(m *Manager, id string) {
 	var rec sandboxRec
-	if m.db.Get(store.Sandboxes, id, &rec) == nil {
+	if m.db.Get(meta.Sandboxes, id, &rec) == nil {
 		sandbox.Forget(rec.Init)
 	}
 }

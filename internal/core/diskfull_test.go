@@ -11,6 +11,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -79,7 +80,7 @@ func fill(t *testing.T, path string, leave int64, avail func() int64) func() {
 // refusedForSpace checks that ops on a full disk fail as
 // resource_exhausted (the message naming what is short) and that the
 // sandbox, its checkpoints and the daemon carry on as before.
-func refusedForSpace(t *testing.T, m *Manager, sb string, good v1.Checkpoint, what string) {
+func refusedForSpace(t *testing.T, m *Manager, sb string, good meta.Checkpoint, what string) {
 	t.Helper()
 	ctx := context.Background()
 	before, err := m.Checkpoints(sb)
@@ -174,7 +175,7 @@ func TestDiskFullPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var failed *v1.Checkpoint
+	var failed *meta.Checkpoint
 	for i, c := range cks {
 		if c.ID == ck.ID {
 			failed = &cks[i]

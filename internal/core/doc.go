@@ -8,7 +8,7 @@
 // window of a full checkpoint), internal/ckstore (the checkpoint
 // artifact), internal/hot (standbys, spares, retired roots, takeovers,
 // the rollback tiers), internal/turn (the turn decision and log) and
-// internal/store (the records). docs/architecture.md has the map.
+// internal/meta (the records). docs/architecture.md has the map.
 //
 // Layout of the pool (all below pool.Dir):
 //

@@ -4,9 +4,9 @@ import (
 	"errors"
 	"time"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // dynModsCheck is how often the daemon checks that the cgroup2 mount still
@@ -64,8 +64,8 @@ func (m *Manager) ensureDynMods(first bool) bool {
 }
 
 // dynModsFeature reports the state for Host.
-func (m *Manager) dynModsFeature() v1.Feature {
-	f := v1.Feature{Name: "cgroup-favordynmods"}
+func (m *Manager) dynModsFeature() meta.Feature {
+	f := meta.Feature{Name: "cgroup-favordynmods"}
 	st, err := cgroup.DynMods()
 	switch {
 	case err != nil:

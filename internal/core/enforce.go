@@ -13,11 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/ns"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // Default limits of a sandbox created without its own (Config.DefaultResources
@@ -67,7 +66,7 @@ func memTotal() int64 {
 // daemon's defaults; what is in force is recorded, so a sandbox keeps
 // its limits when the daemon's defaults change, and forks inherit them.
 // -1 (none) stays.
-func (m *Manager) resolveResources(r v1.Resources) v1.Resources {
+func (m *Manager) resolveResources(r meta.Resources) meta.Resources {
 	def := m.cfg.DefaultResources
 	pick := func(v, d, auto int64) int64 {
 		switch {
@@ -100,7 +99,7 @@ func (m *Manager) resolveResources(r v1.Resources) v1.Resources {
 
 // cgResources is what a sandbox's own limits are in its cgroup (-1, and
 // 0 in records older than defaults, are none).
-func cgResources(r v1.Resources) cgroup.Resources {
+func cgResources(r meta.Resources) cgroup.Resources {
 	pos := func(v int64) int64 { return max(v, 0) }
 	return cgroup.Resources{MemoryMax: pos(r.MemoryBytes), PidsMax: pos(r.Pids), CPUMillis: pos(r.CPUMillis), IOWeight: pos(r.IOWeight)}
 }
@@ -158,7 +157,7 @@ func (m *Manager) enforceLimits(rec *sandboxRec, when string) {
 	if len(drifts) == 0 {
 		return
 	}
-	ev := &v1.LimitsTampered{Time: time.Now().UTC(), When: when}
+	ev := &meta.LimitsTampered{Time: time.Now().UTC(), When: when}
 	c := m.tamperCounter()
 	for _, d := range drifts {
 		ev.Limits = append(ev.Limits, d.String())
@@ -171,9 +170,9 @@ func (m *Manager) enforceLimits(rec *sandboxRec, when string) {
 	}
 	note(rec)
 	var cur sandboxRec
-	if m.db.Get(store.Sandboxes, rec.ID, &cur) == nil {
+	if m.db.Get(meta.Sandboxes, rec.ID, &cur) == nil {
 		note(&cur)
-		if err := m.db.Put(store.Sandboxes, rec.ID, cur); err != nil {
+		if err := m.db.Put(meta.Sandboxes, rec.ID, cur); err != nil {
 			m.log.Warn("cannot record limit tampering", "sandbox", rec.ID, "err", err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // v1Dir is the directory of sandbox id's cgroup in the v1 hierarchy
@@ -102,7 +103,7 @@ func exiting(pid int) bool {
 	return err != nil || flags&0x4 != 0 || f[0] == "Z" || f[0] == "X"
 }
 
-func sandboxLimitsOK(t *testing.T, m *Manager, id string, res v1.Resources, when string) {
+func sandboxLimitsOK(t *testing.T, m *Manager, id string, res meta.Resources, when string) {
 	t.Helper()
 	cg, err := cgroup.Load(cgroupName(id))
 	if err != nil {
@@ -130,7 +131,7 @@ func TestDefaultLimits(t *testing.T) {
 	ctx := context.Background()
 
 	sb := newSandbox(t, m)
-	want := v1.Resources{MemoryBytes: DefaultMemory(), Pids: DefaultPids, CPUMillis: DefaultCPUMillis()}
+	want := meta.Resources{MemoryBytes: DefaultMemory(), Pids: DefaultPids, CPUMillis: DefaultCPUMillis()}
 	if sb.Resources != want {
 		t.Errorf("built-in defaults: %+v, want %+v", sb.Resources, want)
 	}
@@ -147,7 +148,7 @@ func TestDefaultLimits(t *testing.T) {
 	}
 	sandboxLimitsOK(t, m, sb.ID, sb.Resources, "built-in defaults")
 
-	m.cfg.DefaultResources = v1.Resources{MemoryBytes: 300 << 20, Pids: 200, CPUMillis: 500}
+	m.cfg.DefaultResources = meta.Resources{MemoryBytes: 300 << 20, Pids: 200, CPUMillis: 500}
 	sb2 := newSandbox(t, m)
 	if sb2.Resources.MemoryBytes != 300<<20 || sb2.Resources.Pids != 200 || sb2.Resources.CPUMillis != 500 {
 		t.Errorf("daemon defaults: %+v", sb2.Resources)
@@ -185,9 +186,9 @@ func TestForkBombContained(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
 	const limit = 64
-	m.cfg.DefaultResources = v1.Resources{Pids: limit, CPUMillis: 500}
+	m.cfg.DefaultResources = meta.Resources{Pids: limit, CPUMillis: 500}
 	bomb := newSandbox(t, m)
-	m.cfg.DefaultResources = v1.Resources{}
+	m.cfg.DefaultResources = meta.Resources{}
 	neighbour := newSandbox(t, m)
 	cg, err := cgroup.Load(cgroupName(bomb.ID))
 	if err != nil {
@@ -229,9 +230,9 @@ func TestForkBombContained(t *testing.T) {
 func TestMemoryHogOOMKilled(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
-	m.cfg.DefaultResources = v1.Resources{MemoryBytes: 128 << 20}
+	m.cfg.DefaultResources = meta.Resources{MemoryBytes: 128 << 20}
 	hog := newSandbox(t, m)
-	m.cfg.DefaultResources = v1.Resources{}
+	m.cfg.DefaultResources = meta.Resources{}
 	neighbour := newSandbox(t, m)
 	run(t, m, neighbour.ID, "export N=alive")
 	r := run(t, m, hog.ID, `/usr/bin/python3 -c 'b = bytearray(512 << 20); print("allocated")' 2>&1; echo "exit=$?"`)
@@ -334,8 +335,8 @@ func TestLimitsAcrossCheckpoints(t *testing.T) {
 	requireCRIU(t, m)
 	m.cfg.StandbyBudget = 1 << 30
 	ctx := context.Background()
-	res := v1.Resources{MemoryBytes: 512 << 20, Pids: 500, CPUMillis: 1500}
-	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: res})
+	res := meta.Resources{MemoryBytes: 512 << 20, Pids: 500, CPUMillis: 1500}
+	sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources(res)})
 	if err != nil {
 		t.Fatal(err)
 	}

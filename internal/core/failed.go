@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/molt-sh/molt/internal/errdefs"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // Failed checkpoints. A full checkpoint is reported pending once its
@@ -26,7 +26,7 @@ func (m *Manager) recordFailed(ck checkpointRec, reason error) {
 	ck.Pending, ck.Failed = false, true
 	ck.FailedReason = reason.Error()
 	ck.Objects = nil
-	if err := m.db.Put(store.FailedCheckpoints, failedKey(ck.Sandbox, ck.ID), ck); err != nil {
+	if err := m.db.Put(meta.FailedCheckpoints, failedKey(ck.Sandbox, ck.ID), ck); err != nil {
 		m.log.Warn("cannot record a failed checkpoint", "checkpoint", ck.ID, "err", err)
 	}
 }
@@ -34,9 +34,9 @@ func (m *Manager) recordFailed(ck checkpointRec, reason error) {
 // failedOf lists the failed checkpoints of a sandbox.
 func (m *Manager) failedOf(sandbox string) []checkpointRec {
 	var out []checkpointRec
-	_ = m.db.ForEachPrefix(store.FailedCheckpoints, sandbox+"/", func(_ string, b []byte) error {
+	_ = m.db.ForEachPrefix(meta.FailedCheckpoints, sandbox+"/", func(_ string, b []byte) error {
 		var c checkpointRec
-		if store.Unmarshal(b, &c) == nil {
+		if meta.Unmarshal(b, &c) == nil {
 			out = append(out, c)
 		}
 		return nil
@@ -48,9 +48,9 @@ func (m *Manager) failedOf(sandbox string) []checkpointRec {
 // newest of that label; those of sandboxID first).
 func (m *Manager) findFailed(ref, sandboxID string) (checkpointRec, bool) {
 	var own, all []checkpointRec
-	_ = m.db.ForEachPrefix(store.FailedCheckpoints, "", func(_ string, b []byte) error {
+	_ = m.db.ForEachPrefix(meta.FailedCheckpoints, "", func(_ string, b []byte) error {
 		var c checkpointRec
-		if store.Unmarshal(b, &c) != nil {
+		if meta.Unmarshal(b, &c) != nil {
 			return nil
 		}
 		if c.ID == ref || c.Label == ref || (len(ref) >= 4 && strings.HasPrefix(c.ID, ref)) {
@@ -76,5 +76,5 @@ func failedError(c checkpointRec) error {
 }
 
 func (m *Manager) deleteFailed(c checkpointRec) error {
-	return m.db.Delete(store.FailedCheckpoints, failedKey(c.Sandbox, c.ID))
+	return m.db.Delete(meta.FailedCheckpoints, failedKey(c.Sandbox, c.ID))
 }

@@ -1,10 +1,10 @@
 package core
 
-import v1 "github.com/molt-sh/molt/api/v1"
+import "github.com/molt-sh/molt/internal/meta"
 
 // stored drops the failed checkpoints from a list.
-func stored(cks []v1.Checkpoint) []v1.Checkpoint {
-	var out []v1.Checkpoint
+func stored(cks []meta.Checkpoint) []meta.Checkpoint {
+	var out []meta.Checkpoint
 	for _, c := range cks {
 		if !c.Failed {
 			out = append(out, c)

@@ -11,38 +11,38 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sbinit"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // Fork creates n sandboxes from a checkpoint, or from a sandbox (an fs
 // checkpoint of it is taken first). Each fork has its own ID, hostname,
 // machine-id and writable root. If any fork fails, the ones already made
 // are removed.
-func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.ForkResult, error) {
+func (m *Manager) Fork(ctx context.Context, ref string, req v1.ForkRequest) (meta.ForkResult, error) {
 	res, err := m.fork(ctx, ref, req)
 	return res, m.exhausted(err)
 }
 
-func (m *Manager) fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.ForkResult, error) {
+func (m *Manager) fork(ctx context.Context, ref string, req v1.ForkRequest) (meta.ForkResult, error) {
 	start := time.Now()
 	n := req.N
 	if n == 0 {
 		n = 1
 	}
 	if n < 0 || n > 1000 {
-		return v1.ForkResult{}, fmt.Errorf("fork: n=%d: want 1..1000: %w", n, errdefs.ErrInvalidArgument)
+		return meta.ForkResult{}, fmt.Errorf("fork: n=%d: want 1..1000: %w", n, errdefs.ErrInvalidArgument)
 	}
 	fs, err := m.forkSource(ctx, ref, req.Checkpoint)
 	if err != nil {
-		return v1.ForkResult{}, err
+		return meta.ForkResult{}, err
 	}
 	if err := m.room("fork", int64(n)*metaRoom); err != nil {
-		return v1.ForkResult{}, err
+		return meta.ForkResult{}, err
 	}
 	if err := fs.verify(m); err != nil {
-		return v1.ForkResult{}, fmt.Errorf("fork: %w", err)
+		return meta.ForkResult{}, fmt.Errorf("fork: %w", err)
 	}
 	made := m.makeForks(ctx, fs, n, req.Reseed)
 	if err := m.recordForks(made); err != nil {
@@ -51,9 +51,9 @@ func (m *Manager) fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.
 				r.Fail()
 			}
 		}
-		return v1.ForkResult{}, fmt.Errorf("fork %s (%w", fs.ck.ID, err)
+		return meta.ForkResult{}, fmt.Errorf("fork %s (%w", fs.ck.ID, err)
 	}
-	res := v1.ForkResult{Checkpoint: fs.ck.ID, Sandboxes: make([]v1.Sandbox, n)}
+	res := meta.ForkResult{Checkpoint: fs.ck.ID, Sandboxes: make([]meta.Sandbox, n)}
 	for i, r := range made.reverts {
 		r.Success()
 		res.Sandboxes[i] = m.report(made.recs[i])
@@ -104,7 +104,7 @@ func (m *Manager) forkSource(ctx context.Context, ref, ckRef string) (forkFrom, 
 		return fs, fmt.Errorf("fork: %w", err)
 	}
 	fs.ck = ck
-	_ = m.db.Get(store.Sandboxes, ck.Sandbox, &fs.src)
+	_ = m.db.Get(meta.Sandboxes, ck.Sandbox, &fs.src)
 	// An fs checkpoint's forks take its full ancestor's processes when
 	// CRIU can restore them, and start afresh otherwise.
 	if p, ok := m.processSource(ck); ok && (ck.Kind == v1.KindFull || m.criu != nil) {
@@ -152,7 +152,7 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			rec := sandboxRec{Sandbox: v1.Sandbox{
+			rec := sandboxRec{Sandbox: meta.Sandbox{
 				ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
 				Head: ck.ID, ForkedFrom: ck.ID, Seccomp: src.Seccomp,
 			}, MachineID: newMachineID(), SeccompProfile: src.SeccompProfile}
@@ -207,9 +207,9 @@ func (m *Manager) recordForks(made madeForks) error {
 		}
 	}
 	m.crashpoint("fork:made")
-	err := m.db.Update(func(tx *store.Tx) error {
+	err := m.db.Update(func(tx *meta.Tx) error {
 		for _, rec := range made.recs {
-			if err := tx.Put(store.Sandboxes, rec.ID, rec); err != nil {
+			if err := tx.Put(meta.Sandboxes, rec.ID, rec); err != nil {
 				return err
 			}
 		}

@@ -18,12 +18,12 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/pagestore"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
-	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -61,22 +61,22 @@ func criuProblem(f criu.Features) string {
 // thaw it returns the checkpoint pending, and persist stores the images
 // through the page store, writes the manifest and commits, in the
 // background.
-func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ckOpts) (v1.Checkpoint, error) {
+func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ckOpts) (meta.Checkpoint, error) {
 	label, keep := o.label, o.keep
 	start := time.Now()
 	tool, err := m.criuReady(ctx)
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	if m.report(rec).State != v1.StateRunning {
-		return v1.Checkpoint{}, fmt.Errorf("a full checkpoint needs a running sandbox (it is %s; take an fs checkpoint): %w", m.report(rec).State, errdefs.ErrFailedPrecondition)
+		return meta.Checkpoint{}, fmt.Errorf("a full checkpoint needs a running sandbox (it is %s; take an fs checkpoint): %w", m.report(rec).State, errdefs.ErrFailedPrecondition)
 	}
 	m.enforceLimits(&rec, "checkpoint")
 	id := newID()
 	r := revert.Logged(m.log, "full checkpoint of "+rec.ID)
 	defer r.Fail()
 	if _, err := m.cks.Create(id); err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	r.Add(func() error { return m.cks.Delete(id) })
 	// One instant for files and processes: freeze the cgroup (cgroup2,
@@ -85,30 +85,30 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	// task with ptrace), thaw. Stall: freeze to thaw.
 	cg, err := cgroup.Load(cgroupName(rec.ID))
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	// In a user namespace CRIU (host root, the namespace's owner) holds
 	// every capability, CAP_SYS_RESOURCE included: any user dumps.
 	if !rec.IDs.Enabled() {
 		if err := capture.CheckDumpable(cg); err != nil {
-			return v1.Checkpoint{}, err
+			return meta.Checkpoint{}, err
 		}
 	}
 	if err := m.quiet(rec.ID, time.Second); err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	if why := capture.Traced(rec.Init.Pid); why != "" {
-		return v1.Checkpoint{}, fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)
+		return meta.Checkpoint{}, fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)
 	}
 	// From the syncfs to the thaw no background commit of the pool
 	// starts (commitgate.go).
 	releaseCommits, err := m.commits.foreground(ctx)
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	defer releaseCommits()
 	if err := fsnap.SyncFS(m.sbRoot(rec.ID)); err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	// How to capture the tree (capture.Plan): the live tree only, the
 	// standbys in the cgroup are not dumped.
@@ -118,25 +118,25 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		NamespacesInImages: m.netnsInImages,
 	})
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	if err := m.fail("full:namespaces"); err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	c, err := m.runCapture(ctx, rec, cg, tool, id, tree, o)
 	releaseCommits()
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	defer c.Close()
 	if !o.holdFrozen {
 		m.refillDumpSpare(rec, c.Outside)
 	}
-	ck := checkpointRec{Checkpoint: v1.Checkpoint{
+	ck := checkpointRec{Checkpoint: meta.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFull, Label: label,
 		Created: time.Now().UTC(), StallMS: ms(c.Stall), Keep: keep,
 		Capture: c.Mode, CaptureNote: c.Note,
-		StallParts: &c.Parts,
+		StallParts: (*meta.StallParts)(&c.Parts),
 	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: c.Outside&unix.CLONE_NEWNET != 0,
 		ExternalUTS: c.Outside&unix.CLONE_NEWUTS != 0, ExternalIPC: c.Outside&unix.CLONE_NEWIPC != 0, IDs: rec.IDs}
 	// The consistent instant is captured and the sandbox runs on. The
@@ -144,8 +144,8 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	// background: the checkpoint is pending until committed. The sandbox
 	// moves its head at once, so the next checkpoint is its child.
 	rec.Head = id
-	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
-		return v1.Checkpoint{}, err
+	if err := m.db.Put(meta.Sandboxes, rec.ID, rec); err != nil {
+		return meta.Checkpoint{}, err
 	}
 	job := m.pipe.add(ck)
 	r.Success()
@@ -287,7 +287,7 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 	ck.BytesWritten = written + int64(len(mb))
 	ck.ImageBytes = ckstore.ImageBytes(objs)
 	ck.DurationMS = ms(time.Since(start))
-	if err := m.db.Put(store.Checkpoints, ck.ID, *ck); err != nil {
+	if err := m.db.Put(meta.Checkpoints, ck.ID, *ck); err != nil {
 		return err
 	}
 	m.cks.Remember(ck.ID, objs)
@@ -367,7 +367,7 @@ func (m *Manager) stagingPrefix() string {
 func (m *Manager) pageIndex(head string) *pagestore.Index {
 	return m.cks.PageIndex(head, func(id string) (ckstore.Ref, bool) {
 		var c checkpointRec
-		if err := m.db.Get(store.Checkpoints, id, &c); err != nil {
+		if err := m.db.Get(meta.Checkpoints, id, &c); err != nil {
 			return ckstore.Ref{}, false
 		}
 		return ckstore.Ref{ID: c.ID, Parent: c.Parent, Full: c.Kind == v1.KindFull, Objects: c.Objects}, true
@@ -382,13 +382,13 @@ func (m *Manager) verify(ck checkpointRec, thorough bool) error {
 }
 
 // VerifyCheckpoint runs the verification a restore runs.
-func (m *Manager) VerifyCheckpoint(ref string) (v1.Checkpoint, error) {
+func (m *Manager) VerifyCheckpoint(ref string) (meta.Checkpoint, error) {
 	if err := m.pipe.wait(context.Background(), ref, ""); err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	ck, err := m.lookupCheckpoint(ref, "")
 	if err != nil {
-		return v1.Checkpoint{}, err
+		return meta.Checkpoint{}, err
 	}
 	return ck.Checkpoint, m.verify(ck, true)
 }
@@ -406,7 +406,7 @@ func (m *Manager) processSource(ck checkpointRec) (checkpointRec, bool) {
 		}
 		seen[c.ID] = true
 		var p checkpointRec
-		if err := m.db.Get(store.Checkpoints, c.Parent, &p); err != nil {
+		if err := m.db.Get(meta.Checkpoints, c.Parent, &p); err != nil {
 			return checkpointRec{}, false
 		}
 		c = p
@@ -418,13 +418,13 @@ func (m *Manager) processSource(ck checkpointRec) (checkpointRec, bool) {
 // restored next to the live one, into a fresh writable snapshot; only
 // once it runs is the old tree killed and the root switched. Any failure
 // before that leaves the sandbox as it was.
-func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, procs checkpointRec) (v1.RollbackResult, error) {
+func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, procs checkpointRec) (meta.RollbackResult, error) {
 	if err := m.verify(procs, false); err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	next := filepath.Join(m.sbDir(rec.ID), "root.next")
 	if err := removeTree(next); err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	// The checkpoint's writable copy, if no rollback took it yet, else a
 	// snapshot (a btrfs transaction commit), which goes ahead of
@@ -432,12 +432,12 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	if err := os.Rename(m.ckFSNext(ck.ID), next); err != nil {
 		releaseCommits, err := m.commits.foreground(ctx)
 		if err != nil {
-			return v1.RollbackResult{}, err
+			return meta.RollbackResult{}, err
 		}
 		err = fsnap.SnapshotIn(m.ckFS(ck.ID), next, false, m.groupsOf(*rec)...)
 		releaseCommits()
 		if err != nil {
-			return v1.RollbackResult{}, err
+			return meta.RollbackResult{}, err
 		}
 	}
 	// Restored stopped: the turn inspector follows the new tree before
@@ -445,31 +445,31 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 	init, err := m.restoreTree(ctx, rec, procs, next, true, true, false)
 	if err != nil {
 		_ = removeTree(next)
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	key, err := m.recordTakeover(rec.ID, "rollback", hot.Record{Init: init, Path: next, Head: ck.ID})
 	if err != nil {
 		_ = init.Signal(unix.SIGKILL)
 		waitGone(init, 5*time.Second)
 		_ = removeTree(next)
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	if err := m.takeOver(rec, init, next); err != nil {
 		m.forgetTakeover(key)
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = init, v1.StateRunning, "", ck.ID
 	ts := m.turns.Prepare(rec.ID, init)
 	if err := continueTree(*rec, init, m.ckImages(procs.ID)); err != nil {
 		ts.Abandon()
 		_ = init.Signal(unix.SIGKILL)
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	ts.BaselineAsync()
 	if err := m.commitTakeover(*rec, key); err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
-	res := v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierWarm}
+	res := meta.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierWarm}
 	if procs.ID != ck.ID {
 		res.Note = fmt.Sprintf("fs checkpoint: files restored, with the processes of its full ancestor %s", procs.ID)
 	}
@@ -584,10 +584,10 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		return sandbox.Init{}, fmt.Errorf("restore: %w", err)
 	}
 	init, err := sandbox.Adopt(res.Pid)
-	if err == nil && ck.IDs.Enabled() && ck.outside()&unix.CLONE_NEWNET != 0 {
+	if err == nil && ck.IDs.Enabled() && ck.Outside()&unix.CLONE_NEWNET != 0 {
 		err = lowPortsFor(init.Pid)
 	}
-	if err == nil && ck.outside()&unix.CLONE_NEWUTS == 0 {
+	if err == nil && ck.Outside()&unix.CLONE_NEWUTS == 0 {
 		// The images carry the dumped UTS namespace (a fork's differs);
 		// else the tree joined CRIU's, named above.
 		err = sandbox.SetHostname(init.Pid, rec.Hostname)
@@ -630,7 +630,7 @@ func (m *Manager) restoreNamespaces(rec sandboxRec, cg *cgroup.Cgroup, ck checkp
 		return nil
 	}
 	cleanups = append(cleanups, func() { ns.Close(join) })
-	outside := ck.outside()
+	outside := ck.Outside()
 	if outside == 0 {
 		if err := cgroupNS(); err != nil {
 			return release, err

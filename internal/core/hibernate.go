@@ -8,7 +8,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // Hibernate takes a full checkpoint of a running sandbox, then stops its
@@ -20,12 +20,12 @@ import (
 // file, output to a client) can be lost by the resume. If the checkpoint
 // cannot be committed (a full disk), the sandbox is thawed and runs on
 // as if nothing happened, and the checkpoint is listed as failed.
-func (m *Manager) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error) {
+func (m *Manager) Hibernate(ctx context.Context, ref string) (meta.Sandbox, error) {
 	// Earlier pending checkpoints first: their background work may need
 	// the sandbox to run (the dumps of a template capture's copies).
 	if r, err := m.lookupSandbox(ref); err == nil {
 		if err := m.pipe.wait(ctx, "", r.ID); err != nil {
-			return v1.Sandbox{}, err
+			return meta.Sandbox{}, err
 		}
 	}
 	// Capture, then wait for the commit with the sandbox unlocked (a
@@ -36,20 +36,20 @@ func (m *Manager) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error)
 		if r, lerr := m.lookupSandbox(ref); lerr == nil {
 			err = errors.Join(err, m.thawSandbox(r.ID))
 		}
-		return v1.Sandbox{}, fmt.Errorf("hibernate: %w", err)
+		return meta.Sandbox{}, fmt.Errorf("hibernate: %w", err)
 	}
 	rec, unlock, err := m.lockSandbox(ck.Sandbox)
 	if err != nil {
-		return v1.Sandbox{}, errors.Join(err, m.thawSandbox(ck.Sandbox))
+		return meta.Sandbox{}, errors.Join(err, m.thawSandbox(ck.Sandbox))
 	}
 	defer unlock()
 	if rec.Head != ck.ID {
-		return v1.Sandbox{}, errors.Join(fmt.Errorf("hibernate %s: the sandbox moved to %s while checkpoint %s was stored; not stopped: %w", rec.ID, rec.Head, ck.ID, errdefs.ErrUnavailable), m.thawSandbox(rec.ID))
+		return meta.Sandbox{}, errors.Join(fmt.Errorf("hibernate %s: the sandbox moved to %s while checkpoint %s was stored; not stopped: %w", rec.ID, rec.Head, ck.ID, errdefs.ErrUnavailable), m.thawSandbox(rec.ID))
 	}
 	m.crashpoint("hibernate:committed")
 	next, err := m.stopTree(ctx, rec, v1.StateHibernated, "hibernated at checkpoint "+ck.ID)
 	if err != nil {
-		return v1.Sandbox{}, errors.Join(fmt.Errorf("hibernate %s: checkpoint %s taken, but stopping failed: %w", rec.ID, ck.ID, err), m.thawSandbox(rec.ID))
+		return meta.Sandbox{}, errors.Join(fmt.Errorf("hibernate %s: checkpoint %s taken, but stopping failed: %w", rec.ID, ck.ID, err), m.thawSandbox(rec.ID))
 	}
 	// Its cgroup stays, empty; a resume restores into it, thawed.
 	if err := m.thawSandbox(rec.ID); err != nil {
@@ -74,27 +74,27 @@ func (m *Manager) thawSandbox(id string) error {
 }
 
 // Resume restores a hibernated sandbox from its checkpoint.
-func (m *Manager) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
+func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) {
 	if r, err := m.lookupSandbox(ref); err == nil {
 		if err := m.pipe.wait(ctx, "", r.ID); err != nil {
-			return v1.Sandbox{}, err
+			return meta.Sandbox{}, err
 		}
 	}
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
-		return v1.Sandbox{}, err
+		return meta.Sandbox{}, err
 	}
 	defer unlock()
 	if rec.State != v1.StateHibernated {
-		return v1.Sandbox{}, fmt.Errorf("resume %s: the sandbox is %s, not hibernated: %w", rec.ID, m.report(rec).State, errdefs.ErrFailedPrecondition)
+		return meta.Sandbox{}, fmt.Errorf("resume %s: the sandbox is %s, not hibernated: %w", rec.ID, m.report(rec).State, errdefs.ErrFailedPrecondition)
 	}
 	var ck checkpointRec
-	if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil {
-		return v1.Sandbox{}, fmt.Errorf("resume %s: its checkpoint %s is gone: %w", rec.ID, rec.Head, errdefs.ErrFailedPrecondition)
+	if err := m.db.Get(meta.Checkpoints, rec.Head, &ck); err != nil {
+		return meta.Sandbox{}, fmt.Errorf("resume %s: its checkpoint %s is gone: %w", rec.ID, rec.Head, errdefs.ErrFailedPrecondition)
 	}
 	m.enforceLimits(&rec, "restore")
 	if _, err := m.rollbackProcesses(ctx, &rec, ck, ck); err != nil {
-		return v1.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
+		return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
 	}
 	m.scheduleStandby(rec.ID)
 	return m.report(rec), nil

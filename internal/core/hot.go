@@ -11,10 +11,10 @@ import (
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
-	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -156,7 +156,7 @@ func (m *Manager) recordTakeover(id, name string, t hot.Record) (string, error) 
 // commitTakeover writes the sandbox's record after a switch and deletes
 // the switch's takeover record, in one transaction.
 func (m *Manager) commitTakeover(rec sandboxRec, key string) error {
-	return m.tko.Commit(key, func(tx *store.Tx) error { return tx.Put(store.Sandboxes, rec.ID, rec) })
+	return m.tko.Commit(key, func(tx *meta.Tx) error { return tx.Put(meta.Sandboxes, rec.ID, rec) })
 }
 
 // forgetTakeover deletes a takeover record that can no longer happen.
@@ -222,7 +222,7 @@ func (m *Manager) finishTakeovers(ctx context.Context, sbs []sandboxRec) error {
 			if err := removeTree(t.Path); err != nil {
 				m.log.Warn("cannot remove the sandbox's old root", "sandbox", s.ID, "path", t.Path, "err", err)
 			}
-			if err := m.db.Put(store.Sandboxes, s.ID, *s); err != nil {
+			if err := m.db.Put(meta.Sandboxes, s.ID, *s); err != nil {
 				return fmt.Errorf("complete the rollback of %s: %w", s.ID, err)
 			}
 		}
@@ -264,7 +264,7 @@ func (t *rollbackTarget) VerifyTarget() error {
 	return nil
 }
 
-func (t *rollbackTarget) Promote(ctx context.Context, s *hot.Standby) (v1.RollbackResult, error) {
+func (t *rollbackTarget) Promote(ctx context.Context, s *hot.Standby) (meta.RollbackResult, error) {
 	return t.m.promote(ctx, t.rec, t.ck, s)
 }
 
@@ -281,36 +281,36 @@ func (t *rollbackTarget) VerifyProcesses() error {
 	return nil
 }
 
-func (t *rollbackTarget) Restore(ctx context.Context) (v1.RollbackResult, error) {
+func (t *rollbackTarget) Restore(ctx context.Context) (meta.RollbackResult, error) {
 	procs, _ := t.m.processSource(t.ck)
 	res, err := t.m.rollbackProcesses(ctx, t.rec, t.ck, procs)
 	if err != nil && t.ck.Kind == v1.KindFull {
-		return v1.RollbackResult{}, t.wrap(err)
+		return meta.RollbackResult{}, t.wrap(err)
 	}
 	if err != nil {
-		return v1.RollbackResult{}, err // to Fallback, as is
+		return meta.RollbackResult{}, err // to Fallback, as is
 	}
 	return res, nil
 }
 
-func (t *rollbackTarget) Restart(ctx context.Context) (v1.RollbackResult, error) {
+func (t *rollbackTarget) Restart(ctx context.Context) (meta.RollbackResult, error) {
 	m, rec, ck := t.m, t.rec, t.ck
 	wasRunning := m.report(*rec).State == v1.StateRunning
 	restart := wasRunning || rec.State == v1.StateLost || rec.State == v1.StateHibernated
 	key, err := m.switchRoot(ctx, *rec, ck, restart)
 	if err != nil {
-		return v1.RollbackResult{}, t.wrap(err)
+		return meta.RollbackResult{}, t.wrap(err)
 	}
 	rec.Head = ck.ID
 	// The files are the checkpoint's from here on, whatever happens to
 	// the restart: the record says so first.
 	if err := m.commitTakeover(*rec, key); err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
-	res := v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierRestart}
+	res := meta.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierRestart}
 	if restart {
 		if err := m.restart(ctx, rec); err != nil {
-			return v1.RollbackResult{}, fmt.Errorf("rollback %s to %s: files restored, but the sandbox did not start: %w", rec.ID, ck.ID, err)
+			return meta.RollbackResult{}, fmt.Errorf("rollback %s to %s: files restored, but the sandbox did not start: %w", rec.ID, ck.ID, err)
 		}
 		res.ProcessesRestarted = true
 		res.Note = "fs checkpoint: files restored; processes were restarted (neither it nor an ancestor holds usable process state)"

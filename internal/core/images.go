@@ -15,15 +15,15 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/image"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/revert"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 func (m *Manager) imageDir(name string) string { return m.path("images", name) }
 
 // BuildImage makes a Debian image with debootstrap (or from the cache).
 // An existing image of that name is returned as is unless req.Force.
-func (m *Manager) BuildImage(ctx context.Context, req v1.ImageBuildRequest, log io.Writer) (v1.Image, error) {
+func (m *Manager) BuildImage(ctx context.Context, req v1.ImageBuildRequest, log io.Writer) (meta.Image, error) {
 	if req.Suite == "" {
 		req.Suite = "bookworm"
 	}
@@ -45,9 +45,9 @@ func (m *Manager) BuildImage(ctx context.Context, req v1.ImageBuildRequest, log 
 }
 
 // ImportImage imports a directory or tarball as an image.
-func (m *Manager) ImportImage(ctx context.Context, req v1.ImageImportRequest) (v1.Image, error) {
+func (m *Manager) ImportImage(ctx context.Context, req v1.ImageImportRequest) (meta.Image, error) {
 	if _, err := os.Stat(req.Path); err != nil {
-		return v1.Image{}, fmt.Errorf("image import: %w: %w", err, errdefs.ErrInvalidArgument)
+		return meta.Image{}, fmt.Errorf("image import: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	return m.makeImage(ctx, req.Name, "import:"+req.Path, false, false, func(dst string) error {
 		return image.Import(ctx, req.Path, dst)
@@ -58,73 +58,73 @@ func (m *Manager) ImportImage(ctx context.Context, req v1.ImageImportRequest) (v
 // moves it into place; the record is written last. An existing image is
 // replaced when force is set, returned when reuse is set and it came from
 // the same source (a build is idempotent), and an error otherwise.
-func (m *Manager) makeImage(ctx context.Context, name, source string, force, reuse bool, fill func(dst string) error) (v1.Image, error) {
+func (m *Manager) makeImage(ctx context.Context, name, source string, force, reuse bool, fill func(dst string) error) (meta.Image, error) {
 	if err := validName("image", name); err != nil {
-		return v1.Image{}, err
+		return meta.Image{}, err
 	}
 	unlock := m.lock("image/" + name)
 	defer unlock()
-	var existing v1.Image
-	err := m.db.Get(store.Images, name, &existing)
+	var existing meta.Image
+	err := m.db.Get(meta.Images, name, &existing)
 	switch {
 	case err == nil && !force && reuse && existing.Source == source:
 		return existing, nil
 	case err == nil && !force && reuse:
-		return v1.Image{}, fmt.Errorf("image %q exists, built from %s: %w (rebuild with --force)", name, existing.Source, errdefs.ErrAlreadyExists)
+		return meta.Image{}, fmt.Errorf("image %q exists, built from %s: %w (rebuild with --force)", name, existing.Source, errdefs.ErrAlreadyExists)
 	case err == nil && !force:
-		return v1.Image{}, fmt.Errorf("image %q: %w (remove it first)", name, errdefs.ErrAlreadyExists)
+		return meta.Image{}, fmt.Errorf("image %q: %w (remove it first)", name, errdefs.ErrAlreadyExists)
 	case err != nil && !errors.Is(err, errdefs.ErrNotFound):
-		return v1.Image{}, err
+		return meta.Image{}, err
 	}
 	r := revert.Logged(m.log, "image "+name)
 	defer r.Fail()
 	staging := m.path("tmp", "image-"+newID())
 	if err := fsnap.CreateSubvolume(staging); err != nil {
-		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
+		return meta.Image{}, fmt.Errorf("image %s: %w", name, err)
 	}
 	r.Add(func() error { return removeTree(staging) })
 	if err := fill(staging); err != nil {
-		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
+		return meta.Image{}, fmt.Errorf("image %s: %w", name, err)
 	}
 	dst := m.imageDir(name)
 	if force {
-		if err := m.db.Delete(store.Images, name); err != nil {
-			return v1.Image{}, err
+		if err := m.db.Delete(meta.Images, name); err != nil {
+			return meta.Image{}, err
 		}
 		if err := removeTree(dst); err != nil {
-			return v1.Image{}, fmt.Errorf("image %s: remove old: %w", name, err)
+			return meta.Image{}, fmt.Errorf("image %s: remove old: %w", name, err)
 		}
 	}
 	// A read-only subvolume cannot be renamed (its ".." would change):
 	// the image appears in place as a read-only snapshot of the staging
 	// subvolume, which then goes.
 	if err := fsnap.Snapshot(staging, dst, true); err != nil {
-		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
+		return meta.Image{}, fmt.Errorf("image %s: %w", name, err)
 	}
 	r.Add(func() error { return removeTree(dst) })
 	if err := removeTree(staging); err != nil {
-		return v1.Image{}, fmt.Errorf("image %s: %w", name, err)
+		return meta.Image{}, fmt.Errorf("image %s: %w", name, err)
 	}
-	img := v1.Image{Name: name, Source: source, Created: time.Now().UTC()}
-	if err := m.db.Put(store.Images, name, img); err != nil {
-		return v1.Image{}, err
+	img := meta.Image{Name: name, Source: source, Created: time.Now().UTC()}
+	if err := m.db.Put(meta.Images, name, img); err != nil {
+		return meta.Image{}, err
 	}
 	r.Success()
 	return img, nil
 }
 
 // Images lists images by name.
-func (m *Manager) Images() ([]v1.Image, error) {
-	l, err := store.List[v1.Image](m.db, store.Images)
+func (m *Manager) Images() ([]meta.Image, error) {
+	l, err := meta.List[meta.Image](m.db, meta.Images)
 	sort.Slice(l, func(i, j int) bool { return l[i].Name < l[j].Name })
 	return l, err
 }
 
 // Image returns one image.
-func (m *Manager) Image(name string) (v1.Image, error) {
-	var img v1.Image
-	if err := m.db.Get(store.Images, name, &img); err != nil {
-		return v1.Image{}, notFound("image", name)
+func (m *Manager) Image(name string) (meta.Image, error) {
+	var img meta.Image
+	if err := m.db.Get(meta.Images, name, &img); err != nil {
+		return meta.Image{}, notFound("image", name)
 	}
 	return img, nil
 }
@@ -137,7 +137,7 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	if _, err := m.Image(name); err != nil {
 		return err
 	}
-	if err := m.db.Delete(store.Images, name); err != nil {
+	if err := m.db.Delete(meta.Images, name); err != nil {
 		return err
 	}
 	return removeTree(m.imageDir(name))

@@ -8,6 +8,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // Labels are per sandbox: a bare label two sandboxes carry is ambiguous
@@ -16,7 +17,7 @@ import (
 func TestLabelsPerSandbox(t *testing.T) {
 	m := openManager(t)
 	ctx := context.Background()
-	mk := func(name string) v1.Sandbox {
+	mk := func(name string) meta.Sandbox {
 		sb, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Name: name})
 		if err != nil {
 			t.Fatal(err)
@@ -24,7 +25,7 @@ func TestLabelsPerSandbox(t *testing.T) {
 		return sb
 	}
 	a, b := mk("la"), mk("lb")
-	ck := func(sb v1.Sandbox, label string) v1.Checkpoint {
+	ck := func(sb meta.Sandbox, label string) meta.Checkpoint {
 		c, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFS, Label: label})
 		if err != nil {
 			t.Fatal(err)

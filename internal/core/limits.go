@@ -4,10 +4,9 @@ import (
 	"sync"
 	"time"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // The daemon keeps processes of its own in a sandbox's cgroup: standbys
@@ -40,7 +39,7 @@ type room struct{ mem, pids int64 }
 type rooms struct {
 	mu      sync.Mutex
 	m       map[string]map[string]room // sandbox -> key -> room
-	base    map[string]v1.Resources    // sandbox -> its own limits
+	base    map[string]meta.Resources  // sandbox -> its own limits
 	pending map[string]bool            // sandboxes whose limits are above what their rooms allow
 	oom     map[string]int64           // oom kills last seen per sandbox
 	// until when a sandbox's standbys are looked at on every tick: an
@@ -72,7 +71,7 @@ func standbyRoom(ck checkpointRec, tasks int64) room {
 	return room{mem: ck.ImageBytes + ck.ImageBytes/32 + restoreRoomBytes, pids: tasks + 1}
 }
 
-func limited(r v1.Resources) bool { return r.MemoryBytes > 0 || r.Pids > 0 }
+func limited(r meta.Resources) bool { return r.MemoryBytes > 0 || r.Pids > 0 }
 
 // limitsLocked is what the sandbox's cgroup limits are with its rooms.
 // Caller holds m.lim.mu.
@@ -84,7 +83,7 @@ func (m *Manager) limitsLocked(id string) cgroup.Resources {
 // limits are base, are with its rooms. The rooms hold memory and tasks;
 // CPU and I/O weight stay the sandbox's own (restores and copies share
 // its CPU quota). Caller holds m.lim.mu.
-func (m *Manager) withRoomsLocked(id string, base v1.Resources) cgroup.Resources {
+func (m *Manager) withRoomsLocked(id string, base meta.Resources) cgroup.Resources {
 	res := cgResources(base)
 	for _, r := range m.lim.m[id] {
 		if res.MemoryMax > 0 {
@@ -115,7 +114,7 @@ func (m *Manager) reserveRoom(rec sandboxRec, key string, r room) error {
 	m.lim.mu.Lock()
 	defer m.lim.mu.Unlock()
 	if m.lim.m == nil {
-		m.lim.m, m.lim.base, m.lim.pending, m.lim.oom = map[string]map[string]room{}, map[string]v1.Resources{}, map[string]bool{}, map[string]int64{}
+		m.lim.m, m.lim.base, m.lim.pending, m.lim.oom = map[string]map[string]room{}, map[string]meta.Resources{}, map[string]bool{}, map[string]int64{}
 		m.lim.suspect = map[string]time.Time{}
 	}
 	if m.lim.m[rec.ID] == nil {
@@ -270,7 +269,7 @@ func (m *Manager) releaseWhenGone(id, key string, init sandbox.Init) {
 // sandboxRecord reads the sandbox's record (its own limits).
 func (m *Manager) sandboxRecord(id string) (sandboxRec, bool) {
 	var rec sandboxRec
-	if m.db.Get(store.Sandboxes, id, &rec) != nil {
+	if m.db.Get(meta.Sandboxes, id, &rec) != nil {
 		return rec, false
 	}
 	return rec, true

@@ -11,7 +11,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/capture"
 	"github.com/molt-sh/molt/internal/cgroup"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // TestStandbyOutsideLimits: a sandbox holding ~70% of its --memory and
@@ -128,7 +128,7 @@ time.sleep(1e6)' >/dev/null 2>&1 & PY=$!`)
 	kills, _ := cg.OOMKills()
 	t.Logf("allocation past the limit: %q; then limits %+v, %d MiB charged, %d oom kills, standbys %v", r.Stdout, lim, st.MemoryBytes>>20, kills, m.standbyCheckpoints(sb.ID))
 	var rec sandboxRec
-	if err := m.db.Get(store.Sandboxes, sb.ID, &rec); err != nil {
+	if err := m.db.Get(meta.Sandboxes, sb.ID, &rec); err != nil {
 		t.Fatal(err)
 	}
 	tree, _, err := treePids(sb.ID, rec.Init)

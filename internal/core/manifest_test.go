@@ -9,6 +9,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
 )
 
@@ -18,11 +19,11 @@ import (
 func TestManifestOfUnchanged(t *testing.T) {
 	m := &Manager{kernel: "6.18.0-pvm"}
 	m.cfg.Version = "v0.9.0"
-	ck := checkpointRec{Checkpoint: v1.Checkpoint{
+	ck := checkpointRec{Checkpoint: meta.Checkpoint{
 		ID: "3fa2b1c4d5e6", Sandbox: "9e8d7c6b5a41", Parent: "0a1b2c3d4e5f", Kind: v1.KindFull, Label: "before-tests",
 		Created: time.Date(2026, 11, 30, 12, 1, 2, 345678901, time.UTC), StallMS: 41.25, DurationMS: 180.5,
 		Keep: true, Capture: "template", CaptureNote: "no room", BytesWritten: 123456,
-		StallParts: &v1.StallParts{SnapshotMS: 3.5, CRIUMS: 30.25},
+		StallParts: &meta.StallParts{SnapshotMS: 3.5, CRIUMS: 30.25},
 	}, Image: "debian", CRIU: "4.2.1", ExternalNet: true, ExternalUTS: true, ExternalIPC: true,
 		IDs: sandbox.IDRange{Base: 1 << 30, Size: 1 << 16},
 		Objects: []ckstore.Object{

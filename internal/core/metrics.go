@@ -5,7 +5,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -100,7 +100,7 @@ func (c *sandboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 	counts := map[string]int{v1.StateRunning: 0, v1.StateStopped: 0, v1.StateHibernated: 0, v1.StateLost: 0}
-	if recs, err := store.List[sandboxRec](c.m.db, store.Sandboxes); err == nil {
+	if recs, err := meta.List[sandboxRec](c.m.db, meta.Sandboxes); err == nil {
 		for _, r := range recs {
 			counts[c.m.report(r).State]++
 		}
@@ -112,7 +112,7 @@ func (c *sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 
 func seconds(msv float64) float64 { return msv / 1000 }
 
-func (x *metrics) checkpointed(ck v1.Checkpoint, captured time.Duration) {
+func (x *metrics) checkpointed(ck meta.Checkpoint, captured time.Duration) {
 	x.stall.WithLabelValues(ck.Kind).Observe(seconds(ck.StallMS))
 	x.capture.WithLabelValues(ck.Kind).Observe(captured.Seconds())
 	if !ck.Pending {
@@ -120,7 +120,7 @@ func (x *metrics) checkpointed(ck v1.Checkpoint, captured time.Duration) {
 	}
 }
 
-func (x *metrics) committed(ck v1.Checkpoint) {
+func (x *metrics) committed(ck meta.Checkpoint) {
 	x.bytes.WithLabelValues(ck.Kind).Add(float64(ck.BytesWritten))
 	x.checkpoint.WithLabelValues(ck.Kind, "committed").Inc()
 	if ck.Kind == v1.KindFull {

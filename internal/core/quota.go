@@ -6,10 +6,9 @@ import (
 	"sync"
 	"time"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // Disk quotas (docs/architecture.md, "Disk quotas"; docs/security.md,
@@ -20,7 +19,7 @@ import (
 // charged for its whole life to the subvolume that wrote it, so what a
 // checkpoint keeps of data the root since overwrote stays charged to the
 // sandbox. The group is limited to the sandbox's disk quota
-// (v1.Resources.DiskBytes, or Config.DefaultDisk). Every sandbox group
+// (meta.Resources.DiskBytes, or Config.DefaultDisk). Every sandbox group
 // is a member of sandboxesQgroup, limited to what the pool can still
 // take less the reserve, so that sandboxes together never eat the
 // reserve the daemon keeps for metadata, checkpoint images and commits.
@@ -92,15 +91,15 @@ func (m *Manager) setupQuota() {
 }
 
 // quotaFeature reports disk quotas in Host.
-func (m *Manager) quotaFeature() v1.Feature {
+func (m *Manager) quotaFeature() meta.Feature {
 	if m.quota.mode == fsnap.QuotaOff {
-		return v1.Feature{Name: "disk-quota", Reason: m.quota.why}
+		return meta.Feature{Name: "disk-quota", Reason: m.quota.why}
 	}
 	d := m.quota.mode.String() + " btrfs quotas: a qgroup per sandbox (root and checkpoints)"
 	if m.cfg.DefaultDisk > 0 {
 		d += ", " + mib(m.cfg.DefaultDisk) + " unless created with its own"
 	}
-	return v1.Feature{Name: "disk-quota", Supported: true, Detail: d}
+	return meta.Feature{Name: "disk-quota", Supported: true, Detail: d}
 }
 
 func mib(n int64) string { return strconv.FormatInt(n>>20, 10) + " MiB" }
@@ -212,7 +211,7 @@ func (m *Manager) groupsOfID(id string) []uint64 {
 		return nil
 	}
 	var rec sandboxRec
-	if err := m.db.Get(store.Sandboxes, id, &rec); err != nil {
+	if err := m.db.Get(meta.Sandboxes, id, &rec); err != nil {
 		return nil
 	}
 	return m.groupsOf(rec)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -118,7 +119,7 @@ func TestDiskQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var full *v1.Checkpoint
+	var full *meta.Checkpoint
 	if _, err := m.criuReady(ctx); err == nil {
 		run(t, m, a.ID, "x=full")
 		ck, err := m.Checkpoint(ctx, a.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})

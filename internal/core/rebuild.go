@@ -13,10 +13,9 @@ import (
 	"sync"
 	"time"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/ckstore"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 	"golang.org/x/sys/unix"
 )
 
@@ -87,13 +86,13 @@ func (m *Manager) watchRecords() {
 	r := &m.disk
 	r.pending, r.written, r.dirty = map[string]diskWrite{}, map[string]uint64{}, map[string]bool{}
 	r.kick, r.stop, r.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
-	m.db.Watch(store.Sandboxes, func(txid uint64, id string, b []byte) {
+	m.db.Watch(meta.Sandboxes, func(txid uint64, id string, b []byte) {
 		m.queueRecord(filepath.Join(m.sbDir(id), sandboxFile), diskWrite{txid: txid, b: b})
 	})
-	m.db.Watch(store.Images, func(txid uint64, name string, b []byte) {
+	m.db.Watch(meta.Images, func(txid uint64, name string, b []byte) {
 		m.queueRecord(m.imageFile(name), diskWrite{txid: txid, b: b})
 	})
-	m.db.Watch(store.Checkpoints, func(txid uint64, id string, b []byte) {
+	m.db.Watch(meta.Checkpoints, func(txid uint64, id string, b []byte) {
 		m.queueRecord(filepath.Join(m.ckDir(id), manifestFile), diskWrite{txid: txid, b: b, manifest: true})
 	})
 	go m.writeRecords()
@@ -276,16 +275,16 @@ func (m *Manager) closeRecords() {
 // start-up then rebuilds from the disk.
 func openStore(path string, log interface {
 	Error(string, ...any)
-}) (*store.DB, error) {
-	db, err := store.Open(path)
+}) (*meta.DB, error) {
+	db, err := meta.Open(path)
 	if err == nil {
 		// Records that are JSON but not molt's records are corrupt too.
 		if err = decodeRecords(db); err != nil {
 			db.Close()
-			err = fmt.Errorf("open %s: %w: %w", path, store.ErrCorrupt, err)
+			err = fmt.Errorf("open %s: %w: %w", path, meta.ErrCorrupt, err)
 		}
 	}
-	if !errors.Is(err, store.ErrCorrupt) {
+	if !errors.Is(err, meta.ErrCorrupt) {
 		return db, err
 	}
 	aside := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405Z")
@@ -293,18 +292,18 @@ func openStore(path string, log interface {
 		return nil, errors.Join(err, fmt.Errorf("set the corrupt database aside: %w", rerr))
 	}
 	log.Error("metadata database is corrupt; set aside, rebuilding it from the pool", "err", err, "set_aside", aside)
-	return store.Open(path)
+	return meta.Open(path)
 }
 
 // decodeRecords decodes every image, sandbox and checkpoint record.
-func decodeRecords(db *store.DB) error {
-	if _, err := store.List[v1.Image](db, store.Images); err != nil {
+func decodeRecords(db *meta.DB) error {
+	if _, err := meta.List[meta.Image](db, meta.Images); err != nil {
 		return err
 	}
-	if _, err := store.List[sandboxRec](db, store.Sandboxes); err != nil {
+	if _, err := meta.List[sandboxRec](db, meta.Sandboxes); err != nil {
 		return err
 	}
-	_, err := store.List[checkpointRec](db, store.Checkpoints)
+	_, err := meta.List[checkpointRec](db, meta.Checkpoints)
 	return err
 }
 
@@ -348,15 +347,15 @@ func (m *Manager) rebuild(ctx context.Context) error {
 			m.log.Warn("not an image name; left in the pool unlisted", "path", m.imageDir(name))
 			continue
 		}
-		var img v1.Image
+		var img meta.Image
 		if b, err := os.ReadFile(m.imageFile(name)); err != nil || json.Unmarshal(b, &img) != nil || img.Name != name {
-			img = v1.Image{Name: name, Source: "unknown (rebuilt from the pool)"}
+			img = meta.Image{Name: name, Source: "unknown (rebuilt from the pool)"}
 			if fi, err := e.Info(); err == nil {
 				img.Created = fi.ModTime().UTC()
 			}
 		}
 		b, _ := json.Marshal(img)
-		puts = append(puts, put{store.Images, name, b})
+		puts = append(puts, put{meta.Images, name, b})
 		imgs++
 	}
 
@@ -381,7 +380,7 @@ func (m *Manager) rebuild(ctx context.Context) error {
 			ck.Parent = ""
 		}
 		b, _ := json.Marshal(ck)
-		puts = append(puts, put{store.Checkpoints, ck.ID, b})
+		puts = append(puts, put{meta.Checkpoints, ck.ID, b})
 		cks++
 	}
 
@@ -405,10 +404,10 @@ func (m *Manager) rebuild(ctx context.Context) error {
 			names[rec.Name] = id
 		}
 		b, _ := json.Marshal(rec)
-		puts = append(puts, put{store.Sandboxes, id, b})
+		puts = append(puts, put{meta.Sandboxes, id, b})
 		sbs++
 	}
-	err := m.db.Update(func(tx *store.Tx) error {
+	err := m.db.Update(func(tx *meta.Tx) error {
 		for _, p := range puts {
 			if err := tx.PutRaw(p.bucket, p.key, p.b); err != nil {
 				return err
@@ -436,10 +435,10 @@ func (m *Manager) checkpointOnDisk(id string) (checkpointRec, string) {
 	if why != "" {
 		return checkpointRec{}, why
 	}
-	ck := checkpointRec{Checkpoint: v1.Checkpoint{
+	ck := checkpointRec{Checkpoint: meta.Checkpoint{
 		ID: mf.ID, Sandbox: mf.Sandbox, Parent: mf.Parent, Kind: mf.Kind, Label: mf.Label,
 		Created: mf.Created, StallMS: mf.StallMS, DurationMS: mf.DurationMS,
-		Capture: mf.Capture, CaptureNote: mf.CaptureNote, StallParts: mf.StallParts,
+		Capture: mf.Capture, CaptureNote: mf.CaptureNote, StallParts: (*meta.StallParts)(mf.StallParts),
 		BytesWritten: mf.BytesWritten, ImageBytes: ckstore.ImageBytes(mf.Objects), Keep: mf.Keep,
 	}, Image: mf.Image, Objects: mf.Objects, CRIU: mf.CRIU,
 		ExternalNet: mf.ExternalNet, ExternalUTS: mf.ExternalUTS, ExternalIPC: mf.ExternalIPC, IDs: mf.IDs}
@@ -488,7 +487,7 @@ func (m *Manager) healRecords(sbs []sandboxRec, cks []checkpointRec) {
 			m.queueRecord(filepath.Join(m.ckDir(c.ID), manifestFile), diskWrite{b: m.committedManifest(c)})
 		}
 	}
-	imgs, _ := store.List[v1.Image](m.db, store.Images)
+	imgs, _ := meta.List[meta.Image](m.db, meta.Images)
 	for _, img := range imgs {
 		if _, err := os.Stat(m.imageDir(img.Name) + ".json"); err != nil {
 			b, _ := json.Marshal(img)

@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"strings"
 
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
-// The record buckets, typed.
+// The record buckets, typed (meta/records.go).
 var (
-	sandboxRecs    = store.Bucket[sandboxRec](store.Sandboxes)
-	checkpointRecs = store.Bucket[checkpointRec](store.Checkpoints)
+	sandboxRecs    = meta.SandboxRecords
+	checkpointRecs = meta.CheckpointRecords
 )
 
 // indexes find records by what references name them with, reading only
@@ -18,10 +18,10 @@ var (
 // carry a label, a sandbox by name. Raise an index's version when what
 // it computes changes: the store rebuilds it from the records.
 type indexes struct {
-	ckBySandbox, ckByLabel, sbByName *store.Index
+	ckBySandbox, ckByLabel, sbByName *meta.Index
 }
 
-func addIndexes(db *store.DB) (indexes, error) {
+func addIndexes(db *meta.DB) (indexes, error) {
 	var ix indexes
 	var err error
 	field := func(f func(refFields) string) func([]byte) ([]string, error) {
@@ -36,20 +36,20 @@ func addIndexes(db *store.DB) (indexes, error) {
 			return nil, nil
 		}
 	}
-	if ix.ckBySandbox, err = db.AddIndex(store.Checkpoints, "sandbox", 1, field(func(r refFields) string { return r.Sandbox })); err != nil {
+	if ix.ckBySandbox, err = db.AddIndex(meta.Checkpoints, "sandbox", 1, field(func(r refFields) string { return r.Sandbox })); err != nil {
 		return ix, err
 	}
-	if ix.ckByLabel, err = db.AddIndex(store.Checkpoints, "label", 1, field(func(r refFields) string { return r.Label })); err != nil {
+	if ix.ckByLabel, err = db.AddIndex(meta.Checkpoints, "label", 1, field(func(r refFields) string { return r.Label })); err != nil {
 		return ix, err
 	}
-	if ix.sbByName, err = db.AddIndex(store.Sandboxes, "name", 1, field(func(r refFields) string { return r.Name })); err != nil {
+	if ix.sbByName, err = db.AddIndex(meta.Sandboxes, "name", 1, field(func(r refFields) string { return r.Name })); err != nil {
 		return ix, err
 	}
 	return ix, nil
 }
 
 // refFields are the fields of a record that the indexes read (JSON
-// names of v1.Checkpoint and v1.Sandbox).
+// names of meta.Checkpoint and meta.Sandbox).
 type refFields struct {
 	Sandbox string `json:"sandbox"`
 	Label   string `json:"label"`
@@ -58,11 +58,11 @@ type refFields struct {
 
 // byIDPrefix returns the records of b whose key starts with prefix, in
 // key order (IDs are the keys).
-func byIDPrefix[T any](db *store.DB, b store.Bucket[T], prefix string) ([]T, error) {
+func byIDPrefix[T any](db *meta.DB, b meta.Bucket[T], prefix string) ([]T, error) {
 	var out []T
 	err := db.ForEachPrefix(string(b), prefix, func(_ string, raw []byte) error {
 		var v T
-		if err := store.Unmarshal(raw, &v); err != nil {
+		if err := meta.Unmarshal(raw, &v); err != nil {
 			return err
 		}
 		out = append(out, v)

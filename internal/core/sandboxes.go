@@ -14,33 +14,17 @@ import (
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/seccomp"
-	"github.com/molt-sh/molt/internal/store"
 )
 
-// sandboxRec is a sandbox's metadata record. State is the state molt
-// last put it in; the reported state also checks that init still runs.
-type sandboxRec struct {
-	v1.Sandbox
-	Init      sandbox.Init `json:"init"`
-	MachineID string       `json:"machine_id"`
-	// Restarting marks a restart under way (restart): a daemon that dies
-	// between killing the processes and recording the new init leaves it
-	// set, and the next one restarts the sandbox.
-	Restarting bool `json:"restarting,omitempty"`
-	// DiskGroup says the sandbox has its own qgroup (quota.go).
-	DiskGroup bool `json:"disk_group,omitempty"`
-	// IDs is the block of host uids and gids its user namespace maps
-	// root and the other ids to (userns.go); none: no user namespace.
-	IDs sandbox.IDRange `json:"ids,omitzero"`
-	// SeccompProfile is the JSON profile of a sandbox whose Seccomp is
-	// custom: stage 1 gets it compiled wherever it starts the sandbox's
-	// init again (fs rollback, restart, fork).
-	SeccompProfile string `json:"seccomp_profile,omitempty"`
-}
+// sandboxRec is a sandbox's metadata record (meta.SandboxRecord). State
+// is the state molt last put it in; the reported state also checks that
+// init still runs.
+type sandboxRec = meta.SandboxRecord
 
 func cgroupName(id string) string { return "molt/" + id }
 
@@ -50,24 +34,24 @@ func (m *Manager) sbRoot(id string) string { return m.path("sandboxes", id, "roo
 func newMachineID() string { return newID() + newID() + newID()[:8] }
 
 // Create makes a sandbox from an image and starts it.
-func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (meta.Sandbox, error) {
 	if _, err := m.Image(req.Image); err != nil {
-		return v1.Sandbox{}, err
+		return meta.Sandbox{}, err
 	}
 	if b := req.Resources.StandbyBudgetBytes; b < -1 {
-		return v1.Sandbox{}, fmt.Errorf("standby budget %d: want bytes, 0 for the daemon's default or -1 for none: %w", b, errdefs.ErrInvalidArgument)
+		return meta.Sandbox{}, fmt.Errorf("standby budget %d: want bytes, 0 for the daemon's default or -1 for none: %w", b, errdefs.ErrInvalidArgument)
 	}
 	if err := req.Resources.Validate(); err != nil {
-		return v1.Sandbox{}, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+		return meta.Sandbox{}, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	disk, err := m.diskQuota(req.Resources.DiskBytes)
 	if err != nil {
-		return v1.Sandbox{}, err
+		return meta.Sandbox{}, err
 	}
 	req.Resources.DiskBytes = disk
-	rec := sandboxRec{Sandbox: v1.Sandbox{
+	rec := sandboxRec{Sandbox: meta.Sandbox{
 		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
-		Env: req.Env, Resources: m.resolveResources(req.Resources), Seccomp: req.Seccomp,
+		Env: req.Env, Resources: m.resolveResources(meta.Resources(req.Resources)), Seccomp: req.Seccomp,
 	}, MachineID: newMachineID(), SeccompProfile: req.SeccompProfile}
 	if rec.Seccomp == "" && rec.SeccompProfile != "" {
 		rec.Seccomp = v1.SeccompCustom
@@ -76,21 +60,21 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.S
 		rec.Seccomp = m.seccompDefault()
 	}
 	if _, err := m.seccompProgram(&rec); err != nil {
-		return v1.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+		return meta.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	sb, err := m.createFrom(ctx, rec, m.imageDir(req.Image), nil, nil)
 	if err != nil {
-		return v1.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+		return meta.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	return sb, nil
 }
 
 // createFrom makes the sandbox described by rec (see makeSandbox) and
 // records it. On failure nothing is left behind (a standby is killed).
-func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, procs *checkpointRec, sby *standby) (v1.Sandbox, error) {
+func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, procs *checkpointRec, sby *standby) (meta.Sandbox, error) {
 	if rec.Name != "" {
 		if err := validName("sandbox", rec.Name); err != nil {
-			return v1.Sandbox{}, err
+			return meta.Sandbox{}, err
 		}
 	}
 	// Name uniqueness is checked and claimed under m.mu via the record
@@ -99,16 +83,16 @@ func (m *Manager) createFrom(ctx context.Context, rec sandboxRec, src string, pr
 		unlock := m.lock("name/" + rec.Name)
 		defer unlock()
 		if _, err := m.lookupSandbox(rec.Name); err == nil {
-			return v1.Sandbox{}, fmt.Errorf("sandbox name %q: %w", rec.Name, errdefs.ErrAlreadyExists)
+			return meta.Sandbox{}, fmt.Errorf("sandbox name %q: %w", rec.Name, errdefs.ErrAlreadyExists)
 		}
 	}
 	rec, r, err := m.makeSandbox(ctx, rec, src, procs, sby)
 	if err != nil {
-		return v1.Sandbox{}, err
+		return meta.Sandbox{}, err
 	}
 	defer r.Fail()
-	if err := m.db.Put(store.Sandboxes, rec.ID, rec); err != nil {
-		return v1.Sandbox{}, err
+	if err := m.db.Put(meta.Sandboxes, rec.ID, rec); err != nil {
+		return meta.Sandbox{}, err
 	}
 	r.Success()
 	m.turnReset(ctx, rec)
@@ -280,7 +264,7 @@ func (m *Manager) lookupSandbox(ref string) (sandboxRec, error) {
 	if ref == "" {
 		return rec, fmt.Errorf("empty sandbox reference: %w", errdefs.ErrInvalidArgument)
 	}
-	if err := m.db.Get(store.Sandboxes, ref, &rec); err == nil {
+	if err := m.db.Get(meta.Sandboxes, ref, &rec); err == nil {
 		return rec, nil
 	}
 	named, err := sandboxRecs.ListBy(m.db, m.ix.sbByName, ref)
@@ -319,7 +303,7 @@ func (m *Manager) lockSandbox(ref string) (sandboxRec, func(), error) {
 	// captures it again) waits for that, a few hundred milliseconds at
 	// most after the capture.
 	m.waitCopies(rec.ID)
-	if err := m.db.Get(store.Sandboxes, rec.ID, &rec); err != nil {
+	if err := m.db.Get(meta.Sandboxes, rec.ID, &rec); err != nil {
 		unlock()
 		return rec, nil, notFound("sandbox", ref)
 	}
@@ -328,7 +312,7 @@ func (m *Manager) lockSandbox(ref string) (sandboxRec, func(), error) {
 
 // report turns a record into what the API shows, checking that a
 // running sandbox's init is still there.
-func (m *Manager) report(rec sandboxRec) v1.Sandbox {
+func (m *Manager) report(rec sandboxRec) meta.Sandbox {
 	sb := rec.Sandbox
 	if sb.State == v1.StateRunning {
 		if rec.Init.Alive() {
@@ -342,10 +326,10 @@ func (m *Manager) report(rec sandboxRec) v1.Sandbox {
 }
 
 // Sandbox returns one sandbox, with live details (sessions, memory).
-func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
+func (m *Manager) Sandbox(ctx context.Context, ref string) (meta.Sandbox, error) {
 	rec, err := m.lookupSandbox(ref)
 	if err != nil {
-		return v1.Sandbox{}, err
+		return meta.Sandbox{}, err
 	}
 	sb := m.report(rec)
 	if s := m.standbyOf(rec.ID); s != nil {
@@ -365,7 +349,7 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
 		defer cancel()
 		if resp, err := m.call(cctx, rec, sbinit.Request{Op: "status"}); err == nil {
 			for _, s := range resp.Sessions {
-				sb.Sessions = append(sb.Sessions, v1.Session{Name: s.Name, Pid: s.Pid, Alive: true})
+				sb.Sessions = append(sb.Sessions, meta.Session{Name: s.Name, Pid: s.Pid, Alive: true})
 			}
 		}
 	}
@@ -373,12 +357,12 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
 }
 
 // Sandboxes lists all sandboxes, oldest first.
-func (m *Manager) Sandboxes() ([]v1.Sandbox, error) {
-	recs, err := store.List[sandboxRec](m.db, store.Sandboxes)
+func (m *Manager) Sandboxes() ([]meta.Sandbox, error) {
+	recs, err := meta.List[sandboxRec](m.db, meta.Sandboxes)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]v1.Sandbox, 0, len(recs))
+	out := make([]meta.Sandbox, 0, len(recs))
 	for _, r := range recs {
 		out = append(out, m.report(r))
 	}
@@ -397,15 +381,15 @@ func (m *Manager) loadCgroup(rec sandboxRec) (*cgroup.Cgroup, error) {
 }
 
 // Stop kills every process of the sandbox. Its files stay.
-func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
+func (m *Manager) Stop(ctx context.Context, ref string) (meta.Sandbox, error) {
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
-		return v1.Sandbox{}, err
+		return meta.Sandbox{}, err
 	}
 	defer unlock()
 	next, err := m.stopTree(ctx, rec, v1.StateStopped, "")
 	if err != nil {
-		return v1.Sandbox{}, fmt.Errorf("stop %s: %w", rec.ID, err)
+		return meta.Sandbox{}, fmt.Errorf("stop %s: %w", rec.ID, err)
 	}
 	return m.report(next), nil
 }
@@ -419,7 +403,7 @@ func (m *Manager) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
 func (m *Manager) stopTree(ctx context.Context, rec sandboxRec, state, reason string) (sandboxRec, error) {
 	next := rec
 	next.State, next.Reason, next.Init = state, reason, sandbox.Init{}
-	if err := m.db.Put(store.Sandboxes, rec.ID, next); err != nil {
+	if err := m.db.Put(meta.Sandboxes, rec.ID, next); err != nil {
 		return rec, err
 	}
 	m.crashpoint("stop:recorded")
@@ -428,7 +412,7 @@ func (m *Manager) stopTree(ctx context.Context, rec sandboxRec, state, reason st
 		err = m.killProcesses(ctx, rec)
 	}
 	if err != nil {
-		if perr := m.db.Put(store.Sandboxes, rec.ID, rec); perr != nil {
+		if perr := m.db.Put(meta.Sandboxes, rec.ID, rec); perr != nil {
 			err = errors.Join(err, perr)
 		}
 		return rec, err
@@ -458,20 +442,20 @@ func (m *Manager) killProcesses(ctx context.Context, rec sandboxRec) error {
 
 // Start starts a stopped or lost sandbox's init (a fresh process tree on
 // its current files).
-func (m *Manager) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
+func (m *Manager) Start(ctx context.Context, ref string) (meta.Sandbox, error) {
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
-		return v1.Sandbox{}, err
+		return meta.Sandbox{}, err
 	}
 	defer unlock()
 	if rec.State == v1.StateRunning && rec.Init.Alive() {
 		return m.report(rec), nil
 	}
 	if rec.State == v1.StateHibernated {
-		return v1.Sandbox{}, fmt.Errorf("start %s: the sandbox is hibernated; resume it (start would discard its processes): %w", rec.ID, errdefs.ErrFailedPrecondition)
+		return meta.Sandbox{}, fmt.Errorf("start %s: the sandbox is hibernated; resume it (start would discard its processes): %w", rec.ID, errdefs.ErrFailedPrecondition)
 	}
 	if err := m.restart(ctx, &rec); err != nil {
-		return v1.Sandbox{}, fmt.Errorf("start %s: %w", rec.ID, err)
+		return meta.Sandbox{}, fmt.Errorf("start %s: %w", rec.ID, err)
 	}
 	return m.report(rec), nil
 }
@@ -481,14 +465,14 @@ func (m *Manager) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
 func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 	if !rec.Restarting {
 		rec.Restarting = true
-		if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
+		if err := m.db.Put(meta.Sandboxes, rec.ID, *rec); err != nil {
 			rec.Restarting = false
 			return err
 		}
 	}
 	if err := m.killProcesses(ctx, *rec); err != nil {
 		rec.Restarting = false
-		_ = m.db.Put(store.Sandboxes, rec.ID, *rec)
+		_ = m.db.Put(meta.Sandboxes, rec.ID, *rec)
 		return err
 	}
 	m.crashpoint("restart:killed")
@@ -502,10 +486,10 @@ func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 	}
 	if err != nil {
 		rec.State, rec.Reason, rec.Init = v1.StateStopped, "start failed: "+err.Error(), sandbox.Init{}
-		_ = m.db.Put(store.Sandboxes, rec.ID, *rec)
+		_ = m.db.Put(meta.Sandboxes, rec.ID, *rec)
 		return err
 	}
-	if err := m.db.Put(store.Sandboxes, rec.ID, *rec); err != nil {
+	if err := m.db.Put(meta.Sandboxes, rec.ID, *rec); err != nil {
 		return err
 	}
 	m.turnReset(ctx, *rec)
@@ -535,21 +519,21 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	m.dropStandby(rec.ID, false)
 	m.removeRetired(rec.ID)
 	m.turnForget(rec.ID)
-	err = m.db.Update(func(tx *store.Tx) error {
-		if err := tx.DeletePrefix(store.Turns, rec.ID+"/"); err != nil {
+	err = m.db.Update(func(tx *meta.Tx) error {
+		if err := tx.DeletePrefix(meta.Turns, rec.ID+"/"); err != nil {
 			return err
 		}
-		if err := tx.DeletePrefix(store.FailedCheckpoints, rec.ID+"/"); err != nil {
+		if err := tx.DeletePrefix(meta.FailedCheckpoints, rec.ID+"/"); err != nil {
 			return err
 		}
-		return tx.DeletePrefix(store.Takeovers, rec.ID+"/")
+		return tx.DeletePrefix(meta.Takeovers, rec.ID+"/")
 	})
 	if err != nil {
 		return err
 	}
 	// The record goes first: from here on the sandbox is not listed, and
 	// a crash leaves only unlisted directories, which start-up removes.
-	if err := m.db.Delete(store.Sandboxes, rec.ID); err != nil {
+	if err := m.db.Delete(meta.Sandboxes, rec.ID); err != nil {
 		return err
 	}
 	cks, err := m.checkpointsOf(rec.ID)
@@ -603,7 +587,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 		if err != nil {
 			return 0, nil, fmt.Errorf("exec: %w", err)
 		}
-		m.recordCommand(rec.ID, v1.TurnCommand{Time: time.Now().UTC(), Args: req.Args, Detached: true})
+		m.recordCommand(rec.ID, meta.TurnCommand{Time: time.Now().UTC(), Args: req.Args, Detached: true})
 		return resp.Pid, nil, nil
 	}
 	c, err := m.dial(context.Background(), rec)
@@ -618,27 +602,27 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 }
 
 // SessionRun runs shell text in the named persistent session.
-func (m *Manager) SessionRun(ctx context.Context, ref, session string, req v1.SessionRunRequest) (v1.SessionRunResult, error) {
+func (m *Manager) SessionRun(ctx context.Context, ref, session string, req v1.SessionRunRequest) (meta.SessionRunResult, error) {
 	if err := validName("session", session); err != nil {
-		return v1.SessionRunResult{}, err
+		return meta.SessionRunResult{}, err
 	}
 	rec, err := m.running(ref)
 	if err != nil {
-		return v1.SessionRunResult{}, err
+		return meta.SessionRunResult{}, err
 	}
 	if err := m.turnGate(ctx, rec.ID); err != nil {
-		return v1.SessionRunResult{}, err
+		return meta.SessionRunResult{}, err
 	}
 	began := time.Now().UTC()
 	resp, err := m.call(ctx, rec, sbinit.Request{Op: "session-run", Session: session, Command: req.Command, TimeoutMS: req.TimeoutMS})
 	if err != nil {
-		return v1.SessionRunResult{}, fmt.Errorf("session %s: %w", session, err)
+		return meta.SessionRunResult{}, fmt.Errorf("session %s: %w", session, err)
 	}
-	m.recordCommand(rec.ID, v1.TurnCommand{
+	m.recordCommand(rec.ID, meta.TurnCommand{
 		Time: began, Session: session, Command: req.Command, ExitCode: resp.ExitCode,
 		Stdout: resp.Stdout, Stderr: resp.Stderr, Truncated: resp.Truncated,
 	})
-	return v1.SessionRunResult{
+	return meta.SessionRunResult{
 		Stdout: resp.Stdout, Stderr: resp.Stderr, ExitCode: resp.ExitCode,
 		TimedOut: resp.TimedOut, Truncated: resp.Truncated, DurationMS: resp.DurationMS,
 	}, nil

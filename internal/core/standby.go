@@ -14,9 +14,9 @@ import (
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
-	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -32,7 +32,7 @@ func (m *Manager) newStandbys() *hot.Standbys {
 	return hot.NewStandbys(hot.StandbyHooks{
 		Head: func(id string) (string, bool) {
 			var rec sandboxRec
-			if m.db.Get(store.Sandboxes, id, &rec) != nil {
+			if m.db.Get(meta.Sandboxes, id, &rec) != nil {
 				return "", false
 			}
 			return rec.Head, true
@@ -73,7 +73,7 @@ func (m *Manager) newStandbys() *hot.Standbys {
 // standbyOf returns the standby of the sandbox's head, if one is ready.
 func (m *Manager) standbyOf(id string) *standby {
 	var rec sandboxRec
-	if m.db.Get(store.Sandboxes, id, &rec) != nil {
+	if m.db.Get(meta.Sandboxes, id, &rec) != nil {
 		return nil
 	}
 	return m.sby.Get(id, rec.Head)
@@ -121,7 +121,7 @@ const standbyDelay = hot.Delay
 func (m *Manager) wantedStandbys(rec sandboxRec) []checkpointRec {
 	var out []checkpointRec
 	var head checkpointRec
-	if rec.Head != "" && m.db.Get(store.Checkpoints, rec.Head, &head) == nil && head.Kind == v1.KindFull {
+	if rec.Head != "" && m.db.Get(meta.Checkpoints, rec.Head, &head) == nil && head.Kind == v1.KindFull {
 		out = append(out, head)
 	}
 	cks, _ := m.checkpointsOf(rec.ID)
@@ -249,20 +249,20 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 // promote makes the standby s the sandbox's live tree: the old tree is
 // killed, the standby's tasks continue, its root becomes the sandbox's.
 // Caller holds the sandbox lock and has taken s out of the pool.
-func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec, s *standby) (v1.RollbackResult, error) {
+func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec, s *standby) (meta.RollbackResult, error) {
 	if !s.Init.Alive() {
 		m.discard(s, false)
-		return v1.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
+		return meta.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
 	}
 	// A task of it may have met the OOM killer (its first choice in the
 	// cgroup) since watchRooms last looked.
 	if len(s.Tasks) > 0 && m.oomKills(rec.ID) != s.OOMSeen && !s.Intact() {
 		m.discard(s, true)
-		return v1.RollbackResult{}, fmt.Errorf("standby of %s lost a task", ck.ID)
+		return meta.RollbackResult{}, fmt.Errorf("standby of %s lost a task", ck.ID)
 	}
 	if err := hot.RestoreAdj(s.Tasks); err != nil {
 		m.discard(s, true)
-		return v1.RollbackResult{}, fmt.Errorf("standby of %s: %w", ck.ID, err)
+		return meta.RollbackResult{}, fmt.Errorf("standby of %s: %w", ck.ID, err)
 	}
 	old := rec.Init
 	// The standby runs first; then it takes over (the old tree, in its
@@ -272,12 +272,12 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	if err := continueTree(*rec, s.Init, m.ckImages(ck.ID)); err != nil {
 		ts.Abandon()
 		m.discard(s, true)
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	if err := m.takeOver(rec, s.Init, s.Root); err != nil {
 		ts.Abandon()
 		m.discard(s, true)
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head, rec.IDs = s.Init, v1.StateRunning, "", ck.ID, ck.IDs
 	// The promoted tree is charged as the tree it replaces: the room
@@ -285,9 +285,9 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	m.releaseWhenGone(rec.ID, s.Room, old)
 	ts.BaselineAsync()
 	if err := m.commitTakeover(*rec, s.Key); err != nil {
-		return v1.RollbackResult{}, err
+		return meta.RollbackResult{}, err
 	}
-	return v1.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierHot}, nil
+	return meta.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Tier: v1.TierHot}, nil
 }
 
 // adoptStandby makes a standby taken from another sandbox's pool the tree
@@ -364,7 +364,7 @@ func continueTree(rec sandboxRec, init sandbox.Init, images string) error {
 // checkpoint id: its own, or for an fs checkpoint its full ancestor's.
 func (m *Manager) headImages(id string) string {
 	var ck checkpointRec
-	if m.db.Get(store.Checkpoints, id, &ck) == nil {
+	if m.db.Get(meta.Checkpoints, id, &ck) == nil {
 		if p, ok := m.processSource(ck); ok {
 			return m.ckImages(p.ID)
 		}

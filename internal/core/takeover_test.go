@@ -14,8 +14,8 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -90,7 +90,7 @@ func TestCrashRecovery(t *testing.T) {
 	fsRolledBack := func(t *testing.T, m *Manager) {
 		rec := record(t, m, fsb.ID)
 		var ck checkpointRec
-		if err := m.db.Get(store.Checkpoints, rec.Head, &ck); err != nil || ck.Kind != v1.KindFS {
+		if err := m.db.Get(meta.Checkpoints, rec.Head, &ck); err != nil || ck.Kind != v1.KindFS {
 			t.Fatalf("head %s (%+v, %v), want the fs checkpoint", rec.Head, ck, err)
 		}
 		if b, err := os.ReadFile(filepath.Join(m.sbRoot(fsb.ID), "f")); err != nil || string(b) != "a\n" {
@@ -201,7 +201,7 @@ func runCrashingDaemon(t *testing.T, c crashCase) {
 func record(t testing.TB, m *Manager, id string) sandboxRec {
 	t.Helper()
 	var rec sandboxRec
-	if err := m.db.Get(store.Sandboxes, id, &rec); err != nil {
+	if err := m.db.Get(meta.Sandboxes, id, &rec); err != nil {
 		t.Fatal(err)
 	}
 	return rec
@@ -237,7 +237,7 @@ func checkRollbackCrash(t *testing.T, m *Manager, id, x string) {
 		t.Fatalf("sandbox directory holds %v, want its root only", dirs)
 	}
 	var left []string
-	if err := m.db.ForEachPrefix(store.Takeovers, "", func(k string, _ []byte) error {
+	if err := m.db.ForEachPrefix(meta.Takeovers, "", func(k string, _ []byte) error {
 		left = append(left, k)
 		return nil
 	}); err != nil || len(left) > 0 {

@@ -9,6 +9,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/turn"
 )
@@ -62,7 +63,7 @@ func (m *Manager) turnForce(id, reason string) { m.turns.Force(id, reason) }
 func (m *Manager) turnGate(ctx context.Context, id string) error { return m.turns.Gate(ctx, id) }
 
 // recordCommand appends a command to the sandbox's current turn.
-func (m *Manager) recordCommand(id string, c v1.TurnCommand) { m.turns.Record(id, c) }
+func (m *Manager) recordCommand(id string, c meta.TurnCommand) { m.turns.Record(id, c) }
 
 // recording wraps an exec stream so that the command is logged when it
 // is closed.
@@ -80,7 +81,7 @@ func (m *Manager) EndTurnAsync(ref string, req v1.TurnRequest) <-chan TurnOutcom
 	if rec, err := m.lookupSandbox(ref); err == nil {
 		id = rec.ID
 	}
-	return m.turns.Async(id, func(ctx context.Context) (v1.TurnResult, error) {
+	return m.turns.Async(id, func(ctx context.Context) (meta.TurnResult, error) {
 		return m.EndTurn(ctx, ref, req)
 	})
 }
@@ -89,29 +90,29 @@ func (m *Manager) EndTurnAsync(ref string, req v1.TurnRequest) <-chan TurnOutcom
 // did and decides none, fs or full; this takes that checkpoint and turn
 // starts the next turn. A full checkpoint is returned pending (stored in
 // the background), as Checkpoint does.
-func (m *Manager) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (v1.TurnResult, error) {
+func (m *Manager) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (meta.TurnResult, error) {
 	began := time.Now()
 	if req.Label != "" {
 		if err := validName("checkpoint label", req.Label); err != nil {
-			return v1.TurnResult{}, err
+			return meta.TurnResult{}, err
 		}
 	}
 	if err := turn.ValidIgnore(req.Ignore); err != nil {
-		return v1.TurnResult{}, err
+		return meta.TurnResult{}, err
 	}
 	if r, err := m.lookupSandbox(ref); err == nil {
 		if err := m.persistRoom(ctx, r.ID); err != nil {
-			return v1.TurnResult{}, err
+			return meta.TurnResult{}, err
 		}
 	}
 	rec, unlock, err := m.lockSandbox(ref)
 	if err != nil {
-		return v1.TurnResult{}, err
+		return meta.TurnResult{}, err
 	}
 	defer unlock()
 	defer m.foreground(rec.ID)()
 	if st := m.report(rec).State; st != v1.StateRunning {
-		return v1.TurnResult{}, fmt.Errorf("turn: sandbox %s is %s; turns are those of a running sandbox: %w", rec.ID, st, errdefs.ErrFailedPrecondition)
+		return meta.TurnResult{}, fmt.Errorf("turn: sandbox %s is %s; turns are those of a running sandbox: %w", rec.ID, st, errdefs.ErrFailedPrecondition)
 	}
 	end := m.turns.Begin(ctx, rec.ID, rec.Init, rec.Head, req, began)
 	defer end.Close()
@@ -126,17 +127,17 @@ func (m *Manager) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (
 
 // endTurnCheckpoint takes the checkpoint end decided on and ends the
 // turn. Caller holds the sandbox lock.
-func (m *Manager) endTurnCheckpoint(ctx context.Context, rec sandboxRec, label string, end *turn.End, began time.Time) (v1.TurnResult, error) {
+func (m *Manager) endTurnCheckpoint(ctx context.Context, rec sandboxRec, label string, end *turn.End, began time.Time) (meta.TurnResult, error) {
 	res := end.Result()
 	if res.Decision != v1.DecisionNone {
 		slot, err := m.captureSlot(ctx)
 		if err != nil {
 			end.Keep()
-			return v1.TurnResult{}, err
+			return meta.TurnResult{}, err
 		}
 		defer slot()
 	}
-	var ck v1.Checkpoint
+	var ck meta.Checkpoint
 	var err error
 	switch res.Decision {
 	case v1.DecisionFS:
@@ -147,7 +148,7 @@ func (m *Manager) endTurnCheckpoint(ctx context.Context, rec sandboxRec, label s
 	if err != nil {
 		end.Fail(err)
 		m.metrics.checkpoint.WithLabelValues(res.Decision, "failed").Inc()
-		return v1.TurnResult{}, fmt.Errorf("turn %d of %s: %s checkpoint: %w", res.Turn, rec.ID, res.Decision, err)
+		return meta.TurnResult{}, fmt.Errorf("turn %d of %s: %s checkpoint: %w", res.Turn, rec.ID, res.Decision, err)
 	}
 	if res.Decision != v1.DecisionNone {
 		m.metrics.checkpointed(ck, time.Since(began))
@@ -168,12 +169,12 @@ func (m *Manager) SetTurnIgnore(ref string, ignore []string) error {
 }
 
 // RecordLLM attaches an LLM call to the record of the turn it ended.
-func (m *Manager) RecordLLM(id string, n int, c v1.LLMCall) error {
+func (m *Manager) RecordLLM(id string, n int, c meta.LLMCall) error {
 	return m.turns.RecordLLM(id, n, c)
 }
 
 // Turns lists a sandbox's turn log, oldest first.
-func (m *Manager) Turns(ref string) ([]v1.TurnRecord, error) {
+func (m *Manager) Turns(ref string) ([]meta.TurnRecord, error) {
 	rec, err := m.lookupSandbox(ref)
 	if err != nil {
 		return nil, err

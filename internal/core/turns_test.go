@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/testutil"
 	"github.com/molt-sh/molt/internal/turn"
 )
@@ -39,7 +40,7 @@ func execOnce(t *testing.T, m *Manager, sb string, argv ...string) int {
 	}
 }
 
-func endTurn(t *testing.T, m *Manager, sb string, ignore ...string) v1.TurnResult {
+func endTurn(t *testing.T, m *Manager, sb string, ignore ...string) meta.TurnResult {
 	t.Helper()
 	res, err := m.EndTurn(context.Background(), sb, v1.TurnRequest{Ignore: ignore})
 	if err != nil {
@@ -48,7 +49,7 @@ func endTurn(t *testing.T, m *Manager, sb string, ignore ...string) v1.TurnResul
 	return res
 }
 
-func hasFileOp(e v1.TurnEffects, path, op string) bool {
+func hasFileOp(e meta.TurnEffects, path, op string) bool {
 	for _, f := range e.Files {
 		if f.Path == path && slices.Contains(f.Ops, op) {
 			return true

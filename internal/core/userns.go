@@ -10,9 +10,9 @@ import (
 
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // User namespaces (Config.UserNS; docs/architecture.md, "User
@@ -53,7 +53,7 @@ func (m *Manager) allocIDs(id string) (ids sandbox.IDRange, release func(), err 
 	}
 	m.idBlocks.mu.Lock()
 	defer m.idBlocks.mu.Unlock()
-	sbs, err := store.List[sandboxRec](m.db, store.Sandboxes)
+	sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes)
 	if err != nil {
 		return ids, nil, err
 	}

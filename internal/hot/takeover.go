@@ -4,8 +4,8 @@ import (
 	"strings"
 
 	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // A Record records a switch of a sandbox's live tree that may be under
@@ -38,10 +38,10 @@ type Record struct {
 }
 
 // Takeovers keeps the takeover records in the metadata store.
-type Takeovers struct{ db *store.DB }
+type Takeovers struct{ db *meta.DB }
 
 // NewTakeovers returns the takeover records of db.
-func NewTakeovers(db *store.DB) *Takeovers { return &Takeovers{db: db} }
+func NewTakeovers(db *meta.DB) *Takeovers { return &Takeovers{db: db} }
 
 // Record writes the takeover r of sandbox id (r.Root is filled in from
 // r.Path) under the key id/name, unique to the new tree, and returns the
@@ -53,7 +53,7 @@ func (t *Takeovers) Record(id, name string, r Record) (string, error) {
 	}
 	r.Root = uuid
 	key := id + "/" + name
-	if err := t.db.Put(store.Takeovers, key, r); err != nil {
+	if err := t.db.Put(meta.Takeovers, key, r); err != nil {
 		return "", err
 	}
 	return key, nil
@@ -61,12 +61,12 @@ func (t *Takeovers) Record(id, name string, r Record) (string, error) {
 
 // Commit runs write (which writes the sandbox's record after a switch)
 // and deletes the switch's takeover record key, in one transaction.
-func (t *Takeovers) Commit(key string, write func(*store.Tx) error) error {
-	return t.db.Update(func(tx *store.Tx) error {
+func (t *Takeovers) Commit(key string, write func(*meta.Tx) error) error {
+	return t.db.Update(func(tx *meta.Tx) error {
 		if err := write(tx); err != nil {
 			return err
 		}
-		return tx.Delete(store.Takeovers, key)
+		return tx.Delete(meta.Takeovers, key)
 	})
 }
 
@@ -78,7 +78,7 @@ func (t *Takeovers) Forget(key string) error {
 	if key == "" {
 		return nil
 	}
-	return t.db.Delete(store.Takeovers, key)
+	return t.db.Delete(meta.Takeovers, key)
 }
 
 // Pending reads every takeover record at start-up, by sandbox, and
@@ -87,9 +87,9 @@ func (t *Takeovers) Forget(key string) error {
 func (t *Takeovers) Pending(unreadable func(key string, err error)) (map[string][]Record, []string, error) {
 	pending := map[string][]Record{}
 	var keys []string
-	err := t.db.ForEachPrefix(store.Takeovers, "", func(key string, b []byte) error {
+	err := t.db.ForEachPrefix(meta.Takeovers, "", func(key string, b []byte) error {
 		var r Record
-		if err := store.Unmarshal(b, &r); err != nil {
+		if err := meta.Unmarshal(b, &r); err != nil {
 			unreadable(key, err)
 		} else if id, _, ok := strings.Cut(key, "/"); ok {
 			pending[id] = append(pending[id], r)
@@ -114,9 +114,9 @@ func Switched(rs []Record, root string) []Record {
 
 // Clear deletes the takeover records keys, in one transaction.
 func (t *Takeovers) Clear(keys []string) error {
-	return t.db.Update(func(tx *store.Tx) error {
+	return t.db.Update(func(tx *meta.Tx) error {
 		for _, key := range keys {
-			if err := tx.Delete(store.Takeovers, key); err != nil {
+			if err := tx.Delete(meta.Takeovers, key); err != nil {
 				return err
 			}
 		}

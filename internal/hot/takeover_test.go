@@ -6,8 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 var zeroInit sandbox.Init
@@ -16,14 +16,14 @@ var zeroInit sandbox.Init
 // rest; a commit writes the sandbox's record and deletes the takeover's
 // in one transaction, or neither.
 func TestTakeoverRecords(t *testing.T) {
-	db, err := store.Open(filepath.Join(t.TempDir(), "molt.db"))
+	db, err := meta.Open(filepath.Join(t.TempDir(), "molt.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	tk := NewTakeovers(db)
 	put := func(key string, r Record) {
-		if err := db.Put(store.Takeovers, key, r); err != nil {
+		if err := db.Put(meta.Takeovers, key, r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -31,7 +31,7 @@ func TestTakeoverRecords(t *testing.T) {
 	put("sb/standby-1", Record{Root: "u2", Path: "/p/standby-c2", Head: "c2", Init: sandbox.Init{Pid: 7, Start: 9}})
 	put("other/rollback", Record{Root: "u3", Head: "c3", Restart: true})
 	// Valid JSON, not a record (the store refuses anything else).
-	if err := db.Put(store.Takeovers, "bad/x", []int{1}); err != nil {
+	if err := db.Put(meta.Takeovers, "bad/x", []int{1}); err != nil {
 		t.Fatal(err)
 	}
 	var unreadable []string
@@ -50,17 +50,17 @@ func TestTakeoverRecords(t *testing.T) {
 	}
 	// A failed write deletes nothing.
 	boom := errors.New("boom")
-	if err := tk.Commit("sb/rollback", func(*store.Tx) error { return boom }); !errors.Is(err, boom) {
+	if err := tk.Commit("sb/rollback", func(*meta.Tx) error { return boom }); !errors.Is(err, boom) {
 		t.Fatal(err)
 	}
 	var r Record
-	if err := db.Get(store.Takeovers, "sb/rollback", &r); err != nil {
+	if err := db.Get(meta.Takeovers, "sb/rollback", &r); err != nil {
 		t.Fatalf("record gone after a failed commit: %v", err)
 	}
-	if err := tk.Commit("sb/rollback", func(tx *store.Tx) error { return tx.Put(store.Sandboxes, "sb", map[string]string{"head": "c1"}) }); err != nil {
+	if err := tk.Commit("sb/rollback", func(tx *meta.Tx) error { return tx.Put(meta.Sandboxes, "sb", map[string]string{"head": "c1"}) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Get(store.Takeovers, "sb/rollback", &r); err == nil {
+	if err := db.Get(meta.Takeovers, "sb/rollback", &r); err == nil {
 		t.Fatal("record kept after its commit")
 	}
 	if err := tk.Forget("sb/standby-1"); err != nil {

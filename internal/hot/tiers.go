@@ -4,6 +4,7 @@ import (
 	"context"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // A Target is one rollback as the tiers see it: a sandbox, its lock
@@ -22,7 +23,7 @@ type Target interface {
 	// unchanged files count).
 	VerifyTarget() error
 	// Promote makes the standby the sandbox's live tree.
-	Promote(context.Context, *Standby) (v1.RollbackResult, error)
+	Promote(context.Context, *Standby) (meta.RollbackResult, error)
 	// Processes reports whether the target or one of its ancestors holds
 	// processes (ok), and whether the target itself does (full).
 	Processes() (ok, full bool)
@@ -32,10 +33,10 @@ type Target interface {
 	// Restore restores those processes next to the live tree with CRIU
 	// (a spare one if ready), on a writable copy of the target's files,
 	// and switches to them.
-	Restore(context.Context) (v1.RollbackResult, error)
+	Restore(context.Context) (meta.RollbackResult, error)
 	// Restart switches the root to the target's files and starts a fresh
 	// init if the sandbox ran (or was lost or hibernated).
-	Restart(context.Context) (v1.RollbackResult, error)
+	Restart(context.Context) (meta.RollbackResult, error)
 	// Fallback hears that tier was tried and failed with err, and the
 	// next tier is tried.
 	Fallback(tier string, err error)
@@ -47,7 +48,7 @@ type Target interface {
 // the rollback's.
 type tier struct {
 	name string
-	try  func(context.Context, Target) (res v1.RollbackResult, next bool, err error)
+	try  func(context.Context, Target) (res meta.RollbackResult, next bool, err error)
 }
 
 // Tiers is the order the tiers are tried in, fastest first.
@@ -63,7 +64,7 @@ var tiers = []tier{
 
 // Run rolls t back on the first tier whose preconditions hold and that
 // succeeds or fails for good. The restart tier always ends it.
-func Run(ctx context.Context, t Target) (v1.RollbackResult, error) {
+func Run(ctx context.Context, t Target) (meta.RollbackResult, error) {
 	for _, tr := range tiers {
 		res, next, err := tr.try(ctx, t)
 		if !next {
@@ -80,24 +81,24 @@ func Run(ctx context.Context, t Target) (v1.RollbackResult, error) {
 // (the invariant holds on every tier, even with a sound standby). A
 // standby that cannot be promoted (gone, lost a task) passes the
 // rollback to the next tier.
-func hotTier(ctx context.Context, t Target) (v1.RollbackResult, bool, error) {
+func hotTier(ctx context.Context, t Target) (meta.RollbackResult, bool, error) {
 	if r := t.Requested(); r != "" && r != v1.TierHot {
-		return v1.RollbackResult{}, true, nil
+		return meta.RollbackResult{}, true, nil
 	}
 	s := t.TakeStandby()
 	if s == nil {
-		return v1.RollbackResult{}, true, nil
+		return meta.RollbackResult{}, true, nil
 	}
 	// Objects checked at the standby's preparation are only stat'ed
 	// again.
 	if err := t.VerifyTarget(); err != nil {
 		t.DiscardStandby(s)
-		return v1.RollbackResult{}, false, err
+		return meta.RollbackResult{}, false, err
 	}
 	res, err := t.Promote(ctx, s)
 	if err != nil {
 		t.Fallback(v1.TierHot, err)
-		return v1.RollbackResult{}, true, nil
+		return meta.RollbackResult{}, true, nil
 	}
 	return res, false, nil
 }
@@ -109,9 +110,9 @@ func hotTier(ctx context.Context, t Target) (v1.RollbackResult, bool, error) {
 // target is full; for an fs target (the ancestor's processes may not
 // fit its files: CRIU refuses changed open files) the rollback passes
 // to the restart tier.
-func warmTier(ctx context.Context, t Target) (v1.RollbackResult, bool, error) {
+func warmTier(ctx context.Context, t Target) (meta.RollbackResult, bool, error) {
 	if t.Requested() == v1.TierCold {
-		return v1.RollbackResult{}, true, nil
+		return meta.RollbackResult{}, true, nil
 	}
 	return restore(ctx, t, v1.TierWarm)
 }
@@ -121,15 +122,15 @@ func warmTier(ctx context.Context, t Target) (v1.RollbackResult, bool, error) {
 //
 // Preconditions: the caller asked for cold; the target or an ancestor
 // is a full checkpoint. A failed verification is the rollback's.
-func coldTier(ctx context.Context, t Target) (v1.RollbackResult, bool, error) {
+func coldTier(ctx context.Context, t Target) (meta.RollbackResult, bool, error) {
 	if t.Requested() != v1.TierCold {
-		return v1.RollbackResult{}, true, nil
+		return meta.RollbackResult{}, true, nil
 	}
 	if ok, _ := t.Processes(); !ok {
-		return v1.RollbackResult{}, true, nil
+		return meta.RollbackResult{}, true, nil
 	}
 	if err := t.VerifyProcesses(); err != nil {
-		return v1.RollbackResult{}, false, err
+		return meta.RollbackResult{}, false, err
 	}
 	res, next, err := restore(ctx, t, v1.TierCold)
 	if err == nil && !next {
@@ -139,15 +140,15 @@ func coldTier(ctx context.Context, t Target) (v1.RollbackResult, bool, error) {
 }
 
 // restore is the CRIU restore of the warm and cold tiers.
-func restore(ctx context.Context, t Target, name string) (v1.RollbackResult, bool, error) {
+func restore(ctx context.Context, t Target, name string) (meta.RollbackResult, bool, error) {
 	ok, full := t.Processes()
 	if !ok {
-		return v1.RollbackResult{}, true, nil
+		return meta.RollbackResult{}, true, nil
 	}
 	res, err := t.Restore(ctx)
 	if err != nil && !full {
 		t.Fallback(name, err)
-		return v1.RollbackResult{}, true, nil
+		return meta.RollbackResult{}, true, nil
 	}
 	return res, false, err
 }
@@ -155,7 +156,7 @@ func restore(ctx context.Context, t Target, name string) (v1.RollbackResult, boo
 // restartTier switches the files and starts a fresh init.
 //
 // Preconditions: none; the last tier.
-func restartTier(ctx context.Context, t Target) (v1.RollbackResult, bool, error) {
+func restartTier(ctx context.Context, t Target) (meta.RollbackResult, bool, error) {
 	res, err := t.Restart(ctx)
 	return res, false, err
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // fakeTarget records the steps a rollback took.
@@ -42,12 +43,12 @@ func (f *fakeTarget) VerifyTarget() error {
 	}
 	return nil
 }
-func (f *fakeTarget) Promote(context.Context, *Standby) (v1.RollbackResult, error) {
+func (f *fakeTarget) Promote(context.Context, *Standby) (meta.RollbackResult, error) {
 	f.step("promote")
 	if f.promoteFails {
-		return v1.RollbackResult{}, errFake
+		return meta.RollbackResult{}, errFake
 	}
-	return v1.RollbackResult{Tier: v1.TierHot}, nil
+	return meta.RollbackResult{Tier: v1.TierHot}, nil
 }
 func (f *fakeTarget) Processes() (bool, bool) { return f.procs, f.full }
 func (f *fakeTarget) VerifyProcesses() error {
@@ -57,16 +58,16 @@ func (f *fakeTarget) VerifyProcesses() error {
 	}
 	return nil
 }
-func (f *fakeTarget) Restore(context.Context) (v1.RollbackResult, error) {
+func (f *fakeTarget) Restore(context.Context) (meta.RollbackResult, error) {
 	f.step("restore")
 	if f.restoreFails {
-		return v1.RollbackResult{}, errFake
+		return meta.RollbackResult{}, errFake
 	}
-	return v1.RollbackResult{Tier: v1.TierWarm}, nil
+	return meta.RollbackResult{Tier: v1.TierWarm}, nil
 }
-func (f *fakeTarget) Restart(context.Context) (v1.RollbackResult, error) {
+func (f *fakeTarget) Restart(context.Context) (meta.RollbackResult, error) {
 	f.step("restart")
-	return v1.RollbackResult{Tier: v1.TierRestart}, nil
+	return meta.RollbackResult{Tier: v1.TierRestart}, nil
 }
 func (f *fakeTarget) Fallback(tier string, err error) { f.step("fallback " + tier) }
 

@@ -7,51 +7,54 @@ import (
 	"net/http"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // Engine is what the handlers need of the daemon's engine (core.Manager
 // is the one in production). Each method takes a sandbox, image or
 // checkpoint reference as given in the path and returns an error that
-// wraps an errdefs kind; the handlers map the kind to the status.
+// wraps an errdefs kind; the handlers map the kind to the status. It
+// takes api/v1 requests as decoded and returns domain values (meta's),
+// which convert.go turns into wire values.
 type Engine interface {
-	Host() v1.Host
+	Host() meta.Host
 	MetricsHandler() http.Handler
 
-	Images() ([]v1.Image, error)
-	Image(name string) (v1.Image, error)
+	Images() ([]meta.Image, error)
+	Image(name string) (meta.Image, error)
 	// BuildImage writes progress text to log as it goes.
-	BuildImage(ctx context.Context, req v1.ImageBuildRequest, log io.Writer) (v1.Image, error)
-	ImportImage(ctx context.Context, req v1.ImageImportRequest) (v1.Image, error)
+	BuildImage(ctx context.Context, req v1.ImageBuildRequest, log io.Writer) (meta.Image, error)
+	ImportImage(ctx context.Context, req v1.ImageImportRequest) (meta.Image, error)
 	RemoveImage(ctx context.Context, name string) error
 
-	Sandboxes() ([]v1.Sandbox, error)
-	Sandbox(ctx context.Context, ref string) (v1.Sandbox, error)
-	Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.Sandbox, error)
+	Sandboxes() ([]meta.Sandbox, error)
+	Sandbox(ctx context.Context, ref string) (meta.Sandbox, error)
+	Create(ctx context.Context, req v1.SandboxCreateRequest) (meta.Sandbox, error)
 	Remove(ctx context.Context, ref string) error
-	Stop(ctx context.Context, ref string) (v1.Sandbox, error)
-	Start(ctx context.Context, ref string) (v1.Sandbox, error)
-	Hibernate(ctx context.Context, ref string) (v1.Sandbox, error)
-	Resume(ctx context.Context, ref string) (v1.Sandbox, error)
+	Stop(ctx context.Context, ref string) (meta.Sandbox, error)
+	Start(ctx context.Context, ref string) (meta.Sandbox, error)
+	Hibernate(ctx context.Context, ref string) (meta.Sandbox, error)
+	Resume(ctx context.Context, ref string) (meta.Sandbox, error)
 
 	// Exec starts a command. A detached one returns its pid and no
 	// connection; otherwise the connection carries api/v1 frames to and
 	// from the sandbox's init, and the caller closes it (which kills the
 	// command if it still runs).
 	Exec(ctx context.Context, ref string, req v1.ExecRequest) (int, net.Conn, error)
-	SessionRun(ctx context.Context, ref, session string, req v1.SessionRunRequest) (v1.SessionRunResult, error)
+	SessionRun(ctx context.Context, ref, session string, req v1.SessionRunRequest) (meta.SessionRunResult, error)
 	SessionClose(ctx context.Context, ref, session string) error
 
-	Checkpoints(ref string) ([]v1.Checkpoint, error)
-	Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error)
-	CheckpointInfo(ref string) (v1.Checkpoint, error)
-	VerifyCheckpoint(ref string) (v1.Checkpoint, error)
+	Checkpoints(ref string) ([]meta.Checkpoint, error)
+	Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (meta.Checkpoint, error)
+	CheckpointInfo(ref string) (meta.Checkpoint, error)
+	VerifyCheckpoint(ref string) (meta.Checkpoint, error)
 	DeleteCheckpoint(ctx context.Context, ref string) error
-	RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error)
+	RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (meta.RollbackResult, error)
 	// Fork forks the sandbox ref, or req.Checkpoint when ref is "".
-	Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.ForkResult, error)
+	Fork(ctx context.Context, ref string, req v1.ForkRequest) (meta.ForkResult, error)
 
-	EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (v1.TurnResult, error)
-	Turns(ref string) ([]v1.TurnRecord, error)
+	EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (meta.TurnResult, error)
+	Turns(ref string) ([]meta.TurnRecord, error)
 }
 
 // LLMEndpoints serves sandboxes' LLM endpoints (coord.Coordinator in

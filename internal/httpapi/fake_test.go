@@ -13,6 +13,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // fakeEngine is an engine with nothing in it: every call that can fail
@@ -50,41 +51,43 @@ func (f *fakeEngine) setErr(err error) {
 	f.err = err
 }
 
-func (f *fakeEngine) Host() v1.Host { return v1.Host{Version: "fake"} }
+func (f *fakeEngine) Host() meta.Host { return meta.Host{Version: "fake"} }
 func (f *fakeEngine) MetricsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "fake_metric 1\n") })
 }
-func (f *fakeEngine) Images() ([]v1.Image, error)         { return nil, f.call("Images", "") }
-func (f *fakeEngine) Image(name string) (v1.Image, error) { return v1.Image{}, f.call("Image", name) }
-func (f *fakeEngine) BuildImage(ctx context.Context, req v1.ImageBuildRequest, log io.Writer) (v1.Image, error) {
-	fmt.Fprintf(log, "building %s\n", req.Name)
-	return v1.Image{}, f.call("BuildImage", req.Name)
+func (f *fakeEngine) Images() ([]meta.Image, error) { return nil, f.call("Images", "") }
+func (f *fakeEngine) Image(name string) (meta.Image, error) {
+	return meta.Image{}, f.call("Image", name)
 }
-func (f *fakeEngine) ImportImage(ctx context.Context, req v1.ImageImportRequest) (v1.Image, error) {
-	return v1.Image{}, f.call("ImportImage", req.Name)
+func (f *fakeEngine) BuildImage(ctx context.Context, req v1.ImageBuildRequest, log io.Writer) (meta.Image, error) {
+	fmt.Fprintf(log, "building %s\n", req.Name)
+	return meta.Image{}, f.call("BuildImage", req.Name)
+}
+func (f *fakeEngine) ImportImage(ctx context.Context, req v1.ImageImportRequest) (meta.Image, error) {
+	return meta.Image{}, f.call("ImportImage", req.Name)
 }
 func (f *fakeEngine) RemoveImage(ctx context.Context, name string) error {
 	return f.call("RemoveImage", name)
 }
-func (f *fakeEngine) Sandboxes() ([]v1.Sandbox, error) { return nil, f.call("Sandboxes", "") }
-func (f *fakeEngine) Sandbox(ctx context.Context, ref string) (v1.Sandbox, error) {
-	return v1.Sandbox{}, f.call("Sandbox", ref)
+func (f *fakeEngine) Sandboxes() ([]meta.Sandbox, error) { return nil, f.call("Sandboxes", "") }
+func (f *fakeEngine) Sandbox(ctx context.Context, ref string) (meta.Sandbox, error) {
+	return meta.Sandbox{}, f.call("Sandbox", ref)
 }
-func (f *fakeEngine) Create(ctx context.Context, req v1.SandboxCreateRequest) (v1.Sandbox, error) {
-	return v1.Sandbox{}, f.call("Create", req.Image)
+func (f *fakeEngine) Create(ctx context.Context, req v1.SandboxCreateRequest) (meta.Sandbox, error) {
+	return meta.Sandbox{}, f.call("Create", req.Image)
 }
 func (f *fakeEngine) Remove(ctx context.Context, ref string) error { return f.call("Remove", ref) }
-func (f *fakeEngine) Stop(ctx context.Context, ref string) (v1.Sandbox, error) {
-	return v1.Sandbox{}, f.call("Stop", ref)
+func (f *fakeEngine) Stop(ctx context.Context, ref string) (meta.Sandbox, error) {
+	return meta.Sandbox{}, f.call("Stop", ref)
 }
-func (f *fakeEngine) Start(ctx context.Context, ref string) (v1.Sandbox, error) {
-	return v1.Sandbox{}, f.call("Start", ref)
+func (f *fakeEngine) Start(ctx context.Context, ref string) (meta.Sandbox, error) {
+	return meta.Sandbox{}, f.call("Start", ref)
 }
-func (f *fakeEngine) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error) {
-	return v1.Sandbox{}, f.call("Hibernate", ref)
+func (f *fakeEngine) Hibernate(ctx context.Context, ref string) (meta.Sandbox, error) {
+	return meta.Sandbox{}, f.call("Hibernate", ref)
 }
-func (f *fakeEngine) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
-	return v1.Sandbox{}, f.call("Resume", ref)
+func (f *fakeEngine) Resume(ctx context.Context, ref string) (meta.Sandbox, error) {
+	return meta.Sandbox{}, f.call("Resume", ref)
 }
 func (f *fakeEngine) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int, net.Conn, error) {
 	err := f.call("Exec", ref)
@@ -93,37 +96,37 @@ func (f *fakeEngine) Exec(ctx context.Context, ref string, req v1.ExecRequest) (
 	}
 	return 0, nil, err
 }
-func (f *fakeEngine) SessionRun(ctx context.Context, ref, session string, req v1.SessionRunRequest) (v1.SessionRunResult, error) {
-	return v1.SessionRunResult{}, f.call("SessionRun", ref)
+func (f *fakeEngine) SessionRun(ctx context.Context, ref, session string, req v1.SessionRunRequest) (meta.SessionRunResult, error) {
+	return meta.SessionRunResult{}, f.call("SessionRun", ref)
 }
 func (f *fakeEngine) SessionClose(ctx context.Context, ref, session string) error {
 	return f.call("SessionClose", ref)
 }
-func (f *fakeEngine) Checkpoints(ref string) ([]v1.Checkpoint, error) {
+func (f *fakeEngine) Checkpoints(ref string) ([]meta.Checkpoint, error) {
 	return nil, f.call("Checkpoints", ref)
 }
-func (f *fakeEngine) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (v1.Checkpoint, error) {
-	return v1.Checkpoint{}, f.call("Checkpoint", ref)
+func (f *fakeEngine) Checkpoint(ctx context.Context, ref string, req v1.CheckpointRequest) (meta.Checkpoint, error) {
+	return meta.Checkpoint{}, f.call("Checkpoint", ref)
 }
-func (f *fakeEngine) CheckpointInfo(ref string) (v1.Checkpoint, error) {
-	return v1.Checkpoint{}, f.call("CheckpointInfo", ref)
+func (f *fakeEngine) CheckpointInfo(ref string) (meta.Checkpoint, error) {
+	return meta.Checkpoint{}, f.call("CheckpointInfo", ref)
 }
-func (f *fakeEngine) VerifyCheckpoint(ref string) (v1.Checkpoint, error) {
-	return v1.Checkpoint{}, f.call("VerifyCheckpoint", ref)
+func (f *fakeEngine) VerifyCheckpoint(ref string) (meta.Checkpoint, error) {
+	return meta.Checkpoint{}, f.call("VerifyCheckpoint", ref)
 }
 func (f *fakeEngine) DeleteCheckpoint(ctx context.Context, ref string) error {
 	return f.call("DeleteCheckpoint", ref)
 }
-func (f *fakeEngine) RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (v1.RollbackResult, error) {
-	return v1.RollbackResult{}, f.call("RollbackWith", ref)
+func (f *fakeEngine) RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (meta.RollbackResult, error) {
+	return meta.RollbackResult{}, f.call("RollbackWith", ref)
 }
-func (f *fakeEngine) Fork(ctx context.Context, ref string, req v1.ForkRequest) (v1.ForkResult, error) {
-	return v1.ForkResult{}, f.call("Fork", ref+req.Checkpoint)
+func (f *fakeEngine) Fork(ctx context.Context, ref string, req v1.ForkRequest) (meta.ForkResult, error) {
+	return meta.ForkResult{}, f.call("Fork", ref+req.Checkpoint)
 }
-func (f *fakeEngine) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (v1.TurnResult, error) {
-	return v1.TurnResult{}, f.call("EndTurn", ref)
+func (f *fakeEngine) EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (meta.TurnResult, error) {
+	return meta.TurnResult{}, f.call("EndTurn", ref)
 }
-func (f *fakeEngine) Turns(ref string) ([]v1.TurnRecord, error) { return nil, f.call("Turns", ref) }
+func (f *fakeEngine) Turns(ref string) ([]meta.TurnRecord, error) { return nil, f.call("Turns", ref) }
 
 // fakeLLM is the fake's LLM endpoints, failing the same way.
 type fakeLLM struct{ f *fakeEngine }

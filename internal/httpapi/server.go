@@ -189,17 +189,17 @@ func reply[T any](w http.ResponseWriter, v T, err error) {
 }
 
 func (s *server) host(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.m.Host())
+	writeJSON(w, http.StatusOK, toHost(s.m.Host()))
 }
 
 func (s *server) images(w http.ResponseWriter, r *http.Request) {
 	l, err := s.m.Images()
-	reply(w, l, err)
+	reply(w, toImages(l), err)
 }
 
 func (s *server) image(w http.ResponseWriter, r *http.Request) {
 	img, err := s.m.Image(r.PathValue("name"))
-	reply(w, img, err)
+	reply(w, toImage(img), err)
 }
 
 func (s *server) imageRemove(w http.ResponseWriter, r *http.Request) {
@@ -260,7 +260,8 @@ func (s *server) imageBuild(w http.ResponseWriter, r *http.Request) {
 		pw.final(v1.Progress{Error: &v1.Error{Kind: kind, Message: err.Error()}})
 		return
 	}
-	pw.final(v1.Progress{Image: &img})
+	wire := toImage(img)
+	pw.final(v1.Progress{Image: &wire})
 }
 
 func (s *server) imageImport(w http.ResponseWriter, r *http.Request) {
@@ -270,12 +271,12 @@ func (s *server) imageImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	img, err := s.m.ImportImage(r.Context(), req)
-	reply(w, img, err)
+	reply(w, toImage(img), err)
 }
 
 func (s *server) sandboxes(w http.ResponseWriter, r *http.Request) {
 	l, err := s.m.Sandboxes()
-	reply(w, l, err)
+	reply(w, toSandboxes(l), err)
 }
 
 func (s *server) create(w http.ResponseWriter, r *http.Request) {
@@ -285,12 +286,12 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sb, err := s.m.Create(r.Context(), req)
-	reply(w, sb, err)
+	reply(w, toSandbox(sb), err)
 }
 
 func (s *server) sandbox(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.m.Sandbox(r.Context(), r.PathValue("id"))
-	reply(w, sb, err)
+	reply(w, toSandbox(sb), err)
 }
 
 func (s *server) remove(w http.ResponseWriter, r *http.Request) {
@@ -325,12 +326,12 @@ func (s *server) llmRemove(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) stop(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.m.Stop(r.Context(), r.PathValue("id"))
-	reply(w, sb, err)
+	reply(w, toSandbox(sb), err)
 }
 
 func (s *server) start(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.m.Start(r.Context(), r.PathValue("id"))
-	reply(w, sb, err)
+	reply(w, toSandbox(sb), err)
 }
 
 // exec runs a command. A detached exec answers with JSON. Otherwise the
@@ -413,7 +414,7 @@ func (s *server) sessionRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.m.SessionRun(r.Context(), r.PathValue("id"), r.PathValue("name"), req)
-	reply(w, res, err)
+	reply(w, toSessionRunResult(res), err)
 }
 
 func (s *server) sessionClose(w http.ResponseWriter, r *http.Request) {
@@ -426,7 +427,7 @@ func (s *server) sessionClose(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) checkpoints(w http.ResponseWriter, r *http.Request) {
 	l, err := s.m.Checkpoints(r.PathValue("id"))
-	reply(w, l, err)
+	reply(w, toCheckpoints(l), err)
 }
 
 func (s *server) checkpoint(w http.ResponseWriter, r *http.Request) {
@@ -439,11 +440,11 @@ func (s *server) checkpoint(w http.ResponseWriter, r *http.Request) {
 		// auto ends the turn: the inspector decides the kind (decode
 		// checked the request: no --keep, no --wait).
 		res, err := s.m.EndTurn(r.Context(), r.PathValue("id"), v1.TurnRequest{Label: req.Label})
-		reply(w, res, err)
+		reply(w, toTurnResult(res), err)
 		return
 	}
 	ck, err := s.m.Checkpoint(r.Context(), r.PathValue("id"), req)
-	reply(w, ck, err)
+	reply(w, toCheckpoint(ck), err)
 }
 
 func (s *server) turn(w http.ResponseWriter, r *http.Request) {
@@ -453,20 +454,21 @@ func (s *server) turn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.m.EndTurn(r.Context(), r.PathValue("id"), req)
-	reply(w, res, err)
+	reply(w, toTurnResult(res), err)
 }
 
 func (s *server) turns(w http.ResponseWriter, r *http.Request) {
 	l, err := s.m.Turns(r.PathValue("id"))
-	if l == nil {
-		l = []v1.TurnRecord{}
+	wire := toTurnRecords(l)
+	if wire == nil {
+		wire = []v1.TurnRecord{}
 	}
-	reply(w, l, err)
+	reply(w, wire, err)
 }
 
 func (s *server) checkpointInfo(w http.ResponseWriter, r *http.Request) {
 	ck, err := s.m.CheckpointInfo(r.PathValue("id"))
-	reply(w, ck, err)
+	reply(w, toCheckpoint(ck), err)
 }
 
 func (s *server) checkpointDelete(w http.ResponseWriter, r *http.Request) {
@@ -480,7 +482,7 @@ func (s *server) rollback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.m.RollbackWith(r.Context(), r.PathValue("id"), req)
-	reply(w, res, err)
+	reply(w, toRollbackResult(res), err)
 }
 
 func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request) {
@@ -490,7 +492,7 @@ func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.m.Fork(r.Context(), r.PathValue("id"), req)
-	reply(w, res, err)
+	reply(w, toForkResult(res), err)
 }
 
 func (s *server) forkCheckpoint(w http.ResponseWriter, r *http.Request) {
@@ -501,20 +503,20 @@ func (s *server) forkCheckpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Checkpoint = r.PathValue("id")
 	res, err := s.m.Fork(r.Context(), "", req)
-	reply(w, res, err)
+	reply(w, toForkResult(res), err)
 }
 
 func (s *server) hibernate(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.m.Hibernate(r.Context(), r.PathValue("id"))
-	reply(w, sb, err)
+	reply(w, toSandbox(sb), err)
 }
 
 func (s *server) resume(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.m.Resume(r.Context(), r.PathValue("id"))
-	reply(w, sb, err)
+	reply(w, toSandbox(sb), err)
 }
 
 func (s *server) checkpointVerify(w http.ResponseWriter, r *http.Request) {
 	ck, err := s.m.VerifyCheckpoint(r.PathValue("id"))
-	reply(w, ck, err)
+	reply(w, toCheckpoint(ck), err)
 }

@@ -9,6 +9,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/inspect"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 // observation is what a turn did, before the decision.
@@ -18,13 +19,13 @@ type observation struct {
 	procs       map[int]procInfo
 	sessions    map[string]string
 	sessionPids map[int]bool
-	longLived   []v1.LongLivedChange
-	sessChanges []v1.SessionChange
+	longLived   []meta.LongLivedChange
+	sessChanges []meta.SessionChange
 }
 
 // decide classifies an observation.
-func decide(obs observation, ignore []string) (string, []string, v1.TurnEffects) {
-	var eff v1.TurnEffects
+func decide(obs observation, ignore []string) (string, []string, meta.TurnEffects) {
+	var eff meta.TurnEffects
 	reasons := append([]string(nil), obs.force...)
 	full := len(reasons) > 0
 	files := 0
@@ -33,7 +34,7 @@ func decide(obs observation, ignore []string) (string, []string, v1.TurnEffects)
 			eff.IgnoredFiles++
 			continue
 		}
-		eff.Files = append(eff.Files, v1.FileEffect{Path: f.Path, Ops: f.Ops, FS: f.FS})
+		eff.Files = append(eff.Files, meta.FileEffect{Path: f.Path, Ops: f.Ops, FS: f.FS})
 		switch f.FS {
 		case "", "btrfs":
 			files++
@@ -46,10 +47,10 @@ func decide(obs observation, ignore []string) (string, []string, v1.TurnEffects)
 		}
 	}
 	for _, p := range obs.effects.Processes {
-		eff.Processes = append(eff.Processes, v1.ProcessEffect{Op: p.Op, Pid: p.Pid, PPid: p.PPid, Comm: p.Comm, Path: p.Path})
+		eff.Processes = append(eff.Processes, meta.ProcessEffect{Op: p.Op, Pid: p.Pid, PPid: p.PPid, Comm: p.Comm, Path: p.Path})
 	}
 	for _, s := range obs.effects.Sockets {
-		eff.Sockets = append(eff.Sockets, v1.SocketEffect{Op: s.Op, Pid: s.Pid, Family: s.Family, Addr: s.Addr})
+		eff.Sockets = append(eff.Sockets, meta.SocketEffect{Op: s.Op, Pid: s.Pid, Family: s.Family, Addr: s.Addr})
 	}
 	eff.Unknown = append(eff.Unknown, obs.effects.Unknown...)
 	if obs.effects.Lost > 0 {

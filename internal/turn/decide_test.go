@@ -5,6 +5,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/inspect"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 func TestIgnored(t *testing.T) {
@@ -52,8 +53,8 @@ func TestDecide(t *testing.T) {
 		{"procfs write", observation{effects: inspect.Effects{Files: []inspect.FileEffect{file("/proc/self/oom_score_adj", "proc", "write")}}}, v1.DecisionFull},
 		{"unknown", observation{effects: inspect.Effects{Unknown: []string{"mount"}}}, v1.DecisionFull},
 		{"lost events", observation{effects: inspect.Effects{Lost: 3}}, v1.DecisionFull},
-		{"long-lived ran", observation{longLived: []v1.LongLivedChange{{Pid: 5, Comm: "python3", Change: "ran"}}}, v1.DecisionFull},
-		{"session changed", observation{sessChanges: []v1.SessionChange{{Name: "s", Change: "changed"}}}, v1.DecisionFull},
+		{"long-lived ran", observation{longLived: []meta.LongLivedChange{{Pid: 5, Comm: "python3", Change: "ran"}}}, v1.DecisionFull},
+		{"session changed", observation{sessChanges: []meta.SessionChange{{Name: "s", Change: "changed"}}}, v1.DecisionFull},
 		{"forced", observation{force: []string{"no baseline"}}, v1.DecisionFull},
 	}
 	for _, c := range cases {

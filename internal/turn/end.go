@@ -8,6 +8,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/inspect"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
 )
 
@@ -24,7 +25,7 @@ type End struct {
 	dry   bool
 
 	obs observation
-	res v1.TurnResult
+	res meta.TurnResult
 
 	// Filled by Frozen, inside the checkpoint's frozen window.
 	frozenEffects inspect.Effects
@@ -55,7 +56,7 @@ func (t *Tracker) Begin(ctx context.Context, id string, init sandbox.Init, head 
 		t.beginEnd(ts)
 	}
 	e.obs = t.observe(ctx, id, init, ts)
-	e.res = v1.TurnResult{Sandbox: id, Turn: ts.n, Head: head}
+	e.res = meta.TurnResult{Sandbox: id, Turn: ts.n, Head: head}
 	e.res.Decision, e.res.Reasons, e.res.Effects = decide(e.obs, append(append([]string(nil), ts.ignore...), req.Ignore...))
 	e.res.DecideMS = ms(time.Since(began))
 	return e
@@ -63,7 +64,7 @@ func (t *Tracker) Begin(ctx context.Context, id string, init sandbox.Init, head 
 
 // Result is the decision: the turn's number, effects, decision and
 // reasons.
-func (e *End) Result() v1.TurnResult { return e.res }
+func (e *End) Result() meta.TurnResult { return e.res }
 
 // Close releases the sandbox's turn state.
 //
@@ -77,7 +78,7 @@ func (e *End) Close() {
 
 // Keep ends nothing: what was collected counts for the current turn
 // still (a dry run, or a checkpoint that could not start).
-func (e *End) Keep() v1.TurnResult {
+func (e *End) Keep() meta.TurnResult {
 	e.ts.carry = e.obs.effects
 	e.ts.force = e.obs.force
 	res := e.res
@@ -115,7 +116,7 @@ func (e *End) Fail(err error) {
 // Commit ends the turn with ck, its checkpoint (zero for a decision of
 // none): it takes the next turn's baseline, records the turn in the log
 // and returns the result.
-func (e *End) Commit(ck v1.Checkpoint) v1.TurnResult {
+func (e *End) Commit(ck meta.Checkpoint) meta.TurnResult {
 	res, ts := e.res, e.ts
 	if res.Decision != v1.DecisionNone {
 		id := ck.ID
@@ -127,7 +128,7 @@ func (e *End) Commit(ck v1.Checkpoint) v1.TurnResult {
 	cmds := ts.commands
 	ts.commands = nil
 	e.t.mu.Unlock()
-	e.t.record(v1.TurnRecord{TurnResult: res, Started: ts.started, Ended: time.Now().UTC(), Commands: cmds})
+	e.t.record(meta.TurnRecord{TurnResult: res, Started: ts.started, Ended: time.Now().UTC(), Commands: cmds})
 	ts.n++
 	ts.started = time.Now()
 	return res

@@ -10,10 +10,10 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
-// The turn log: one record per ended turn in bucket store.Turns, keyed
+// The turn log: one record per ended turn in bucket meta.Turns, keyed
 // "<sandbox>/<turn number, 9 digits>" so that a prefix scan lists a
 // sandbox's turns oldest first.
 
@@ -22,7 +22,7 @@ func turnKey(id string, n int) string { return fmt.Sprintf("%s/%09d", id, n) }
 // lastTurn is the number of sandbox id's last logged turn (0: none).
 func (t *Tracker) lastTurn(id string) int {
 	last := 0
-	_ = t.cfg.DB.ForEachPrefix(store.Turns, id+"/", func(k string, _ []byte) error {
+	_ = t.cfg.DB.ForEachPrefix(meta.Turns, id+"/", func(k string, _ []byte) error {
 		if n, err := strconv.Atoi(strings.TrimPrefix(k, id+"/")); err == nil && n > last {
 			last = n
 		}
@@ -33,18 +33,18 @@ func (t *Tracker) lastTurn(id string) int {
 
 // record writes an ended turn to the log; a failure is logged, not
 // returned: the turn's checkpoint is taken either way.
-func (t *Tracker) record(tr v1.TurnRecord) {
-	if err := t.cfg.DB.Put(store.Turns, turnKey(tr.Sandbox, tr.Turn), tr); err != nil {
+func (t *Tracker) record(tr meta.TurnRecord) {
+	if err := t.cfg.DB.Put(meta.Turns, turnKey(tr.Sandbox, tr.Turn), tr); err != nil {
 		t.cfg.Log.Warn("turn not recorded", "sandbox", tr.Sandbox, "turn", tr.Turn, "err", err)
 	}
 }
 
 // Log lists sandbox id's turn log, oldest first.
-func (t *Tracker) Log(id string) ([]v1.TurnRecord, error) {
-	var out []v1.TurnRecord
-	err := t.cfg.DB.ForEachPrefix(store.Turns, id+"/", func(_ string, b []byte) error {
-		var tr v1.TurnRecord
-		if err := store.Unmarshal(b, &tr); err != nil {
+func (t *Tracker) Log(id string) ([]meta.TurnRecord, error) {
+	var out []meta.TurnRecord
+	err := t.cfg.DB.ForEachPrefix(meta.Turns, id+"/", func(_ string, b []byte) error {
+		var tr meta.TurnRecord
+		if err := meta.Unmarshal(b, &tr); err != nil {
 			return err
 		}
 		out = append(out, tr)
@@ -54,19 +54,19 @@ func (t *Tracker) Log(id string) ([]v1.TurnRecord, error) {
 }
 
 // RecordLLM attaches an LLM call to the record of the turn it ended.
-func (t *Tracker) RecordLLM(id string, turn int, c v1.LLMCall) error {
+func (t *Tracker) RecordLLM(id string, turn int, c meta.LLMCall) error {
 	if ts := t.of(id); ts != nil {
 		// Waits for a turn end in progress to have written its record.
 		ts.mu.Lock()
 		defer ts.mu.Unlock()
 	}
-	return t.cfg.DB.Update(func(tx *store.Tx) error {
-		var tr v1.TurnRecord
-		if err := tx.Get(store.Turns, turnKey(id, turn), &tr); err != nil {
+	return t.cfg.DB.Update(func(tx *meta.Tx) error {
+		var tr meta.TurnRecord
+		if err := tx.Get(meta.Turns, turnKey(id, turn), &tr); err != nil {
 			return err
 		}
 		tr.LLM = append(tr.LLM, c)
-		return tx.Put(store.Turns, turnKey(id, turn), tr)
+		return tx.Put(meta.Turns, turnKey(id, turn), tr)
 	})
 }
 
@@ -75,7 +75,7 @@ func (t *Tracker) RecordLLM(id string, turn int, c v1.LLMCall) error {
 const keepOutput = 64 << 10
 
 // Record appends a command to the sandbox's current turn.
-func (t *Tracker) Record(id string, c v1.TurnCommand) {
+func (t *Tracker) Record(id string, c meta.TurnCommand) {
 	ts := t.of(id)
 	if ts == nil {
 		return
@@ -95,7 +95,7 @@ func (t *Tracker) Record(id string, c v1.TurnCommand) {
 // the command, its output (the first 64 KiB of each stream) and its exit
 // status are appended to the sandbox's turn log.
 func (t *Tracker) Recording(id string, c net.Conn, args []string) net.Conn {
-	return &recConn{Conn: c, t: t, id: id, cmd: v1.TurnCommand{Time: time.Now().UTC(), Args: args, ExitCode: -1}}
+	return &recConn{Conn: c, t: t, id: id, cmd: meta.TurnCommand{Time: time.Now().UTC(), Args: args, ExitCode: -1}}
 }
 
 type recConn struct {
@@ -104,7 +104,7 @@ type recConn struct {
 	id   string
 	mu   sync.Mutex
 	buf  []byte // an incomplete frame
-	cmd  v1.TurnCommand
+	cmd  meta.TurnCommand
 	once sync.Once
 }
 

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sort"
 
-	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
 )
 
@@ -46,20 +46,20 @@ func (t *Tracker) observe(ctx context.Context, id string, init sandbox.Init, ts 
 }
 
 // sessionChanges compares the sessions' digests with the baseline's.
-func sessionChanges(before, now map[string]string) []v1.SessionChange {
-	var out []v1.SessionChange
+func sessionChanges(before, now map[string]string) []meta.SessionChange {
+	var out []meta.SessionChange
 	for name, d := range now {
 		prev, ok := before[name]
 		switch {
 		case !ok:
-			out = append(out, v1.SessionChange{Name: name, Change: "created"})
+			out = append(out, meta.SessionChange{Name: name, Change: "created"})
 		case prev != d:
-			out = append(out, v1.SessionChange{Name: name, Change: "changed"})
+			out = append(out, meta.SessionChange{Name: name, Change: "changed"})
 		}
 	}
 	for name := range before {
 		if _, ok := now[name]; !ok {
-			out = append(out, v1.SessionChange{Name: name, Change: "closed"})
+			out = append(out, meta.SessionChange{Name: name, Change: "closed"})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -67,8 +67,8 @@ func sessionChanges(before, now map[string]string) []v1.SessionChange {
 }
 
 // longLivedChanges compares the long-lived processes with the baseline's.
-func longLivedChanges(before, now map[int]procInfo) []v1.LongLivedChange {
-	var out []v1.LongLivedChange
+func longLivedChanges(before, now map[int]procInfo) []meta.LongLivedChange {
+	var out []meta.LongLivedChange
 	for pid, p := range now {
 		if p.role != roleOther {
 			continue
@@ -76,12 +76,12 @@ func longLivedChanges(before, now map[int]procInfo) []v1.LongLivedChange {
 		prev, ok := before[pid]
 		switch {
 		case !ok || prev.start != p.start:
-			out = append(out, v1.LongLivedChange{Pid: pid, Comm: p.comm, Change: "started"})
+			out = append(out, meta.LongLivedChange{Pid: pid, Comm: p.comm, Change: "started"})
 		case prev.role != roleOther:
 			// A session's shell no longer a session (closed): counted
 			// as a session change.
 		case p.cpu != prev.cpu || p.slices != prev.slices || p.running:
-			out = append(out, v1.LongLivedChange{Pid: pid, Comm: p.comm, Change: "ran"})
+			out = append(out, meta.LongLivedChange{Pid: pid, Comm: p.comm, Change: "ran"})
 		}
 	}
 	for pid, prev := range before {
@@ -89,7 +89,7 @@ func longLivedChanges(before, now map[int]procInfo) []v1.LongLivedChange {
 			continue
 		}
 		if p, ok := now[pid]; !ok || p.start != prev.start {
-			out = append(out, v1.LongLivedChange{Pid: pid, Comm: prev.comm, Change: "exited"})
+			out = append(out, meta.LongLivedChange{Pid: pid, Comm: prev.comm, Change: "exited"})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })

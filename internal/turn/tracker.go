@@ -9,17 +9,16 @@ import (
 	"sync/atomic"
 	"time"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/inspect"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
-	"github.com/molt-sh/molt/internal/store"
 )
 
 // Config is what a Tracker needs of the engine.
 type Config struct {
-	// DB holds the turn log (bucket store.Turns).
-	DB *store.DB
+	// DB holds the turn log (bucket meta.Turns).
+	DB *meta.DB
 	// Log gets what cannot be returned (a watch that cannot be set up,
 	// a turn record that cannot be written).
 	Log *slog.Logger
@@ -66,7 +65,7 @@ type state struct {
 	// turn end. ending counts turn ends in progress; endDone is closed
 	// when it drops to zero. Commands wait for it (they belong to the
 	// next turn).
-	commands []v1.TurnCommand
+	commands []meta.TurnCommand
 	ending   int
 	endDone  chan struct{}
 }
@@ -373,7 +372,7 @@ func (t *Tracker) finishEnd(ts *state) {
 
 // Outcome is the result of an asynchronous turn end.
 type Outcome struct {
-	Result v1.TurnResult
+	Result meta.TurnResult
 	Err    error
 }
 
@@ -381,7 +380,7 @@ type Outcome struct {
 // background with the Tracker's context. Commands of the sandbox sent
 // after Async returns wait until end is done (id "": the sandbox is
 // unknown, end reports that).
-func (t *Tracker) Async(id string, end func(context.Context) (v1.TurnResult, error)) <-chan Outcome {
+func (t *Tracker) Async(id string, end func(context.Context) (meta.TurnResult, error)) <-chan Outcome {
 	out := make(chan Outcome, 1)
 	ts := t.of(id)
 	if ts != nil {

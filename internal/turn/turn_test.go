@@ -17,7 +17,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/inspect"
-	"github.com/molt-sh/molt/internal/store"
+	"github.com/molt-sh/molt/internal/meta"
 )
 
 func TestSamePos(t *testing.T) {
@@ -70,7 +70,7 @@ func TestMergeEffects(t *testing.T) {
 
 func TestChanges(t *testing.T) {
 	sess := sessionChanges(map[string]string{"a": "1", "b": "2", "c": "3"}, map[string]string{"a": "1", "b": "9", "d": "4"})
-	wantSess := []v1.SessionChange{{Name: "b", Change: "changed"}, {Name: "c", Change: "closed"}, {Name: "d", Change: "created"}}
+	wantSess := []meta.SessionChange{{Name: "b", Change: "changed"}, {Name: "c", Change: "closed"}, {Name: "d", Change: "created"}}
 	if !reflect.DeepEqual(sess, wantSess) {
 		t.Errorf("sessions: %+v, want %+v", sess, wantSess)
 	}
@@ -91,7 +91,7 @@ func TestChanges(t *testing.T) {
 		15: {start: 9, comm: "new", running: true},
 	}
 	got := longLivedChanges(before, now)
-	want := []v1.LongLivedChange{
+	want := []meta.LongLivedChange{
 		{Pid: 11, Comm: "busy", Change: "ran"},
 		{Pid: 12, Comm: "gone", Change: "exited"},
 		{Pid: 13, Comm: "reused", Change: "started"},
@@ -127,7 +127,7 @@ func frame(typ byte, payload []byte) []byte {
 
 func newTracker(t *testing.T) *Tracker {
 	t.Helper()
-	db, err := store.Open(filepath.Join(t.TempDir(), "molt.db"))
+	db, err := meta.Open(filepath.Join(t.TempDir(), "molt.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestLog(t *testing.T) {
 		id string
 		n  int
 	}{{"s", 2}, {"s", 10}, {"s", 1}, {"s2", 5}} {
-		tr.record(v1.TurnRecord{TurnResult: v1.TurnResult{Sandbox: r.id, Turn: r.n, Decision: v1.DecisionNone}})
+		tr.record(meta.TurnRecord{TurnResult: meta.TurnResult{Sandbox: r.id, Turn: r.n, Decision: v1.DecisionNone}})
 	}
 	l, err := tr.Log("s")
 	if err != nil {
@@ -211,13 +211,13 @@ func TestLog(t *testing.T) {
 	if n := tr.lastTurn("s"); n != 10 {
 		t.Fatalf("last turn %d, want 10", n)
 	}
-	if err := tr.RecordLLM("s", 2, v1.LLMCall{Model: "m"}); err != nil {
+	if err := tr.RecordLLM("s", 2, meta.LLMCall{Model: "m"}); err != nil {
 		t.Fatal(err)
 	}
 	if l, _ := tr.Log("s"); len(l[1].LLM) != 1 || l[1].LLM[0].Model != "m" || len(l[0].LLM) != 0 {
 		t.Fatalf("LLM call not on turn 2: %+v", l)
 	}
-	if err := tr.RecordLLM("s", 3, v1.LLMCall{}); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := tr.RecordLLM("s", 3, meta.LLMCall{}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("LLM call on an unlogged turn: %v", err)
 	}
 	if err := tr.SetIgnore("s", []string{"tmp"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -234,10 +234,10 @@ func TestAsyncGateClose(t *testing.T) {
 	tr := newTracker(t)
 	tr.m["s"] = &state{}
 	started := make(chan struct{})
-	out := tr.Async("s", func(ctx context.Context) (v1.TurnResult, error) {
+	out := tr.Async("s", func(ctx context.Context) (meta.TurnResult, error) {
 		close(started)
 		<-ctx.Done()
-		return v1.TurnResult{}, ctx.Err()
+		return meta.TurnResult{}, ctx.Err()
 	})
 	<-started
 	cctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -255,9 +255,9 @@ func TestAsyncGateClose(t *testing.T) {
 	if err := tr.Gate(context.Background(), "s"); err != nil {
 		t.Fatalf("gate after the turn end: %v", err)
 	}
-	if o := <-tr.Async("s", func(context.Context) (v1.TurnResult, error) {
+	if o := <-tr.Async("s", func(context.Context) (meta.TurnResult, error) {
 		t.Error("turn end ran after Close")
-		return v1.TurnResult{}, nil
+		return meta.TurnResult{}, nil
 	}); !errors.Is(o.Err, errdefs.ErrUnavailable) {
 		t.Fatalf("turn end after close: %v", o.Err)
 	}

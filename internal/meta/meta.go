@@ -1,4 +1,4 @@
-// Package store keeps molt's metadata in an embedded bbolt database.
+// Package meta keeps molt's metadata in an embedded bbolt database.
 //
 // Records are JSON documents in one bucket per kind, keyed by ID. Each
 // Put is one bbolt transaction, fsynced before it returns, so a record
@@ -19,7 +19,7 @@
 // bucket (index.go): lookups by a record's value (the checkpoints of a
 // sandbox) read only the records that have it, and the entries are
 // written in the transaction that writes the record.
-package store
+package meta
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package store
+package meta
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package store
+package meta
 
 // A Bucket names a bucket whose records are of type T, so that a record
 // is written and read as the one type (a checkpoint's record cannot be put

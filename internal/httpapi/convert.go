@@ -1,0 +1,117 @@
+package httpapi
+
+import (
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/meta"
+)
+
+// Conversions from the engine's domain types (internal/meta) to the wire
+// types of api/v1: the one place the two meet, so that either can change
+// without the other (and the database format, which is meta's, does not
+// follow the wire). Types whose fields are the same on both sides convert
+// with Go's struct conversion, which stops compiling as soon as one side
+// has a field the other lacks; the others map field by field, and
+// TestConvertCoversEveryField fails when a wire field is left unmapped.
+//
+// The requests stay wire types: the engine takes them as decoded and
+// validated (v1's Validate), and a domain copy of each would add a
+// conversion without a difference. The constants (states, kinds, tiers,
+// decisions) are api/v1's on both sides.
+
+// mapSlice converts each element; nil stays nil (JSON null, not []).
+func mapSlice[A, B any](l []A, f func(A) B) []B {
+	if l == nil {
+		return nil
+	}
+	out := make([]B, len(l))
+	for i, a := range l {
+		out[i] = f(a)
+	}
+	return out
+}
+
+func toImage(i meta.Image) v1.Image { return v1.Image(i) }
+
+func toImages(l []meta.Image) []v1.Image { return mapSlice(l, toImage) }
+
+func toSandbox(s meta.Sandbox) v1.Sandbox {
+	return v1.Sandbox{
+		ID: s.ID, Name: s.Name, Image: s.Image, Hostname: s.Hostname,
+		State: s.State, Reason: s.Reason, Created: s.Created, Pid: s.Pid,
+		Env:       s.Env,
+		Resources: v1.Resources(s.Resources),
+		Seccomp:   s.Seccomp, Head: s.Head, ForkedFrom: s.ForkedFrom,
+		Standby: s.Standby, Standbys: s.Standbys, StandbyBytes: s.StandbyBytes,
+		Sessions:    mapSlice(s.Sessions, func(x meta.Session) v1.Session { return v1.Session(x) }),
+		MemoryBytes: s.MemoryBytes, Processes: s.Processes, DiskUsedBytes: s.DiskUsedBytes,
+		LimitsTampered: s.LimitsTampered,
+		LastTampered:   (*v1.LimitsTampered)(s.LastTampered),
+	}
+}
+
+func toSandboxes(l []meta.Sandbox) []v1.Sandbox { return mapSlice(l, toSandbox) }
+
+func toCheckpoint(c meta.Checkpoint) v1.Checkpoint {
+	return v1.Checkpoint{
+		ID: c.ID, Sandbox: c.Sandbox, Parent: c.Parent, Kind: c.Kind, Label: c.Label,
+		Created: c.Created, StallMS: c.StallMS, DurationMS: c.DurationMS,
+		Capture: c.Capture, CaptureNote: c.CaptureNote,
+		StallParts:   (*v1.StallParts)(c.StallParts),
+		BytesWritten: c.BytesWritten, ImageBytes: c.ImageBytes, Keep: c.Keep,
+		Pending: c.Pending, Failed: c.Failed, FailedReason: c.FailedReason,
+	}
+}
+
+func toCheckpoints(l []meta.Checkpoint) []v1.Checkpoint { return mapSlice(l, toCheckpoint) }
+
+func toTurnEffects(e meta.TurnEffects) v1.TurnEffects {
+	return v1.TurnEffects{
+		Files:        mapSlice(e.Files, func(x meta.FileEffect) v1.FileEffect { return v1.FileEffect(x) }),
+		Processes:    mapSlice(e.Processes, func(x meta.ProcessEffect) v1.ProcessEffect { return v1.ProcessEffect(x) }),
+		Sockets:      mapSlice(e.Sockets, func(x meta.SocketEffect) v1.SocketEffect { return v1.SocketEffect(x) }),
+		LongLived:    mapSlice(e.LongLived, func(x meta.LongLivedChange) v1.LongLivedChange { return v1.LongLivedChange(x) }),
+		Sessions:     mapSlice(e.Sessions, func(x meta.SessionChange) v1.SessionChange { return v1.SessionChange(x) }),
+		Unknown:      e.Unknown,
+		IgnoredFiles: e.IgnoredFiles,
+	}
+}
+
+func toTurnResult(r meta.TurnResult) v1.TurnResult {
+	return v1.TurnResult{
+		Sandbox: r.Sandbox, Turn: r.Turn, Decision: r.Decision, Checkpoint: r.Checkpoint,
+		Head: r.Head, Reasons: r.Reasons, Effects: toTurnEffects(r.Effects),
+		DecideMS: r.DecideMS, StallMS: r.StallMS, DurationMS: r.DurationMS, Pending: r.Pending,
+	}
+}
+
+func toTurnRecord(r meta.TurnRecord) v1.TurnRecord {
+	return v1.TurnRecord{
+		TurnResult: toTurnResult(r.TurnResult),
+		Started:    r.Started, Ended: r.Ended,
+		Commands: mapSlice(r.Commands, func(x meta.TurnCommand) v1.TurnCommand { return v1.TurnCommand(x) }),
+		LLM:      mapSlice(r.LLM, func(x meta.LLMCall) v1.LLMCall { return v1.LLMCall(x) }),
+	}
+}
+
+func toTurnRecords(l []meta.TurnRecord) []v1.TurnRecord { return mapSlice(l, toTurnRecord) }
+
+func toHost(h meta.Host) v1.Host {
+	return v1.Host{
+		Version: h.Version, Kernel: h.Kernel, Root: h.Root,
+		Pool:      v1.Pool(h.Pool),
+		Cgroup:    h.Cgroup,
+		Features:  mapSlice(h.Features, func(x meta.Feature) v1.Feature { return v1.Feature(x) }),
+		Sandboxes: h.Sandboxes, Started: h.Started,
+	}
+}
+
+func toSessionRunResult(r meta.SessionRunResult) v1.SessionRunResult { return v1.SessionRunResult(r) }
+
+func toRollbackResult(r meta.RollbackResult) v1.RollbackResult { return v1.RollbackResult(r) }
+
+func toForkResult(r meta.ForkResult) v1.ForkResult {
+	return v1.ForkResult{
+		Checkpoint: r.Checkpoint, Sandboxes: toSandboxes(r.Sandboxes),
+		DurationMS: r.DurationMS, ForksPerSecond: r.ForksPerSecond, Reseeded: r.Reseeded,
+	}
+}

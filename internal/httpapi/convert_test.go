@@ -1,0 +1,168 @@
+package httpapi
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/molt-sh/molt/internal/meta"
+)
+
+// TestConvertCoversEveryField fills every field of a domain value, each
+// with a value of its own, converts it to the wire type and checks every
+// field of the wire value, at every depth: it must be set, from the
+// domain field of the same name (a wire field with no such field has no
+// mapping and fails here, as does one the conversion forgot or swapped).
+// The conversions go one way (the engine never takes these types from the
+// wire), so there is no round trip to check.
+func TestConvertCoversEveryField(t *testing.T) {
+	cases := []struct {
+		name    string
+		domain  any
+		convert func(any) any
+	}{
+		{"Image", meta.Image{}, func(v any) any { return toImage(v.(meta.Image)) }},
+		{"Sandbox", meta.Sandbox{}, func(v any) any { return toSandbox(v.(meta.Sandbox)) }},
+		{"Checkpoint", meta.Checkpoint{}, func(v any) any { return toCheckpoint(v.(meta.Checkpoint)) }},
+		{"TurnResult", meta.TurnResult{}, func(v any) any { return toTurnResult(v.(meta.TurnResult)) }},
+		{"TurnRecord", meta.TurnRecord{}, func(v any) any { return toTurnRecord(v.(meta.TurnRecord)) }},
+		{"Host", meta.Host{}, func(v any) any { return toHost(v.(meta.Host)) }},
+		{"SessionRunResult", meta.SessionRunResult{}, func(v any) any { return toSessionRunResult(v.(meta.SessionRunResult)) }},
+		{"RollbackResult", meta.RollbackResult{}, func(v any) any { return toRollbackResult(v.(meta.RollbackResult)) }},
+		{"ForkResult", meta.ForkResult{}, func(v any) any { return toForkResult(v.(meta.ForkResult)) }},
+	}
+	for _, c := range cases {
+		d := reflect.New(reflect.TypeOf(c.domain)).Elem()
+		n := 0
+		fill(d, c.name, &n)
+		w := reflect.ValueOf(c.convert(d.Interface()))
+		for _, p := range mismatches(d, w, c.name) {
+			t.Errorf("%s", p)
+		}
+	}
+}
+
+// TestConvertKeepsNil: an empty list stays null on the wire, as the
+// engine's value was before the conversion existed.
+func TestConvertKeepsNil(t *testing.T) {
+	if toSandboxes(nil) != nil || toSandbox(meta.Sandbox{}).Sessions != nil {
+		t.Error("nil list converted to an empty one")
+	}
+	if l := toSandboxes([]meta.Sandbox{}); l == nil || len(l) != 0 {
+		t.Errorf("empty list converted to %#v", l)
+	}
+}
+
+// TestCoverageCheckFails: the check above sees a field left unmapped.
+func TestCoverageCheckFails(t *testing.T) {
+	var sb meta.Sandbox
+	n := 0
+	fill(reflect.ValueOf(&sb).Elem(), "Sandbox", &n)
+	w := toSandbox(sb)
+	w.ForkedFrom = ""
+	w.Resources.DiskBytes = 0
+	if p := mismatches(reflect.ValueOf(sb), reflect.ValueOf(w), "Sandbox"); len(p) != 2 {
+		t.Errorf("two fields dropped, check found %q", p)
+	}
+}
+
+// mismatches walks the wire value w against the domain value d.
+func mismatches(d, w reflect.Value, path string) []string {
+	if w.Type() == reflect.TypeOf(time.Time{}) {
+		if d.Type() != w.Type() || !d.Interface().(time.Time).Equal(w.Interface().(time.Time)) || w.IsZero() {
+			return []string{fmt.Sprintf("%s: %v, want %v", path, w, d)}
+		}
+		return nil
+	}
+	if w.Kind() != d.Kind() {
+		return []string{fmt.Sprintf("%s: wire %s, domain %s", path, w.Kind(), d.Kind())}
+	}
+	switch w.Kind() {
+	case reflect.Struct:
+		var out []string
+		for i := 0; i < w.NumField(); i++ {
+			f := w.Type().Field(i)
+			df := d.FieldByName(f.Name)
+			if !df.IsValid() {
+				out = append(out, fmt.Sprintf("%s.%s: no domain field of that name", path, f.Name))
+				continue
+			}
+			out = append(out, mismatches(df, w.Field(i), path+"."+f.Name)...)
+		}
+		return out
+	case reflect.Pointer:
+		if w.IsNil() || d.IsNil() {
+			return []string{fmt.Sprintf("%s: nil", path)}
+		}
+		return mismatches(d.Elem(), w.Elem(), path)
+	case reflect.Slice:
+		if w.Len() == 0 || w.Len() != d.Len() {
+			return []string{fmt.Sprintf("%s: %d elements, want %d", path, w.Len(), d.Len())}
+		}
+		var out []string
+		for i := 0; i < w.Len(); i++ {
+			out = append(out, mismatches(d.Index(i), w.Index(i), fmt.Sprintf("%s[%d]", path, i))...)
+		}
+		return out
+	case reflect.Map:
+		if w.Len() == 0 || !reflect.DeepEqual(w.Interface(), d.Interface()) {
+			return []string{fmt.Sprintf("%s: %v, want %v", path, w, d)}
+		}
+		return nil
+	default:
+		if w.IsZero() || !reflect.DeepEqual(w.Interface(), d.Interface()) {
+			return []string{fmt.Sprintf("%s: %v, want %v", path, w, d)}
+		}
+		return nil
+	}
+}
+
+// fill sets every exported field of v to a value of its own: the path of
+// field names for strings, a counter for numbers and times.
+func fill(v reflect.Value, path string, n *int) {
+	*n++
+	switch v.Kind() {
+	case reflect.Struct:
+		if v.Type() == reflect.TypeOf(time.Time{}) {
+			v.Set(reflect.ValueOf(time.Unix(int64(*n), 0).UTC()))
+			return
+		}
+		for i := 0; i < v.NumField(); i++ {
+			if f := v.Type().Field(i); f.IsExported() {
+				fill(v.Field(i), path+"."+f.Name, n)
+			}
+		}
+	case reflect.String:
+		v.SetString(path)
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		v.SetInt(int64(*n))
+	case reflect.Uint, reflect.Uint64, reflect.Uint32:
+		v.SetUint(uint64(*n))
+	case reflect.Float64:
+		v.SetFloat(float64(*n) + 0.5)
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Slice:
+		s := reflect.MakeSlice(v.Type(), 2, 2)
+		for i := 0; i < 2; i++ {
+			fill(s.Index(i), fmt.Sprintf("%s[%d]", path, i), n)
+		}
+		v.Set(s)
+	case reflect.Map:
+		m := reflect.MakeMap(v.Type())
+		for i := 0; i < 2; i++ {
+			k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+			fill(k, fmt.Sprintf("%s.k%d", path, i), n)
+			fill(e, fmt.Sprintf("%s.v%d", path, i), n)
+			m.SetMapIndex(k, e)
+		}
+		v.Set(m)
+	case reflect.Pointer:
+		p := reflect.New(v.Type().Elem())
+		fill(p.Elem(), path, n)
+		v.Set(p)
+	default:
+		panic(fmt.Sprintf("%s: fill has no value for a %s", path, v.Kind()))
+	}
+}

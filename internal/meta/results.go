@@ -1,0 +1,75 @@
+package meta
+
+import "time"
+
+// What the engine reports that is not kept in a bucket: the host, and
+// the results of a session call, a rollback and a fork. Their JSON names
+// are those of the wire types of the time, for logs and tools that encode
+// them; the wire format is api/v1's, converted by internal/httpapi.
+
+// Host describes the host and what molt can and cannot do on it.
+type Host struct {
+	Version   string    `json:"version"`
+	Kernel    string    `json:"kernel"`
+	Root      string    `json:"root"`
+	Pool      Pool      `json:"pool"`
+	Cgroup    string    `json:"cgroup"`
+	Features  []Feature `json:"features"`
+	Sandboxes int       `json:"sandboxes"`
+	Started   time.Time `json:"started"`
+}
+
+// Pool describes the btrfs storage pool.
+type Pool struct {
+	Dir       string `json:"dir"`
+	Loop      bool   `json:"loop"`
+	Backing   string `json:"backing,omitempty"`
+	Device    string `json:"device,omitempty"`
+	SizeBytes uint64 `json:"size_bytes"`
+	FreeBytes uint64 `json:"free_bytes"`
+	// NodeSize is the filesystem's metadata node size in bytes (set when
+	// it was made; see molt daemon --pool-node-size).
+	NodeSize int `json:"node_size"`
+}
+
+// Feature is one probed capability. When Supported is false, Reason says why.
+type Feature struct {
+	Name      string `json:"name"`
+	Supported bool   `json:"supported"`
+	Detail    string `json:"detail,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+}
+
+// SessionRunResult is the outcome of one session call.
+type SessionRunResult struct {
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	ExitCode int    `json:"exit_code"`
+	// TimedOut: the command was killed at its timeout.
+	TimedOut bool `json:"timed_out,omitempty"`
+	// Truncated: output beyond the per-call limit was dropped.
+	Truncated  bool  `json:"truncated,omitempty"`
+	DurationMS int64 `json:"duration_ms"`
+}
+
+// RollbackResult reports how the rollback was done.
+type RollbackResult struct {
+	Sandbox    string  `json:"sandbox"`
+	Checkpoint string  `json:"checkpoint"`
+	Tier       string  `json:"tier"`
+	DurationMS float64 `json:"duration_ms"`
+	// ProcessesRestarted: the checkpoint held no process state, so the
+	// sandbox's processes were stopped and its init started afresh.
+	ProcessesRestarted bool   `json:"processes_restarted"`
+	Note               string `json:"note,omitempty"`
+}
+
+// ForkResult lists the new sandboxes.
+type ForkResult struct {
+	Checkpoint     string    `json:"checkpoint"`
+	Sandboxes      []Sandbox `json:"sandboxes"`
+	DurationMS     float64   `json:"duration_ms"`
+	ForksPerSecond float64   `json:"forks_per_second"`
+	// Reseeded counts the sessions reseeded over all forks.
+	Reseeded int `json:"reseeded,omitempty"`
+}

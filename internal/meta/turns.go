@@ -1,0 +1,126 @@
+package meta
+
+import "time"
+
+// The turn log's records (bucket Turns) and what ending a turn reports.
+
+// TurnRecord is a finished turn as the sandbox's turn log keeps it: the
+// decision, and in order what the agent did (its commands with their
+// output, and the LLM call that ended the turn), for replay in recovery.
+type TurnRecord struct {
+	TurnResult
+	Started  time.Time     `json:"started"`
+	Ended    time.Time     `json:"ended"`
+	Commands []TurnCommand `json:"commands,omitempty"`
+	LLM      []LLMCall     `json:"llm,omitempty"`
+}
+
+// TurnResult is what ending a turn decided and did.
+type TurnResult struct {
+	Sandbox  string `json:"sandbox"`
+	Turn     int    `json:"turn"`
+	Decision string `json:"decision"`
+	// Checkpoint is the checkpoint taken, or null for decision none.
+	Checkpoint *string `json:"checkpoint"`
+	// Head is the checkpoint whose state the sandbox is in after the
+	// turn (the one taken, or for none the one before).
+	Head    string      `json:"head,omitempty"`
+	Reasons []string    `json:"reasons"`
+	Effects TurnEffects `json:"effects"`
+	// DecideMS is the time to collect and classify the effects; StallMS
+	// the checkpoint's frozen window; DurationMS the whole call.
+	DecideMS   float64 `json:"decide_ms"`
+	StallMS    float64 `json:"stall_ms,omitempty"`
+	DurationMS float64 `json:"duration_ms"`
+	// Pending is set while a full checkpoint is being stored.
+	Pending bool `json:"pending,omitempty"`
+}
+
+// TurnEffects is what the inspector saw a sandbox's processes do during
+// a turn.
+type TurnEffects struct {
+	Files     []FileEffect    `json:"files,omitempty"`
+	Processes []ProcessEffect `json:"processes,omitempty"`
+	Sockets   []SocketEffect  `json:"sockets,omitempty"`
+	// LongLived lists processes alive across the turn boundary that
+	// started, ended or ran during the turn.
+	LongLived []LongLivedChange `json:"long_lived,omitempty"`
+	Sessions  []SessionChange   `json:"sessions,omitempty"`
+	// Unknown lists effects the inspector cannot see into (a mount, a
+	// ptrace write, io_uring, lost events): they force a full checkpoint.
+	Unknown []string `json:"unknown,omitempty"`
+	// IgnoredFiles counts file effects dropped by the ignore list.
+	IgnoredFiles int `json:"ignored_files,omitempty"`
+}
+
+// FileEffect is what happened to one path (relative to the sandbox root;
+// "?" when the inspector could not resolve it).
+type FileEffect struct {
+	Path string   `json:"path"`
+	Ops  []string `json:"ops"`
+	FS   string   `json:"fs,omitempty"`
+}
+
+// ProcessEffect is a process spawned, exec'd or exited during a turn.
+type ProcessEffect struct {
+	Op   string `json:"op"`
+	Pid  int    `json:"pid"`
+	PPid int    `json:"ppid,omitempty"`
+	Comm string `json:"comm"`
+	Path string `json:"path,omitempty"`
+}
+
+// SocketEffect is a socket bound, listening, connected or accepted.
+type SocketEffect struct {
+	Op     string `json:"op"`
+	Pid    int    `json:"pid"`
+	Family string `json:"family"`
+	Addr   string `json:"addr,omitempty"`
+}
+
+// LongLivedChange is a change of a process that outlives turns.
+type LongLivedChange struct {
+	Pid    int    `json:"pid"`
+	Comm   string `json:"comm"`
+	Change string `json:"change"` // started, exited, ran
+}
+
+// SessionChange is a session created, closed or changed during a turn.
+type SessionChange struct {
+	Name   string `json:"name"`
+	Change string `json:"change"` // created, closed, changed
+}
+
+// TurnCommand is one command run in a sandbox during a turn.
+type TurnCommand struct {
+	Time    time.Time `json:"time"`
+	Session string    `json:"session,omitempty"`
+	Command string    `json:"command,omitempty"` // session text
+	Args    []string  `json:"args,omitempty"`    // exec argv
+	// ExitCode is -1 when the stream ended without an exit status.
+	ExitCode  int    `json:"exit_code"`
+	Detached  bool   `json:"detached,omitempty"`
+	Stdout    string `json:"stdout,omitempty"`
+	Stderr    string `json:"stderr,omitempty"`
+	Truncated bool   `json:"truncated,omitempty"`
+}
+
+// LLMCall is one call an agent made through its sandbox's LLM proxy.
+type LLMCall struct {
+	ID                int       `json:"id"`
+	API               string    `json:"api"`
+	Path              string    `json:"path"`
+	Model             string    `json:"model,omitempty"`
+	Stream            bool      `json:"stream,omitempty"`
+	Status            int       `json:"status"`
+	Request           string    `json:"request,omitempty"`
+	RequestTruncated  bool      `json:"request_truncated,omitempty"`
+	Response          string    `json:"response,omitempty"`
+	ResponseTruncated bool      `json:"response_truncated,omitempty"`
+	Started           time.Time `json:"started"`
+	Ended             time.Time `json:"ended"`
+	// GateWaitMS is how long the reply waited for the turn's checkpoint
+	// to be captured: the latency molt added to this call.
+	GateWaitMS float64 `json:"gate_wait_ms"`
+	Error      string  `json:"error,omitempty"`
+}
