@@ -38,6 +38,26 @@ for line in sys.stdin:
     b[0] = ord(line[0]); print("ok", flush=True)
 `
 
+// waitInRead waits until pid is blocked in read(2) on its stdin. A signal
+// that comes before, between a reply and the next read, runs Python's
+// handler only once a line arrives: the holder would not answer it. After
+// a copy the original takes copy-on-write faults on its way back to read,
+// which made that window long enough to catch one signal in eight.
+func waitInRead(t testing.TB, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", pid))
+		if err == nil && strings.HasPrefix(string(b), "0 0x0 ") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d not blocked in read(2) on stdin within 10 s: %q", pid, b)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 type proc struct {
 	cmd *exec.Cmd
 	in  io.WriteCloser
@@ -105,7 +125,7 @@ func TestCloneInSyscall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // into read(2)
+	waitInRead(t, p.cmd.Process.Pid)
 	tr := NewTracer()
 	defer tr.Close()
 	pid := p.cmd.Process.Pid
@@ -145,6 +165,7 @@ func TestCloneInSyscall(t *testing.T) {
 	if got := readMem(t, cp, uintptr(addr)); got != 'A' {
 		t.Fatalf("copy's byte %q, want A (the instant of the copy)", got)
 	}
+	waitInRead(t, pid)
 	if err := unix.Kill(pid, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
@@ -681,7 +702,7 @@ func TestTracerKilledAfterCopy(t *testing.T) {
 	testutil.RequireRoot(t)
 	p := start(t, "-c", "import sys\nb = bytearray(8 << 20)\nprint('ready', flush=True)\nfor line in sys.stdin: print(line.strip(), flush=True)")
 	p.line(t)
-	time.Sleep(50 * time.Millisecond) // into read(2)
+	waitInRead(t, p.cmd.Process.Pid)
 	pid := p.cmd.Process.Pid
 	cp := killedTracer(t, "TestTracerKilledAfterCopy", "MOLT_TEST_COPY_PID", pid, "copy ")
 	defer reap(cp)
@@ -761,7 +782,7 @@ func TestCopyOrphan(t *testing.T) {
 		t.Fatalf("the shell has children %v, want python", kids)
 	}
 	pid := kids[0]
-	time.Sleep(50 * time.Millisecond) // into read(2)
+	waitInRead(t, p.cmd.Process.Pid)
 	tr := NewTracer()
 	defer tr.Close()
 	cp, err := tr.CopyOrphan(pid)
