@@ -782,7 +782,7 @@ func TestCopyOrphan(t *testing.T) {
 		t.Fatalf("the shell has children %v, want python", kids)
 	}
 	pid := kids[0]
-	waitInRead(t, p.cmd.Process.Pid)
+	waitInRead(t, pid)
 	tr := NewTracer()
 	defer tr.Close()
 	cp, err := tr.CopyOrphan(pid)
