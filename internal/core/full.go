@@ -378,7 +378,11 @@ func (m *Manager) pageIndex(head string) *pagestore.Index {
 // ckstore.Reader.Verify). Nothing is restored from a checkpoint that
 // fails; `molt checkpoint verify` is thorough.
 func (m *Manager) verify(ck checkpointRec, thorough bool) error {
-	return m.cks.Verify(ck.ID, ck.Objects, thorough)
+	// Through the store's Reader: the artifact must be complete (its
+	// own manifest written) as well as intact, and a backend that
+	// decrypts or fetches does it here.
+	_, err := m.cks.Reader(ck.ID).Open(ck.Objects, thorough)
+	return err
 }
 
 // VerifyCheckpoint runs the verification a restore runs.
