@@ -182,7 +182,7 @@ type Manager struct {
 	// Pipes for streamed dumps (pipePool)
 	pipes *criu.PipePool // +checklocks:streamMu
 
-	disk diskRecords // on-disk copies of the records (rebuild.go)
+	disk *meta.Copies // on-disk copies of the records (rebuild.go)
 
 	quota quotaState // the pool's disk quotas (quota.go)
 
@@ -238,7 +238,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return nil, err
 	}
-	db, err := openStore(filepath.Join(cfg.Root, "molt.db"), cfg.Logger)
+	db, err := meta.OpenRecords(filepath.Join(cfg.Root, "molt.db"), cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -280,7 +280,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 			return nil, err
 		}
 	}
-	m.watchRecords()
+	m.disk = m.db.KeepCopies(m.metaDisk())
 	m.setupQuota()
 	if p := findCriu(cfg.CriuPath); p != "" {
 		m.criu = criu.New(p)
@@ -334,7 +334,7 @@ func (m *Manager) Close() error {
 	m.streamMu.Unlock()
 	m.ret.Close()
 	m.quota.wg.Wait()
-	m.closeRecords()
+	m.disk.Close()
 	return m.db.Close()
 }
 
@@ -434,7 +434,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	// A database that was lost, emptied or set aside as corrupt is
 	// rebuilt from the records on disk first (rebuild.go).
 	if m.db.Fresh() {
-		if err := m.rebuild(ctx); err != nil {
+		if err := m.db.Rebuild(m.metaDisk()); err != nil {
 			return err
 		}
 	}
@@ -521,7 +521,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	if sbs, err = meta.List[sandboxRec](m.db, meta.Sandboxes); err != nil {
 		return err
 	}
-	m.healRecords(sbs, listed)
+	m.disk.Heal(sbs, listed)
 	m.sweepQgroups(sbs)
 	return nil
 }

@@ -63,8 +63,8 @@
 //     operations, never while taking another lock or calling out
 //     (CRIU, the kernel, a hook): Manager.mu (the lock table, copying),
 //     streamMu, inflight.mu, rooms.mu, pipeline.mu, quotaState.mu,
-//     idBlocks.mu, commitGate.mu, diskRecords.wmu then diskRecords.mu
-//     (rebuild.go), and those of the packages core calls (hot's tables,
+//     idBlocks.mu, commitGate.mu, and those of the packages core calls
+//     (meta's record copies: Copies.wmu then Copies.mu; hot's tables,
 //     turn's Tracker.mu, ckstore's stamp cache, capture's frozen-window
 //     watch, the scheduler).
 //
@@ -80,5 +80,6 @@
 // record writer. Manager.Close closes them in one order, written there:
 // turn ends first (they add pending checkpoints), then the pipeline, the
 // scheduler, spares, standbys, the limits' waiters, the pipe pool,
-// retired roots, the quota loop, the records, the database.
+// retired roots, the quota loop, the records' copies (meta's Copies),
+// the database.
 package core

@@ -354,39 +354,3 @@ func TestNewerSchemaRefused(t *testing.T) {
 	}
 	closeManager(t, m)
 }
-
-// BenchmarkSandboxRecord measures what a sandbox's on-disk record
-// costs: what the commit point pays (queue), the writer's write by
-// rename (rename), and that write with the fsyncs of the file and its
-// directory (fsync), which the writer batches.
-func BenchmarkSandboxRecord(b *testing.B) {
-	m := openManager(b)
-	sb := newSandbox(b, m)
-	rec, _ := json.Marshal(record(b, m, sb.ID))
-	file := filepath.Join(m.sbDir(sb.ID), sandboxFile)
-	b.Run("queue", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			m.queueRecord(file, diskWrite{txid: 1<<40 + uint64(i), b: rec})
-		}
-	})
-	b.Run("rename", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			if err := replaceFile(file, rec); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("fsync", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			if err := replaceFile(file, rec); err != nil {
-				b.Fatal(err)
-			}
-			if err := syncPath(file); err != nil {
-				b.Fatal(err)
-			}
-			if err := syncPath(filepath.Dir(file)); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-}

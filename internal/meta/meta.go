@@ -11,9 +11,12 @@
 // is brought to the current one by the migrations of migrations.go, in
 // order, when it is opened; a database of a newer schema is refused. A
 // file that bbolt cannot open, or whose records do not decode, is
-// reported as ErrCorrupt; the caller sets it aside and rebuilds (the
-// store itself never deletes a database). Watch lets the caller keep
-// copies of records outside the database, from which it can rebuild.
+// reported as ErrCorrupt; OpenRecords sets it aside and opens a new one
+// (the store never deletes a database). KeepCopies keeps a copy of each
+// image, sandbox and checkpoint record next to what it describes in the
+// pool (copies.go), from which Rebuild refills a database that was
+// lost, emptied or set aside (rebuild.go); the engine tells meta where
+// the copies live and what the pool holds (Disk).
 //
 // Bucket[T] types a bucket's records. AddIndex declares an index over a
 // bucket (index.go): lookups by a record's value (the checkpoints of a
