@@ -182,7 +182,7 @@ type Manager struct {
 	// Pipes for streamed dumps (pipePool)
 	pipes *criu.PipePool // +checklocks:streamMu
 
-	disk *meta.Copies // on-disk copies of the records (rebuild.go)
+	disk *meta.Copies // on-disk copies of the records (internal/meta/copies.go)
 
 	quota quotaState // the pool's disk quotas (quota.go)
 
@@ -432,7 +432,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		}
 	}
 	// A database that was lost, emptied or set aside as corrupt is
-	// rebuilt from the records on disk first (rebuild.go).
+	// rebuilt from the records on disk first (meta.DB.Rebuild).
 	if m.db.Fresh() {
 		if err := m.db.Rebuild(m.metaDisk()); err != nil {
 			return err
