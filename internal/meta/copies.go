@@ -320,10 +320,8 @@ func (c *Copies) Heal(sbs []SandboxRecord, cks []CheckpointRecord) {
 	}
 	imgs, _ := List[Image](c.db, Images)
 	for _, img := range imgs {
-		// The image's directory with ".json", not its copy
-		// (.NAME.json): every image's copy is written again.
-		if _, err := os.Stat(filepath.Join(filepath.Dir(c.p.ImageCopy(img.Name)), img.Name) + ".json"); err != nil {
-			b, _ := json.Marshal(img)
+		b, _ := json.Marshal(img)
+		if old, err := os.ReadFile(c.p.ImageCopy(img.Name)); err != nil || !bytes.Equal(old, b) {
 			c.queue(c.p.ImageCopy(img.Name), copyWrite{b: b})
 		}
 	}

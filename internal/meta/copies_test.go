@@ -168,6 +168,29 @@ func TestHealWritesMissingCopies(t *testing.T) {
 			t.Fatalf("after Heal: %v", err)
 		}
 	}
+	// Copies that are current are not written again (an image's copy
+	// once was, at every start: its name was looked up without the
+	// leading dot).
+	before := map[string]os.FileInfo{}
+	for _, f := range []string{p.SandboxCopy("a"), p.ImageCopy("img")} {
+		fi, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[f] = fi
+	}
+	c = d.KeepCopies(p)
+	c.Heal([]SandboxRecord{{Sandbox: Sandbox{ID: "a"}}}, nil)
+	c.Close()
+	for f, fi := range before {
+		now, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !os.SameFile(fi, now) {
+			t.Errorf("%s written again though current", filepath.Base(f))
+		}
+	}
 }
 
 // TestOpenRecordsSetsAsideCorrupt checks that a file that is no
