@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -244,7 +245,7 @@ func withDaemon(ctx context.Context, dir, cacheDir string, fn func(*daemon.Ephem
 		benchSeccomp = v1.SeccompUnconfined
 	}
 	fmt.Fprintln(os.Stderr, "bench: sandboxes' seccomp filter:", benchSeccomp, "hardening:", benchHardening)
-	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, benchTweak(nil))
+	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, benchTweak, benchOptions()...)
 	if err != nil {
 		return err
 	}
@@ -282,28 +283,28 @@ var benchUserNS bool
 var benchNodeSize int
 
 // benchTweak applies bench's own flags to a benchmark daemon's
-// configuration, then tweak. With --cgroup-favordynmods=false it clears
-// the option on the host first: a daemon that ran before may have set it.
-func benchTweak(tweak func(*core.Config)) func(*core.Config) {
-	return func(c *core.Config) {
-		c.NoCOWCapture = !benchCOW
-		c.NoTemplateCapture = !benchTemplate
-		c.UserNS = benchUserNS
-		c.PoolNodeSize = benchNodeSize
-		c.SeccompDefault = benchSeccomp
-		if !benchHardening {
-			c.SeccompDefault = v1.SeccompUnconfined
-			c.DefaultResources.MemoryBytes, c.DefaultResources.Pids, c.DefaultResources.CPUMillis = -1, -1, -1
-			c.NoDiskQuota = true
-		}
-		if !benchDynMods {
-			c.NoFavorDynMods = true
-			if _, err := cgroup.SetDynMods(false); err != nil {
-				fmt.Fprintln(os.Stderr, "bench: cannot clear favordynmods:", err)
-			}
-		}
-		if tweak != nil {
-			tweak(c)
+// configuration.
+func benchTweak(c *core.Config) {
+	c.UserNS = benchUserNS
+	c.PoolNodeSize = benchNodeSize
+	c.SeccompDefault = benchSeccomp
+	if !benchHardening {
+		c.SeccompDefault = v1.SeccompUnconfined
+		c.DefaultResources.MemoryBytes, c.DefaultResources.Pids, c.DefaultResources.CPUMillis = -1, -1, -1
+	}
+}
+
+// benchOptions maps bench's on/off flags to core's options, then adds
+// extra. With --cgroup-favordynmods=false it clears the option on the
+// host first: a daemon that ran before may have set it.
+func benchOptions(extra ...core.Option) []core.Option {
+	opts := slices.Concat(without(benchCOW, core.WithoutCOWCapture()), without(benchTemplate, core.WithoutTemplateCapture()),
+		without(benchHardening, core.WithoutDiskQuota()))
+	if !benchDynMods {
+		opts = append(opts, core.WithoutFavorDynMods())
+		if _, err := cgroup.SetDynMods(false); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: cannot clear favordynmods:", err)
 		}
 	}
+	return append(opts, extra...)
 }

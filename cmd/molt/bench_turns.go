@@ -79,7 +79,11 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 				CmdTimeout: cmdTimeout, Ignore: ignore, FullWaits: fullWaits,
 				Parallel: parallel, ParallelMaxTurns: parallelMaxTurns, ParallelRuns: parallelRuns,
 				StartDaemon: func(ctx context.Context, noScheduler bool) (*daemon.Ephemeral, error) {
-					return startBenchDaemon(ctx, dir, cacheDir, func(c *core.Config) { c.NoScheduler = noScheduler })
+					var opts []core.Option
+					if noScheduler {
+						opts = append(opts, core.WithoutScheduler())
+					}
+					return startBenchDaemon(ctx, dir, cacheDir, opts...)
 				},
 				Progress: os.Stderr,
 			}
@@ -126,10 +130,10 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 	return c
 }
 
-// startBenchDaemon starts an ephemeral daemon with a configuration tweak
+// startBenchDaemon starts an ephemeral daemon with extra options
 // and the default image built; Close removes it.
-func startBenchDaemon(ctx context.Context, dir, cacheDir string, tweak func(*core.Config)) (*daemon.Ephemeral, error) {
-	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, benchTweak(tweak))
+func startBenchDaemon(ctx context.Context, dir, cacheDir string, opts ...core.Option) (*daemon.Ephemeral, error) {
+	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, benchTweak, benchOptions(opts...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +19,15 @@ import (
 	"github.com/molt-sh/molt/internal/sched"
 	"github.com/spf13/cobra"
 )
+
+// without maps an on/off flag of the daemon or bench to core's option
+// switching that optimization off: opt when the flag is off.
+func without(on bool, opt core.Option) []core.Option {
+	if on {
+		return nil
+	}
+	return []core.Option{opt}
+}
 
 // parseReserve parses --disk-reserve: "auto" (core's default), a size
 // ("0": none) or a percentage of the pool's size ("5%").
@@ -113,8 +123,10 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			return daemon.Run(ctx, daemon.Config{
 				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
-					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps}, NoFavorDynMods: !dynMods, NoCOWCapture: !cow, NoTemplateCapture: !tmpl,
-					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, NoDiskQuota: !diskQuota, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault},
+					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
+					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault},
+				Options: slices.Concat(without(dynMods, core.WithoutFavorDynMods()), without(cow, core.WithoutCOWCapture()),
+					without(tmpl, core.WithoutTemplateCapture()), without(diskQuota, core.WithoutDiskQuota())),
 				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs},
 			})
 		},

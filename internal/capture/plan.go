@@ -32,7 +32,7 @@ type Config struct {
 	// a frozen instant): only a frozen CRIU dump can.
 	HoldFrozen bool
 	// NoCOW and NoTemplate turn the copy-on-write and template captures
-	// off (core.Config.NoCOWCapture, NoTemplateCapture: for comparisons).
+	// off (core.WithoutCOWCapture, WithoutTemplateCapture: for comparisons).
 	NoCOW, NoTemplate bool
 	// NamespacesInImages dumps the network, UTS and IPC namespaces as
 	// well (tests: molt's captures before it left them out).

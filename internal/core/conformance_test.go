@@ -215,7 +215,7 @@ func TestProcessStateConformance(t *testing.T) {
 	const helpers = `st(){ read -r l < /proc/$1/stat; s=${l##*) }; echo ${s%% *}; }; P=$(cat /tmp/c 2>/dev/null); `
 	for _, mode := range captureModes {
 		t.Run(mode.name, func(t *testing.T) {
-			m.cfg.NoCOWCapture, m.cfg.NoTemplateCapture = mode.noCOW, mode.noTmpl
+			m.opts.noCOWCapture, m.opts.noTemplateCapture = mode.noCOW, mode.noTmpl
 			// The frozen copy is what small trees get: its tree has no
 			// big heap (restores are quicker).
 			holder := cowHolder
@@ -404,8 +404,8 @@ func TestCaptureConformance(t *testing.T) {
 	states := map[string]string{}
 	for _, mode := range captureModes {
 		t.Run(mode.name, func(t *testing.T) {
-			m.cfg.NoCOWCapture, m.cfg.NoTemplateCapture = mode.noCOW, mode.noTmpl
-			defer func() { m.cfg.NoCOWCapture, m.cfg.NoTemplateCapture = false, false }()
+			m.opts.noCOWCapture, m.opts.noTemplateCapture = mode.noCOW, mode.noTmpl
+			defer func() { m.opts.noCOWCapture, m.opts.noTemplateCapture = false, false }()
 			sb := pythonSandbox(t, m, conformanceTree)
 			defer func() { _ = m.Remove(ctx, sb.ID) }()
 			want := probe(t, sb.ID)

@@ -129,7 +129,7 @@ func TestTemplateCaptureRollbackRightAfter(t *testing.T) {
 	// The second capture's dumps are held until the rollback has had
 	// time to kill the copies, were it not waiting.
 	hold := make(chan struct{})
-	m.failpoint = func(step string) error {
+	m.hooks.failpoint = func(step string) error {
 		if step == "full:copies" {
 			<-hold
 		}

@@ -78,23 +78,6 @@ type Config struct {
 	// Sched configures the host-wide scheduler of checkpoint background
 	// work (persisting, standby preparation, GC); see internal/sched.
 	Sched sched.Config
-	// NoScheduler runs background work unscheduled, each job at once (for
-	// comparison in benchmarks).
-	NoScheduler bool
-	// NoFavorDynMods leaves the host's cgroup2 mount options alone. By
-	// default the manager sets favordynmods on it and keeps it set, so
-	// that moving a task between cgroups (every restore does) does not
-	// wait for an RCU grace period; forks and exits then cost a little
-	// more host-wide.
-	NoFavorDynMods bool
-	// NoCOWCapture makes every full checkpoint copy the processes'
-	// memory while the sandbox is frozen (meta.Checkpoint.Capture "copy"),
-	// as before copy-on-write capture: for comparisons.
-	NoCOWCapture bool
-	// NoTemplateCapture keeps full checkpoints from copying the tree in
-	// the frozen window and dumping the copies after the thaw
-	// (meta.Checkpoint.Capture "template"; internal/capture): for comparisons.
-	NoTemplateCapture bool
 	// DiskReserve is the space kept free in the pool, and under a loop
 	// pool: work that would leave less (a checkpoint, a fork, a
 	// rollback) is refused with errdefs.ErrResourceExhausted before it
@@ -108,8 +91,6 @@ type Config struct {
 	// (quota.go). 0: none, the sandboxes then share the pool less the
 	// reserve.
 	DefaultDisk int64
-	// NoDiskQuota leaves quotas off in the pool (for comparisons).
-	NoDiskQuota bool
 	// FrozenDeadline bounds each frozen window of a capture (capture.Watch);
 	// 0 means DefaultFrozenDeadline, negative none.
 	FrozenDeadline time.Duration
@@ -170,8 +151,8 @@ type Manager struct {
 	tko       *hot.Takeovers // records of switches of sandboxes' live trees
 	pipe      pipeline       // pending full checkpoints
 	turns     *turn.Tracker
-	sch       *sched.Scheduler // nil with Config.NoScheduler
-	captures  chan struct{}    // capture slots (captureSlot); nil with Config.NoScheduler
+	sch       *sched.Scheduler // nil WithoutScheduler
+	captures  chan struct{}    // capture slots (captureSlot); nil WithoutScheduler
 	closing   chan struct{}    // closed when Close begins
 	closeOnce sync.Once
 	metrics   *metrics
@@ -188,17 +169,8 @@ type Manager struct {
 
 	cks *ckstore.Store // the checkpoint artifacts, in pool/checkpoints
 
-	// failpoint, when set (by tests), is called at named steps of
-	// multi-step operations; a non-nil error makes that step fail.
-	failpoint func(step string) error
-	// crash, when set (by tests), is called at named steps where a
-	// daemon that dies must leave nothing the next one cannot finish;
-	// tests kill the process there.
-	crash func(step string)
-	// netnsInImages, when set (by tests), makes full checkpoints as molt
-	// made them before external_net: CRIU runs in the daemon's network
-	// namespace and the images carry the sandbox's.
-	netnsInImages bool
+	opts  options // the optimizations switched off (options.go)
+	hooks hooks   // set by tests only (hooks.go)
 }
 
 var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
@@ -217,8 +189,9 @@ func newID() string {
 }
 
 // Open opens the state root: mounts the pool, opens the metadata, and
-// reconciles what is on disk with what is recorded.
-func Open(ctx context.Context, cfg Config) (*Manager, error) {
+// reconciles what is on disk with what is recorded. opts switch
+// optimizations off, for comparisons.
+func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 	if cfg.Root == "" {
 		return nil, fmt.Errorf("state root not set: %w", errdefs.ErrInvalidArgument)
 	}
@@ -259,11 +232,14 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		copying:  map[string]chan struct{}{},
 		closing:  make(chan struct{}),
 	}
+	for _, o := range opts {
+		o(&m.opts)
+	}
 	m.turns = m.newTurns()
 	m.cks = ckstore.New(ckstore.NewLocal(m.path("checkpoints")))
 	m.openHot()
 	m.metrics = newMetrics(m)
-	if !cfg.NoScheduler {
+	if !m.opts.noScheduler {
 		m.captures = make(chan struct{}, max(1, runtime.NumCPU()))
 		m.sch = sched.New(cfg.Sched)
 		if err := m.sch.Register(m.metrics.reg); err != nil {
@@ -343,21 +319,6 @@ func (m *Manager) Pool() *pool.Pool { return m.pool }
 
 func (m *Manager) path(elem ...string) string {
 	return filepath.Join(append([]string{m.pool.Dir}, elem...)...)
-}
-
-// crashpoint marks a step at which tests kill the daemon (see crash in
-// Manager).
-func (m *Manager) crashpoint(step string) {
-	if m.crash != nil {
-		m.crash(step)
-	}
-}
-
-func (m *Manager) fail(step string) error {
-	if m.failpoint != nil {
-		return m.failpoint(step)
-	}
-	return nil
 }
 
 // lock serializes lifecycle operations on one object: it returns holding

@@ -119,7 +119,7 @@ func entries(t *testing.T, dir string) []string {
 var errInjected = errors.New("injected failure")
 
 func failAt(m *Manager, step string) {
-	m.failpoint = func(s string) error {
+	m.hooks.failpoint = func(s string) error {
 		if s == step {
 			return fmt.Errorf("%s: %w", s, errInjected)
 		}
@@ -149,7 +149,7 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 			cgBefore := cgroupDirs(t)
 			failAt(m, step)
 			_, err := m.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Name: "doomed"})
-			m.failpoint = nil
+			m.hooks.failpoint = nil
 			if !errors.Is(err, errInjected) {
 				t.Fatalf("create: %v; want the injected failure", err)
 			}
@@ -191,7 +191,7 @@ func TestStopFailureKeepsSandbox(t *testing.T) {
 	} {
 		failAt(m, "stop:kill")
 		err := op()
-		m.failpoint = nil
+		m.hooks.failpoint = nil
 		if !errors.Is(err, errInjected) {
 			t.Fatalf("%s: %v; want the injected failure", name, err)
 		}
@@ -219,14 +219,14 @@ func TestForkFailureLeavesNothing(t *testing.T) {
 	}
 	cgBefore := cgroupDirs(t)
 	var started atomic.Int32
-	m.failpoint = func(step string) error {
+	m.hooks.failpoint = func(step string) error {
 		if step == "create:started" && started.Add(1) == 3 {
 			return errInjected
 		}
 		return nil
 	}
 	_, err = m.Fork(ctx, "", v1.ForkRequest{Checkpoint: ck.ID, N: 4})
-	m.failpoint = nil
+	m.hooks.failpoint = nil
 	if !errors.Is(err, errInjected) {
 		t.Fatalf("fork: %v; want the injected failure", err)
 	}
@@ -268,7 +268,7 @@ func TestCheckpointFailureLeavesSandboxRunning(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			failAt(m, step)
 			_, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Label: "doomed"})
-			m.failpoint = nil
+			m.hooks.failpoint = nil
 			if !errors.Is(err, errInjected) {
 				t.Fatalf("checkpoint: %v; want the injected failure", err)
 			}
@@ -309,7 +309,7 @@ func TestRollbackFailureKeepsSandbox(t *testing.T) {
 	run(t, m, sb.ID, "echo new > /root/f; y=9")
 	failAt(m, "rollback:snapshot")
 	_, err = m.Rollback(ctx, sb.ID, ck.ID)
-	m.failpoint = nil
+	m.hooks.failpoint = nil
 	if !errors.Is(err, errInjected) {
 		t.Fatalf("rollback: %v", err)
 	}
@@ -467,7 +467,7 @@ func checkpointFailsAt(t *testing.T, m *Manager, sb, step string) {
 	t.Helper()
 	failAt(m, step)
 	_, err := m.Checkpoint(context.Background(), sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
-	m.failpoint = nil
+	m.hooks.failpoint = nil
 	if !errors.Is(err, errInjected) {
 		t.Fatalf("checkpoint: %v; want the injected failure", err)
 	}

@@ -77,7 +77,7 @@ func BenchmarkCOWRewrite(b *testing.B) {
 	}
 	capture := func(cow bool) meta.Checkpoint {
 		b.Helper()
-		m.cfg.NoCOWCapture = !cow
+		m.opts.noCOWCapture = !cow
 		ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull})
 		if err != nil {
 			b.Fatal(err)

@@ -40,7 +40,7 @@ while True:
 func openCOWManager(t testing.TB) *Manager {
 	t.Helper()
 	m := openManager(t)
-	m.cfg.NoTemplateCapture = true
+	m.opts.noTemplateCapture = true
 	return m
 }
 
@@ -83,7 +83,7 @@ func TestCOWCapture(t *testing.T) {
 	ctx := context.Background()
 	sb := pythonSandbox(t, m, cowHolder)
 	gate := make(chan struct{})
-	m.failpoint = func(step string) error {
+	m.hooks.failpoint = func(step string) error {
 		if step == "full:stream" {
 			<-gate
 		}

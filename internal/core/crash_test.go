@@ -285,7 +285,7 @@ func invariantDaemon(t *testing.T, c crashCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.crash = func(step string) {
+	m.hooks.crash = func(step string) {
 		if step == c.Step {
 			// The sandboxes it had made by then, for the next daemon's
 			// check of their cgroups (other tests on the host make

@@ -152,7 +152,7 @@ func TestDiskFullPool(t *testing.T) {
 	// Filled once the capture is done, while the images are stored.
 	m.cfg.DiskReserve = -1
 	var freeAgain func()
-	m.failpoint = func(step string) error {
+	m.hooks.failpoint = func(step string) error {
 		if step == "persist:store" {
 			freeAgain = fill(t, m.path("fill"), 0, avail)
 		}
@@ -166,7 +166,7 @@ func TestDiskFullPool(t *testing.T) {
 		t.Fatalf("checkpoint %+v not reported pending", ck)
 	}
 	_, err = m.awaitCheckpoint(ctx, ck.ID)
-	m.failpoint = nil
+	m.hooks.failpoint = nil
 	if !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("storing the checkpoint on a full pool: %v, want resource exhausted", err)
 	}
@@ -222,7 +222,7 @@ func TestDiskFullPool(t *testing.T) {
 		// Forks run in parallel: the first to reach step fills the pool.
 		var once sync.Once
 		freeAgain = nil
-		m.failpoint = func(s string) error {
+		m.hooks.failpoint = func(s string) error {
 			if s == step {
 				once.Do(func() { freeAgain = fill(t, m.path("fill"), 0, avail) })
 			}
@@ -231,7 +231,7 @@ func TestDiskFullPool(t *testing.T) {
 	}
 	fillAt("create:snapshot")
 	res, err := m.Fork(ctx, "", v1.ForkRequest{Checkpoint: good.ID, N: 2})
-	m.failpoint = nil
+	m.hooks.failpoint = nil
 	if freeAgain == nil {
 		t.Fatal("the fork never reached its root's snapshot")
 	}
@@ -261,7 +261,7 @@ func TestDiskFullPool(t *testing.T) {
 	// the pool fills.)
 	fillAt("restore:adopted")
 	_, err = m.Rollback(ctx, sb.ID, fsck.ID)
-	m.failpoint = nil
+	m.hooks.failpoint = nil
 	if freeAgain == nil {
 		t.Fatal("the rollback never reached its snapshot")
 	}

@@ -21,7 +21,7 @@ const dynModsCheck = 2 * time.Second
 // period, and keeps it set while the manager is open. See
 // docs/architecture.md, "cgroup moves".
 func (m *Manager) favorDynMods() {
-	if m.cfg.NoFavorDynMods {
+	if m.opts.noFavorDynMods {
 		return
 	}
 	m.ensureDynMods(true)
@@ -72,7 +72,7 @@ func (m *Manager) dynModsFeature() meta.Feature {
 		f.Reason = err.Error()
 	case st.Enabled:
 		f.Supported, f.Detail = true, st.Mount+": cgroup moves skip RCU grace periods"
-	case m.cfg.NoFavorDynMods:
+	case m.opts.noFavorDynMods:
 		f.Reason = "off (daemon started with --cgroup-favordynmods=false): each cgroup move waits for an RCU grace period"
 	default:
 		f.Reason = "not set on " + st.Mount

@@ -19,7 +19,7 @@ func dynModsOn(t *testing.T) bool {
 }
 
 // TestFavorDynMods: a manager sets favordynmods on the cgroup2 mount and
-// sets it again when another mount clears it; with NoFavorDynMods it
+// sets it again when another mount clears it; with WithoutFavorDynMods it
 // never touches the mount. Other molt daemons on the host may set the
 // option too, so the test counts what this manager did rather than only
 // reading the mount.
@@ -34,13 +34,13 @@ func TestFavorDynMods(t *testing.T) {
 	if _, err := cgroup.SetDynMods(false); err != nil {
 		t.Fatal(err)
 	}
-	off, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 1 << 30, NoFavorDynMods: true})
+	off, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 1 << 30}, WithoutFavorDynMods())
 	if err != nil {
 		t.Fatal(err)
 	}
 	closeManager(t, off)
 	if n := off.dynModsSets.Load(); n != 0 {
-		t.Fatalf("a manager with NoFavorDynMods set favordynmods %d times", n)
+		t.Fatalf("a manager with WithoutFavorDynMods set favordynmods %d times", n)
 	}
 
 	m, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 1 << 30})

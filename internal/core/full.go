@@ -114,8 +114,8 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	// standbys in the cgroup are not dumped.
 	pids, _, perr := treePids(rec.ID, rec.Init)
 	tree, err := capture.Inspect(rec.Init.Pid, pids, perr == nil, capture.Config{
-		HoldFrozen: o.holdFrozen, NoCOW: m.cfg.NoCOWCapture, NoTemplate: m.cfg.NoTemplateCapture,
-		NamespacesInImages: m.netnsInImages,
+		HoldFrozen: o.holdFrozen, NoCOW: m.opts.noCOWCapture, NoTemplate: m.opts.noTemplateCapture,
+		NamespacesInImages: m.hooks.netnsInImages,
 	})
 	if err != nil {
 		return meta.Checkpoint{}, err

@@ -26,7 +26,7 @@ func TestStandbyOutsideLimits(t *testing.T) {
 	m.cfg.StandbyBudget = 1 << 30
 	// Plain copy capture: the template path is tested with the limits
 	// by TestTemplateCopiesOutsideLimits.
-	m.cfg.NoTemplateCapture, m.cfg.NoCOWCapture = true, true
+	m.opts.noTemplateCapture, m.opts.noCOWCapture = true, true
 	const (
 		memLimit = 256 << 20
 		pidLimit = 48

@@ -60,7 +60,7 @@ const limitEvery = 5 * time.Second
 // disk quotas reported unsupported.
 func (m *Manager) setupQuota() {
 	q := &m.quota
-	if m.cfg.NoDiskQuota {
+	if m.opts.noDiskQuota {
 		q.why = "disabled (--disk-quota=false)"
 		return
 	}

@@ -208,7 +208,11 @@ func TestQuotaCheckpointCost(t *testing.T) {
 	ctx := context.Background()
 	const rounds = 40
 	for _, quota := range []bool{false, true} {
-		m, err := Open(ctx, Config{Root: t.TempDir(), PoolSize: 4 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), NoDiskQuota: !quota})
+		var opts []Option
+		if !quota {
+			opts = append(opts, WithoutDiskQuota())
+		}
+		m, err := Open(ctx, Config{Root: t.TempDir(), PoolSize: 4 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR")}, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}

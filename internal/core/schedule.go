@@ -12,7 +12,7 @@ import (
 // retired roots) runs through the host-wide scheduler (internal/sched):
 // few jobs at a time, by priority, fairly between sandboxes, paused while
 // any sandbox is in a rollback or a checkpoint's frozen window. With
-// Config.NoScheduler each job starts at once on its own goroutine, as a
+// WithoutScheduler each job starts at once on its own goroutine, as a
 // baseline for benchmarks.
 
 // background runs fn as a job of class for sandbox id. It never blocks

@@ -119,8 +119,8 @@ func TestSeccompSurvivesCheckpoints(t *testing.T) {
 			m := openManager(t)
 			requireCRIU(t, m)
 			m.cfg.StandbyBudget = 1 << 30
-			m.cfg.NoTemplateCapture = mode != capture.Template
-			m.cfg.NoCOWCapture = mode == capture.Copy
+			m.opts.noTemplateCapture = mode != capture.Template
+			m.opts.noCOWCapture = mode == capture.Copy
 			ctx := context.Background()
 			sb := pythonSandbox(t, m, cowHolder)
 			checkConfined(t, m, sb.ID, "new sandbox")

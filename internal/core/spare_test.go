@@ -147,7 +147,7 @@ func TestNetnsInImagesStillRestores(t *testing.T) {
 	m.cfg.StandbyBudget = 1 // warm rollbacks only
 	ctx := context.Background()
 	for _, inImages := range []bool{true, false} {
-		m.netnsInImages = inImages
+		m.hooks.netnsInImages = inImages
 		sb := newSandbox(t, m)
 		run(t, m, sb.ID, "export X=42")
 		if _, _, err := m.Exec(ctx, sb.ID, v1.ExecRequest{Args: []string{"python3", "-c", serverScript}, Detach: true}); err != nil {
@@ -247,7 +247,7 @@ func TestSysVIPCKeepsNamespace(t *testing.T) {
 	// Another segment appears between the check and the freeze.
 	rec, _ := m.lookupSandbox(sb)
 	var made atomic.Bool
-	m.failpoint = func(step string) error {
+	m.hooks.failpoint = func(step string) error {
 		if step == "full:namespaces" && made.CompareAndSwap(false, true) {
 			return ns.DoPid(rec.Init.Pid, unix.CLONE_NEWIPC, func() error {
 				_, err := unix.SysvShmGet(unix.IPC_PRIVATE, 8192, unix.IPC_CREAT|0o600)
@@ -258,7 +258,7 @@ func TestSysVIPCKeepsNamespace(t *testing.T) {
 	}
 	run(t, m, sb, "ipcrm --all=shm")
 	ck3, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
-	m.failpoint = nil
+	m.hooks.failpoint = nil
 	if err != nil {
 		t.Fatal(err)
 	}

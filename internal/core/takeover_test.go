@@ -24,7 +24,7 @@ import (
 const crashChild = "MOLT_TEST_CRASH_CHILD"
 
 // A crashCase tells the daemon that dies what to do to Sandbox, and at
-// which crash point (Manager.crash) to die.
+// which crash point (hooks.crash) to die.
 type crashCase struct {
 	Root, Sandbox, Op, Step string
 }
@@ -256,7 +256,7 @@ func crashingDaemon(t *testing.T, c crashCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.crash = func(step string) {
+	m.hooks.crash = func(step string) {
 		if step == c.Step {
 			_ = unix.Kill(os.Getpid(), unix.SIGKILL)
 			select {}

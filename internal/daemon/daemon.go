@@ -18,7 +18,9 @@ import (
 // Config configures the daemon.
 type Config struct {
 	core.Config
-	Socket string
+	// Options switch core's optimizations off (the on/off flags).
+	Options []core.Option
+	Socket  string
 	// SocketAccess says who besides root may use the socket.
 	SocketAccess SocketAccess
 	// Ready, if set, is called once the API accepts connections.
@@ -34,7 +36,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	setProcs()
 	raiseKernelLimits(log)
-	m, err := core.Open(ctx, cfg.Config)
+	m, err := core.Open(ctx, cfg.Config, cfg.Options...)
 	if err != nil {
 		return err
 	}

@@ -29,6 +29,7 @@ type Ephemeral struct {
 	srv     *http.Server
 	coord   *coord.Coordinator
 	cfg     core.Config
+	opts    []core.Option
 }
 
 // StartEphemeral starts a daemon on a new directory under parent ("" for
@@ -38,8 +39,9 @@ func StartEphemeral(ctx context.Context, parent, cacheDir, version string) (*Eph
 }
 
 // StartEphemeralWith is StartEphemeral with the Manager's configuration
-// adjusted by tweak (benchmarks compare configurations).
-func StartEphemeralWith(ctx context.Context, parent, cacheDir, version string, tweak func(*core.Config)) (*Ephemeral, error) {
+// adjusted by tweak and opened with opts (benchmarks compare
+// configurations).
+func StartEphemeralWith(ctx context.Context, parent, cacheDir, version string, tweak func(*core.Config), opts ...core.Option) (*Ephemeral, error) {
 	if parent == "" {
 		parent = "/var/tmp"
 	}
@@ -56,7 +58,7 @@ func StartEphemeralWith(ctx context.Context, parent, cacheDir, version string, t
 	}
 	setProcs()
 	raiseKernelLimits(cfg.Logger)
-	e := &Ephemeral{Root: root, cfg: cfg, Client: client.New(filepath.Join(root, "molt.sock"))}
+	e := &Ephemeral{Root: root, cfg: cfg, opts: opts, Client: client.New(filepath.Join(root, "molt.sock"))}
 	if err := e.open(ctx); err != nil {
 		if e.Manager != nil {
 			_ = e.Manager.Pool().Unmount()
@@ -69,7 +71,7 @@ func StartEphemeralWith(ctx context.Context, parent, cacheDir, version string, t
 
 // open starts the Manager and serves it on the root's socket.
 func (e *Ephemeral) open(ctx context.Context) error {
-	m, err := core.Open(ctx, e.cfg)
+	m, err := core.Open(ctx, e.cfg, e.opts...)
 	if err != nil {
 		return err
 	}
