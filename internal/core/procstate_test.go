@@ -73,7 +73,13 @@ func TestStoppedProcessStaysStopped(t *testing.T) {
 		t.Fatalf("fork: the stopped job is in state %q, want T", got)
 	}
 	run(t, m, f, "kill -CONT $(cat /tmp/stopped)")
-	if got := procState(t, m, f, "/tmp/stopped"); got != "S" {
+	// Continued, sleep runs for a moment before it sleeps again (a CI
+	// run read "R" right after the kill): wait for S.
+	got := procState(t, m, f, "/tmp/stopped")
+	for deadline := time.Now().Add(5 * time.Second); got != "S" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		got = procState(t, m, f, "/tmp/stopped")
+	}
+	if got != "S" {
 		t.Fatalf("fork: the job continued is in state %q, want S", got)
 	}
 }
