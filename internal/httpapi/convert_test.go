@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // TestConvertCoversEveryField fills every field of a domain value, each
@@ -35,7 +36,7 @@ func TestConvertCoversEveryField(t *testing.T) {
 	for _, c := range cases {
 		d := reflect.New(reflect.TypeOf(c.domain)).Elem()
 		n := 0
-		fill(d, c.name, &n)
+		testutil.Fill(d, c.name, &n)
 		w := reflect.ValueOf(c.convert(d.Interface()))
 		for _, p := range mismatches(d, w, c.name) {
 			t.Errorf("%s", p)
@@ -58,7 +59,7 @@ func TestConvertKeepsNil(t *testing.T) {
 func TestCoverageCheckFails(t *testing.T) {
 	var sb meta.Sandbox
 	n := 0
-	fill(reflect.ValueOf(&sb).Elem(), "Sandbox", &n)
+	testutil.Fill(reflect.ValueOf(&sb).Elem(), "Sandbox", &n)
 	w := toSandbox(sb)
 	w.ForkedFrom = ""
 	w.Resources.DiskBytes = 0
@@ -115,54 +116,5 @@ func mismatches(d, w reflect.Value, path string) []string {
 			return []string{fmt.Sprintf("%s: %v, want %v", path, w, d)}
 		}
 		return nil
-	}
-}
-
-// fill sets every exported field of v to a value of its own: the path of
-// field names for strings, a counter for numbers and times.
-func fill(v reflect.Value, path string, n *int) {
-	*n++
-	switch v.Kind() {
-	case reflect.Struct:
-		if v.Type() == reflect.TypeOf(time.Time{}) {
-			v.Set(reflect.ValueOf(time.Unix(int64(*n), 0).UTC()))
-			return
-		}
-		for i := 0; i < v.NumField(); i++ {
-			if f := v.Type().Field(i); f.IsExported() {
-				fill(v.Field(i), path+"."+f.Name, n)
-			}
-		}
-	case reflect.String:
-		v.SetString(path)
-	case reflect.Int, reflect.Int64, reflect.Int32:
-		v.SetInt(int64(*n))
-	case reflect.Uint, reflect.Uint64, reflect.Uint32:
-		v.SetUint(uint64(*n))
-	case reflect.Float64:
-		v.SetFloat(float64(*n) + 0.5)
-	case reflect.Bool:
-		v.SetBool(true)
-	case reflect.Slice:
-		s := reflect.MakeSlice(v.Type(), 2, 2)
-		for i := 0; i < 2; i++ {
-			fill(s.Index(i), fmt.Sprintf("%s[%d]", path, i), n)
-		}
-		v.Set(s)
-	case reflect.Map:
-		m := reflect.MakeMap(v.Type())
-		for i := 0; i < 2; i++ {
-			k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
-			fill(k, fmt.Sprintf("%s.k%d", path, i), n)
-			fill(e, fmt.Sprintf("%s.v%d", path, i), n)
-			m.SetMapIndex(k, e)
-		}
-		v.Set(m)
-	case reflect.Pointer:
-		p := reflect.New(v.Type().Elem())
-		fill(p.Elem(), path, n)
-		v.Set(p)
-	default:
-		panic(fmt.Sprintf("%s: fill has no value for a %s", path, v.Kind()))
 	}
 }

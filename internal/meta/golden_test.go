@@ -6,10 +6,10 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
-	"time"
 
 	"github.com/molt-sh/molt/internal/hot"
 	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // The golden records of testdata/golden were written by the build before
@@ -53,7 +53,7 @@ func typed[T any](bucket string) goldenCase {
 		filled: func() any {
 			var v T
 			n := 0
-			fill(reflect.ValueOf(&v).Elem(), "x", &n)
+			testutil.Fill(reflect.ValueOf(&v).Elem(), "x", &n)
 			return v
 		},
 	}
@@ -114,54 +114,5 @@ func TestGoldenFields(t *testing.T) {
 		if !bytes.Equal(got, raw) {
 			t.Errorf("%s: every field set encodes as\n%s\nwant\n%s", c.bucket, got, raw)
 		}
-	}
-}
-
-// fill sets every exported field of v, each to a value of its own (the
-// path of field names for strings, a counter for numbers and times), as
-// the golden records were made.
-func fill(v reflect.Value, name string, n *int) {
-	*n++
-	switch v.Kind() {
-	case reflect.Struct:
-		if v.Type() == reflect.TypeOf(time.Time{}) {
-			v.Set(reflect.ValueOf(time.Date(2026, 1, 2, 3, 4, 5, 6789, time.UTC).Add(time.Duration(*n) * time.Second)))
-			return
-		}
-		for i := 0; i < v.NumField(); i++ {
-			if v.Type().Field(i).IsExported() {
-				fill(v.Field(i), name+"."+v.Type().Field(i).Name, n)
-			}
-		}
-	case reflect.String:
-		v.SetString(name)
-	case reflect.Int, reflect.Int64, reflect.Int32:
-		v.SetInt(int64(*n))
-	case reflect.Uint, reflect.Uint64, reflect.Uint32:
-		v.SetUint(uint64(*n))
-	case reflect.Float64:
-		v.SetFloat(float64(*n) + 0.25)
-	case reflect.Bool:
-		v.SetBool(true)
-	case reflect.Slice:
-		s := reflect.MakeSlice(v.Type(), 2, 2)
-		for i := 0; i < 2; i++ {
-			fill(s.Index(i), name, n)
-		}
-		v.Set(s)
-	case reflect.Map:
-		m := reflect.MakeMap(v.Type())
-		for i := 0; i < 2; i++ {
-			k := reflect.New(v.Type().Key()).Elem()
-			fill(k, name+".k"+string(rune('a'+i)), n)
-			e := reflect.New(v.Type().Elem()).Elem()
-			fill(e, name+".v", n)
-			m.SetMapIndex(k, e)
-		}
-		v.Set(m)
-	case reflect.Pointer:
-		p := reflect.New(v.Type().Elem())
-		fill(p.Elem(), name, n)
-		v.Set(p)
 	}
 }
