@@ -96,9 +96,10 @@ func FuzzImportTar(f *testing.F) {
 	})
 }
 
-// A sparse entry keeps its declared size and data, and its holes stay
-// holes.
-func TestImportSparse(t *testing.T) {
+// sparseSeed is the corpus's sparse-1GiB archive: one old-GNU sparse
+// entry "big" of 1 GiB declared, whose map holds 512 bytes of data.
+func sparseSeed(t *testing.T) string {
+	t.Helper()
 	data, err := os.ReadFile("testdata/fuzz/FuzzImportTar/sparse-1GiB")
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +110,13 @@ func TestImportSparse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// A sparse entry keeps its declared size and data, and its holes stay
+// holes.
+func TestImportSparse(t *testing.T) {
+	s := sparseSeed(t)
 	dst, _ := sandbox(t)
 	if err := ImportTar(t.Context(), strings.NewReader(s), dst); err != nil {
 		t.Fatal(err)
@@ -138,15 +146,7 @@ func TestImportSparse(t *testing.T) {
 // reference, or a map past the data) is a malformed archive, refused as
 // invalid_argument like any other. The fuzzer found the first.
 func TestImportSparseMismatch(t *testing.T) {
-	data, err := os.ReadFile("testdata/fuzz/FuzzImportTar/sparse-1GiB")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lit := bytes.TrimSpace(bytes.SplitN(data, []byte("\n"), 2)[1])
-	s, err := strconv.Unquote(string(bytes.TrimSuffix(bytes.TrimPrefix(lit, []byte("[]byte(")), []byte(")"))))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := sparseSeed(t)
 	// The seed's one entry holds 512 bytes of data, all of them mapped.
 	for _, tc := range []struct {
 		name string
@@ -178,18 +178,10 @@ func TestImportSparseMismatch(t *testing.T) {
 // A source that fails is the host's fault, not the archive's: its error
 // is not invalid_argument, and it reaches the caller.
 func TestImportSourceFails(t *testing.T) {
-	data, err := os.ReadFile("testdata/fuzz/FuzzImportTar/sparse-1GiB")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lit := bytes.TrimSpace(bytes.SplitN(data, []byte("\n"), 2)[1])
-	s, err := strconv.Unquote(string(bytes.TrimSuffix(bytes.TrimPrefix(lit, []byte("[]byte(")), []byte(")"))))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := sparseSeed(t)
 	// The source fails in the middle of the entry's data.
 	r := io.MultiReader(strings.NewReader(s[:600]), iotest.ErrReader(syscall.EIO))
-	err = ImportTar(t.Context(), r, t.TempDir())
+	err := ImportTar(t.Context(), r, t.TempDir())
 	if !errors.Is(err, syscall.EIO) || errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("import: %v, want EIO and not invalid_argument", err)
 	}
