@@ -4,8 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"github.com/molt-sh/molt/internal/pool"
-	"github.com/molt-sh/molt/internal/testutil"
+	"github.com/molt-sh/molt/internal/testutil/btrfstest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -115,27 +114,10 @@ func TestLocalRefusesPlantedLinks(t *testing.T) {
 	}
 }
 
-// btrfsDir is a directory on a fresh btrfs pool (a loop file), as the
-// daemon's pool/checkpoints is.
-func btrfsDir(t *testing.T) string {
-	t.Helper()
-	testutil.RequireRoot(t)
-	p, err := pool.Open(context.Background(), pool.Config{Root: t.TempDir(), Size: 512 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Unmount(); err != nil {
-			t.Error(err)
-		}
-	})
-	return p.Dir
-}
-
 // TestLocalBtrfs runs the conformance suite against the local backend on
 // btrfs, where pages are shared by reflink and deletes meet subvolumes.
 func TestLocalBtrfs(t *testing.T) {
-	dir := btrfsDir(t)
+	dir := btrfstest.Dir(t)
 	n := 0
 	storetest.Run(t, func(t *testing.T) ckstore.Backend {
 		n++
@@ -151,7 +133,7 @@ func TestLocalBtrfs(t *testing.T) {
 // holds writes only the new ones; the index follows parents up to
 // LineageDepth full checkpoints.
 func TestPageIndexSharesTheLineage(t *testing.T) {
-	s := ckstore.New(ckstore.NewLocal(btrfsDir(t)))
+	s := ckstore.New(ckstore.NewLocal(btrfstest.Dir(t)))
 	pages := make([]byte, 64*4096)
 	if _, err := rand.Read(pages); err != nil {
 		t.Fatal(err)
@@ -195,26 +177,7 @@ func TestPageIndexSharesTheLineage(t *testing.T) {
 // BenchmarkVerifyQuick is the verification on a rollback's path: every
 // object stat'ed, none hashed again.
 func BenchmarkVerifyQuick(b *testing.B) {
-	l := ckstore.NewLocal(b.TempDir())
-	s := ckstore.New(l)
-	id := "ck0123456789"
-	if _, err := s.Create(id); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.MkdirAll(s.FS(id), 0o700); err != nil {
-		b.Fatal(err)
-	}
-	staging := b.TempDir()
-	for i := range 40 {
-		if err := os.WriteFile(filepath.Join(staging, fmt.Sprintf("core-%d.img", i)), []byte(fmt.Sprint(i)), 0o600); err != nil {
-			b.Fatal(err)
-		}
-	}
-	objs, _, err := s.Writer(id).StoreImages(context.Background(), staging, nil, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	s.Remember(id, objs)
+	s, id, objs := committed40(b)
 	b.ResetTimer()
 	for b.Loop() {
 		if err := s.Verify(id, objs, false); err != nil {
@@ -223,12 +186,11 @@ func BenchmarkVerifyQuick(b *testing.B) {
 	}
 }
 
-// BenchmarkOpenQuick is what a restore pays before CRIU starts: the
-// manifest check and the quick verification of 40 objects (compare with
-// BenchmarkVerifyQuick for the manifest's share).
-func BenchmarkOpenQuick(b *testing.B) {
-	l := ckstore.NewLocal(b.TempDir())
-	s := ckstore.New(l)
+// committed40 is a committed checkpoint of 40 small objects, hashed by
+// its store: what a quick verification and open of a checkpoint of an
+// idle session go through.
+func committed40(b *testing.B) (*ckstore.Store, string, []ckstore.Object) {
+	s := ckstore.New(ckstore.NewLocal(b.TempDir()))
 	id := "ck0123456789"
 	w, err := s.Create(id)
 	if err != nil {
@@ -251,6 +213,14 @@ func BenchmarkOpenQuick(b *testing.B) {
 		b.Fatal(err)
 	}
 	s.Remember(id, objs)
+	return s, id, objs
+}
+
+// BenchmarkOpenQuick is what a restore pays before CRIU starts: the
+// manifest check and the quick verification of 40 objects (compare with
+// BenchmarkVerifyQuick for the manifest's share).
+func BenchmarkOpenQuick(b *testing.B) {
+	s, id, objs := committed40(b)
 	r := s.Reader(id)
 	b.ResetTimer()
 	for b.Loop() {

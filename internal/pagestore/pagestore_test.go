@@ -2,32 +2,15 @@ package pagestore
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"errors"
 	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/molt-sh/molt/internal/pool"
-	"github.com/molt-sh/molt/internal/testutil"
+	"github.com/molt-sh/molt/internal/testutil/btrfstest"
 	"golang.org/x/sys/unix"
 )
-
-func btrfsDir(t *testing.T) string {
-	t.Helper()
-	testutil.RequireRoot(t)
-	p, err := pool.Open(context.Background(), pool.Config{Root: t.TempDir(), Size: 512 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Unmount(); err != nil {
-			t.Error(err)
-		}
-	})
-	return p.Dir
-}
 
 func randomPages(n int) []byte {
 	b := make([]byte, n*PageSize)
@@ -54,7 +37,7 @@ func usedBytes(t *testing.T, dir string) int64 {
 }
 
 func TestStoreSharesKnownPages(t *testing.T) {
-	dir := btrfsDir(t)
+	dir := btrfstest.Dir(t)
 	staging := t.TempDir()
 	first := randomPages(1024) // 4 MiB
 	second := append([]byte(nil), first...)
@@ -109,7 +92,7 @@ func TestStoreSharesKnownPages(t *testing.T) {
 }
 
 func TestStoreSharesRepeatsWithinAnImage(t *testing.T) {
-	dir := btrfsDir(t)
+	dir := btrfstest.Dir(t)
 	src := filepath.Join(t.TempDir(), "zeros.img")
 	b := append(randomPages(2), make([]byte, 64*PageSize)...)
 	if err := os.WriteFile(src, b, 0o600); err != nil {
@@ -146,7 +129,7 @@ func TestIndexFromHashFile(t *testing.T) {
 }
 
 func TestStoreSharesSmallFilesWhole(t *testing.T) {
-	dir := btrfsDir(t)
+	dir := btrfstest.Dir(t)
 	staging := t.TempDir()
 	x := NewIndex()
 	b := []byte("a small image, shorter than a page")
@@ -174,7 +157,7 @@ func TestStoreSharesSmallFilesWhole(t *testing.T) {
 // TestStoreWithYields: the yield function sees every written byte, in
 // steps, and an error from it ends the store without leaving dst.
 func TestStoreWithYields(t *testing.T) {
-	dir := btrfsDir(t)
+	dir := btrfstest.Dir(t)
 	src := filepath.Join(t.TempDir(), "pages.img")
 	if err := os.WriteFile(src, randomPages(1000), 0o600); err != nil {
 		t.Fatal(err)
