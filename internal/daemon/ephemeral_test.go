@@ -27,23 +27,9 @@ func TestMain(m *testing.M) {
 // socket, its sandbox kept running with its processes and files, and
 // Close still removes everything.
 func TestEphemeralRestart(t *testing.T) {
-	testutil.RequireRoot(t)
-	// StartEphemeral raises GOMAXPROCS once for the process: undone for
-	// TestSetProcs.
-	defer func(n int) {
-		runtime.GOMAXPROCS(n)
-		procsOnce = sync.Once{}
-	}(runtime.GOMAXPROCS(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cache := os.Getenv("MOLT_CACHE_DIR")
-	if cache == "" {
-		cache = "/var/cache/molt"
-	}
-	e, err := StartEphemeral(ctx, t.TempDir(), cache, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := startTestEphemeral(t, ctx)
 	closed := false
 	defer func() {
 		if !closed {
@@ -91,4 +77,27 @@ func TestEphemeralRestart(t *testing.T) {
 	if _, err := os.Stat(root); !os.IsNotExist(err) {
 		t.Fatalf("root %s after Close: %v", root, err)
 	}
+}
+
+// startTestEphemeral starts an ephemeral daemon on a temporary root, with
+// the test image cache (MOLT_CACHE_DIR, default /var/cache/molt). It
+// needs root. StartEphemeral raises GOMAXPROCS once for the process:
+// that is undone when the test ends, for TestSetProcs.
+func startTestEphemeral(t *testing.T, ctx context.Context) *Ephemeral {
+	t.Helper()
+	testutil.RequireRoot(t)
+	n := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() {
+		runtime.GOMAXPROCS(n)
+		procsOnce = sync.Once{}
+	})
+	cache := os.Getenv("MOLT_CACHE_DIR")
+	if cache == "" {
+		cache = "/var/cache/molt"
+	}
+	e, err := StartEphemeral(ctx, t.TempDir(), cache, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }

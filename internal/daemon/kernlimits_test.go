@@ -4,17 +4,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	v1 "github.com/molt-sh/molt/api/v1"
-	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // holdInotify creates inotify instances until the kernel refuses one,
@@ -42,21 +39,9 @@ time.sleep(600)
 // bound of its own (its RLIMIT_NOFILE here), and the host's root can
 // still create one: the daemon raised the per-uid pool they share.
 func TestInotifyExhaustionSparesHost(t *testing.T) {
-	testutil.RequireRoot(t)
-	defer func(n int) {
-		runtime.GOMAXPROCS(n)
-		procsOnce = sync.Once{}
-	}(runtime.GOMAXPROCS(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cache := os.Getenv("MOLT_CACHE_DIR")
-	if cache == "" {
-		cache = "/var/cache/molt"
-	}
-	e, err := StartEphemeral(ctx, t.TempDir(), cache, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := startTestEphemeral(t, ctx)
 	defer e.Close()
 	if _, err := e.Client.BuildImage(ctx, v1.ImageBuildRequest{Name: "default"}, nil); err != nil {
 		t.Fatal(err)
