@@ -298,16 +298,7 @@ func TestDiskFullPool(t *testing.T) {
 // nearly full, checkpoints, forks, rollbacks and hibernation are refused
 // (the pool itself still says it has room) and the sandbox runs on.
 func TestDiskFullUnderLoopPool(t *testing.T) {
-	testutil.RequireRoot(t)
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1536m"); err != nil {
-		testutil.Unavailable(t, "tmpfs mount: "+err.Error())
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
+	dir := smallTmpfs(t)
 	m := openSmallManager(t, filepath.Join(dir, "root"), 8<<30, 128<<20)
 	requireCRIU(t, m)
 	ctx := context.Background()
@@ -343,4 +334,22 @@ func TestDiskFullUnderLoopPool(t *testing.T) {
 	if got := run(t, m, sb.ID, "echo $x").Stdout; got != "1\n" {
 		t.Fatalf("after the rollback: %q", got)
 	}
+}
+
+// smallTmpfs is a 1.5 GiB tmpfs of the test's own, to hold a state root
+// whose filesystem fills up before its (sparse, larger) pool image does.
+// It needs root.
+func smallTmpfs(t *testing.T) string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1536m"); err != nil {
+		testutil.Unavailable(t, "tmpfs mount: "+err.Error())
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
 }

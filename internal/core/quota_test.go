@@ -305,16 +305,7 @@ func TestForkAdoptsStandbyQuota(t *testing.T) {
 // reserve, and the daemon goes on writing its metadata and checkpoints.
 // Before quotas the sandbox filled the state root's filesystem.
 func TestSandboxCannotFillStateRoot(t *testing.T) {
-	testutil.RequireRoot(t)
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1536m"); err != nil {
-		testutil.Unavailable(t, "tmpfs mount: "+err.Error())
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
+	dir := smallTmpfs(t)
 	const reserve = 128 << 20
 	m := openSmallManager(t, filepath.Join(dir, "root"), 8<<30, reserve)
 	if m.quota.why != "" {
