@@ -1,0 +1,108 @@
+// Package ledger is the append-only record of every effect a sandbox had
+// on the world outside it: HTTP requests, TLS and raw connections, DNS
+// lookups, and effects declared through the API. It lives outside the
+// sandbox and its checkpoints and only grows, so a rollback cannot erase
+// what the world already saw.
+//
+// Records form lines, as commits form branches: each record points at
+// the previous one of its line (Prev), a sandbox's head is the last
+// record of its current line, and a checkpoint remembers the head it was
+// taken at. Rolling back to a checkpoint rewinds the head; committed
+// effects no longer reachable from the head are orphans: the world has
+// them, the sandbox's state does not. A request equivalent to an orphan
+// is answered from the ledger (a replay record joins the orphan to the
+// line) instead of being sent again.
+package ledger
+
+import "time"
+
+// Kind classifies a record.
+type Kind string
+
+const (
+	Read   Kind = "read"   // GET, HEAD, OPTIONS, DNS
+	Effect Kind = "effect" // every other HTTP method; declared effects
+	Opaque Kind = "opaque" // TLS without inspection, raw TCP or UDP
+)
+
+// State is where a record is in its life.
+type State string
+
+const (
+	Pending   State = "pending"   // recorded, sent or about to be; outcome unknown
+	Completed State = "completed" // the world answered
+	Failed    State = "failed"    // never reached the world or it failed (Error says)
+	Denied    State = "denied"    // refused by the egress policy; never sent
+	Blocked   State = "blocked"   // refused as divergent after a rollback; never sent
+	Replayed  State = "replayed"  // answered from the orphan ReplayOf; never sent
+	Refused   State = "refused"   // equivalent to a pending record; never sent
+)
+
+// Identity is what makes two requests the same effect.
+type Identity struct {
+	Proto  string `json:"proto"` // http, https, tls, tcp, udp, dns, declared
+	Method string `json:"method,omitempty"`
+	// URL is canonical: lower-case scheme and host, default port
+	// dropped, query parameters sorted.
+	URL  string `json:"url,omitempty"`
+	Host string `json:"host,omitempty"` // name (Host, SNI, DNS question) or address
+	Addr string `json:"addr,omitempty"` // ip:port the sandbox connected to
+	// BodyHash is the hex SHA-256 of the canonical body (Canon).
+	BodyHash string `json:"body_hash,omitempty"`
+	// HeaderHash is the hex SHA-256 of the canonical header set: every
+	// header but the ignored ones, names lower-cased, sorted.
+	HeaderHash     string `json:"header_hash,omitempty"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
+// Response summarizes what came back.
+type Response struct {
+	Status    int                 `json:"status,omitempty"`
+	Header    map[string][]string `json:"header,omitempty"`
+	Body      []byte              `json:"body,omitempty"` // whole when BodySize <= the cap
+	BodySize  int64               `json:"body_size"`
+	BodyHash  string              `json:"body_hash,omitempty"`
+	Truncated bool                `json:"truncated,omitempty"` // Body holds only a prefix
+	BytesOut  int64               `json:"bytes_out,omitempty"` // sandbox -> world (connections)
+	BytesIn   int64               `json:"bytes_in,omitempty"`  // world -> sandbox
+	Answers   []string            `json:"answers,omitempty"`   // DNS
+}
+
+// Compensator is an HTTP request that undoes a declared effect.
+type Compensator struct {
+	Method string              `json:"method"`
+	URL    string              `json:"url"`
+	Header map[string][]string `json:"header,omitempty"`
+	Body   []byte              `json:"body,omitempty"`
+}
+
+// Record is one entry of a sandbox's ledger.
+type Record struct {
+	ID      string `json:"id"`
+	Seq     uint64 `json:"seq"`  // 1, 2, ... in the sandbox's ledger
+	Prev    string `json:"prev"` // previous record of this record's line; "" at the start
+	Sandbox string `json:"sandbox"`
+	// Origin is the sandbox that wrote the record when it was inherited
+	// by a fork ("" when it is this sandbox's own).
+	Origin     string    `json:"origin,omitempty"`
+	Turn       int       `json:"turn,omitempty"`
+	Checkpoint string    `json:"checkpoint,omitempty"` // the sandbox's head checkpoint then
+	Kind       Kind      `json:"kind"`
+	State      State     `json:"state"`
+	Request    Identity  `json:"request"`
+	Response   *Response `json:"response,omitempty"`
+	Error      string    `json:"error,omitempty"`
+	// ReplayOf is the orphan a Replayed record answered from, or the
+	// pending record a Refused one matched.
+	ReplayOf    string       `json:"replay_of,omitempty"`
+	Declared    bool         `json:"declared,omitempty"`
+	Compensator *Compensator `json:"compensator,omitempty"`
+	Started     time.Time    `json:"started"`
+	Finished    time.Time    `json:"finished,omitzero"`
+}
+
+// Committed reports whether r is an effect the world has (or may have):
+// a completed or still pending effect or opaque record of this line.
+func (r Record) Committed() bool {
+	return (r.Kind == Effect || r.Kind == Opaque) && (r.State == Completed || r.State == Pending)
+}
