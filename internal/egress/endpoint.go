@@ -1,0 +1,91 @@
+package egress
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// Endpoint is what the proxy and the DNS server know of the sandbox
+// behind a source address. Its fields are read-only once published.
+type Endpoint struct {
+	ID     string
+	Addr   netip.Addr // the sandbox's address on its veth
+	Policy Policy
+	CA     *CA // the sandbox's CA when Policy.Inspect
+	// Turn and Head give the sandbox's current turn and head checkpoint,
+	// recorded with each ledger record.
+	Turn func() int
+	Head func() string
+}
+
+// Names remembers which name each sandbox resolved to which address
+// through molt's DNS, so that a connection to an address is judged (and
+// recorded) by the name the sandbox asked for.
+type Names struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	m map[string]map[netip.Addr]nameEntry
+}
+
+type nameEntry struct {
+	name    string
+	expires time.Time
+}
+
+// minNameTTL keeps a name for an address at least this long: programs
+// cache answers longer than their TTL.
+const minNameTTL = 10 * time.Minute
+
+// Add records that sandbox sb resolved name to ips.
+func (n *Names) Add(sb, name string, ips []netip.Addr, ttl time.Duration) {
+	ttl = max(ttl, minNameTTL)
+	exp := time.Now().Add(ttl)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil {
+		n.m = make(map[string]map[netip.Addr]nameEntry)
+	}
+	by := n.m[sb]
+	if by == nil {
+		by = make(map[netip.Addr]nameEntry)
+		n.m[sb] = by
+	}
+	for _, ip := range ips {
+		by[ip.Unmap()] = nameEntry{name: normDomain(name), expires: exp}
+	}
+}
+
+// Lookup returns the name sandbox sb last resolved to ip, or "".
+func (n *Names) Lookup(sb string, ip netip.Addr) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e, ok := n.m[sb][ip.Unmap()]
+	if !ok || time.Now().After(e.expires) {
+		return ""
+	}
+	return e.name
+}
+
+// Copy gives sandbox to what from has (a fork resolved what its parent
+// resolved).
+func (n *Names) Copy(from, to string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	src := n.m[from]
+	if len(src) == 0 {
+		return
+	}
+	dst := make(map[netip.Addr]nameEntry, len(src))
+	for k, v := range src {
+		dst[k] = v
+	}
+	n.m[to] = dst
+}
+
+// Forget drops what sandbox sb resolved.
+func (n *Names) Forget(sb string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.m, sb)
+}
