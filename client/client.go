@@ -292,6 +292,24 @@ func (c *Client) Turns(ctx context.Context, ref string) ([]v1.TurnRecord, error)
 	return l, c.do(ctx, "GET", "/v1/sandboxes/"+esc(ref)+"/turns", nil, &l)
 }
 
+// Effects lists a sandbox's effect ledger; with since (a checkpoint),
+// only what was recorded after it.
+func (c *Client) Effects(ctx context.Context, ref, since string) ([]v1.Effect, error) {
+	var l []v1.Effect
+	p := "/v1/sandboxes/" + esc(ref) + "/effects"
+	if since != "" {
+		p += "?since=" + url.QueryEscape(since)
+	}
+	return l, c.do(ctx, "GET", p, nil, &l)
+}
+
+// DeclareEffect records an effect that did not pass through molt's
+// egress proxy.
+func (c *Client) DeclareEffect(ctx context.Context, ref string, req v1.EffectDeclareRequest) (v1.Effect, error) {
+	var e v1.Effect
+	return e, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/effects", req, &e)
+}
+
 // Checkpoints lists a sandbox's checkpoints.
 func (c *Client) Checkpoints(ctx context.Context, ref string) ([]v1.Checkpoint, error) {
 	var l []v1.Checkpoint

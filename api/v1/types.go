@@ -177,7 +177,47 @@ type SandboxCreateRequest struct {
 	// its content, at most MaxSeccompProfileBytes (the daemon never
 	// reads a path of the client's).
 	SeccompProfile string `json:"seccomp_profile,omitempty"`
+	// Network is NetworkNone ("" too: loopback only) or NetworkEgress:
+	// a veth into molt's router, an address from the host's range, DNS,
+	// and TCP through molt's egress proxy, every effect in the ledger.
+	Network string `json:"network,omitempty"`
+	// Egress is the policy of a sandbox with NetworkEgress.
+	Egress *EgressPolicy `json:"egress,omitempty"`
 }
+
+// The values of Network.
+const (
+	NetworkNone   = "none"
+	NetworkEgress = "egress"
+)
+
+// EgressPolicy is what a sandbox may reach and how its effects are
+// treated (docs/egress.md). Domains match the name and its subdomains.
+type EgressPolicy struct {
+	AllowDomains []string `json:"allow_domains,omitempty"`
+	DenyDomains  []string `json:"deny_domains,omitempty"`
+	AllowCIDRs   []string `json:"allow_cidrs,omitempty"`
+	DenyCIDRs    []string `json:"deny_cidrs,omitempty"`
+	// HTTPPorts are ports beyond 80 whose TCP is parsed as HTTP.
+	HTTPPorts []uint16 `json:"http_ports,omitempty"`
+	// Inspect terminates TLS with the sandbox's own CA (installed in its
+	// trust store) and records HTTPS requests like HTTP ones.
+	Inspect bool `json:"inspect,omitempty"`
+	// OnDivergence is DivergeForward ("" too) or DivergeBlock: what
+	// happens to an effect that matches nothing recorded while a
+	// rolled-back sandbox still has effects to replay.
+	OnDivergence string `json:"on_divergence,omitempty"`
+	// IgnoreHeaders and IgnoreJSONFields are left out when requests are
+	// compared for replay (beyond the defaults: Date, tracing headers).
+	IgnoreHeaders    []string `json:"ignore_headers,omitempty"`
+	IgnoreJSONFields []string `json:"ignore_json_fields,omitempty"`
+}
+
+// The values of EgressPolicy.OnDivergence.
+const (
+	DivergeForward = "forward"
+	DivergeBlock   = "block"
+)
 
 // The values of Seccomp.
 const (
@@ -228,6 +268,76 @@ type Sandbox struct {
 	// the latest.
 	LimitsTampered int             `json:"limits_tampered,omitempty"`
 	LastTampered   *LimitsTampered `json:"last_tampered,omitempty"`
+	// Network is NetworkNone or NetworkEgress; Address is the
+	// sandbox's address with egress.
+	Network string        `json:"network,omitempty"`
+	Address string        `json:"address,omitempty"`
+	Egress  *EgressPolicy `json:"egress,omitempty"`
+}
+
+// Effect is one record of a sandbox's effect ledger: something that
+// left the sandbox (an HTTP request, a TLS or TCP connection, a DNS
+// lookup) or was declared through the API.
+type Effect struct {
+	ID         string `json:"id"`
+	Seq        uint64 `json:"seq"`
+	Prev       string `json:"prev,omitempty"`
+	Sandbox    string `json:"sandbox"`
+	Origin     string `json:"origin,omitempty"`
+	Turn       int    `json:"turn,omitempty"`
+	Checkpoint string `json:"checkpoint,omitempty"`
+	// Kind is "read", "effect" or "opaque"; State "pending",
+	// "completed", "failed", "denied", "blocked", "replayed" or
+	// "refused".
+	Kind           string              `json:"kind"`
+	State          string              `json:"state"`
+	Proto          string              `json:"proto"`
+	Method         string              `json:"method,omitempty"`
+	URL            string              `json:"url,omitempty"`
+	Host           string              `json:"host,omitempty"`
+	Addr           string              `json:"addr,omitempty"`
+	BodyHash       string              `json:"body_hash,omitempty"`
+	IdempotencyKey string              `json:"idempotency_key,omitempty"`
+	Status         int                 `json:"status,omitempty"`
+	ResponseHeader map[string][]string `json:"response_header,omitempty"`
+	ResponseBody   []byte              `json:"response_body,omitempty"`
+	ResponseBytes  int64               `json:"response_bytes,omitempty"`
+	BytesOut       int64               `json:"bytes_out,omitempty"`
+	BytesIn        int64               `json:"bytes_in,omitempty"`
+	Answers        []string            `json:"answers,omitempty"`
+	Error          string              `json:"error,omitempty"`
+	ReplayOf       string              `json:"replay_of,omitempty"`
+	// Orphan: the world has this effect but the sandbox's current state
+	// does not (it was rolled back past it) and it was not replayed.
+	Orphan      bool         `json:"orphan,omitempty"`
+	Declared    bool         `json:"declared,omitempty"`
+	Compensator *Compensator `json:"compensator,omitempty"`
+	Started     time.Time    `json:"started"`
+	Finished    time.Time    `json:"finished,omitzero"`
+}
+
+// Compensator is an HTTP request that undoes a declared effect.
+type Compensator struct {
+	Method string              `json:"method"`
+	URL    string              `json:"url"`
+	Header map[string][]string `json:"header,omitempty"`
+	Body   []byte              `json:"body,omitempty"`
+}
+
+// EffectDeclareRequest declares an effect that did not cross molt's
+// proxy (an agent's own tool call outside the sandbox). Kind defaults
+// to "effect"; State to "completed".
+type EffectDeclareRequest struct {
+	Kind           string       `json:"kind,omitempty"`
+	State          string       `json:"state,omitempty"`
+	Method         string       `json:"method,omitempty"`
+	URL            string       `json:"url,omitempty"`
+	Host           string       `json:"host,omitempty"`
+	Body           []byte       `json:"body,omitempty"`
+	IdempotencyKey string       `json:"idempotency_key,omitempty"`
+	Status         int          `json:"status,omitempty"`
+	ResponseBody   []byte       `json:"response_body,omitempty"`
+	Compensator    *Compensator `json:"compensator,omitempty"`
 }
 
 // Session is a persistent shell inside a sandbox.

@@ -19,6 +19,7 @@ import (
 func createCmd(g *globals) *cobra.Command {
 	var name, hostname, memory, pids, cpus, standbyBudget, disk, filter string
 	var env []string
+	var net netFlags
 	var ioWeight int64
 	c := &cobra.Command{
 		Use: "create IMAGE", Short: "Create and start a sandbox; prints its ID", Args: cobra.ExactArgs(1),
@@ -64,6 +65,9 @@ func createCmd(g *globals) *cobra.Command {
 			if req.Seccomp, req.SeccompProfile, err = seccompFlag(filter); err != nil {
 				return err
 			}
+			if req.Network, req.Egress, err = net.request(); err != nil {
+				return err
+			}
 			sb, err := g.client().Create(ctx, req)
 			if err != nil {
 				return err
@@ -80,6 +84,7 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().Int64Var(&ioWeight, "io-weight", 0, "proportional block I/O weight, 1-10000 on cgroup v2 and 1-1000 on v1 (0: the kernel's default, 100); refused where the host has no weight file")
 	c.Flags().StringVar(&disk, "disk", "", "disk quota: the sandbox's files and its checkpoints' together, past which its writes fail with EDQUOT (e.g. 10G; none for no quota; default: the daemon's --default-disk)")
 	c.Flags().StringVar(&standbyBudget, "standby-budget", "", "memory for this sandbox's standbys (hot rollback), within the host's (e.g. 512M; 0 for none; default: the daemon's --sandbox-standby-budget)")
+	net.add(c)
 	c.Flags().StringVar(&filter, "seccomp", "", "system call filter: default (molt's profile, docs/security.md), unconfined, or the path of a Docker/OCI-format JSON profile, read here and sent to the daemon (default: the daemon's --seccomp-default)")
 	return c
 }

@@ -166,7 +166,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 	ck := checkpointRec{Checkpoint: meta.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFS, Label: label,
 		Created: time.Now().UTC(),
-	}, Image: rec.Image}
+	}, Image: rec.Image, LedgerHead: m.ledger.Head(rec.ID)}
 	if _, err := m.cks.Create(id); err != nil {
 		return meta.Checkpoint{}, err
 	}
@@ -573,6 +573,7 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	if err != nil {
 		return meta.RollbackResult{}, err
 	}
+	m.ledgerRewind(rec.ID, ck)
 	res.DurationMS = ms(time.Since(start))
 	if res.Tier != v1.TierRestart {
 		m.scheduleStandby(rec.ID)

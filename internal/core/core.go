@@ -22,6 +22,8 @@ import (
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/criu"
+	"github.com/molt-sh/molt/internal/egress"
+	"github.com/molt-sh/molt/internal/egress/ledger"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
@@ -105,6 +107,8 @@ type Config struct {
 	// what they were created with either way.
 	UserNS     bool
 	UserNSBase uint32
+	// Egress configures sandboxes' way out (egress.go).
+	Egress EgressConfig
 }
 
 // DefaultCRIULogLevel is Config.CRIULogLevel's default: errors and
@@ -132,6 +136,9 @@ type Manager struct {
 	criu     *criu.Tool
 	log      *slog.Logger
 	started  time.Time
+	net      *egress.Host   // sandboxes' egress (egress.go)
+	ledger   *ledger.Ledger // every sandbox's effects
+	netMu    sync.Mutex     // address allocation
 
 	idBlocks idBlocks // user namespace blocks being handed out
 
@@ -272,6 +279,10 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 		}
 	}
 	m.favorDynMods()
+	if err := m.openEgress(); err != nil {
+		m.Close()
+		return nil, err
+	}
 	if m.initBin, err = m.installInitBinary(); err != nil {
 		m.Close()
 		return nil, err
@@ -311,6 +322,7 @@ func (m *Manager) Close() error {
 	m.ret.Close()
 	m.quota.wg.Wait()
 	m.disk.Close()
+	m.closeEgress()
 	return m.db.Close()
 }
 
@@ -484,6 +496,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	}
 	m.disk.Heal(sbs, listed)
 	m.sweepQgroups(sbs)
+	m.reconcileEgress(sbs)
 	return nil
 }
 

@@ -155,6 +155,7 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 			rec := sandboxRec{Sandbox: meta.Sandbox{
 				ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
 				Head: ck.ID, ForkedFrom: ck.ID, Seccomp: src.Seccomp,
+				Network: src.Network, Egress: src.Egress,
 			}, MachineID: newMachineID(), SeccompProfile: src.SeccompProfile}
 			var taken *standby
 			if i == 0 {
@@ -165,6 +166,14 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 				var k int
 				k, err = m.reseed(ctx, rec)
 				reseeded.Add(int64(k))
+			}
+			if err == nil {
+				// The fork's ledger starts as its sandbox's at the
+				// checkpoint: the same history, a branch of its own.
+				if err = m.ledger.Fork(ck.Sandbox, rec.ID, ck.LedgerHead); err == nil {
+					id := rec.ID
+					r.Add(func() error { return m.ledger.Remove(id) })
+				}
 			}
 			if err == nil {
 				m.turnReset(ctx, rec)

@@ -123,6 +123,9 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	if err := m.fail("full:namespaces"); err != nil {
 		return meta.Checkpoint{}, err
 	}
+	// The ledger head before the freeze: an effect in flight across it
+	// is one the restored tree may send again, answered from the ledger.
+	ledgerHead := m.ledger.Head(rec.ID)
 	c, err := m.runCapture(ctx, rec, cg, tool, id, tree, o)
 	releaseCommits()
 	if err != nil {
@@ -138,7 +141,8 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		Capture: c.Mode, CaptureNote: c.Note,
 		StallParts: (*meta.StallParts)(&c.Parts),
 	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: c.Outside&unix.CLONE_NEWNET != 0,
-		ExternalUTS: c.Outside&unix.CLONE_NEWUTS != 0, ExternalIPC: c.Outside&unix.CLONE_NEWIPC != 0, IDs: rec.IDs}
+		ExternalUTS: c.Outside&unix.CLONE_NEWUTS != 0, ExternalIPC: c.Outside&unix.CLONE_NEWIPC != 0, IDs: rec.IDs,
+		LedgerHead: ledgerHead}
 	// The consistent instant is captured and the sandbox runs on. The
 	// rest (storing the images, the manifest, the commit) runs in the
 	// background: the checkpoint is pending until committed. The sandbox
@@ -463,6 +467,9 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		return meta.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head = init, v1.StateRunning, "", ck.ID
+	if err := m.netActivate(*rec, init); err != nil {
+		m.log.Warn("egress: the restored sandbox has no network", "sandbox", rec.ID, "err", err)
+	}
 	ts := m.turns.Prepare(rec.ID, init)
 	if err := continueTree(*rec, init, m.ckImages(procs.ID)); err != nil {
 		ts.Abandon()
@@ -666,6 +673,13 @@ func (m *Manager) restoreNamespaces(rec sandboxRec, cg *cgroup.Cgroup, ck checkp
 			s = nil
 		}
 	}
+	if s != nil && outside&unix.CLONE_NEWNET != 0 {
+		if err := m.prepareSpareNet(rec, s.Pid()); err != nil {
+			m.log.Info("egress: spare not used", "sandbox", rec.ID, "err", err)
+			s.Kill()
+			s = nil
+		}
+	}
 	if s != nil {
 		opts.Spare, opts.Started = s, nil
 		refill()
@@ -679,6 +693,13 @@ func (m *Manager) restoreNamespaces(rec sandboxRec, cg *cgroup.Cgroup, ck checkp
 		return release, fmt.Errorf("restore: %w", err)
 	}
 	cleanups = append(cleanups, func() { ns.Close(nss) })
+	for _, r := range nss {
+		if r.Type == unix.CLONE_NEWNET {
+			if err := m.netPrepare(rec, r.File); err != nil {
+				return release, fmt.Errorf("restore: %w", err)
+			}
+		}
+	}
 	opts.Namespaces = append(nss, join...)
 	refill()
 	return release, nil

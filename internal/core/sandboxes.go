@@ -19,6 +19,7 @@ import (
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/seccomp"
+	"golang.org/x/sys/unix"
 )
 
 // sandboxRec is a sandbox's metadata record (meta.SandboxRecord). State
@@ -60,6 +61,9 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (meta
 		rec.Seccomp = m.seccompDefault()
 	}
 	if _, err := m.seccompProgram(&rec); err != nil {
+		return meta.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	if err := setNetwork(&rec, req); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	sb, err := m.createFrom(ctx, rec, m.imageDir(req.Image), nil, nil)
@@ -175,6 +179,11 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 	if err := m.fail("create:cgroup"); err != nil {
 		return fail(err)
 	}
+	leave, err := m.netJoin(&rec)
+	if err != nil {
+		return fail(err)
+	}
+	r.Add(leave)
 	var init sandbox.Init
 	if sby != nil {
 		init, err = m.adoptStandby(&rec, sby, cg)
@@ -187,6 +196,10 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 		return fail(err)
 	}
 	r.Add(func() error { sandbox.Forget(init); return nil })
+	if err := m.netActivate(rec, init); err != nil {
+		_ = init.Signal(unix.SIGKILL)
+		return fail(err)
+	}
 	if err := m.fail("create:started"); err != nil {
 		return fail(err)
 	}
@@ -481,7 +494,11 @@ func (m *Manager) restart(ctx context.Context, rec *sandboxRec) error {
 	if err == nil {
 		var init sandbox.Init
 		if init, err = m.startInit(ctx, rec, cg); err == nil {
-			rec.State, rec.Reason, rec.Init = v1.StateRunning, "", init
+			if err = m.netActivate(*rec, init); err != nil {
+				_ = init.Signal(unix.SIGKILL)
+			} else {
+				rec.State, rec.Reason, rec.Init = v1.StateRunning, "", init
+			}
 		}
 	}
 	if err != nil {
@@ -519,6 +536,9 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	m.dropStandby(rec.ID, false)
 	m.removeRetired(rec.ID)
 	m.turnForget(rec.ID)
+	if err := m.net.Remove(rec.ID); err != nil {
+		m.log.Warn("egress: cannot remove the sandbox's network", "sandbox", rec.ID, "err", err)
+	}
 	err = m.db.Update(func(tx *meta.Tx) error {
 		if err := tx.DeletePrefix(meta.Turns, rec.ID+"/"); err != nil {
 			return err
@@ -549,6 +569,9 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 		return fmt.Errorf("remove %s: %w", rec.ID, err)
 	}
 	m.dropQgroup(rec)
+	if err := m.ledger.Remove(rec.ID); err != nil {
+		m.log.Warn("effect ledger: cannot remove the sandbox's", "sandbox", rec.ID, "err", err)
+	}
 	return nil
 }
 

@@ -280,6 +280,9 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 		return meta.RollbackResult{}, err
 	}
 	rec.Init, rec.State, rec.Reason, rec.Head, rec.IDs = s.Init, v1.StateRunning, "", ck.ID, ck.IDs
+	if err := m.netActivate(*rec, s.Init); err != nil {
+		m.log.Warn("egress: the promoted standby has no network", "sandbox", rec.ID, "err", err)
+	}
 	// The promoted tree is charged as the tree it replaces: the room
 	// goes once that one has exited.
 	m.releaseWhenGone(rec.ID, s.Room, old)

@@ -1,7 +1,10 @@
 package httpapi
 
 import (
+	"net/netip"
+
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/egress/ledger"
 	"github.com/molt-sh/molt/internal/meta"
 )
 
@@ -46,7 +49,47 @@ func toSandbox(s meta.Sandbox) v1.Sandbox {
 		MemoryBytes: s.MemoryBytes, Processes: s.Processes, DiskUsedBytes: s.DiskUsedBytes,
 		LimitsTampered: s.LimitsTampered,
 		LastTampered:   (*v1.LimitsTampered)(s.LastTampered),
+		Network:        s.Network,
+		Address:        egressAddr(s.Egress),
+		Egress:         toEgressPolicy(s.Egress),
 	}
+}
+
+func egressAddr(e *meta.Egress) string {
+	if e == nil || !e.Addr.IsValid() {
+		return ""
+	}
+	return e.Addr.String()
+}
+
+func toEgressPolicy(e *meta.Egress) *v1.EgressPolicy {
+	if e == nil {
+		return nil
+	}
+	p := e.Policy
+	str := func(l []netip.Prefix) []string { return mapSlice(l, netip.Prefix.String) }
+	return &v1.EgressPolicy{
+		AllowDomains: p.AllowDomains, DenyDomains: p.DenyDomains, AllowCIDRs: str(p.AllowCIDRs), DenyCIDRs: str(p.DenyCIDRs),
+		HTTPPorts: p.HTTPPorts, Inspect: p.Inspect, OnDivergence: string(p.Divergence),
+		IgnoreHeaders: p.IgnoreHeaders, IgnoreJSONFields: p.IgnoreJSONFields,
+	}
+}
+
+func toEffect(r ledger.Record, orphan bool) v1.Effect {
+	e := v1.Effect{
+		ID: r.ID, Seq: r.Seq, Prev: r.Prev, Sandbox: r.Sandbox, Origin: r.Origin, Turn: r.Turn, Checkpoint: r.Checkpoint,
+		Kind: string(r.Kind), State: string(r.State), Proto: r.Request.Proto, Method: r.Request.Method, URL: r.Request.URL,
+		Host: r.Request.Host, Addr: r.Request.Addr, BodyHash: r.Request.BodyHash, IdempotencyKey: r.Request.IdempotencyKey,
+		Error: r.Error, ReplayOf: r.ReplayOf, Orphan: orphan, Declared: r.Declared, Started: r.Started, Finished: r.Finished,
+	}
+	if resp := r.Response; resp != nil {
+		e.Status, e.ResponseHeader, e.ResponseBody, e.ResponseBytes = resp.Status, resp.Header, resp.Body, resp.BodySize
+		e.BytesOut, e.BytesIn, e.Answers = resp.BytesOut, resp.BytesIn, resp.Answers
+	}
+	if c := r.Compensator; c != nil {
+		e.Compensator = &v1.Compensator{Method: c.Method, URL: c.URL, Header: c.Header, Body: c.Body}
+	}
+	return e
 }
 
 func toSandboxes(l []meta.Sandbox) []v1.Sandbox { return mapSlice(l, toSandbox) }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/egress/ledger"
 	"github.com/molt-sh/molt/internal/meta"
 )
 
@@ -55,6 +56,11 @@ type Engine interface {
 
 	EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (meta.TurnResult, error)
 	Turns(ref string) ([]meta.TurnRecord, error)
+
+	// Effects lists a sandbox's effect ledger (after checkpoint since,
+	// when set) and which records are orphans.
+	Effects(ctx context.Context, ref, since string) ([]ledger.Record, map[string]bool, error)
+	DeclareEffect(ctx context.Context, ref string, req v1.EffectDeclareRequest) (ledger.Record, error)
 }
 
 // LLMEndpoints serves sandboxes' LLM endpoints (coord.Coordinator in

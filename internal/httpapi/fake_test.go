@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/egress/ledger"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
 )
@@ -127,6 +128,12 @@ func (f *fakeEngine) EndTurn(ctx context.Context, ref string, req v1.TurnRequest
 	return meta.TurnResult{}, f.call("EndTurn", ref)
 }
 func (f *fakeEngine) Turns(ref string) ([]meta.TurnRecord, error) { return nil, f.call("Turns", ref) }
+func (f *fakeEngine) Effects(ctx context.Context, ref, since string) ([]ledger.Record, map[string]bool, error) {
+	return nil, nil, f.call("Effects", ref)
+}
+func (f *fakeEngine) DeclareEffect(ctx context.Context, ref string, req v1.EffectDeclareRequest) (ledger.Record, error) {
+	return ledger.Record{}, f.call("DeclareEffect", ref)
+}
 
 // fakeLLM is the fake's LLM endpoints, failing the same way.
 type fakeLLM struct{ f *fakeEngine }

@@ -46,6 +46,8 @@ func Handler(m Engine, co LLMEndpoints, log *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/llm", s.llmGet)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/llm", s.llmRemove)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/effects", s.effects)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/effects", s.declareEffect)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.hibernate)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("GET /v1/checkpoints/{id}", s.checkpointInfo)
@@ -464,6 +466,25 @@ func (s *server) turns(w http.ResponseWriter, r *http.Request) {
 		wire = []v1.TurnRecord{}
 	}
 	reply(w, wire, err)
+}
+
+func (s *server) effects(w http.ResponseWriter, r *http.Request) {
+	l, orphans, err := s.m.Effects(r.Context(), r.PathValue("id"), r.URL.Query().Get("since"))
+	wire := make([]v1.Effect, 0, len(l))
+	for _, x := range l {
+		wire = append(wire, toEffect(x, orphans[x.ID]))
+	}
+	reply(w, wire, err)
+}
+
+func (s *server) declareEffect(w http.ResponseWriter, r *http.Request) {
+	var req v1.EffectDeclareRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	rec, err := s.m.DeclareEffect(r.Context(), r.PathValue("id"), req)
+	reply(w, toEffect(rec, false), err)
 }
 
 func (s *server) checkpointInfo(w http.ResponseWriter, r *http.Request) {

@@ -1,9 +1,11 @@
 package meta
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/egress"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -71,6 +73,10 @@ type CheckpointRecord struct {
 	// IDs is the block of host ids the images' user namespace maps (none
 	// for a sandbox without one): the sandbox restored from them gets it.
 	IDs sandbox.IDRange `json:"ids,omitzero"`
+	// LedgerHead is the sandbox's ledger head when the checkpoint was
+	// taken: a rollback to it rewinds the ledger there (effects
+	// recorded later become orphans), a fork starts its ledger there.
+	LedgerHead string `json:"ledger_head,omitempty"`
 }
 
 // Outside returns the namespace types the checkpoint's images leave out.
@@ -127,6 +133,22 @@ type Sandbox struct {
 	// the latest.
 	LimitsTampered int             `json:"limits_tampered,omitempty"`
 	LastTampered   *LimitsTampered `json:"last_tampered,omitempty"`
+	// Network is v1.NetworkNone ("" too: loopback only) or
+	// v1.NetworkEgress, with Egress set.
+	Network string  `json:"network,omitempty"`
+	Egress  *Egress `json:"egress,omitempty"`
+}
+
+// Egress is a sandbox's way out: its address in the host's egress range
+// and its policy.
+type Egress struct {
+	Addr   netip.Addr    `json:"addr"`
+	Policy egress.Policy `json:"policy"`
+	// CA is the sandbox's inspection CA (PEM certificate and key) when
+	// its policy inspects TLS; forks share it with their sandbox (their
+	// trust store has it).
+	CACert string `json:"ca_cert,omitempty"`
+	CAKey  string `json:"ca_key,omitempty"`
 }
 
 // Resources limits a sandbox.

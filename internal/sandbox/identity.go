@@ -3,6 +3,10 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -53,4 +57,88 @@ func replaceAt(dir int, name, content string) error {
 		return werr
 	}
 	return unix.Renameat(dir, tmp, dir, name)
+}
+
+// openDirIn opens the directory of path (absolute, inside the sandbox)
+// resolving inside root, creating missing directories when mkdir is set.
+func openDirIn(root, dir string, mkdir bool) (int, error) {
+	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(rfd)
+	how := &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS}
+	rel := strings.Trim(dir, "/")
+	if rel == "" {
+		return unix.Openat2(rfd, ".", how)
+	}
+	fd, err := unix.Openat2(rfd, rel, how)
+	if err == nil || !mkdir || !errors.Is(err, unix.ENOENT) {
+		return fd, err
+	}
+	// Make each missing component, each resolved inside root.
+	cur := ""
+	for _, c := range strings.Split(rel, "/") {
+		if c == "" || c == "." || c == ".." {
+			return -1, fmt.Errorf("path %q: bad component", dir)
+		}
+		cur = path.Join(cur, c)
+		parent, err := unix.Openat2(rfd, "."+"/"+path.Dir(cur), how)
+		if err != nil {
+			return -1, err
+		}
+		err = unix.Mkdirat(parent, c, 0o755)
+		unix.Close(parent)
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return -1, err
+		}
+	}
+	return unix.Openat2(rfd, rel, how)
+}
+
+// WriteFileIn replaces the file at p (absolute, inside the sandbox)
+// under root with content, resolving every component inside root and
+// replacing a symlink at p rather than following it. Missing
+// directories are made.
+func WriteFileIn(root, p string, content []byte) error {
+	dir, err := openDirIn(root, path.Dir(p), true)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	defer unix.Close(dir)
+	if err := replaceAt(dir, path.Base(p), string(content)); err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	return nil
+}
+
+// ReadFileIn reads the regular file at p inside the sandbox root, at
+// most limit bytes (a longer file is an error), resolving inside root.
+func ReadFileIn(root, p string, limit int64) ([]byte, error) {
+	dir, err := openDirIn(root, path.Dir(p), false)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dir)
+	fd, err := unix.Openat(dir, path.Base(p), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", p)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s: larger than %d bytes", p, limit)
+	}
+	return b, nil
 }

@@ -161,3 +161,7 @@ func (c *recConn) Close() error {
 	})
 	return c.Conn.Close()
 }
+
+// Current is the number of sandbox id's turn in progress: the one after
+// its last logged turn.
+func (t *Tracker) Current(id string) int { return t.lastTurn(id) + 1 }

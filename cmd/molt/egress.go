@@ -1,0 +1,122 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+)
+
+// netFlags are molt create's network flags.
+type netFlags struct {
+	network          string
+	allow, deny      []string
+	httpPorts        []uint
+	inspect          bool
+	onDivergence     string
+	ignoreHeaders    []string
+	ignoreJSONFields []string
+}
+
+func (n *netFlags) add(c *cobra.Command) {
+	f := c.Flags()
+	f.StringVar(&n.network, "network", "none", "none (loopback only) or egress (a way out through molt's proxy, every effect in the ledger: docs/egress.md)")
+	f.StringArrayVar(&n.allow, "allow", nil, "with --network egress: a domain (example.com, its subdomains too) or CIDR the sandbox may reach; with any, nothing else (repeatable)")
+	f.StringArrayVar(&n.deny, "deny", nil, "with --network egress: a domain or CIDR the sandbox may not reach (repeatable; private ranges, the host and link-local addresses are denied unless --allow names them)")
+	f.UintSliceVar(&n.httpPorts, "egress-http-port", nil, "with --network egress: a port beyond 80 whose TCP is parsed and recorded as HTTP (repeatable)")
+	f.BoolVar(&n.inspect, "egress-inspect", false, "with --network egress: terminate TLS with a CA of the sandbox's own (installed in its trust store) and record HTTPS requests like HTTP ones")
+	f.StringVar(&n.onDivergence, "on-divergence", "forward", "with --network egress: after a rollback, what happens to an effect the ledger has no record of while recorded ones are still to be replayed: forward (send it) or block (refuse it)")
+	f.StringArrayVar(&n.ignoreHeaders, "egress-ignore-header", nil, "with --network egress: a request header left out when comparing requests for replay (repeatable)")
+	f.StringArrayVar(&n.ignoreJSONFields, "egress-ignore-json-field", nil, "with --network egress: a JSON field left out when comparing request bodies for replay, at any depth (repeatable)")
+}
+
+func (n *netFlags) request() (string, *v1.EgressPolicy, error) {
+	switch n.network {
+	case v1.NetworkNone, "":
+		if len(n.allow)+len(n.deny)+len(n.httpPorts) > 0 || n.inspect {
+			return "", nil, fmt.Errorf("--allow, --deny, --egress-http-port and --egress-inspect need --network egress")
+		}
+		return "", nil, nil
+	case v1.NetworkEgress:
+	default:
+		return "", nil, fmt.Errorf("--network %q: want none or egress", n.network)
+	}
+	p := &v1.EgressPolicy{Inspect: n.inspect, OnDivergence: n.onDivergence, IgnoreHeaders: n.ignoreHeaders, IgnoreJSONFields: n.ignoreJSONFields}
+	for _, port := range n.httpPorts {
+		if port == 0 || port > 65535 {
+			return "", nil, fmt.Errorf("--egress-http-port %d: want 1-65535", port)
+		}
+		p.HTTPPorts = append(p.HTTPPorts, uint16(port))
+	}
+	for _, a := range n.allow {
+		if isCIDR(a) {
+			p.AllowCIDRs = append(p.AllowCIDRs, a)
+		} else {
+			p.AllowDomains = append(p.AllowDomains, a)
+		}
+	}
+	for _, d := range n.deny {
+		if isCIDR(d) {
+			p.DenyCIDRs = append(p.DenyCIDRs, d)
+		} else {
+			p.DenyDomains = append(p.DenyDomains, d)
+		}
+	}
+	return v1.NetworkEgress, p, nil
+}
+
+// isCIDR tells addresses and prefixes from domain names.
+func isCIDR(s string) bool {
+	return strings.Contains(s, "/") || strings.Trim(s, "0123456789.") == "" || strings.Contains(s, ":")
+}
+
+func effectsCmd(g *globals) *cobra.Command {
+	var since string
+	c := &cobra.Command{
+		Use:   "effects SANDBOX",
+		Short: "Show the sandbox's effect ledger: what left it (HTTP requests, connections, DNS lookups) and what was declared",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			l, err := g.client().Effects(ctx, args[0], since)
+			if err != nil {
+				return err
+			}
+			return g.print(l, func() {
+				fmt.Printf("%-16s %-5s %-7s %-9s %-6s %-6s %s\n", "ID", "TURN", "KIND", "STATE", "PROTO", "STATUS", "REQUEST")
+				for _, e := range l {
+					what := strings.TrimSpace(e.Method + " " + e.URL)
+					if e.URL == "" {
+						what = strings.TrimSpace(e.Method + " " + e.Host + " " + e.Addr)
+					}
+					state := e.State
+					if e.Orphan {
+						state += "*"
+					}
+					status := "-"
+					if e.Status != 0 {
+						status = fmt.Sprint(e.Status)
+					}
+					fmt.Printf("%-16s %-5d %-7s %-9s %-6s %-6s %s", e.ID, e.Turn, e.Kind, state, e.Proto, status, what)
+					if e.ReplayOf != "" {
+						fmt.Printf(" (of %s)", e.ReplayOf)
+					}
+					if e.Error != "" {
+						fmt.Printf(" [%s]", e.Error)
+					}
+					if !e.Finished.IsZero() {
+						fmt.Printf(" %s", e.Finished.Sub(e.Started).Round(time.Microsecond))
+					}
+					fmt.Println()
+				}
+				fmt.Println("* orphan: the world has it, the sandbox's state does not (rolled back past it)")
+			})
+		},
+	}
+	c.Flags().StringVar(&since, "since", "", "only what was recorded after this checkpoint (ID or label)")
+	return c
+}

@@ -1,0 +1,400 @@
+package core
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/egress"
+	"github.com/molt-sh/molt/internal/egress/ledger"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/sandbox"
+)
+
+// Egress and the effect ledger, as the engine uses them: a sandbox with
+// NetworkEgress has an address and a policy in its record; its network
+// namespace (a new one with every restore) gets a veth prepared before
+// CRIU restores into it and is routed to once the tree is the
+// sandbox's; checkpoints remember the ledger head, rollbacks rewind it,
+// forks branch it.
+
+// EgressConfig configures the host's egress (daemon flags).
+type EgressConfig struct {
+	Range  netip.Prefix // 0: egress.DefaultRange
+	Uplink string       // network namespace egress leaves through ("" the host's)
+	DNS    []string     // upstream resolvers ("" the host's)
+	// CAFile holds extra roots the proxy trusts for the world's TLS (a
+	// test internet's CA, a corporate proxy's).
+	CAFile string
+}
+
+// openEgress opens the ledger and prepares the host's egress; nothing
+// changes on the host until a sandbox with egress runs.
+func (m *Manager) openEgress() error {
+	l, err := ledger.Open(m.path("ledger"))
+	if err != nil {
+		return fmt.Errorf("effect ledger: %w", err)
+	}
+	m.ledger = l
+	var roots *x509.CertPool
+	if f := m.cfg.Egress.CAFile; f != "" {
+		pem, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("egress CA file: %w", err)
+		}
+		if roots, err = x509.SystemCertPool(); err != nil || roots == nil {
+			roots = x509.NewCertPool()
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("egress CA file %s: no PEM certificate", f)
+		}
+	}
+	m.net = egress.NewHost(egress.Config{
+		ID: egress.HostID(m.cfg.Root), Range: m.cfg.Egress.Range, Uplink: m.cfg.Egress.Uplink,
+		DNS: m.cfg.Egress.DNS, UpstreamRoots: roots, Ledger: l, Log: m.log,
+	})
+	// What a daemon that died left in the uplink namespace.
+	if err := m.net.Cleanup(); err != nil {
+		m.log.Warn("egress: cannot clean up after the last daemon", "err", err)
+	}
+	return nil
+}
+
+// closeEgress takes molt's network objects off the host.
+func (m *Manager) closeEgress() {
+	if m.net != nil {
+		if err := m.net.Close(); err != nil {
+			m.log.Warn("egress: cleanup", "err", err)
+		}
+	}
+	if m.ledger != nil {
+		_ = m.ledger.Close()
+	}
+}
+
+// egressPolicy converts and checks a requested policy.
+func egressPolicy(p *v1.EgressPolicy) (egress.Policy, error) {
+	var out egress.Policy
+	if p == nil {
+		return out, out.Validate()
+	}
+	out = egress.Policy{
+		AllowDomains: slices.Clone(p.AllowDomains), DenyDomains: slices.Clone(p.DenyDomains),
+		HTTPPorts: slices.Clone(p.HTTPPorts), Inspect: p.Inspect, Divergence: egress.Divergence(p.OnDivergence),
+		IgnoreHeaders: slices.Clone(p.IgnoreHeaders), IgnoreJSONFields: slices.Clone(p.IgnoreJSONFields),
+	}
+	for _, list := range []struct {
+		in  []string
+		out *[]netip.Prefix
+	}{{p.AllowCIDRs, &out.AllowCIDRs}, {p.DenyCIDRs, &out.DenyCIDRs}} {
+		for _, s := range list.in {
+			pf, err := netip.ParsePrefix(s)
+			if err != nil {
+				a, aerr := netip.ParseAddr(s)
+				if aerr != nil {
+					return out, fmt.Errorf("egress cidr %q: want an address or a prefix such as 203.0.113.0/24", s)
+				}
+				pf = netip.PrefixFrom(a, a.BitLen())
+			}
+			*list.out = append(*list.out, pf)
+		}
+	}
+	return out, out.Validate()
+}
+
+// setNetwork fills in rec's network from a create request.
+func setNetwork(rec *sandboxRec, req v1.SandboxCreateRequest) error {
+	switch req.Network {
+	case "", v1.NetworkNone:
+		if req.Egress != nil {
+			return fmt.Errorf("an egress policy needs network %q: %w", v1.NetworkEgress, errdefs.ErrInvalidArgument)
+		}
+		return nil
+	case v1.NetworkEgress:
+	default:
+		return fmt.Errorf("network %q: want none or egress: %w", req.Network, errdefs.ErrInvalidArgument)
+	}
+	pol, err := egressPolicy(req.Egress)
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	rec.Network = v1.NetworkEgress
+	rec.Egress = &meta.Egress{Policy: pol}
+	if pol.Inspect {
+		ca, err := egress.NewCA("molt sandbox " + rec.ID)
+		if err != nil {
+			return err
+		}
+		key, err := ca.KeyPEM()
+		if err != nil {
+			return err
+		}
+		rec.Egress.CACert, rec.Egress.CAKey = string(ca.CertPEM()), string(key)
+		if rec.Env == nil {
+			rec.Env = map[string]string{}
+		}
+		for k, v := range caEnv {
+			if _, set := rec.Env[k]; !set {
+				rec.Env[k] = v
+			}
+		}
+	}
+	return nil
+}
+
+// Where a sandbox with inspection finds molt's CA: the system bundle
+// (which also gets it appended), and the CA alone for Node, which adds
+// NODE_EXTRA_CA_CERTS to its own roots.
+const (
+	caBundle = "/etc/ssl/certs/ca-certificates.crt"
+	caAlone  = "/usr/local/share/ca-certificates/molt-egress.crt"
+)
+
+var caEnv = map[string]string{
+	"SSL_CERT_FILE": caBundle, "REQUESTS_CA_BUNDLE": caBundle, "PIP_CERT": caBundle,
+	"CURL_CA_BUNDLE": caBundle, "NODE_EXTRA_CA_CERTS": caAlone,
+}
+
+// netJoin gives rec (a sandbox being made, with egress) an address
+// unless it has one, makes it known to the host's egress, and writes its
+// resolver and CA into its root. The returned undo forgets it.
+func (m *Manager) netJoin(rec *sandboxRec) (func() error, error) {
+	if rec.Network != v1.NetworkEgress || rec.Egress == nil {
+		return func() error { return nil }, nil
+	}
+	m.netMu.Lock()
+	defer m.netMu.Unlock()
+	used := map[netip.Addr]bool{}
+	sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range sbs {
+		if s.Egress != nil && s.ID != rec.ID {
+			used[s.Egress.Addr] = true
+		}
+	}
+	for id, a := range m.net.Addrs() {
+		if id != rec.ID {
+			used[a] = true
+		}
+	}
+	// A new sandbox, or a fork (which comes with its parent's address),
+	// gets an address of its own.
+	if !rec.Egress.Addr.IsValid() || used[rec.Egress.Addr] {
+		a, err := m.net.Alloc(used)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
+		}
+		e := *rec.Egress
+		e.Addr = a
+		rec.Egress = &e
+	}
+	if err := m.net.Add(m.endpoint(*rec)); err != nil {
+		return nil, err
+	}
+	id := rec.ID
+	undo := func() error { return m.net.Remove(id) }
+	if err := m.writeNetFiles(*rec); err != nil {
+		_ = undo()
+		return nil, err
+	}
+	return undo, nil
+}
+
+// writeNetFiles writes the sandbox's resolver and, with inspection, its
+// CA into its root (resolving inside it: the sandbox's files are not to
+// be trusted).
+func (m *Manager) writeNetFiles(rec sandboxRec) error {
+	root := m.sbRoot(rec.ID)
+	return m.withHeadroom(rec, func() error {
+		if err := sandbox.WriteFileIn(root, "/etc/resolv.conf", []byte("nameserver "+m.net.Gateway().String()+"\noptions edns0\n")); err != nil {
+			return fmt.Errorf("write resolv.conf: %w", err)
+		}
+		if rec.Egress.CACert == "" {
+			return nil
+		}
+		ca := []byte(rec.Egress.CACert)
+		if err := sandbox.WriteFileIn(root, caAlone, ca); err != nil {
+			return fmt.Errorf("install the sandbox's CA: %w", err)
+		}
+		bundle, err := sandbox.ReadFileIn(root, caBundle, 64<<20)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("install the sandbox's CA: %w", err)
+		}
+		if strings.Contains(string(bundle), strings.TrimSpace(rec.Egress.CACert)) {
+			return nil
+		}
+		if len(bundle) > 0 && bundle[len(bundle)-1] != '\n' {
+			bundle = append(bundle, '\n')
+		}
+		if err := sandbox.WriteFileIn(root, caBundle, append(bundle, ca...)); err != nil {
+			return fmt.Errorf("install the sandbox's CA: %w", err)
+		}
+		return nil
+	})
+}
+
+// endpoint is what the proxy and DNS server know of rec.
+func (m *Manager) endpoint(rec sandboxRec) *egress.Endpoint {
+	id := rec.ID
+	ep := &egress.Endpoint{ID: id, Addr: rec.Egress.Addr, Policy: rec.Egress.Policy,
+		Turn: func() int { return m.turns.Current(id) },
+		Head: func() string {
+			var r sandboxRec
+			if err := m.db.Get(meta.Sandboxes, id, &r); err != nil {
+				return ""
+			}
+			return r.Head
+		},
+	}
+	if rec.Egress.CACert != "" {
+		if ca, err := egress.ParseCA([]byte(rec.Egress.CACert), []byte(rec.Egress.CAKey)); err == nil {
+			ep.CA = ca
+		} else {
+			m.log.Warn("egress: the sandbox's CA is unreadable; TLS is not inspected", "sandbox", id, "err", err)
+			ep.Policy.Inspect = false
+		}
+	}
+	return ep
+}
+
+// netPrepare gives the network namespace a restore of rec's tree will
+// join a veth with rec's address (CRIU binds restored sockets to it).
+func (m *Manager) netPrepare(rec sandboxRec, netns *os.File) error {
+	if rec.Network != v1.NetworkEgress || m.net == nil || !m.net.Known(rec.ID) {
+		return nil
+	}
+	return m.net.Prepare(rec.ID, netns)
+}
+
+// prepareSpareNet is netPrepare for the network namespace of the
+// spare CRIU pid.
+func (m *Manager) prepareSpareNet(rec sandboxRec, pid int) error {
+	if rec.Network != v1.NetworkEgress || m.net == nil || !m.net.Known(rec.ID) {
+		return nil
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return m.net.Prepare(rec.ID, f)
+}
+
+// netActivate routes rec's address to the tree of init, now the
+// sandbox's (see egress.Host.Activate).
+func (m *Manager) netActivate(rec sandboxRec, init sandbox.Init) error {
+	if rec.Network != v1.NetworkEgress || m.net == nil {
+		return nil
+	}
+	if !m.net.Known(rec.ID) {
+		if err := m.net.Add(m.endpoint(rec)); err != nil {
+			return err
+		}
+	}
+	return m.net.Activate(rec.ID, init.Pid)
+}
+
+// reconcileEgress, at start-up, gives the sandboxes with egress their
+// network again (the router namespace went with the last daemon).
+func (m *Manager) reconcileEgress(sbs []sandboxRec) {
+	for _, s := range sbs {
+		if s.Network != v1.NetworkEgress || s.Egress == nil {
+			continue
+		}
+		if err := m.net.Add(m.endpoint(s)); err != nil {
+			m.log.Warn("egress: sandbox has no network", "sandbox", s.ID, "err", err)
+			continue
+		}
+		if s.State == v1.StateRunning && s.Init.Alive() {
+			if err := m.net.Activate(s.ID, s.Init.Pid); err != nil {
+				m.log.Warn("egress: sandbox has no network", "sandbox", s.ID, "err", err)
+			}
+		}
+	}
+}
+
+// ledgerRewind moves rec's ledger head to where checkpoint ck was taken:
+// what the sandbox recorded later is orphaned (the world has it, the
+// sandbox's state does not).
+func (m *Manager) ledgerRewind(id string, ck checkpointRec) {
+	if err := m.ledger.Rewind(id, ck.LedgerHead); err != nil {
+		m.log.Warn("effect ledger: cannot rewind", "sandbox", id, "checkpoint", ck.ID, "err", err)
+	}
+}
+
+// Effects lists sandbox ref's ledger, after checkpoint since when set.
+func (m *Manager) Effects(ctx context.Context, ref, since string) ([]ledger.Record, map[string]bool, error) {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	after := ""
+	if since != "" {
+		ck, err := m.lookupCheckpoint(since, rec.ID)
+		if err != nil {
+			return nil, nil, err
+		}
+		after = ck.LedgerHead
+	}
+	rs, err := m.ledger.List(rec.ID, after)
+	if err != nil {
+		return nil, nil, err
+	}
+	orphans := map[string]bool{}
+	for _, o := range m.ledger.Orphans(rec.ID) {
+		orphans[o.ID] = true
+	}
+	return rs, orphans, nil
+}
+
+// DeclareEffect records an effect that did not cross molt's proxy.
+func (m *Manager) DeclareEffect(ctx context.Context, ref string, req v1.EffectDeclareRequest) (ledger.Record, error) {
+	rec, err := m.lookupSandbox(ref)
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	kind := ledger.Kind(req.Kind)
+	switch kind {
+	case "":
+		kind = ledger.Effect
+	case ledger.Read, ledger.Effect, ledger.Opaque:
+	default:
+		return ledger.Record{}, fmt.Errorf("effect kind %q: want read, effect or opaque: %w", req.Kind, errdefs.ErrInvalidArgument)
+	}
+	state := ledger.State(req.State)
+	switch state {
+	case "":
+		state = ledger.Completed
+	case ledger.Completed, ledger.Failed, ledger.Pending:
+	default:
+		return ledger.Record{}, fmt.Errorf("effect state %q: want completed, failed or pending: %w", req.State, errdefs.ErrInvalidArgument)
+	}
+	if req.Compensator != nil && (req.Compensator.Method == "" || req.Compensator.URL == "") {
+		return ledger.Record{}, fmt.Errorf("a compensator needs a method and a URL: %w", errdefs.ErrInvalidArgument)
+	}
+	id := ledger.Identity{Proto: "declared", Method: strings.ToUpper(req.Method), URL: req.URL, Host: req.Host, IdempotencyKey: req.IdempotencyKey}
+	if len(req.Body) > 0 {
+		sum := sha256.Sum256(req.Body)
+		id.BodyHash = hex.EncodeToString(sum[:])
+	}
+	r := ledger.Record{Kind: kind, State: state, Request: id, Declared: true,
+		Turn: m.turns.Current(rec.ID), Checkpoint: rec.Head}
+	if req.Status != 0 || len(req.ResponseBody) > 0 {
+		r.Response = &ledger.Response{Status: req.Status, Body: req.ResponseBody, BodySize: int64(len(req.ResponseBody))}
+	}
+	if c := req.Compensator; c != nil {
+		r.Compensator = &ledger.Compensator{Method: c.Method, URL: c.URL, Header: c.Header, Body: c.Body}
+	}
+	return m.ledger.Begin(rec.ID, r)
+}

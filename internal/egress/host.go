@@ -1,0 +1,434 @@
+package egress
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/ns"
+)
+
+// Config configures a host's egress.
+type Config struct {
+	// ID names this daemon's objects in the uplink namespace (its veth,
+	// its nftables table), so two daemons on one host do not collide.
+	// Derived from the daemon's root directory.
+	ID string
+	// Range holds the sandboxes' addresses, the router's gateway (the
+	// first address) and the uplink link (the last four).
+	Range netip.Prefix
+	// Uplink is the network namespace egress leaves through: "" for the
+	// daemon's own (the host's), else a name under /run/netns or a path.
+	Uplink string
+	// DNS are the upstream resolvers ("ip:port"; a bare ip means port
+	// 53). Empty: the nameservers of the daemon's /etc/resolv.conf.
+	DNS []string
+	// UpstreamRoots are the roots the proxy trusts for the world's TLS
+	// when it inspects (nil: the system's).
+	UpstreamRoots *x509.CertPool
+	Ledger        Ledger
+	Log           *slog.Logger
+}
+
+// DefaultRange is the sandboxes' address range when none is configured.
+var DefaultRange = netip.MustParsePrefix("10.201.0.0/16")
+
+// proxyPort is the port, on the gateway address in the router
+// namespace, that sandboxes' TCP is redirected to.
+const proxyPort = 15001
+
+// Host is a daemon's egress: the router namespace, its uplink, the proxy
+// and DNS server in it, and the sandboxes' veths.
+type Host struct {
+	cfg Config
+	log *slog.Logger
+
+	names Names
+
+	mu sync.Mutex
+	// +checklocks:mu
+	started bool
+	// +checklocks:mu
+	router *os.File // the router network namespace
+	// +checklocks:mu
+	uplinkNS *os.File
+	// +checklocks:mu
+	hostMode bool
+	// +checklocks:mu
+	forwardWas string // the uplink's net.ipv4.ip_forward before molt set it
+	// +checklocks:mu
+	denied []netip.Prefix // the host's own addresses
+	// +checklocks:mu
+	proxy *Proxy
+	// +checklocks:mu
+	dns *DNS
+	// +checklocks:mu
+	closers []func()
+	// +checklocks:mu
+	sbs map[string]*sbNet // by sandbox ID
+	// +checklocks:mu
+	byAddr map[netip.Addr]*sbNet
+	// +checklocks:mu
+	seq uint32 // names veths
+}
+
+// sbNet is one sandbox's network.
+type sbNet struct {
+	ep *Endpoint
+	// links by the inode of the sandbox-side network namespace: the live
+	// tree's and its standbys'.
+	links  map[uint64]*link
+	active uint64 // inode of the live tree's namespace
+}
+
+// link is a veth between the router and one network namespace of a
+// sandbox's.
+type link struct {
+	name string // router side
+	addr netip.Addr
+}
+
+// NewHost returns a host's egress; nothing changes on the host until
+// the first sandbox with egress joins.
+func NewHost(cfg Config) *Host {
+	if !cfg.Range.IsValid() {
+		cfg.Range = DefaultRange
+	}
+	cfg.Range = cfg.Range.Masked()
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Host{cfg: cfg, log: cfg.Log, sbs: map[string]*sbNet{}, byAddr: map[netip.Addr]*sbNet{}}
+}
+
+// HostID derives a Config.ID from a daemon's root directory.
+func HostID(root string) string {
+	s := sha256.Sum256([]byte(filepath.Clean(root)))
+	return hex.EncodeToString(s[:3])
+}
+
+// Gateway is the address sandboxes use as their router and resolver.
+func (h *Host) Gateway() netip.Addr { return h.cfg.Range.Addr().Next() }
+
+// Range is the sandboxes' address range.
+func (h *Host) Range() netip.Prefix { return h.cfg.Range }
+
+// Names is what sandboxes resolved through molt's DNS.
+func (h *Host) Names() *Names { return &h.names }
+
+// uplinkAddrs are the uplink link's addresses: the uplink side's and
+// the router's, the last /30 of the range.
+func (h *Host) uplinkAddrs() (uplink, router netip.Addr) {
+	last := lastAddr(h.cfg.Range)
+	router = last.Prev()
+	return router.Prev(), router
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Addr().As4()
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	v |= ^uint32(0) >> p.Bits()
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// Alloc returns the lowest address of the range no sandbox in used has.
+func (h *Host) Alloc(used map[netip.Addr]bool) (netip.Addr, error) {
+	up, _ := h.uplinkAddrs()
+	for a := h.Gateway().Next(); h.cfg.Range.Contains(a) && a.Less(up.Prev()); a = a.Next() {
+		if !used[a] {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("egress: no free address in %v", h.cfg.Range)
+}
+
+// MAC is the hardware address of a sandbox's interface: it follows from
+// its address, so forks (other addresses) never share one.
+func MAC(a netip.Addr) net.HardwareAddr {
+	b := a.As4()
+	return net.HardwareAddr{0x02, 0x6d, b[0], b[1], b[2], b[3]}
+}
+
+func (h *Host) uplinkIface() string { return "mu" + h.cfg.ID }
+func (h *Host) tableName() string   { return "molt_" + h.cfg.ID }
+
+// Cleanup removes what an earlier daemon with this configuration left
+// in the uplink namespace (its nftables table; its veth went with its
+// router namespace, which lives only as long as the daemon). Called at
+// start-up.
+func (h *Host) Cleanup() error {
+	nsf, hostMode, err := h.openUplink()
+	if err != nil {
+		if h.cfg.Uplink != "" {
+			return nil // the uplink namespace is gone: nothing of ours is in it
+		}
+		return err
+	}
+	defer nsf.Close()
+	var errs []error
+	if hostMode {
+		errs = append(errs, deleteTable(nsf, h.tableName()))
+	}
+	errs = append(errs, deleteLinkIn(nsf, h.uplinkIface()))
+	return errors.Join(errs...)
+}
+
+func deleteLinkIn(nsf *os.File, name string) error {
+	hd, err := netlink.NewHandleAt(nsHandle(nsf))
+	if err != nil {
+		return err
+	}
+	defer hd.Close()
+	l, err := hd.LinkByName(name)
+	if err != nil {
+		return nil
+	}
+	return hd.LinkDel(l)
+}
+
+// openUplink opens the uplink namespace.
+func (h *Host) openUplink() (*os.File, bool, error) {
+	if h.cfg.Uplink == "" {
+		f, err := os.Open("/proc/self/ns/net")
+		return f, true, err
+	}
+	p := h.cfg.Uplink
+	if !strings.Contains(p, "/") {
+		p = filepath.Join("/run/netns", p)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, false, fmt.Errorf("egress uplink %q: %w", h.cfg.Uplink, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		f.Close()
+		return nil, false, fmt.Errorf("egress uplink %q: not a network namespace", h.cfg.Uplink)
+	}
+	return f, false, nil
+}
+
+// start builds the router namespace, its uplink and servers.
+//
+// +checklocks:h.mu
+func (h *Host) start() (err error) {
+	if h.started {
+		return nil
+	}
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	uplinkNS, hostMode, err := h.openUplink()
+	if err != nil {
+		return err
+	}
+	undo = append(undo, func() { uplinkNS.Close() })
+	router, err := ns.NewNet()
+	if err != nil {
+		return fmt.Errorf("egress: router namespace: %w", err)
+	}
+	undo = append(undo, func() { router.Close() })
+	gw := h.Gateway()
+	upAddr, rtAddr := h.uplinkAddrs()
+	rh, err := netlink.NewHandleAt(nsHandle(router))
+	if err != nil {
+		return err
+	}
+	defer rh.Close()
+	if err := ns.Do(router, unix.CLONE_NEWNET, func() error {
+		for k, v := range map[string]string{
+			"ipv4/ip_forward": "1", "ipv4/conf/all/rp_filter": "1", "ipv4/conf/default/rp_filter": "1",
+			"ipv4/conf/all/forwarding": "1",
+		} {
+			if err := os.WriteFile("/proc/sys/net/"+k, []byte(v), 0); err != nil {
+				return fmt.Errorf("net.%s: %w", strings.ReplaceAll(k, "/", "."), err)
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("egress: router namespace: %w", err)
+	}
+	lo, err := rh.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	if err := rh.AddrAdd(lo, &netlink.Addr{IPNet: ipnet(gw, 32)}); err != nil {
+		return fmt.Errorf("egress: gateway address: %w", err)
+	}
+	// The uplink: a veth from the router into the uplink namespace.
+	_ = deleteLinkIn(uplinkNS, h.uplinkIface())
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0"}, PeerName: h.uplinkIface(), PeerNamespace: netlink.NsFd(int(uplinkNS.Fd()))}
+	if err := rh.LinkAdd(veth); err != nil {
+		return fmt.Errorf("egress: uplink veth: %w", err)
+	}
+	undo = append(undo, func() { _ = deleteLinkIn(uplinkNS, h.uplinkIface()) })
+	up0, err := rh.LinkByName("up0")
+	if err != nil {
+		return err
+	}
+	if err := rh.AddrAdd(up0, &netlink.Addr{IPNet: ipnet(rtAddr, 30)}); err != nil {
+		return err
+	}
+	if err := rh.LinkSetUp(up0); err != nil {
+		return err
+	}
+	if err := rh.RouteAdd(&netlink.Route{Gw: upAddr.AsSlice(), LinkIndex: up0.Attrs().Index}); err != nil {
+		return fmt.Errorf("egress: router default route: %w", err)
+	}
+	uh, err := netlink.NewHandleAt(nsHandle(uplinkNS))
+	if err != nil {
+		return err
+	}
+	defer uh.Close()
+	peer, err := uh.LinkByName(h.uplinkIface())
+	if err != nil {
+		return err
+	}
+	if err := uh.AddrAdd(peer, &netlink.Addr{IPNet: ipnet(upAddr, 30)}); err != nil {
+		return fmt.Errorf("egress: uplink address: %w", err)
+	}
+	if err := uh.LinkSetUp(peer); err != nil {
+		return err
+	}
+	if hostMode {
+		was, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+		if err != nil {
+			return err
+		}
+		h.forwardWas = strings.TrimSpace(string(was))
+		if h.forwardWas != "1" {
+			if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
+				return fmt.Errorf("egress: net.ipv4.ip_forward: %w", err)
+			}
+			undo = append(undo, func() { _ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(h.forwardWas), 0) })
+		}
+		if err := hostRules(uplinkNS, h.tableName(), h.uplinkIface(), rtAddr); err != nil {
+			return err
+		}
+		undo = append(undo, func() { _ = deleteTable(uplinkNS, h.tableName()) })
+	}
+	// The host's own addresses are denied by default.
+	h.denied = []netip.Prefix{h.cfg.Range}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok {
+					h.denied = append(h.denied, netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()))
+				}
+			}
+		}
+	}
+	h.router, h.uplinkNS, h.hostMode = router, uplinkNS, hostMode
+	if err := h.applyRules(); err != nil {
+		return err
+	}
+	if err := h.startServers(); err != nil {
+		return err
+	}
+	h.started = true
+	return nil
+}
+
+// applyRules writes the router's ruleset for the sandboxes there are.
+//
+// +checklocks:h.mu
+func (h *Host) applyRules() error {
+	_, rt := h.uplinkAddrs()
+	_ = rt
+	rs := ruleset{rng: h.cfg.Range, gateway: h.Gateway(), proxyPort: proxyPort, uplink: "up0", denied: h.denied}
+	for _, s := range h.sbs {
+		rs.sandboxes = append(rs.sandboxes, sbRules{addr: s.ep.Addr, policy: s.ep.Policy})
+	}
+	return rs.apply(h.router)
+}
+
+// dial dials the world from the router namespace.
+func (h *Host) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	h.mu.Lock()
+	router := h.router
+	h.mu.Unlock()
+	if router == nil {
+		return nil, errors.New("egress is stopped")
+	}
+	var c net.Conn
+	err := ns.Do(router, unix.CLONE_NEWNET, func() error {
+		var d net.Dialer
+		var err error
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// lookup finds the sandbox behind a source address.
+func (h *Host) lookup(src netip.Addr) (*Endpoint, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.byAddr[src.Unmap()]
+	if !ok {
+		return nil, false
+	}
+	return s.ep, true
+}
+
+// Close removes everything of molt's from the uplink namespace and
+// drops the router namespace (and with it every sandbox's veth).
+func (h *Host) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.started {
+		return nil
+	}
+	for i := len(h.closers) - 1; i >= 0; i-- {
+		h.closers[i]()
+	}
+	h.closers = nil
+	var errs []error
+	// Each veth first, so nothing waits for the namespace's teardown.
+	if rh, err := netlink.NewHandleAt(nsHandle(h.router)); err == nil {
+		if links, err := rh.LinkList(); err == nil {
+			for _, l := range links {
+				if l.Type() == "veth" {
+					errs = append(errs, rh.LinkDel(l))
+				}
+			}
+		}
+		rh.Close()
+	}
+	if h.hostMode {
+		errs = append(errs, deleteTable(h.uplinkNS, h.tableName()))
+		if h.forwardWas != "" && h.forwardWas != "1" {
+			errs = append(errs, os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(h.forwardWas), 0))
+		}
+	}
+	errs = append(errs, deleteLinkIn(h.uplinkNS, h.uplinkIface()))
+	h.router.Close()
+	h.uplinkNS.Close()
+	h.router, h.uplinkNS, h.started = nil, nil, false
+	for _, s := range h.sbs {
+		s.links, s.active = map[uint64]*link{}, 0
+	}
+	return errors.Join(errs...)
+}
+
+func ipnet(a netip.Addr, bits int) *net.IPNet {
+	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, a.BitLen())}
+}

@@ -1,0 +1,123 @@
+package egress
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/ns"
+	"github.com/molt-sh/molt/internal/testutil"
+)
+
+// world is an uplink namespace with one TCP server on 203.0.113.10:80,
+// for the plumbing tests.
+func world(t *testing.T) (*os.File, string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	f, err := ns.NewNet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	err = ns.Do(f, unix.CLONE_NEWNET, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: ipnet(netip.MustParseAddr("203.0.113.10"), 32)})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd())
+}
+
+// dialFrom connects to addr from network namespace f.
+func dialFrom(f *os.File, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := ns.Do(f, unix.CLONE_NEWNET, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp4", addr, 3*time.Second)
+		return err
+	})
+	return c, err
+}
+
+func TestHostPlumbing(t *testing.T) {
+	up, upPath := world(t)
+	h := NewHost(Config{ID: "t0", Uplink: upPath, Range: netip.MustParsePrefix("10.209.0.0/24")})
+	ep := &Endpoint{ID: "sb1", Addr: netip.MustParseAddr("10.209.0.2"), Policy: Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.12/32")}}}
+	if err := h.Add(ep); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	sbNS, err := ns.NewNet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbNS.Close()
+	if err := h.ActivateNS("sb1", sbNS); err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox's TCP reaches the proxy (which here accepts into its
+	// backlog only): connect succeeds, whatever the destination says.
+	c, err := dialFrom(sbNS, "203.0.113.10:80")
+	if err != nil {
+		t.Fatalf("connect through the router: %v", err)
+	}
+	c.Close()
+	// A denied range is refused at once, by policy and by default.
+	for _, a := range []string{"203.0.113.12:80", "10.0.0.1:80", "169.254.169.254:80"} {
+		_, err := dialFrom(sbNS, a)
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("connect to %s: %v, want connection refused", a, err)
+		}
+	}
+	// A second sandbox cannot reach the first, nor spoof its address.
+	ep2 := &Endpoint{ID: "sb2", Addr: netip.MustParseAddr("10.209.0.3")}
+	if err := h.Add(ep2); err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := ns.NewNet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb2.Close()
+	if err := h.ActivateNS("sb2", sb2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dialFrom(sb2, "10.209.0.2:22"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("sandbox to sandbox: %v, want connection refused", err)
+	}
+	// Removing a sandbox removes its veth.
+	if err := h.Remove("sb2"); err != nil {
+		t.Fatal(err)
+	}
+	var links int
+	_ = ns.Do(sb2, unix.CLONE_NEWNET, func() error {
+		l, _ := netlink.LinkList()
+		links = len(l)
+		return nil
+	})
+	if links != 1 {
+		t.Errorf("removed sandbox's namespace has %d links, want only lo", links)
+	}
+	// Close leaves nothing in the uplink namespace.
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = ns.Do(up, unix.CLONE_NEWNET, func() error {
+		if _, err := netlink.LinkByName(h.uplinkIface()); err == nil {
+			t.Errorf("uplink veth %s left after Close", h.uplinkIface())
+		}
+		return nil
+	})
+}

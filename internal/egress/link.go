@@ -1,0 +1,299 @@
+package egress
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/ns"
+)
+
+func nsHandle(f *os.File) netns.NsHandle { return netns.NsHandle(int(f.Fd())) }
+
+// sandboxIface is the interface's name inside a sandbox.
+const sandboxIface = "eth0"
+
+// Add makes sandbox ep.ID known (building the router namespace on first
+// use) and rewrites the ruleset for its policy. Add again replaces the
+// endpoint (a policy change).
+func (h *Host) Add(ep *Endpoint) error {
+	if !ep.Addr.Is4() || !h.cfg.Range.Contains(ep.Addr) {
+		return fmt.Errorf("egress: sandbox %s: address %v is not in %v", ep.ID, ep.Addr, h.cfg.Range)
+	}
+	if err := ep.Policy.Validate(); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.start(); err != nil {
+		return err
+	}
+	if o, ok := h.byAddr[ep.Addr]; ok && o.ep.ID != ep.ID {
+		return fmt.Errorf("egress: address %v is sandbox %s's", ep.Addr, o.ep.ID)
+	}
+	s := h.sbs[ep.ID]
+	if s == nil {
+		s = &sbNet{links: map[uint64]*link{}}
+		h.sbs[ep.ID] = s
+	} else if s.ep.Addr != ep.Addr {
+		delete(h.byAddr, s.ep.Addr)
+	}
+	s.ep = ep
+	h.byAddr[ep.Addr] = s
+	return h.applyRules()
+}
+
+// Remove forgets sandbox id: its veths and rules go.
+func (h *Host) Remove(id string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.sbs[id]
+	if !ok {
+		return nil
+	}
+	delete(h.sbs, id)
+	delete(h.byAddr, s.ep.Addr)
+	h.names.Forget(id)
+	if !h.started {
+		return nil
+	}
+	var errs []error
+	for _, l := range s.links {
+		errs = append(errs, h.deleteLink(l.name))
+	}
+	errs = append(errs, h.applyRules())
+	return errors.Join(errs...)
+}
+
+// Known reports whether sandbox id has egress here.
+func (h *Host) Known(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.sbs[id]
+	return ok
+}
+
+func inode(f *os.File) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
+}
+
+// Prepare gives the network namespace netns a veth for sandbox id, with
+// the sandbox's address, routes and MAC inside, not yet routed to from
+// the router: a restore into netns can bind the sandbox's address, and a
+// standby waits there until Activate.
+func (h *Host) Prepare(id string, netnsFile *os.File) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, err := h.prepare(id, netnsFile)
+	return err
+}
+
+// +checklocks:h.mu
+func (h *Host) prepare(id string, netnsFile *os.File) (*link, error) {
+	s, ok := h.sbs[id]
+	if !ok {
+		return nil, fmt.Errorf("egress: sandbox %s has no network", id)
+	}
+	if !h.started {
+		if err := h.start(); err != nil {
+			return nil, err
+		}
+	}
+	ino, err := inode(netnsFile)
+	if err != nil {
+		return nil, err
+	}
+	if l, ok := s.links[ino]; ok && h.linkExists(l.name) && l.addr == s.ep.Addr {
+		return l, nil
+	}
+	// A namespace prepared for another sandbox (a fork adopts its
+	// parent's standby) or for an old address gets a new veth.
+	for _, o := range h.sbs {
+		if l, ok := o.links[ino]; ok {
+			_ = h.deleteLink(l.name)
+			delete(o.links, ino)
+		}
+	}
+	h.prune(s)
+	h.seq++
+	name := fmt.Sprintf("vs%s%04x", h.cfg.ID, h.seq&0xffff)
+	rh, err := netlink.NewHandleAt(nsHandle(h.router))
+	if err != nil {
+		return nil, err
+	}
+	defer rh.Close()
+	sh, err := netlink.NewHandleAt(nsHandle(netnsFile))
+	if err != nil {
+		return nil, err
+	}
+	defer sh.Close()
+	if old, err := sh.LinkByName(sandboxIface); err == nil {
+		_ = sh.LinkDel(old)
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: sandboxIface,
+		PeerHardwareAddr: MAC(s.ep.Addr), PeerNamespace: netlink.NsFd(int(netnsFile.Fd()))}
+	if err := rh.LinkAdd(veth); err != nil {
+		return nil, fmt.Errorf("egress: veth for %s: %w", id, err)
+	}
+	l := &link{name: name, addr: s.ep.Addr}
+	fail := func(err error) (*link, error) {
+		_ = h.deleteLink(name)
+		return nil, fmt.Errorf("egress: veth for %s: %w", id, err)
+	}
+	in, err := sh.LinkByName(sandboxIface)
+	if err != nil {
+		return fail(err)
+	}
+	gw := h.Gateway()
+	if err := sh.AddrAdd(in, &netlink.Addr{IPNet: ipnet(s.ep.Addr, 32)}); err != nil {
+		return fail(err)
+	}
+	if err := sh.LinkSetUp(in); err != nil {
+		return fail(err)
+	}
+	if err := sh.RouteAdd(&netlink.Route{Dst: ipnet(gw, 32), LinkIndex: in.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
+		return fail(err)
+	}
+	if err := sh.RouteAdd(&netlink.Route{Gw: gw.AsSlice(), LinkIndex: in.Attrs().Index}); err != nil {
+		return fail(err)
+	}
+	out, err := rh.LinkByName(name)
+	if err != nil {
+		return fail(err)
+	}
+	if err := rh.LinkSetUp(out); err != nil {
+		return fail(err)
+	}
+	s.links[ino] = l
+	return l, nil
+}
+
+// Activate routes sandbox id's address to the veth of process pid's
+// network namespace (preparing one if there is none), removes the veth
+// of the tree it replaces, and resets the tree's TCP connections to the
+// world: their far ends were the proxy's connections of the tree that
+// was checkpointed, long gone, and a process waiting on one would wait
+// forever. Connections inside the sandbox (loopback) are left alone.
+func (h *Host) Activate(id string, pid int) error {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return fmt.Errorf("egress: sandbox %s: %w", id, err)
+	}
+	defer f.Close()
+	return h.ActivateNS(id, f)
+}
+
+// ActivateNS is Activate for the network namespace f.
+func (h *Host) ActivateNS(id string, f *os.File) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l, err := h.prepare(id, f)
+	if err != nil {
+		return err
+	}
+	s := h.sbs[id]
+	ino, _ := inode(f)
+	rh, err := netlink.NewHandleAt(nsHandle(h.router))
+	if err != nil {
+		return err
+	}
+	defer rh.Close()
+	out, err := rh.LinkByName(l.name)
+	if err != nil {
+		return fmt.Errorf("egress: sandbox %s: %w", id, err)
+	}
+	if err := rh.RouteReplace(&netlink.Route{Dst: ipnet(s.ep.Addr, 32), LinkIndex: out.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("egress: route to sandbox %s: %w", id, err)
+	}
+	if old, ok := s.links[s.active]; ok && s.active != ino {
+		_ = h.deleteLink(old.name)
+		delete(s.links, s.active)
+	}
+	s.active = ino
+	return resetWorldConns(f)
+}
+
+// resetWorldConns destroys the TCP sockets of network namespace netns
+// whose peer is not in the namespace (not loopback): the process sees a
+// reset (ECONNABORTED), never a hang.
+func resetWorldConns(netnsFile *os.File) error {
+	return ns.Do(netnsFile, unix.CLONE_NEWNET, func() error {
+		socks, err := netlink.SocketDiagTCP(unix.AF_INET)
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return fmt.Errorf("egress: list sockets: %w", err)
+		}
+		var errs []error
+		for _, s := range socks {
+			if s.State == netlink.TCP_LISTEN || s.ID.Destination.IsLoopback() || s.ID.Destination.IsUnspecified() {
+				continue
+			}
+			err := netlink.SocketDestroy(&net.TCPAddr{IP: s.ID.Source, Port: int(s.ID.SourcePort)},
+				&net.TCPAddr{IP: s.ID.Destination, Port: int(s.ID.DestinationPort)})
+			if err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("egress: reset %v:%d: %w", s.ID.Destination, s.ID.DestinationPort, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// +checklocks:h.mu
+func (h *Host) linkExists(name string) bool {
+	rh, err := netlink.NewHandleAt(nsHandle(h.router))
+	if err != nil {
+		return false
+	}
+	defer rh.Close()
+	_, err = rh.LinkByName(name)
+	return err == nil
+}
+
+// prune forgets s's veths whose namespace is gone (a discarded standby:
+// the kernel deleted the pair with it).
+//
+// +checklocks:h.mu
+func (h *Host) prune(s *sbNet) {
+	for ino, l := range s.links {
+		if !h.linkExists(l.name) {
+			delete(s.links, ino)
+			if s.active == ino {
+				s.active = 0
+			}
+		}
+	}
+}
+
+// +checklocks:h.mu
+func (h *Host) deleteLink(name string) error {
+	rh, err := netlink.NewHandleAt(nsHandle(h.router))
+	if err != nil {
+		return err
+	}
+	defer rh.Close()
+	l, err := rh.LinkByName(name)
+	if err != nil {
+		return nil
+	}
+	return rh.LinkDel(l)
+}
+
+// Addrs lists the sandboxes' addresses (tests, reconcile).
+func (h *Host) Addrs() map[string]netip.Addr {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[string]netip.Addr{}
+	for id, s := range h.sbs {
+		out[id] = s.ep.Addr
+	}
+	return out
+}
