@@ -333,6 +333,51 @@ func (m *Manager) ledgerRewind(id string, ck checkpointRec) {
 	}
 }
 
+// egressCounts counts sandbox id's ledger records of turn n.
+func (m *Manager) egressCounts(id string, n int) *meta.EgressCounts {
+	if m.ledger == nil {
+		return nil
+	}
+	rs, err := m.ledger.List(id, "")
+	if err != nil {
+		return nil
+	}
+	var c meta.EgressCounts
+	seen := false
+	for _, r := range rs {
+		if r.Turn != n || r.Origin != "" {
+			continue
+		}
+		seen = true
+		switch r.State {
+		case ledger.Denied:
+			c.Denied++
+			continue
+		case ledger.Replayed:
+			c.Replayed++
+			continue
+		case ledger.Blocked, ledger.Refused:
+			c.Blocked++
+			continue
+		}
+		switch r.Kind {
+		case ledger.Read:
+			c.Reads++
+		case ledger.Effect:
+			c.Effects++
+		case ledger.Opaque:
+			c.Opaque++
+		}
+		if p := r.Request.Proto; p == "http" || p == "https" || p == "tls" || p == "tcp" {
+			c.Connections++
+		}
+	}
+	if !seen {
+		return nil
+	}
+	return &c
+}
+
 // Effects lists sandbox ref's ledger, after checkpoint since when set.
 func (m *Manager) Effects(ctx context.Context, ref, since string) ([]ledger.Record, map[string]bool, error) {
 	rec, err := m.lookupSandbox(ref)

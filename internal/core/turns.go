@@ -38,6 +38,7 @@ func (m *Manager) newTurns() *turn.Tracker {
 			}
 			return cg.UnifiedDir(), nil
 		},
+		Egress: m.egressCounts,
 	})
 }
 

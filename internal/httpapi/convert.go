@@ -116,6 +116,7 @@ func toTurnEffects(e meta.TurnEffects) v1.TurnEffects {
 		Sessions:     mapSlice(e.Sessions, func(x meta.SessionChange) v1.SessionChange { return v1.SessionChange(x) }),
 		Unknown:      e.Unknown,
 		IgnoredFiles: e.IgnoredFiles,
+		Egress:       (*v1.EgressCounts)(e.Egress),
 	}
 }
 

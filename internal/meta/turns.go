@@ -51,6 +51,21 @@ type TurnEffects struct {
 	Unknown []string `json:"unknown,omitempty"`
 	// IgnoredFiles counts file effects dropped by the ignore list.
 	IgnoredFiles int `json:"ignored_files,omitempty"`
+	// Egress counts the turn's effect ledger records (sandboxes with
+	// egress, or effects declared through the API).
+	Egress *EgressCounts `json:"egress,omitempty"`
+}
+
+// EgressCounts counts what a turn's ledger records say left the sandbox.
+type EgressCounts struct {
+	// Connections are outbound TCP connections (HTTP, TLS and raw).
+	Connections int `json:"connections"`
+	Reads       int `json:"reads"`   // GET, HEAD, OPTIONS, DNS
+	Effects     int `json:"effects"` // other HTTP methods, declared effects
+	Opaque      int `json:"opaque"`  // TLS without inspection, raw TCP
+	Denied      int `json:"denied,omitempty"`
+	Replayed    int `json:"replayed,omitempty"`
+	Blocked     int `json:"blocked,omitempty"`
 }
 
 // FileEffect is what happened to one path (relative to the sandbox root;

@@ -58,6 +58,9 @@ func (t *Tracker) Begin(ctx context.Context, id string, init sandbox.Init, head 
 	e.obs = t.observe(ctx, id, init, ts)
 	e.res = meta.TurnResult{Sandbox: id, Turn: ts.n, Head: head}
 	e.res.Decision, e.res.Reasons, e.res.Effects = decide(e.obs, append(append([]string(nil), ts.ignore...), req.Ignore...))
+	if t.cfg.Egress != nil {
+		e.res.Effects.Egress = t.cfg.Egress(id, ts.n)
+	}
 	e.res.DecideMS = ms(time.Since(began))
 	return e
 }

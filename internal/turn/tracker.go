@@ -29,6 +29,9 @@ type Config struct {
 	// Cgroup returns the unified-hierarchy directory of sandbox id's
 	// cgroup, which the inspector watches.
 	Cgroup func(id string) (string, error)
+	// Egress counts the effect ledger records of sandbox id's turn n
+	// (nil: none are counted).
+	Egress func(id string, n int) *meta.EgressCounts
 }
 
 // Tracker keeps the turns of a Manager's sandboxes.
