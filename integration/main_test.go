@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/molt-sh/molt/internal/egress/netlab"
 )
 
 // env is the shared daemon of this package.
@@ -28,6 +30,7 @@ var env struct {
 	socket string
 	log    string
 	daemon *exec.Cmd
+	lab    *netlab.Lab // the test internet sandboxes' egress leaves to
 }
 
 // image is the Debian image every test uses.
@@ -68,6 +71,13 @@ func run(m *testing.M) int {
 			return 1
 		}
 	}
+	// The sandboxes' "internet": a network namespace of the test's own
+	// (egress never leaves the machine).
+	if env.lab, err = netlab.Start(netlab.Options{Dir: tmp}); err != nil {
+		fmt.Fprintln(os.Stderr, "test internet:", err)
+		return 1
+	}
+	defer env.lab.Close()
 	if err := startDaemon(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -100,7 +110,8 @@ func startDaemon() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(env.bin, "daemon", "--root", env.root, "--socket", env.socket, "--pool-size", "16G")
+	cmd := exec.Command(env.bin, "daemon", "--root", env.root, "--socket", env.socket, "--pool-size", "16G",
+		"--egress-uplink", env.lab.Name, "--egress-dns", env.lab.DNSAddr().String(), "--egress-ca", env.lab.CAFile)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -343,6 +343,12 @@ func (h *Host) start() (err error) {
 	if err := h.startServers(); err != nil {
 		return err
 	}
+	fl, err := openFlowLog(router)
+	if err != nil {
+		return err
+	}
+	go fl.run(h.recordFlow)
+	h.closers = append(h.closers, func() { fl.Close() })
 	h.started = true
 	return nil
 }

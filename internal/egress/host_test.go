@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/molt-sh/molt/internal/egress/ledger"
 	"github.com/molt-sh/molt/internal/ns"
 	"github.com/molt-sh/molt/internal/testutil"
 )
@@ -51,9 +53,40 @@ func dialFrom(f *os.File, addr string) (net.Conn, error) {
 	return c, err
 }
 
+// flowRecords collects what the host records of flows.
+type flowRecords struct {
+	mu sync.Mutex
+	rs []ledger.Record
+}
+
+func (f *flowRecords) Begin(sb string, r ledger.Record) (ledger.Record, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r.Sandbox = sb
+	f.rs = append(f.rs, r)
+	return r, nil
+}
+
+func (f *flowRecords) wait(t *testing.T, pred func(ledger.Record) bool) ledger.Record {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		f.mu.Lock()
+		for _, r := range f.rs {
+			if pred(r) {
+				f.mu.Unlock()
+				return r
+			}
+		}
+		f.mu.Unlock()
+	}
+	t.Fatalf("no such record in %+v", f.rs)
+	return ledger.Record{}
+}
+
 func TestHostPlumbing(t *testing.T) {
 	up, upPath := world(t)
-	h := NewHost(Config{ID: "t0", Uplink: upPath, Range: netip.MustParsePrefix("10.209.0.0/24")})
+	recs := &flowRecords{}
+	h := NewHost(Config{ID: "t0", Uplink: upPath, Range: netip.MustParsePrefix("10.209.0.0/24"), Ledger: recs})
 	ep := &Endpoint{ID: "sb1", Addr: netip.MustParseAddr("10.209.0.2"), Policy: Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.12/32")}}}
 	if err := h.Add(ep); err != nil {
 		t.Fatal(err)
@@ -80,6 +113,27 @@ func TestHostPlumbing(t *testing.T) {
 		if !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Errorf("connect to %s: %v, want connection refused", a, err)
 		}
+		// ... and recorded, with the reason.
+		r := recs.wait(t, func(r ledger.Record) bool { return r.Request.Addr == a })
+		if r.Sandbox != "sb1" || r.State != ledger.Denied || r.Kind != ledger.Opaque || r.Request.Proto != "tcp" || r.Error == "" {
+			t.Errorf("record of the refused connection to %s: %+v", a, r)
+		}
+	}
+	// UDP (not DNS) is forwarded, and recorded per flow.
+	err = ns.Do(sbNS, unix.CLONE_NEWNET, func() error {
+		c, err := net.Dial("udp4", "203.0.113.10:9")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("ping"))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := recs.wait(t, func(r ledger.Record) bool { return r.Request.Addr == "203.0.113.10:9" }); r.State != ledger.Completed || r.Request.Proto != "udp" {
+		t.Errorf("UDP flow record: %+v", r)
 	}
 	// A second sandbox cannot reach the first, nor spoof its address.
 	ep2 := &Endpoint{ID: "sb2", Addr: netip.MustParseAddr("10.209.0.3")}

@@ -171,6 +171,10 @@ func (h *Host) prepare(id string, netnsFile *os.File) (*link, error) {
 	if err != nil {
 		return fail(err)
 	}
+	// The alias names the sandbox, for whoever lists the router's links.
+	if err := rh.LinkSetAlias(out, "molt sandbox "+id); err != nil {
+		return fail(err)
+	}
 	if err := rh.LinkSetUp(out); err != nil {
 		return fail(err)
 	}

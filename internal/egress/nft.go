@@ -76,7 +76,7 @@ func (rs ruleset) apply(netns *os.File) error {
 		from := addrMatch(payloadSaddr, s.addr)
 		for _, p := range s.policy.DenyCIDRs {
 			if p.Addr().Is4() {
-				add(pre, cat(from, prefixMatch(payloadDaddr, p), verdict(expr.VerdictReturn))...)
+				add(pre, cat(from, prefixMatch(payloadDaddr, p), markDeny())...)
 			}
 		}
 		for _, p := range s.policy.AllowCIDRs {
@@ -86,11 +86,11 @@ func (rs ruleset) apply(netns *os.File) error {
 		}
 		for _, p := range append(DefaultDenied[:len(DefaultDenied):len(DefaultDenied)], rs.denied...) {
 			if p.Addr().Is4() {
-				add(pre, cat(from, prefixMatch(payloadDaddr, p), verdict(expr.VerdictReturn))...)
+				add(pre, cat(from, prefixMatch(payloadDaddr, p), markDeny())...)
 			}
 		}
 		if len(s.policy.AllowCIDRs) > 0 && len(s.policy.AllowDomains) == 0 {
-			add(pre, cat(from, verdict(expr.VerdictReturn))...)
+			add(pre, cat(from, markDeny())...)
 		}
 	}
 	add(pre, cat(fromSandboxes, goTo("proxy"))...)
@@ -98,9 +98,18 @@ func (rs ruleset) apply(netns *os.File) error {
 	// falls through to the forward chain.
 	add(proxy, cat(l4(unix.IPPROTO_TCP), dnatTo(rs.gateway, rs.proxyPort))...)
 
-	// Forwarding: replies, and nothing from a sandbox (its TCP went to
-	// the proxy; what is left was refused by policy or is not TCP).
+	// Forwarding: replies; a sandbox's flow its policy denies is logged
+	// (the ledger records it) and refused, so the sandbox sees connection
+	// refused; its UDP (not DNS, which went to molt's) is logged and
+	// forwarded; nothing else of a sandbox's is forwarded (its TCP went
+	// to the proxy).
 	add(fwd, cat(ctEstablished(), verdict(expr.VerdictAccept))...)
+	denied := cat(fromSandboxes, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, markDenied)})
+	add(fwd, cat(denied, nflog(prefixDeny))...)
+	add(fwd, cat(denied, l4(unix.IPPROTO_TCP), &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})...)
+	add(fwd, cat(denied, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3})...)
+	add(fwd, cat(fromSandboxes, l4(unix.IPPROTO_UDP), oifname(rs.uplink), nflog(prefixUDP), verdict(expr.VerdictAccept))...)
 	add(fwd, cat(fromSandboxes, l4(unix.IPPROTO_TCP), &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})...)
 	add(fwd, cat(fromSandboxes, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3})...)
 
@@ -268,6 +277,20 @@ func oifname(n string) []expr.Any {
 
 func notOifname(n string) []expr.Any {
 	return []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(n)}}
+}
+
+// markDeny marks a sandbox's flow as denied and skips the proxy: the
+// forward chain logs and refuses it.
+func markDeny() []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: binary.NativeEndian.AppendUint32(nil, markDenied)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		&expr.Verdict{Kind: expr.VerdictReturn},
+	}
+}
+
+func nflog(prefix string) expr.Any {
+	return &expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN, Group: nflogGroup, Snaplen: 64, Data: []byte(prefix)}
 }
 
 func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
