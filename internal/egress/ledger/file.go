@@ -167,21 +167,21 @@ func (st *state) apply(e entry) error {
 	return nil
 }
 
-// writeAll writes lines to f with one write(2) (f is O_APPEND), and on a
-// short or failed write cuts the file back to size so that no torn line
-// sits before the next append.
-func writeAll(f *os.File, size int64, lines []byte) error {
+// writeAll writes lines to f with one write(2) (f is O_APPEND). On a
+// short or failed write it cuts the file back to size, so that no torn
+// line sits before the next append; torn reports that it could not.
+func writeAll(f *os.File, size int64, lines []byte) (torn bool, err error) {
 	n, err := f.Write(lines)
 	if err == nil && n == len(lines) {
-		return nil
+		return false, nil
 	}
 	if err == nil {
 		err = io.ErrShortWrite
 	}
 	if terr := f.Truncate(size); terr != nil {
-		return fmt.Errorf("%w (and cutting back the partial line: %v)", err, terr)
+		return true, fmt.Errorf("%w (and cutting back the partial line: %v)", err, terr)
 	}
-	return err
+	return false, err
 }
 
 // encodeState writes st as the lines of a new file: every record in its

@@ -25,10 +25,12 @@ func (s *sandbox) append(e entry) (uint64, error) {
 			return 0, err
 		}
 	}
-	if err := writeAll(s.f, s.size, line); err != nil {
-		// writeAll cut the file back to s.size; when it could not, the
-		// next append would follow a torn line.
-		s.err = err
+	if torn, err := writeAll(s.f, s.size, line); err != nil {
+		if torn {
+			// The next append would follow a torn line, which Open
+			// would take for corruption.
+			s.err = err
+		}
 		return 0, fmt.Errorf("ledger %s: %w", s.name, err)
 	}
 	s.size += int64(len(line))
