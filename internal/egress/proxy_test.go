@@ -686,7 +686,7 @@ func TestProxyCloseEndsConnections(t *testing.T) {
 		defer c.Close()
 		conns = append(conns, c)
 	}
-	io.WriteString(conns[0], "open tunnel")       // a raw tunnel, live
+	io.WriteString(conns[0], "open tunnel")        // a raw tunnel, live
 	io.WriteString(conns[1], "GET / HTTP/1.1\r\n") // a request half sent
 	// conns[2] is idle
 	time.Sleep(100 * time.Millisecond)

@@ -45,8 +45,8 @@ func readClientHello(r io.Reader) (raw []byte, sni string, err error) {
 		}
 		start := len(raw)
 		raw = append(raw, make([]byte, n)...)
-		if _, err := io.ReadFull(r, raw[start:]); err != nil {
-			return raw, "", err
+		if k, err := io.ReadFull(r, raw[start:]); err != nil {
+			return raw[:start+k], "", err
 		}
 		msg = append(msg, raw[start:]...)
 		if len(msg) < 4 {
