@@ -125,7 +125,9 @@ func newHarness(t testing.TB, dst string, pol Policy, cfg ProxyConfig) *harness 
 			return nil, false
 		}
 	}
-	cfg.Ledger = led
+	if cfg.Ledger == nil {
+		cfg.Ledger = led
+	}
 	cfg.OrigDst = func(net.Conn) (netip.AddrPort, error) { return d, nil }
 	p := NewProxy(cfg)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
