@@ -107,6 +107,15 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 		s.writeLocal(bw, req, http.StatusForbidden, rid, "molt egress: "+why+"\n", nil, true)
 		return false // the body is unread
 	}
+	if req.Method == http.MethodConnect {
+		// A tunnel through an upstream proxy would hide its requests
+		// from the ledger; the sandbox connects directly instead.
+		why := "CONNECT is not supported; connect to the destination directly"
+		id := ledger.Identity{Proto: scheme, Method: req.Method, URL: host, Host: name, Addr: s.dst.String()}
+		rid := s.deny(kind, id, why)
+		s.writeLocal(bw, req, http.StatusMethodNotAllowed, rid, "molt egress: "+why+"\n", nil, true)
+		return false
+	}
 	if req.Header.Get("Expect") == "100-continue" && req.ProtoAtLeast(1, 1) {
 		io.WriteString(bw, "HTTP/1.1 100 Continue\r\n\r\n")
 		if bw.Flush() != nil {
@@ -199,6 +208,15 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 	resp.Header.Set(HeaderLedgerID, rid)
 	resp.Close = req.Close
 	resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/1.1", 1, 1
+	if resp.ContentLength < 0 {
+		// Upstream framing is per connection: chunk for an HTTP/1.1
+		// client, end the connection for an older one.
+		if req.ProtoAtLeast(1, 1) {
+			resp.TransferEncoding = []string{"chunked"}
+		} else {
+			resp.TransferEncoding, resp.Close = nil, true
+		}
+	}
 	resp.Request = req
 	werr := resp.Write(bw)
 	if werr == nil {
@@ -219,7 +237,7 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 	}
 	// The world answered: the effect happened even if the body broke.
 	s.finish(rid, ledger.Completed, summary, errText)
-	return werr == nil && body2.err == nil && !req.Close
+	return werr == nil && body2.err == nil && !resp.Close
 }
 
 // outgoing is the request sent upstream: to the original destination

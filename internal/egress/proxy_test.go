@@ -762,3 +762,61 @@ func TestProxyNoGoroutineLeak(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// An upstream response delimited by the end of its connection reaches
+// the sandbox whole, and the sandbox's connection stays usable.
+func TestProxyCloseDelimitedResponse(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+				}
+			}()
+		}
+	}()
+	h := newHTTPHarness(t, l.Addr().String(), loopback, ProxyConfig{})
+	c := h.client(nil)
+	c.Timeout = 10 * time.Second
+	for i := range 2 {
+		resp, body := do(t, c, "GET", "http://a.test/", "")
+		if resp.StatusCode != 200 || body != "until the end" {
+			t.Fatalf("request %d: got %d %q", i, resp.StatusCode, body)
+		}
+	}
+	if len(h.led.waitRecords(t, 2)) != 2 {
+		t.Fatal()
+	}
+}
+
+func TestProxyRefusesConnect(t *testing.T) {
+	srv, n := countingServer(t)
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "CONNECT elsewhere.test:443 HTTP/1.1\r\nHost: elsewhere.test:443\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("got %v, %v", resp, err)
+	}
+	if r := h.led.waitRecords(t, 1)[0]; r.State != ledger.Denied {
+		t.Errorf("record %+v", r)
+	}
+	if n.Load() != 0 {
+		t.Errorf("server got %d", n.Load())
+	}
+}
