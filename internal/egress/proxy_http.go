@@ -150,8 +150,14 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 	}
 	rec := s.newRecord(kind, "", id)
 
-	if kind == ledger.Effect && !streamed {
+	if kind == ledger.Effect {
 		m := s.p.cfg.Ledger.Match(s.ep.ID, id)
+		if streamed {
+			// Without its body's hash the request cannot be shown
+			// equivalent to anything: it is never refused as pending
+			// nor replayed, and it diverges when the line has orphans.
+			m.Orphan, m.Pending = nil, nil
+		}
 		switch {
 		case m.Pending != nil:
 			rec.State, rec.ReplayOf = ledger.Refused, m.Pending.ID
@@ -205,6 +211,7 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 	upstreamBody := resp.Body
 	resp.Body = io.NopCloser(body2)
 	removeHopHeaders(resp.Header)
+	resp.Header.Del(HeaderReplayed) // only molt says a response is replayed
 	resp.Header.Set(HeaderLedgerID, rid)
 	resp.Close = req.Close
 	resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/1.1", 1, 1

@@ -436,19 +436,32 @@ func TestProxyUpstreamDown(t *testing.T) {
 
 func TestProxyLargeRequestBodyStreams(t *testing.T) {
 	srv, n := countingServer(t)
-	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{BodyCap: 10})
-	h.led.match = func(ledger.Identity) ledger.Match {
-		t.Error("a request over the cap was matched")
-		return ledger.Match{}
+	// An orphan the ledger offers is not used: a body over the cap has
+	// no hash, so nothing is shown equivalent to it.
+	orphan := func(ledger.Identity) ledger.Match {
+		return ledger.Match{Orphans: 1, Orphan: &ledger.Record{ID: "o1", Response: &ledger.Response{Status: 299}}}
 	}
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{BodyCap: 10})
+	h.led.match = orphan
 	big := strings.Repeat("b", 100)
 	resp, body := do(t, h.client(nil), "POST", "http://pay.example.test/upload", big)
 	if resp.StatusCode != 201 || !strings.Contains(body, big) {
 		t.Fatalf("got %d %q", resp.StatusCode, body)
 	}
 	r := h.led.waitRecords(t, 1)[0]
-	if r.State != ledger.Completed || r.Request.BodyHash != "" || !r.Response.Truncated || len(r.Response.Body) != 10 || r.Response.BodySize != int64(len(body)) {
+	if r.State != ledger.Completed || r.Request.BodyHash != "" || !r.Response.Truncated || len(r.Response.Body) != 10 ||
+		r.Response.BodySize != int64(len(body)) || !strings.Contains(r.Error, "request body sha256") {
 		t.Errorf("record %+v response %+v", r, r.Response)
+	}
+	if n.Load() != 1 {
+		t.Errorf("server got %d", n.Load())
+	}
+
+	// With divergence blocked it is blocked while the line has orphans.
+	hb := newHTTPHarness(t, srvAddr(srv), policy(func(p *Policy) { p.Divergence = DivergeBlock }), ProxyConfig{BodyCap: 10})
+	hb.led.match = orphan
+	if resp, _ := do(t, hb.client(nil), "POST", "http://pay.example.test/upload", big); resp.StatusCode != 409 {
+		t.Errorf("blocked: got %d", resp.StatusCode)
 	}
 	if n.Load() != 1 {
 		t.Errorf("server got %d", n.Load())
@@ -543,7 +556,8 @@ func TestProxyTLSInspect(t *testing.T) {
 	h.ep.CA = ca
 	trust := x509.NewCertPool()
 	trust.AppendCertsFromPEM(ca.CertPEM())
-	c := h.client(&tls.Config{ServerName: "example.com", RootCAs: trust})
+	// Off port 443, only a client offering HTTP in ALPN is inspected.
+	c := h.client(&tls.Config{ServerName: "example.com", RootCAs: trust, NextProtos: []string{"http/1.1"}})
 	resp, body := do(t, c, "POST", "https://example.com/pay?x=1", "amount=5")
 	if resp.StatusCode != 200 || body != "secret for example.com /pay" {
 		t.Fatalf("got %d %q", resp.StatusCode, body)
@@ -569,7 +583,7 @@ func TestProxyTLSInspect(t *testing.T) {
 	// A server the upstream roots do not vouch for is refused.
 	h2 := newHarness(t, srvAddr(srv), policy(func(p *Policy) { p.Inspect = true }), ProxyConfig{UpstreamRoots: x509.NewCertPool()})
 	h2.ep.CA = ca
-	resp, _ = do(t, h2.client(&tls.Config{ServerName: "example.com", RootCAs: trust}), "GET", "https://example.com/", "")
+	resp, _ = do(t, h2.client(&tls.Config{ServerName: "example.com", RootCAs: trust, NextProtos: []string{"http/1.1"}}), "GET", "https://example.com/", "")
 	if resp.StatusCode != 502 {
 		t.Errorf("unverified upstream: got %d", resp.StatusCode)
 	}
@@ -818,5 +832,39 @@ func TestProxyRefusesConnect(t *testing.T) {
 	}
 	if n.Load() != 0 {
 		t.Errorf("server got %d", n.Load())
+	}
+}
+
+// Off port 443, TLS from a client that offers no HTTP protocol passes
+// through even with inspection on (it may not be HTTP at all).
+func TestProxyInspectPassesNonHTTPTLS(t *testing.T) {
+	srv, _, pool := tlsServer(t)
+	ca, err := NewCA("molt sandbox sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, srvAddr(srv), policy(func(p *Policy) { p.Inspect = true }), ProxyConfig{UpstreamRoots: pool})
+	h.ep.CA = ca
+	c := h.client(&tls.Config{ServerName: "example.com", RootCAs: pool})
+	if resp, _ := do(t, c, "GET", "https://example.com/", ""); !resp.TLS.PeerCertificates[0].Equal(srv.Certificate()) {
+		t.Error("the client did not reach the server's own TLS")
+	}
+	c.CloseIdleConnections()
+	if r := h.led.waitRecords(t, 1)[0]; r.Kind != ledger.Opaque || r.Request.Proto != "tls" {
+		t.Errorf("record %+v", r)
+	}
+}
+
+// An upstream cannot make a response look replayed.
+func TestProxyStripsUpstreamReplayHeader(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(HeaderReplayed, "fake")
+		w.Header().Set(HeaderLedgerID, "fake")
+	}))
+	defer srv.Close()
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	resp, _ := do(t, h.client(nil), "POST", "http://a.test/", "x")
+	if resp.Header.Get(HeaderReplayed) != "" || resp.Header.Get(HeaderLedgerID) != "r1" {
+		t.Errorf("headers %v", resp.Header)
 	}
 }

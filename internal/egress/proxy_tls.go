@@ -18,95 +18,128 @@ const (
 	maxTLSRecord         = 16384 + 2048 // TLSCiphertext limit
 	maxClientHello       = 64 << 10     // far beyond real ones (a few KiB with post-quantum shares)
 	extServerName        = 0
+	extALPN              = 16
+	maxALPN              = 16 // protocols kept of an offer
 	serverNameTypeHost   = 0
 	maxServerNameLength  = 253
 )
 
 var errNotTLS = errors.New("not a TLS ClientHello")
 
+// clientHello is what the proxy reads of a ClientHello.
+type clientHello struct {
+	SNI  string   // "" when the client sent none
+	ALPN []string // protocols offered
+}
+
+// offersHTTP reports whether the client offered an HTTP protocol.
+func (h clientHello) offersHTTP() bool {
+	for _, p := range h.ALPN {
+		if p == "http/1.1" || p == "h2" || p == "http/1.0" {
+			return true
+		}
+	}
+	return false
+}
+
 // readClientHello reads the TLS records that carry the first handshake
 // message from r, and no more. It returns the raw bytes read (to be
-// replayed upstream or to a TLS server) and the server name, "" when the
-// client sent none.
-func readClientHello(r io.Reader) (raw []byte, sni string, err error) {
+// replayed upstream or to a TLS server) and what the hello says.
+func readClientHello(r io.Reader) (raw []byte, hello clientHello, err error) {
 	var msg []byte
 	for {
 		var hdr [5]byte
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return raw, "", err
+			return raw, clientHello{}, err
 		}
 		raw = append(raw, hdr[:]...)
 		if hdr[0] != recordTypeHandshake || hdr[1] != 3 {
-			return raw, "", errNotTLS
+			return raw, clientHello{}, errNotTLS
 		}
 		n := int(hdr[3])<<8 | int(hdr[4])
 		if n == 0 || n > maxTLSRecord {
-			return raw, "", fmt.Errorf("%w: record length %d", errNotTLS, n)
+			return raw, clientHello{}, fmt.Errorf("%w: record length %d", errNotTLS, n)
 		}
 		start := len(raw)
 		raw = append(raw, make([]byte, n)...)
 		if k, err := io.ReadFull(r, raw[start:]); err != nil {
-			return raw[:start+k], "", err
+			return raw[:start+k], clientHello{}, err
 		}
 		msg = append(msg, raw[start:]...)
 		if len(msg) < 4 {
 			continue
 		}
 		if msg[0] != handshakeClientHello {
-			return raw, "", fmt.Errorf("%w: handshake type %d", errNotTLS, msg[0])
+			return raw, clientHello{}, fmt.Errorf("%w: handshake type %d", errNotTLS, msg[0])
 		}
 		size := int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3])
 		if size > maxClientHello {
-			return raw, "", fmt.Errorf("%w: ClientHello of %d bytes", errNotTLS, size)
+			return raw, clientHello{}, fmt.Errorf("%w: ClientHello of %d bytes", errNotTLS, size)
 		}
 		if len(msg) >= 4+size {
-			sni, err := parseClientHello(msg[4 : 4+size])
-			return raw, sni, err
+			hello, err := parseClientHello(msg[4 : 4+size])
+			return raw, hello, err
 		}
 	}
 }
 
-// parseClientHello returns the host name of a ClientHello body's
-// server_name extension.
-func parseClientHello(b []byte) (string, error) {
+// parseClientHello reads a ClientHello body's server_name and ALPN
+// extensions.
+func parseClientHello(b []byte) (clientHello, error) {
+	var h clientHello
 	p := parser(b)
 	if !p.skip(2+32) || !p.skipVec(1) || !p.skipVec(2) || !p.skipVec(1) {
-		return "", fmt.Errorf("%w: truncated ClientHello", errNotTLS)
+		return h, fmt.Errorf("%w: truncated ClientHello", errNotTLS)
 	}
 	if len(p) == 0 {
-		return "", nil // no extensions
+		return h, nil // no extensions
 	}
 	exts, ok := p.vec(2)
 	if !ok {
-		return "", fmt.Errorf("%w: truncated extensions", errNotTLS)
+		return h, fmt.Errorf("%w: truncated extensions", errNotTLS)
 	}
 	for len(exts) > 0 {
 		typ, ok1 := exts.u16()
 		data, ok2 := exts.vec(2)
 		if !ok1 || !ok2 {
-			return "", fmt.Errorf("%w: truncated extension", errNotTLS)
+			return h, fmt.Errorf("%w: truncated extension", errNotTLS)
 		}
-		if typ != extServerName {
-			continue
-		}
-		list, ok := data.vec(2)
-		if !ok {
-			return "", fmt.Errorf("%w: bad server_name", errNotTLS)
-		}
-		for len(list) > 0 {
-			nt, ok1 := list.u8()
-			name, ok2 := list.vec(2)
-			if !ok1 || !ok2 {
-				return "", fmt.Errorf("%w: bad server_name", errNotTLS)
+		switch typ {
+		case extServerName:
+			list, ok := data.vec(2)
+			if !ok {
+				return h, fmt.Errorf("%w: bad server_name", errNotTLS)
 			}
-			if nt != serverNameTypeHost {
-				continue
+			for len(list) > 0 && h.SNI == "" {
+				nt, ok1 := list.u8()
+				name, ok2 := list.vec(2)
+				if !ok1 || !ok2 {
+					return h, fmt.Errorf("%w: bad server_name", errNotTLS)
+				}
+				if nt != serverNameTypeHost {
+					continue
+				}
+				sni, err := checkServerName(string(name))
+				if err != nil {
+					return h, err
+				}
+				h.SNI = sni
 			}
-			return checkServerName(string(name))
+		case extALPN:
+			list, ok := data.vec(2)
+			if !ok {
+				return h, fmt.Errorf("%w: bad ALPN", errNotTLS)
+			}
+			for len(list) > 0 && len(h.ALPN) < maxALPN {
+				proto, ok := list.vec(1)
+				if !ok {
+					return h, fmt.Errorf("%w: bad ALPN", errNotTLS)
+				}
+				h.ALPN = append(h.ALPN, string(proto))
+			}
 		}
-		return "", nil
 	}
-	return "", nil
+	return h, nil
 }
 
 // checkServerName accepts what a DNS host name can be, lower-cased: the
@@ -182,7 +215,8 @@ func (p *parser) skipVec(lenBytes int) bool {
 // inspection, terminated with the sandbox's CA and served as HTTPS.
 func (s *session) serveTLS(prefix []byte) {
 	s.c.SetReadDeadline(time.Now().Add(helloTimeout))
-	raw, sni, err := readClientHello(io.MultiReader(bytes.NewReader(prefix), s.c))
+	raw, hello, err := readClientHello(io.MultiReader(bytes.NewReader(prefix), s.c))
+	sni := hello.SNI
 	s.c.SetReadDeadline(time.Time{})
 	if err != nil {
 		s.p.log.Debug("egress proxy: no ClientHello", "sandbox", s.ep.ID, "dst", s.dst, "err", err)
@@ -199,7 +233,9 @@ func (s *session) serveTLS(prefix []byte) {
 		reset(s.c)
 		return
 	}
-	if !s.ep.Policy.Inspect {
+	// Inspection serves HTTP: on ports other than 443 only a client
+	// offering HTTP is terminated, other TLS (IMAPS, ...) passes through.
+	if !s.ep.Policy.Inspect || s.dst.Port() != 443 && !hello.offersHTTP() {
 		s.tunnel(id, s.c, raw)
 		return
 	}

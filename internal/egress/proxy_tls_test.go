@@ -6,13 +6,14 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"testing"
 	"time"
 )
 
 // clientHello returns the bytes crypto/tls sends first as a client of
 // serverName.
-func clientHello(t testing.TB, serverName string) []byte {
+func helloBytes(t testing.TB, serverName string) []byte {
 	t.Helper()
 	a, b := net.Pipe()
 	go func() {
@@ -45,18 +46,18 @@ func fragment(raw []byte, n int) []byte {
 }
 
 func TestReadClientHello(t *testing.T) {
-	raw := clientHello(t, "API.Example.com")
+	raw := helloBytes(t, "API.Example.com")
 	for name, in := range map[string][]byte{"one record": raw, "fragmented": fragment(raw, 7)} {
-		got, sni, err := readClientHello(io.MultiReader(bytes.NewReader(in), bytes.NewReader([]byte("after"))))
-		if err != nil || sni != "api.example.com" {
-			t.Errorf("%s: sni %q, %v", name, sni, err)
+		got, hello, err := readClientHello(io.MultiReader(bytes.NewReader(in), bytes.NewReader([]byte("after"))))
+		if err != nil || hello.SNI != "api.example.com" || !slices.Equal(hello.ALPN, []string{"h2", "http/1.1"}) {
+			t.Errorf("%s: %+v, %v", name, hello, err)
 		}
 		if !bytes.Equal(got, in) {
 			t.Errorf("%s: read %d bytes, want exactly the hello's %d", name, len(got), len(in))
 		}
 	}
-	if _, sni, err := readClientHello(bytes.NewReader(clientHello(t, ""))); err != nil || sni != "" {
-		t.Errorf("no server name: %q, %v", sni, err)
+	if _, hello, err := readClientHello(bytes.NewReader(helloBytes(t, ""))); err != nil || hello.SNI != "" {
+		t.Errorf("no server name: %+v, %v", hello, err)
 	}
 	for name, in := range map[string][]byte{
 		"http":       []byte("GET / HTTP/1.1\r\n\r\n"),
@@ -76,13 +77,14 @@ func TestReadClientHello(t *testing.T) {
 }
 
 func FuzzClientHello(f *testing.F) {
-	f.Add(clientHello(f, "example.com"))
-	f.Add(fragment(clientHello(f, "a.b.c.example.org"), 50))
-	f.Add(clientHello(f, ""))
+	f.Add(helloBytes(f, "example.com"))
+	f.Add(fragment(helloBytes(f, "a.b.c.example.org"), 50))
+	f.Add(helloBytes(f, ""))
 	f.Add([]byte{0x16, 3, 1, 0, 4, 1, 0, 0, 0})
 	f.Add([]byte("GET / HTTP/1.1\r\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		raw, sni, err := readClientHello(bytes.NewReader(data))
+		raw, hello, err := readClientHello(bytes.NewReader(data))
+		sni := hello.SNI
 		if len(raw) > len(data) || !bytes.Equal(raw, data[:len(raw)]) {
 			t.Fatalf("raw is not a prefix of the input")
 		}
