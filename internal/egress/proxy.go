@@ -66,6 +66,16 @@ type Proxy struct {
 	conns map[io.Closer]struct{} // client and upstream connections
 	// +checklocks:mu
 	listeners map[net.Listener]struct{}
+	// +checklocks:mu
+	inFlight    map[string]*slots // by sandbox
+	maxInFlight int               // HTTP requests a sandbox has in flight at once
+}
+
+// slots bound the HTTP requests of one sandbox in flight: each may hold
+// up to BodyCap of request and of response in memory.
+type slots struct {
+	ch    chan struct{}
+	users int // holders and waiters; the entry goes at zero
 }
 
 const (
@@ -80,6 +90,9 @@ const (
 	// HTTP nor 443 is watched for a ClientHello before it is piped raw
 	// (protocols where the server speaks first wait this long once).
 	sniffTimeout = 300 * time.Millisecond
+	// defaultMaxInFlight bounds the memory one sandbox's requests hold
+	// (each up to twice BodyCap); more wait for a slot.
+	defaultMaxInFlight = 64
 )
 
 // NewProxy returns a proxy; Serve starts it.
@@ -100,12 +113,14 @@ func NewProxy(cfg ProxyConfig) *Proxy {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{
-		cfg:       cfg,
-		log:       log,
-		ctx:       ctx,
-		cancel:    cancel,
-		conns:     make(map[io.Closer]struct{}),
-		listeners: make(map[net.Listener]struct{}),
+		cfg:         cfg,
+		log:         log,
+		ctx:         ctx,
+		cancel:      cancel,
+		conns:       make(map[io.Closer]struct{}),
+		listeners:   make(map[net.Listener]struct{}),
+		inFlight:    make(map[string]*slots),
+		maxInFlight: defaultMaxInFlight,
 	}
 	p.up = newUpstreams(p.dial, cfg.UpstreamRoots)
 	return p
@@ -192,6 +207,32 @@ func (p *Proxy) untrack(c io.Closer) {
 	p.mu.Lock()
 	delete(p.conns, c)
 	p.mu.Unlock()
+}
+
+// acquire waits for one of sandbox sb's in-flight request slots.
+func (p *Proxy) acquire(ctx context.Context, sb string) (release func(), err error) {
+	p.mu.Lock()
+	sl := p.inFlight[sb]
+	if sl == nil {
+		sl = &slots{ch: make(chan struct{}, p.maxInFlight)}
+		p.inFlight[sb] = sl
+	}
+	sl.users++
+	p.mu.Unlock()
+	drop := func() {
+		p.mu.Lock()
+		if sl.users--; sl.users == 0 {
+			delete(p.inFlight, sb)
+		}
+		p.mu.Unlock()
+	}
+	select {
+	case sl.ch <- struct{}{}:
+		return func() { <-sl.ch; drop() }, nil
+	case <-ctx.Done():
+		drop()
+		return nil, ctx.Err()
+	}
 }
 
 func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -116,6 +116,11 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 		s.writeLocal(bw, req, http.StatusMethodNotAllowed, rid, "molt egress: "+why+"\n", nil, true)
 		return false
 	}
+	release, err := s.p.acquire(s.p.ctx, s.ep.ID)
+	if err != nil {
+		return false
+	}
+	defer release()
 	if req.Header.Get("Expect") == "100-continue" && req.ProtoAtLeast(1, 1) {
 		io.WriteString(bw, "HTTP/1.1 100 Continue\r\n\r\n")
 		if bw.Flush() != nil {

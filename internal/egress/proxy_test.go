@@ -868,3 +868,62 @@ func TestProxyStripsUpstreamReplayHeader(t *testing.T) {
 		t.Errorf("headers %v", resp.Header)
 	}
 }
+
+// A sandbox's requests beyond its in-flight slots wait for one.
+func TestProxyInFlightBound(t *testing.T) {
+	unblock := make(chan struct{})
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			<-unblock
+		}
+	}))
+	defer srv.Close()
+	defer close(unblock)
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	h.p.mu.Lock()
+	h.p.maxInFlight = 1
+	h.p.mu.Unlock()
+	c := h.client(nil)
+	first := make(chan error, 1)
+	go func() {
+		resp, err := c.Get("http://a.test/slow")
+		if err == nil {
+			resp.Body.Close()
+		}
+		first <- err
+	}()
+	for n.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	second := make(chan error, 1)
+	go func() {
+		resp, err := c.Get("http://a.test/fast")
+		if err == nil {
+			resp.Body.Close()
+		}
+		second <- err
+	}()
+	select {
+	case <-second:
+		t.Fatal("the second request went while the first held the only slot")
+	case <-time.After(200 * time.Millisecond):
+	}
+	unblock <- struct{}{}
+	for _, ch := range []chan error{first, second} {
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("request stuck")
+		}
+	}
+	h.p.mu.Lock()
+	left := len(h.p.inFlight)
+	h.p.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d slot entries left", left)
+	}
+}
