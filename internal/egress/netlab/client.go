@@ -1,0 +1,55 @@
+package netlab
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/ns"
+)
+
+// DialContext connects from inside the lab, as a process in its
+// namespace would. Names are resolved from the lab's own table, never
+// through the host's resolver.
+func (l *Lab) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		a, ok := l.Lookup(host)
+		if !ok {
+			return nil, fmt.Errorf("dial %s: no host %s in the lab", addr, host)
+		}
+		addr = net.JoinHostPort(a.String(), port)
+	}
+	var c net.Conn
+	err = ns.Do(l.netns, unix.CLONE_NEWNET, func() error {
+		var err error
+		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// TLSConfig trusts the lab's CA.
+func (l *Lab) TLSConfig() *tls.Config { return &tls.Config{RootCAs: l.certs.pool} }
+
+// Client is an HTTP client whose connections start inside the lab and
+// which trusts the lab's CA.
+func (l *Lab) Client() *http.Client {
+	return &http.Client{
+		Timeout: time.Minute,
+		Transport: &http.Transport{
+			DialContext:       l.DialContext,
+			TLSClientConfig:   l.TLSConfig(),
+			ForceAttemptHTTP2: true,
+		},
+	}
+}
