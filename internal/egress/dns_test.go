@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -13,6 +14,8 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/molt-sh/molt/internal/egress/ledger"
+	"github.com/molt-sh/molt/internal/egress/netlab"
+	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // fakeUpstream is a resolver on loopback: www.example.com is a CNAME
@@ -105,6 +108,17 @@ func (h *dnsHarness) last(t *testing.T) ledger.Record {
 // (known reports whether Lookup knows it).
 func startDNS(t *testing.T, upstream []string, policy Policy, known bool) *dnsHarness {
 	t.Helper()
+	return startDNSWith(t, upstream, policy, known, nil)
+}
+
+// startDNSDial is startDNS with upstreams reached through dial.
+func startDNSDial(t *testing.T, upstream []string, policy Policy, dial func(context.Context, string, string) (net.Conn, error)) *dnsHarness {
+	t.Helper()
+	return startDNSWith(t, upstream, policy, true, dial)
+}
+
+func startDNSWith(t *testing.T, upstream []string, policy Policy, known bool, dial func(context.Context, string, string) (net.Conn, error)) *dnsHarness {
+	t.Helper()
 	if err := policy.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -119,6 +133,7 @@ func startDNS(t *testing.T, upstream []string, policy Policy, known bool) *dnsHa
 			return nil, false
 		},
 		Upstream: upstream,
+		Dial:     dial,
 		Names:    h.names,
 		Timeout:  300 * time.Millisecond,
 		Record: func(ep *Endpoint, r ledger.Record) {
@@ -350,5 +365,32 @@ func TestDNSHostileQueries(t *testing.T) {
 	c.Write([]byte("\x00\x01garbage"))
 	if r := h.ask(t, "udp", "fine.example.com", dns.TypeA); r.Rcode != dns.RcodeSuccess {
 		t.Errorf("after garbage: %v", r)
+	}
+}
+
+// TestDNSThroughLab forwards to the test internet's resolver, dialed
+// inside the lab as molt's uplink would.
+func TestDNSThroughLab(t *testing.T) {
+	testutil.RequireRoot(t)
+	lab, err := netlab.Start(netlab.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lab.Close()
+	h := startDNSDial(t, []string{lab.DNSAddr().String()}, Policy{AllowDomains: []string{netlab.Zone}}, lab.DialContext)
+	for _, network := range []string{"udp", "tcp"} {
+		r := h.ask(t, network, netlab.AliasName, dns.TypeA)
+		if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 2 {
+			t.Fatalf("%s %s: %v", network, netlab.AliasName, r)
+		}
+	}
+	if got := h.names.Lookup("sb1", netip.MustParseAddr(netlab.WebIP)); got != netlab.AliasName {
+		t.Errorf("Names has %q for %s", got, netlab.WebIP)
+	}
+	if r := h.ask(t, "udp", "missing."+netlab.Zone, dns.TypeA); r.Rcode != dns.RcodeNameError {
+		t.Errorf("missing name: %v", r)
+	}
+	if r := h.ask(t, "udp", "example.com", dns.TypeA); r.Rcode != dns.RcodeNameError || h.last(t).State != ledger.Denied {
+		t.Errorf("name outside the allow list: %v", r)
 	}
 }
