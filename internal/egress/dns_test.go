@@ -26,7 +26,7 @@ type fakeUpstream struct {
 	queries atomic.Int64
 }
 
-func startUpstream(t *testing.T) *fakeUpstream {
+func startUpstream(t testing.TB) *fakeUpstream {
 	t.Helper()
 	u := &fakeUpstream{}
 	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
@@ -117,7 +117,7 @@ func startDNSDial(t *testing.T, upstream []string, policy Policy, dial func(cont
 	return startDNSWith(t, upstream, policy, true, dial)
 }
 
-func startDNSWith(t *testing.T, upstream []string, policy Policy, known bool, dial func(context.Context, string, string) (net.Conn, error)) *dnsHarness {
+func startDNSWith(t testing.TB, upstream []string, policy Policy, known bool, dial func(context.Context, string, string) (net.Conn, error)) *dnsHarness {
 	t.Helper()
 	if err := policy.Validate(); err != nil {
 		t.Fatal(err)
@@ -392,5 +392,27 @@ func TestDNSThroughLab(t *testing.T) {
 	}
 	if r := h.ask(t, "udp", "example.com", dns.TypeA); r.Rcode != dns.RcodeNameError || h.last(t).State != ledger.Denied {
 		t.Errorf("name outside the allow list: %v", r)
+	}
+}
+
+// BenchmarkDNS compares a query through molt's DNS with one asked of
+// the upstream directly (both on loopback, UDP).
+func BenchmarkDNS(b *testing.B) {
+	for _, via := range []string{"molt", "direct"} {
+		b.Run(via, func(b *testing.B) {
+			up := startUpstream(b)
+			addr := up.addr
+			if via == "molt" {
+				addr = startDNSWith(b, []string{up.addr}, Policy{}, true, nil).udp
+			}
+			c := &dns.Client{Net: "udp", Timeout: 5 * time.Second}
+			m := new(dns.Msg)
+			m.SetQuestion("www.example.com.", dns.TypeA)
+			for b.Loop() {
+				if _, _, err := c.Exchange(m, addr); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -41,15 +41,14 @@ func (l *Lab) DialContext(ctx context.Context, network, addr string) (net.Conn, 
 // TLSConfig trusts the lab's CA.
 func (l *Lab) TLSConfig() *tls.Config { return &tls.Config{RootCAs: l.certs.pool} }
 
-// Client is an HTTP client whose connections start inside the lab and
-// which trusts the lab's CA.
+// Client is an HTTP/1.1 client (as pip, requests and urllib are) whose
+// connections start inside the lab and which trusts the lab's CA.
 func (l *Lab) Client() *http.Client {
 	return &http.Client{
 		Timeout: time.Minute,
 		Transport: &http.Transport{
-			DialContext:       l.DialContext,
-			TLSClientConfig:   l.TLSConfig(),
-			ForceAttemptHTTP2: true,
+			DialContext:     l.DialContext,
+			TLSClientConfig: l.TLSConfig(),
 		},
 	}
 }

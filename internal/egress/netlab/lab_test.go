@@ -337,3 +337,32 @@ func TestLabCloseAndTwo(t *testing.T) {
 	// b is untouched.
 	get(t, b.Client(), "https://"+WebName+"/hello")
 }
+
+// BenchmarkLabBytes is the lab's own throughput (a client inside the
+// lab), the ceiling for anything measured through molt.
+func BenchmarkLabBytes(b *testing.B) {
+	testutil.RequireRoot(b)
+	l, err := Start(Options{Dir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	const n = 64 << 20
+	for _, scheme := range []string{"http", "https"} {
+		b.Run(scheme, func(b *testing.B) {
+			c := l.Client()
+			b.SetBytes(n)
+			for b.Loop() {
+				resp, err := c.Get(scheme + "://" + WebName + "/bytes/67108864")
+				if err != nil {
+					b.Fatal(err)
+				}
+				got, err := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err != nil || got != n {
+					b.Fatalf("%d bytes, %v", got, err)
+				}
+			}
+		})
+	}
+}
