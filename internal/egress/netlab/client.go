@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -52,3 +53,52 @@ func (l *Lab) Client() *http.Client {
 		},
 	}
 }
+
+// Listen makes a listener inside the lab (for a test's own server, at
+// one of the lab's addresses or an address of Options.Hosts). Close
+// closes it too.
+func (l *Lab) Listen(network, addr string) (net.Listener, error) {
+	var ln net.Listener
+	err := ns.Do(l.netns, unix.CLONE_NEWNET, func() error {
+		var err error
+		ln, err = net.Listen(network, addr)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	l.track(ln)
+	return ln, nil
+}
+
+// ListenPacket is Listen for datagrams.
+func (l *Lab) ListenPacket(network, addr string) (net.PacketConn, error) {
+	var pc net.PacketConn
+	err := ns.Do(l.netns, unix.CLONE_NEWNET, func() error {
+		var err error
+		pc, err = net.ListenPacket(network, addr)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	l.track(pc)
+	return pc, nil
+}
+
+// track closes c at Close (at once when the lab is closed already).
+func (l *Lab) track(c io.Closer) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.done:
+		c.Close()
+	default:
+		l.extra = append(l.extra, c)
+	}
+}
+
+// ServerTLS is the configuration of the lab's HTTPS servers (its
+// certificate covers every lab name, Options.Hosts included), for a
+// test's own server behind Listen.
+func (l *Lab) ServerTLS() *tls.Config { return l.certs.serverTLS() }

@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -87,7 +88,9 @@ type Lab struct {
 	mu   sync.Mutex
 	// +checklocks:mu
 	hold *hold
-	done chan struct{} // closed by Close: releases held payments
+	// +checklocks:mu
+	extra []io.Closer   // test listeners (Listen), closed by Close
+	done  chan struct{} // closed by Close: releases held payments
 
 	// closers undo Start's steps, in reverse order, on failure or Close.
 	closers   []func() error
@@ -145,7 +148,13 @@ func Start(opts Options) (_ *Lab, err error) {
 // removes the namespace. It is idempotent.
 func (l *Lab) Close() error {
 	l.closeOnce.Do(func() {
+		l.mu.Lock()
 		close(l.done)
+		extra := l.extra
+		l.mu.Unlock()
+		for _, c := range extra {
+			c.Close()
+		}
 		var errs []error
 		for i := len(l.closers) - 1; i >= 0; i-- {
 			if err := l.closers[i](); err != nil {

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -364,5 +365,52 @@ func BenchmarkLabBytes(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+func TestLabHostsAndListen(t *testing.T) {
+	testutil.RequireRoot(t)
+	l, err := Start(Options{Dir: t.TempDir(), Hosts: map[string]netip.Addr{"API.Example.com.": netip.MustParseAddr("203.0.113.20")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if a, ok := l.Lookup("api.example.com"); !ok || a.String() != "203.0.113.20" {
+		t.Fatalf("Lookup = %v %v", a, ok)
+	}
+	ln, err := l.Listen("tcp4", "203.0.113.20:8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "mine\n") }))
+	if got := get(t, l.Client(), "http://api.example.com:8080/"); got != "mine\n" {
+		t.Errorf("own server = %q", got)
+	}
+	// The lab's DNS answers the name, and its certificate covers it.
+	inLab(t, l, func() error {
+		m := new(dns.Msg)
+		m.SetQuestion("api.example.com.", dns.TypeA)
+		r, _, err := (&dns.Client{Timeout: 5 * time.Second}).Exchange(m, l.DNSAddr().String())
+		if err != nil {
+			return err
+		}
+		if len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != "203.0.113.20" {
+			t.Errorf("A api.example.com = %v", r)
+		}
+		return nil
+	})
+	ln2, err := l.Listen("tcp4", "203.0.113.20:443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go http.Serve(tls.NewListener(ln2, l.ServerTLS()), http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	if resp, err := l.Client().Get("https://api.example.com/"); err != nil {
+		t.Errorf("HTTPS to an added host: %v", err)
+	} else {
+		resp.Body.Close()
+	}
+	l.Close()
+	if _, err := ln.Accept(); err == nil {
+		t.Error("a test listener survived Close")
 	}
 }
