@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/molt-sh/molt/internal/ns"
@@ -413,4 +414,89 @@ func TestLabHostsAndListen(t *testing.T) {
 	if _, err := ln.Accept(); err == nil {
 		t.Error("a test listener survived Close")
 	}
+}
+
+// TestLabViaVeth reaches the lab as molt's uplink does: from another
+// namespace, over a veth whose lab end has an address of its own.
+func TestLabViaVeth(t *testing.T) {
+	l := startLab(t)
+	client, err := ns.NewNet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	inLab(t, l, func() error {
+		for _, name := range []string{"all", "default"} {
+			b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + name + "/rp_filter")
+			if err != nil || strings.TrimSpace(string(b)) != "0" {
+				t.Errorf("lab rp_filter %s = %q, %v", name, b, err)
+			}
+		}
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lab0"}, PeerName: "up0"}); err != nil {
+			return err
+		}
+		up, err := netlink.LinkByName("up0")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetNsFd(up, int(client.Fd())); err != nil {
+			return err
+		}
+		return linkUp("lab0", "10.99.0.1/30")
+	})
+	err = ns.Do(client, unix.CLONE_NEWNET, func() error {
+		if err := linkUp("up0", "10.99.0.2/30"); err != nil {
+			return err
+		}
+		up, _ := netlink.LinkByName("up0")
+		for _, dst := range []string{"203.0.113.0/24", "198.51.100.0/24"} {
+			_, ipn, _ := net.ParseCIDR(dst)
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: up.Attrs().Index, Dst: ipn, Gw: net.ParseIP("10.99.0.1")}); err != nil {
+				return err
+			}
+		}
+		c, err := net.DialTimeout("tcp", WebIP+":80", 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		io.WriteString(c, "GET /hello HTTP/1.0\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err
+		}
+		if b, _ := io.ReadAll(resp.Body); string(b) != helloBody {
+			t.Errorf("GET /hello over the veth = %q", b)
+		}
+		m := new(dns.Msg)
+		m.SetQuestion(FilesName+".", dns.TypeA)
+		r, _, err := (&dns.Client{Timeout: 5 * time.Second}).Exchange(m, l.DNSAddr().String())
+		if err != nil {
+			return err
+		}
+		if len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != FilesIP {
+			t.Errorf("A %s over the veth = %v", FilesName, r)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// linkUp gives link addr and brings it up, in the calling thread's
+// namespace.
+func linkUp(link, addr string) error {
+	ln, err := netlink.LinkByName(link)
+	if err != nil {
+		return err
+	}
+	a, err := netlink.ParseAddr(addr)
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(ln, a); err != nil {
+		return err
+	}
+	return netlink.LinkSetUp(ln)
 }
