@@ -41,12 +41,13 @@ type DNSConfig struct {
 
 // Limits on what sandboxes can make the server do.
 const (
-	dnsTimeout     = 2 * time.Second
-	dnsMaxInFlight = 256  // upstream exchanges at once, all sandboxes
-	dnsMaxTCPConns = 256  // TCP connections from sandboxes at once
-	dnsMaxChain    = 256  // answer records examined for CNAME chains
-	dnsUpstreamBuf = 1232 // EDNS buffer asked of upstreams (DNS flag day 2020)
-	dnsMaxAnswers  = 64   // answers kept in a ledger record
+	dnsTimeout       = 2 * time.Second
+	dnsMaxInFlight   = 256  // upstream exchanges at once, all sandboxes
+	dnsMaxPerSandbox = 32   // of which one sandbox's
+	dnsMaxTCPConns   = 256  // TCP connections from sandboxes at once
+	dnsMaxChain      = 256  // answer records examined for CNAME chains
+	dnsUpstreamBuf   = 1232 // EDNS buffer asked of upstreams (DNS flag day 2020)
+	dnsMaxAnswers    = 64   // answers kept in a ledger record
 )
 
 // DNS is molt's resolver for sandboxes: it answers each sandbox by its
@@ -66,6 +67,8 @@ type DNS struct {
 	closed bool
 	// +checklocks:mu
 	servers []*dnsServer
+	// +checklocks:mu
+	inFlight map[string]int // upstream exchanges per sandbox
 }
 
 type dnsServer struct {
@@ -87,7 +90,7 @@ func NewDNS(cfg DNSConfig) *DNS {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &DNS{cfg: cfg, log: log, ctx: ctx, cancel: cancel, sem: make(chan struct{}, dnsMaxInFlight)}
+	return &DNS{cfg: cfg, log: log, ctx: ctx, cancel: cancel, sem: make(chan struct{}, dnsMaxInFlight), inFlight: map[string]int{}}
 }
 
 // ServeUDP answers queries arriving on pc until Close.
@@ -202,7 +205,7 @@ func (d *DNS) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		d.finish(x, dns.RcodeSuccess, ledger.Completed, "")
 		return
 	}
-	resp, err := d.forward(q)
+	resp, err := d.forward(ep.ID, q)
 	if err != nil {
 		d.log.Debug("dns forward failed", "sandbox", ep.ID, "name", name, "type", qt, "err", err)
 		d.finish(x, dns.RcodeServerFailure, ledger.Failed, err.Error())
@@ -254,11 +257,28 @@ func (d *DNS) finish(x *query, rcode int, state ledger.State, why string) {
 	x.w.WriteMsg(x.reply)
 }
 
-var errBusy = errors.New("too many DNS queries in flight")
+var (
+	errBusy        = errors.New("too many DNS queries in flight")
+	errBusySandbox = errors.New("too many DNS queries of this sandbox in flight")
+)
 
-// forward asks the upstreams q, a fresh query with nothing of the
-// sandbox's but the question.
-func (d *DNS) forward(q dns.Question) (*dns.Msg, error) {
+// forward asks the upstreams q for sandbox sb, in a fresh query with
+// nothing of the sandbox's but the question.
+func (d *DNS) forward(sb string, q dns.Question) (*dns.Msg, error) {
+	d.mu.Lock()
+	if d.inFlight[sb] >= dnsMaxPerSandbox {
+		d.mu.Unlock()
+		return nil, errBusySandbox
+	}
+	d.inFlight[sb]++
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		if d.inFlight[sb]--; d.inFlight[sb] == 0 {
+			delete(d.inFlight, sb)
+		}
+		d.mu.Unlock()
+	}()
 	select {
 	case d.sem <- struct{}{}:
 		defer func() { <-d.sem }()

@@ -24,11 +24,12 @@ import (
 type fakeUpstream struct {
 	addr    string
 	queries atomic.Int64
+	stop    chan struct{} // closed at the test's end: slow answers end
 }
 
 func startUpstream(t testing.TB) *fakeUpstream {
 	t.Helper()
-	u := &fakeUpstream{}
+	u := &fakeUpstream{stop: make(chan struct{})}
 	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +64,9 @@ func startUpstream(t testing.TB) *fakeUpstream {
 			}
 		case "nx.example.com.":
 			m.Rcode = dns.RcodeNameError
+		case "slow.example.com.":
+			<-u.stop // longer than the server's timeout
+			return
 		default:
 			m.Answer = []dns.RR{rr(q.Name + " 60 IN A 93.184.216.35")}
 		}
@@ -75,6 +79,7 @@ func startUpstream(t testing.TB) *fakeUpstream {
 		<-started
 		t.Cleanup(func() { s.Shutdown() })
 	}
+	t.Cleanup(func() { close(u.stop) })
 	return u
 }
 
@@ -414,5 +419,78 @@ func BenchmarkDNS(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestDNSPerSandboxLimit: a sandbox with dnsMaxPerSandbox queries
+// waiting on a slow upstream gets SERVFAIL at once for more, and
+// another sandbox is still answered.
+func TestDNSPerSandboxLimit(t *testing.T) {
+	up := startUpstream(t)
+	eps := map[netip.Addr]*Endpoint{
+		netip.MustParseAddr("127.0.0.1"): {ID: "greedy"},
+		netip.MustParseAddr("127.0.0.2"): {ID: "other"},
+	}
+	var failed atomic.Int64
+	d := NewDNS(DNSConfig{
+		Lookup:   func(src netip.Addr) (*Endpoint, bool) { ep, ok := eps[src]; return ep, ok },
+		Upstream: []string{up.addr},
+		Timeout:  2 * time.Second,
+		Record: func(ep *Endpoint, r ledger.Record) {
+			if ep.ID == "greedy" && r.State == ledger.Failed && strings.Contains(r.Error, "in flight") {
+				failed.Add(1)
+			}
+		},
+	})
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.ServeUDP(pc)
+	defer d.Close()
+
+	c, err := net.Dial("udp4", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n = dnsMaxPerSandbox + 8
+	for i := range n {
+		m := new(dns.Msg)
+		m.SetQuestion("slow.example.com.", dns.TypeA)
+		m.Id = uint16(i + 1)
+		b, _ := m.Pack()
+		c.Write(b)
+	}
+	// The 8 beyond the limit are refused long before the upstream's
+	// timeout ends the others.
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	fast := 0
+	buf := make([]byte, 512)
+	for {
+		k, err := c.Read(buf)
+		if err != nil {
+			break
+		}
+		r := new(dns.Msg)
+		if r.Unpack(buf[:k]) == nil && r.Rcode == dns.RcodeServerFailure {
+			fast++
+		}
+	}
+	if fast != n-dnsMaxPerSandbox || failed.Load() != int64(fast) {
+		t.Errorf("%d SERVFAILs within 1 s, %d recorded as over the limit; want %d", fast, failed.Load(), n-dnsMaxPerSandbox)
+	}
+	// Another sandbox is answered meanwhile.
+	other, err := net.DialUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.2:0")), net.UDPAddrFromAddrPort(netip.MustParseAddrPort(pc.LocalAddr().String())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	m := new(dns.Msg)
+	m.SetQuestion("www.example.com.", dns.TypeA)
+	co := &dns.Conn{Conn: other}
+	r, _, err := (&dns.Client{Timeout: time.Second}).ExchangeWithConn(m, co)
+	if err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Errorf("the other sandbox: %v %v", r, err)
 	}
 }
