@@ -319,7 +319,10 @@ func (d *DNS) exchange(network, addr string, m *dns.Msg) (*dns.Msg, error) {
 	}
 	co := &dns.Conn{Conn: conn}
 	defer co.Close()
-	r, _, err := (&dns.Client{Net: network}).ExchangeWithConnContext(ctx, m, co)
+	// The exchange only reads ctx's deadline; Close cancels ctx and
+	// must not wait out the timeout.
+	defer context.AfterFunc(ctx, func() { conn.Close() })()
+	r, _, err := (&dns.Client{Net: network, Timeout: d.cfg.Timeout}).ExchangeWithConnContext(ctx, m, co)
 	if err != nil {
 		return nil, err
 	}

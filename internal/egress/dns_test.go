@@ -435,7 +435,7 @@ func TestDNSPerSandboxLimit(t *testing.T) {
 	d := NewDNS(DNSConfig{
 		Lookup:   func(src netip.Addr) (*Endpoint, bool) { ep, ok := eps[src]; return ep, ok },
 		Upstream: []string{up.addr},
-		Timeout:  2 * time.Second,
+		Timeout:  10 * time.Second,
 		Record: func(ep *Endpoint, r ledger.Record) {
 			if ep.ID == "greedy" && r.State == ledger.Failed && strings.Contains(r.Error, "in flight") {
 				failed.Add(1)
@@ -447,7 +447,6 @@ func TestDNSPerSandboxLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	go d.ServeUDP(pc)
-	defer d.Close()
 
 	c, err := net.Dial("udp4", pc.LocalAddr().String())
 	if err != nil {
@@ -492,5 +491,13 @@ func TestDNSPerSandboxLimit(t *testing.T) {
 	r, _, err := (&dns.Client{Timeout: time.Second}).ExchangeWithConn(m, co)
 	if err != nil || r.Rcode != dns.RcodeSuccess {
 		t.Errorf("the other sandbox: %v %v", r, err)
+	}
+	// Close ends the exchanges still waiting, not after their timeout.
+	start := time.Now()
+	if err := d.Close(); err != nil {
+		t.Error(err)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("Close took %v with exchanges in flight", el)
 	}
 }
