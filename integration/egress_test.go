@@ -207,6 +207,7 @@ print(try_(lambda: socket.create_connection((%q, 80), timeout=10)))
 func payBody(amount int) string { return fmt.Sprintf(`{"amount": %d, "to": "acct-42"}`, amount) }
 
 func TestEgressReplayAfterRollback(t *testing.T) {
+	requireCRIU(t)
 	sb := newEgressSandbox(t)
 	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "full", "--wait"))
 	before := env.lab.PayCount()
@@ -261,6 +262,7 @@ func TestEgressDivergenceBlock(t *testing.T) {
 }
 
 func TestEgressFork(t *testing.T) {
+	requireCRIU(t)
 	sb := newEgressSandbox(t)
 	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "full", "--wait"))
 	before := env.lab.PayCount()
@@ -363,6 +365,7 @@ func waitFile(t *testing.T, sb, path string, d time.Duration) string {
 }
 
 func TestEgressAcrossLifecycle(t *testing.T) {
+	requireCRIU(t)
 	sb := newEgressSandbox(t)
 	if r := moltIn(t, fmt.Sprintf(holder, netlab.WebName), "exec", sb, "--", "sh", "-c", "cat > /tmp/holder.py"); r.code != 0 {
 		t.Fatal(r.stderr)
@@ -391,7 +394,7 @@ func TestEgressAcrossLifecycle(t *testing.T) {
 		} else {
 			// The standby of a kept checkpoint is prepared in the
 			// background.
-			waitStandby(t, sb, ck)
+			waitStandbyOf(t, sb, ck)
 		}
 		mustJSON(t, &res, args...)
 		if res.Tier != tier {
@@ -432,8 +435,9 @@ func forkIDs(t *testing.T, ref string, n int) []string {
 	return ids
 }
 
-// waitStandby waits until sb has a standby of ck.
-func waitStandby(t *testing.T, sb, ck string) {
+// waitStandbyOf waits until sb has a standby of ck (kept: not
+// necessarily its head's).
+func waitStandbyOf(t *testing.T, sb, ck string) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {

@@ -67,6 +67,12 @@ func (f *flowRecords) Begin(sb string, r ledger.Record) (ledger.Record, error) {
 	return r, nil
 }
 
+func (f *flowRecords) Finish(sb, id string, state ledger.State, resp *ledger.Response, errText string) (ledger.Record, error) {
+	return ledger.Record{}, errors.New("not here")
+}
+
+func (f *flowRecords) Match(sb string, id ledger.Identity) ledger.Match { return ledger.Match{} }
+
 func (f *flowRecords) wait(t *testing.T, pred func(ledger.Record) bool) ledger.Record {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
