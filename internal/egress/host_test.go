@@ -92,8 +92,8 @@ func (f *flowRecords) wait(t *testing.T, pred func(ledger.Record) bool) ledger.R
 func TestHostPlumbing(t *testing.T) {
 	up, upPath := world(t)
 	recs := &flowRecords{}
-	h := NewHost(Config{ID: "t0", Uplink: upPath, Range: netip.MustParsePrefix("10.209.0.0/24"), Ledger: recs})
-	ep := &Endpoint{ID: "sb1", Addr: netip.MustParseAddr("10.209.0.2"), Policy: Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.12/32")}}}
+	h := NewHost(Config{ID: "t0", Uplink: upPath, Ledger: recs})
+	ep := &Endpoint{ID: "sb1", Addr: netip.MustParseAddr("10.201.0.2"), Policy: Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.12/32")}}}
 	if err := h.Add(ep); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestHostPlumbing(t *testing.T) {
 		t.Errorf("UDP flow record: %+v", r)
 	}
 	// A second sandbox cannot reach the first, nor spoof its address.
-	ep2 := &Endpoint{ID: "sb2", Addr: netip.MustParseAddr("10.209.0.3")}
+	ep2 := &Endpoint{ID: "sb2", Addr: netip.MustParseAddr("10.201.0.3")}
 	if err := h.Add(ep2); err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestHostPlumbing(t *testing.T) {
 	if err := h.ActivateNS("sb2", sb2); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dialFrom(sb2, "10.209.0.2:22"); !errors.Is(err, syscall.ECONNREFUSED) {
+	if _, err := dialFrom(sb2, "10.201.0.2:22"); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("sandbox to sandbox: %v, want connection refused", err)
 	}
 	// Removing a sandbox removes its veth.

@@ -31,6 +31,8 @@ const (
 	nfulnlMsgCf = 1 // NFULNL_MSG_CONFIG
 	cfgCmd      = 1 // NFULA_CFG_CMD
 	cfgMode     = 2 // NFULA_CFG_MODE
+	cfgTimeout  = 3 // NFULA_CFG_TIMEOUT
+	cfgQThresh  = 4 // NFULA_CFG_QTHRESH
 	cmdBind     = 1 // NFULNL_CFG_CMD_BIND
 	copyPacket  = 2 // NFULNL_COPY_PACKET
 	attrPayload = 9
@@ -75,7 +77,10 @@ func openFlowLog(router *os.File) (*flowLog, error) {
 		c.Close()
 		return nil, fmt.Errorf("nflog: bind group: %w", err)
 	}
-	if err := send([]netlink.Attribute{{Type: cfgMode, Data: mode}}); err != nil {
+	// One packet per message, sent at once: records are not held back
+	// by the kernel's batching.
+	one := binary.BigEndian.AppendUint32(nil, 1)
+	if err := send([]netlink.Attribute{{Type: cfgMode, Data: mode}, {Type: cfgQThresh, Data: one}, {Type: cfgTimeout, Data: one}}); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("nflog: copy mode: %w", err)
 	}
