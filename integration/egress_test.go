@@ -148,7 +148,9 @@ print("ok" if hashlib.sha256(pkg).hexdigest() == want else "mismatch", len(pkg))
 	if e, ok := findEffect(l, func(e v1.Effect) bool { return e.Proto == "tls" && e.Host == netlab.FilesName }); !ok || e.Kind != "opaque" || e.State != "completed" || e.BytesIn == 0 || e.BytesOut == 0 {
 		t.Errorf("TLS connection record: %+v (found %v)", e, ok)
 	}
-	if e, ok := findEffect(l, func(e v1.Effect) bool { return e.Proto == "dns" && e.Method == "A" && strings.TrimSuffix(e.Host, ".") == netlab.WebName }); !ok || e.Kind != "read" || len(e.Answers) == 0 {
+	if e, ok := findEffect(l, func(e v1.Effect) bool {
+		return e.Proto == "dns" && e.Method == "A" && strings.TrimSuffix(e.Host, ".") == netlab.WebName
+	}); !ok || e.Kind != "read" || len(e.Answers) == 0 {
 		t.Errorf("DNS record: %+v (found %v)", e, ok)
 	}
 
