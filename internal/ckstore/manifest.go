@@ -72,6 +72,9 @@ type Manifest struct {
 	// IDs: the block of host ids the images' user namespace maps.
 	IDs     sandbox.IDRange `json:"ids,omitzero"`
 	Objects []Object        `json:"objects,omitempty"`
+	// LedgerHead: the sandbox's effect ledger head when the checkpoint
+	// was taken (a rollback rewinds the ledger there).
+	LedgerHead string `json:"ledger_head,omitempty"`
 	// Committed: the checkpoint's metadata record was committed (the
 	// engine writes the manifest again after that commit). Without it the
 	// directory is a checkpoint a crash kept from committing. It is the

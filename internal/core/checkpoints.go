@@ -270,7 +270,7 @@ func (m *Manager) manifestOf(ck checkpointRec, committed bool) ckstore.Manifest 
 		Format: ckstore.Format, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
 		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
 		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
-		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects,
+		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects, LedgerHead: ck.LedgerHead,
 		Committed: committed, Keep: ck.Keep, Capture: ck.Capture, CaptureNote: ck.CaptureNote,
 		StallMS: ck.StallMS, StallParts: (*v1.StallParts)(ck.StallParts), DurationMS: ck.DurationMS, BytesWritten: ck.BytesWritten,
 	}

@@ -526,6 +526,7 @@ func (m *Manager) Host() meta.Host {
 		m.criuFeature(),
 		inspectorFeature(),
 		m.dynModsFeature(),
+		m.egressFeature(),
 		{Name: "arch", Supported: true, Detail: runtime.GOARCH},
 	}
 	return h

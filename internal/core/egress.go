@@ -81,6 +81,13 @@ func (m *Manager) closeEgress() {
 	}
 }
 
+func (m *Manager) egressFeature() meta.Feature {
+	if err := m.net.Probe(); err != nil {
+		return meta.Feature{Name: "egress", Reason: "cannot set up a router network namespace: " + err.Error()}
+	}
+	return meta.Feature{Name: "egress", Supported: true, Detail: m.net.Describe()}
+}
+
 // egressPolicy converts and checks a requested policy.
 func egressPolicy(p *v1.EgressPolicy) (egress.Policy, error) {
 	var out egress.Policy
@@ -170,6 +177,9 @@ var caEnv = map[string]string{
 func (m *Manager) netJoin(rec *sandboxRec) (func() error, error) {
 	if rec.Network != v1.NetworkEgress || rec.Egress == nil {
 		return func() error { return nil }, nil
+	}
+	if err := m.net.Probe(); err != nil {
+		return nil, fmt.Errorf("egress is unsupported here: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	m.netMu.Lock()
 	defer m.netMu.Unlock()

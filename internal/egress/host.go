@@ -438,3 +438,47 @@ func (h *Host) Close() error {
 func ipnet(a netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, a.BitLen())}
 }
+
+// probe is the memoized result of Probe.
+var probe struct {
+	once sync.Once
+	err  error
+}
+
+// Probe checks that this host can give sandboxes egress: a network
+// namespace with a veth and an nftables table of molt's (created and
+// dropped at once, on the first call).
+func (h *Host) Probe() error {
+	probe.once.Do(func() {
+		f, err := ns.NewNet()
+		if err != nil {
+			probe.err = err
+			return
+		}
+		defer f.Close()
+		rs := ruleset{rng: h.cfg.Range, gateway: h.Gateway(), proxyPort: proxyPort, uplink: "up0"}
+		if err := rs.apply(f); err != nil {
+			probe.err = err
+			return
+		}
+		hd, err := netlink.NewHandleAt(nsHandle(f))
+		if err != nil {
+			probe.err = err
+			return
+		}
+		defer hd.Close()
+		if err := hd.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "probe0"}, PeerName: "probe1"}); err != nil {
+			probe.err = fmt.Errorf("veth: %w", err)
+		}
+	})
+	return probe.err
+}
+
+// Describe says how sandboxes' egress leaves this host.
+func (h *Host) Describe() string {
+	up := "the host's default route (masqueraded)"
+	if h.cfg.Uplink != "" {
+		up = "network namespace " + h.cfg.Uplink
+	}
+	return fmt.Sprintf("router namespace with nftables, transparent proxy and DNS on %v; addresses %v; egress through %s", h.Gateway(), h.cfg.Range, up)
+}
