@@ -927,3 +927,70 @@ func TestProxyInFlightBound(t *testing.T) {
 		t.Errorf("%d slot entries left", left)
 	}
 }
+
+func TestProxyUpgrade(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "echo" {
+			http.Error(w, "want an upgrade", 400)
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		io.Copy(c, brw)
+	}))
+	defer srv.Close()
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 || resp.Header.Get(HeaderLedgerID) == "" {
+		t.Fatalf("got %+v, %v", resp, err)
+	}
+	io.WriteString(c, "ping")
+	c.(*net.TCPConn).CloseWrite()
+	got, err := io.ReadAll(br)
+	if err != nil || string(got) != "ping" {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	r := h.led.waitRecords(t, 1)[0]
+	if r.State != ledger.Completed || r.Response.Status != 101 || r.Response.BytesOut != 4 || r.Response.BytesIn != 4 {
+		t.Errorf("record %+v %+v", r, r.Response)
+	}
+}
+
+func TestProxyExpectContinue(t *testing.T) {
+	srv, n := countingServer(t)
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "HTTP/1.1 100 Continue\r\n" {
+		t.Fatalf("got %q, %v", line, err)
+	}
+	br.ReadString('\n')
+	io.WriteString(c, "hello")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("got %+v, %v", resp, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != `got POST /up "hello"` || n.Load() != 1 {
+		t.Errorf("got %q, server %d", b, n.Load())
+	}
+}
