@@ -155,7 +155,7 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 	}
 	rec := s.newRecord(kind, "", id)
 
-	if kind == ledger.Effect {
+	if kind == ledger.Effect && s.p.cfg.Ledger != nil {
 		m := s.p.cfg.Ledger.Match(s.ep.ID, id)
 		if streamed {
 			// Without its body's hash the request cannot be shown

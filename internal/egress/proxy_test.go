@@ -994,3 +994,26 @@ func TestProxyExpectContinue(t *testing.T) {
 		t.Errorf("got %q, server %d", b, n.Load())
 	}
 }
+
+// Without a ledger nothing leaves: every effect is recorded first.
+func TestProxyWithoutLedgerSendsNothing(t *testing.T) {
+	srv, n := countingServer(t)
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	h.p.cfg.Ledger = nil
+	resp, _ := do(t, h.client(nil), "POST", "http://a.test/", "x")
+	if resp.StatusCode != 502 || n.Load() != 0 {
+		t.Errorf("got %d, server %d", resp.StatusCode, n.Load())
+	}
+	he := newHarness(t, echoServer(t), loopback, ProxyConfig{})
+	he.p.cfg.Ledger = nil
+	c, err := net.Dial("tcp", he.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "x")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Error("a raw connection went through without a ledger")
+	}
+}
