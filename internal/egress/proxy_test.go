@@ -1017,3 +1017,38 @@ func TestProxyWithoutLedgerSendsNothing(t *testing.T) {
 		t.Error("a raw connection went through without a ledger")
 	}
 }
+
+// A request that reached the world without an answer stays pending: its
+// outcome is unknown, so after a rollback it must not count as never
+// sent. A read in the same case simply failed.
+func TestProxyNoAnswerAfterSendStaysPending(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		io.ReadAll(r.Body)
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			c.Close() // took the request, never answered
+		}
+	}))
+	defer srv.Close()
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	c := h.client(nil)
+	resp, body := do(t, c, "POST", "http://pay.example.test/charge", "amount=5")
+	if resp.StatusCode != 502 || !strings.Contains(body, "pending") {
+		t.Fatalf("got %d %q", resp.StatusCode, body)
+	}
+	if n.Load() != 1 {
+		t.Fatalf("server got %d", n.Load())
+	}
+	recs := h.led.records()
+	if len(recs) != 1 || recs[0].State != ledger.Pending || resp.Header.Get(HeaderLedgerID) != recs[0].ID {
+		t.Errorf("records %+v", recs)
+	}
+	resp, _ = do(t, c, "GET", "http://pay.example.test/status", "")
+	if resp.StatusCode != 502 {
+		t.Fatalf("GET got %d", resp.StatusCode)
+	}
+	if recs := h.led.records(); len(recs) != 2 || recs[1].State != ledger.Failed || recs[0].State != ledger.Pending {
+		t.Errorf("records %+v", recs)
+	}
+}
