@@ -1,6 +1,8 @@
 package egress
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -78,4 +80,45 @@ func BenchmarkProxyHTTPGet(b *testing.B) {
 	c := h.client(nil)
 	defer c.CloseIdleConnections()
 	benchGet(b, c, "http://bench.example.test/x")
+}
+
+func benchTLSServer(b *testing.B) (*httptest.Server, *x509.CertPool) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello from the world\n")
+	}))
+	b.Cleanup(srv.Close)
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	return srv, pool
+}
+
+func BenchmarkDirectHTTPSGet(b *testing.B) {
+	srv, pool := benchTLSServer(b)
+	c := &http.Client{Transport: &http.Transport{Proxy: nil,
+		TLSClientConfig: &tls.Config{ServerName: "example.com", RootCAs: pool, NextProtos: []string{"http/1.1"}}}}
+	defer c.CloseIdleConnections()
+	benchGet(b, c, "https://"+srvAddr(srv)+"/x")
+}
+
+func BenchmarkProxyHTTPSPassthroughGet(b *testing.B) {
+	srv, pool := benchTLSServer(b)
+	h := newHarness(b, srvAddr(srv), loopback, ProxyConfig{Ledger: &cheapLedger{}})
+	c := h.client(&tls.Config{ServerName: "example.com", RootCAs: pool, NextProtos: []string{"http/1.1"}})
+	defer c.CloseIdleConnections()
+	benchGet(b, c, "https://example.com/x")
+}
+
+func BenchmarkProxyHTTPSInspectGet(b *testing.B) {
+	srv, pool := benchTLSServer(b)
+	ca, err := NewCA("bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := newHarness(b, srvAddr(srv), policy(func(p *Policy) { p.Inspect = true }), ProxyConfig{Ledger: &cheapLedger{}, UpstreamRoots: pool})
+	h.ep.CA = ca
+	trust := x509.NewCertPool()
+	trust.AppendCertsFromPEM(ca.CertPEM())
+	c := h.client(&tls.Config{ServerName: "example.com", RootCAs: trust, NextProtos: []string{"http/1.1"}})
+	defer c.CloseIdleConnections()
+	benchGet(b, c, "https://example.com/x")
 }

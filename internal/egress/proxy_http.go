@@ -15,9 +15,11 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/molt-sh/molt/internal/egress/ledger"
@@ -155,7 +157,7 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 	}
 	rec := s.newRecord(kind, "", id)
 
-	if kind == ledger.Effect {
+	if kind == ledger.Effect && s.p.cfg.Ledger != nil {
 		m := s.p.cfg.Ledger.Match(s.ep.ID, id)
 		if streamed {
 			// Without its body's hash the request cannot be shown
@@ -195,11 +197,24 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 		s.writeLocal(bw, req, http.StatusBadGateway, rid, "molt egress: "+err.Error()+"\n", nil, true)
 		return false
 	}
+	var wrote atomic.Bool
+	out = out.WithContext(httptrace.WithClientTrace(out.Context(), &httptrace.ClientTrace{
+		WroteHeaders: func() { wrote.Store(true) },
+	}))
 	resp, err := s.p.up.roundTrip(out, scheme, sni, s.dst)
 	if err != nil {
 		errText := "upstream: " + err.Error()
 		if bodyHash != nil {
 			errText += "; request body sha256 " + hex.EncodeToString(bodyHash.Sum(nil))
+		}
+		if kind == ledger.Effect && wrote.Load() {
+			// The world may have acted on it: the record stays pending
+			// (outcome unknown), so an equivalent request is refused
+			// rather than sent again, after a rollback too.
+			s.p.log.Warn("egress proxy: effect sent without an answer", "sandbox", s.ep.ID, "record", rid, "err", err)
+			s.writeLocal(bw, req, http.StatusBadGateway, rid, fmt.Sprintf(
+				"molt egress: %s; the request was sent, so ledger record %s stays pending: its outcome is unknown\n", errText, rid), nil, true)
+			return false
 		}
 		s.finish(rid, ledger.Failed, nil, errText)
 		s.writeLocal(bw, req, http.StatusBadGateway, rid, "molt egress: "+errText+"\n", nil, streamed)

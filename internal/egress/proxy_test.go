@@ -927,3 +927,128 @@ func TestProxyInFlightBound(t *testing.T) {
 		t.Errorf("%d slot entries left", left)
 	}
 }
+
+func TestProxyUpgrade(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "echo" {
+			http.Error(w, "want an upgrade", 400)
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		io.Copy(c, brw)
+	}))
+	defer srv.Close()
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 || resp.Header.Get(HeaderLedgerID) == "" {
+		t.Fatalf("got %+v, %v", resp, err)
+	}
+	io.WriteString(c, "ping")
+	c.(*net.TCPConn).CloseWrite()
+	got, err := io.ReadAll(br)
+	if err != nil || string(got) != "ping" {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	r := h.led.waitRecords(t, 1)[0]
+	if r.State != ledger.Completed || r.Response.Status != 101 || r.Response.BytesOut != 4 || r.Response.BytesIn != 4 {
+		t.Errorf("record %+v %+v", r, r.Response)
+	}
+}
+
+func TestProxyExpectContinue(t *testing.T) {
+	srv, n := countingServer(t)
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "HTTP/1.1 100 Continue\r\n" {
+		t.Fatalf("got %q, %v", line, err)
+	}
+	br.ReadString('\n')
+	io.WriteString(c, "hello")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("got %+v, %v", resp, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != `got POST /up "hello"` || n.Load() != 1 {
+		t.Errorf("got %q, server %d", b, n.Load())
+	}
+}
+
+// Without a ledger nothing leaves: every effect is recorded first.
+func TestProxyWithoutLedgerSendsNothing(t *testing.T) {
+	srv, n := countingServer(t)
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	h.p.cfg.Ledger = nil
+	resp, _ := do(t, h.client(nil), "POST", "http://a.test/", "x")
+	if resp.StatusCode != 502 || n.Load() != 0 {
+		t.Errorf("got %d, server %d", resp.StatusCode, n.Load())
+	}
+	he := newHarness(t, echoServer(t), loopback, ProxyConfig{})
+	he.p.cfg.Ledger = nil
+	c, err := net.Dial("tcp", he.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "x")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Error("a raw connection went through without a ledger")
+	}
+}
+
+// A request that reached the world without an answer stays pending: its
+// outcome is unknown, so after a rollback it must not count as never
+// sent. A read in the same case simply failed.
+func TestProxyNoAnswerAfterSendStaysPending(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		io.ReadAll(r.Body)
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			c.Close() // took the request, never answered
+		}
+	}))
+	defer srv.Close()
+	h := newHTTPHarness(t, srvAddr(srv), loopback, ProxyConfig{})
+	c := h.client(nil)
+	resp, body := do(t, c, "POST", "http://pay.example.test/charge", "amount=5")
+	if resp.StatusCode != 502 || !strings.Contains(body, "pending") {
+		t.Fatalf("got %d %q", resp.StatusCode, body)
+	}
+	if n.Load() != 1 {
+		t.Fatalf("server got %d", n.Load())
+	}
+	recs := h.led.records()
+	if len(recs) != 1 || recs[0].State != ledger.Pending || resp.Header.Get(HeaderLedgerID) != recs[0].ID {
+		t.Errorf("records %+v", recs)
+	}
+	resp, _ = do(t, c, "GET", "http://pay.example.test/status", "")
+	if resp.StatusCode != 502 {
+		t.Fatalf("GET got %d", resp.StatusCode)
+	}
+	if recs := h.led.records(); len(recs) != 2 || recs[1].State != ledger.Failed || recs[0].State != ledger.Pending {
+		t.Errorf("records %+v", recs)
+	}
+}
