@@ -309,7 +309,34 @@ func (s *session) allowName(name string) (bool, string) {
 		}
 		return true, ""
 	}
-	return s.ep.Policy.AllowDomain(name)
+	if ok, why := s.ep.Policy.AllowDomain(name); !ok {
+		return false, why
+	}
+	// With an allow list of domains, the address must be one molt's DNS
+	// gave the sandbox for an allowed name (or one an allowed CIDR
+	// names): a Host header or SNI of an allowed name on some other
+	// address is the sandbox's word only.
+	if len(s.ep.Policy.AllowDomains) > 0 && !s.explicitAddr() {
+		r := s.resolvedName()
+		if r == "" {
+			return false, "address " + s.dst.Addr().String() + " was not resolved through molt's DNS, and the sandbox's egress allow list names domains"
+		}
+		if ok, _ := s.ep.Policy.AllowDomain(r); !ok {
+			return false, "address " + s.dst.Addr().String() + " belongs to " + r + ", not to an allowed domain (the request named " + name + ")"
+		}
+	}
+	return true, ""
+}
+
+// explicitAddr reports whether an allow CIDR of the policy names the
+// destination address.
+func (s *session) explicitAddr() bool {
+	for _, c := range s.ep.Policy.AllowCIDRs {
+		if c.Contains(s.dst.Addr().Unmap()) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *session) newRecord(kind ledger.Kind, state ledger.State, id ledger.Identity) ledger.Record {

@@ -416,6 +416,38 @@ func TestProxyDeniesUnnamedAddressWithDomainAllowList(t *testing.T) {
 	}
 }
 
+// An allowed name in the Host header does not make an address the
+// sandbox resolved to a denied name (or never resolved) reachable.
+func TestProxyAllowListNeedsTheAddressesName(t *testing.T) {
+	srv, n := countingServer(t)
+	// The sandbox connects to a public address (no allow CIDR names it);
+	// the proxy's dials reach the test server.
+	dst := netip.AddrPortFrom(netip.MustParseAddr("203.0.113.77"), netip.MustParseAddrPort(srvAddr(srv)).Port()).String()
+	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, srvAddr(srv))
+	}
+	pol := policy(func(p *Policy) { p.AllowDomains, p.AllowCIDRs = []string{"example.test"}, nil })
+	h := newHTTPHarness(t, dst, pol, ProxyConfig{Names: &Names{}, Dial: dial})
+	resp, body := do(t, h.client(nil), "GET", "http://api.example.test/", "")
+	if resp.StatusCode != 403 || !strings.Contains(body, "not resolved") {
+		t.Fatalf("never resolved: got %d %q", resp.StatusCode, body)
+	}
+	h.p.cfg.Names.Add("sb1", "evil.test", []netip.Addr{netip.MustParseAddr("203.0.113.77")}, time.Minute)
+	resp, body = do(t, h.client(nil), "GET", "http://api.example.test/", "")
+	if resp.StatusCode != 403 || !strings.Contains(body, "evil.test") {
+		t.Fatalf("resolved to a denied name: got %d %q", resp.StatusCode, body)
+	}
+	if n.Load() != 0 {
+		t.Errorf("server got %d requests", n.Load())
+	}
+	// Resolved to an allowed name: it goes.
+	h.p.cfg.Names.Add("sb1", "api.example.test", []netip.Addr{netip.MustParseAddr("203.0.113.77")}, time.Minute)
+	if resp, body = do(t, h.client(nil), "GET", "http://api.example.test/", ""); resp.StatusCode != 201 || n.Load() != 1 {
+		t.Fatalf("resolved to an allowed name: got %d %q", resp.StatusCode, body)
+	}
+}
+
 func TestProxyUpstreamDown(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
