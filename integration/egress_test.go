@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,10 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/client"
 	"github.com/molt-sh/molt/internal/egress/netlab"
 )
 
@@ -126,6 +132,12 @@ func TestEgressHTTPAndHTTPS(t *testing.T) {
 	}
 	if f := fetch(t, sb, "GET", helloURL, ""); f.Status != 200 || f.Body != hello || f.Ledger == "" {
 		t.Fatalf("GET %s: %+v", helloURL, f)
+	}
+	// The turn's effects count what left the sandbox.
+	var turn v1.TurnResult
+	mustJSON(t, &turn, "turn", sb)
+	if e := turn.Effects.Egress; e == nil || e.Reads < 2 || e.Connections < 1 || e.Effects != 0 {
+		t.Errorf("turn's egress effects: %+v, want the GET and its DNS lookups as reads", e)
 	}
 	ca := labCA(t, sb)
 	if f := fetch(t, sb, "GET", "https://"+netlab.WebName+"/hello", "", ca); f.Status != 200 || f.Body != hello {
@@ -251,6 +263,32 @@ func TestEgressReplayAfterRollback(t *testing.T) {
 	// effects --since the checkpoint lists what came after it.
 	if since := effects(t, sb, "--since", ck); len(since) == 0 || len(since) >= len(l)+1 {
 		t.Errorf("effects --since %s: %d records of %d", ck, len(since), len(l))
+	}
+}
+
+// Effects that do not cross molt are declared through the API, with a
+// compensator; they are listed with the rest.
+func TestEgressDeclaredEffect(t *testing.T) {
+	sb := newSandbox(t)
+	c := client.New(env.socket)
+	ctx := context.Background()
+	e, err := c.DeclareEffect(ctx, sb, v1.EffectDeclareRequest{Method: "POST", URL: "https://mail.example/send", Body: []byte("to=a@b"),
+		IdempotencyKey: "mail-1", Status: 202, Compensator: &v1.Compensator{Method: "POST", URL: "https://mail.example/recall/1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.ID == "" || e.Kind != "effect" || e.State != "completed" || !e.Declared || e.BodyHash == "" {
+		t.Fatalf("declared effect: %+v", e)
+	}
+	l := effects(t, sb)
+	if len(l) != 1 || l[0].ID != e.ID || l[0].Compensator == nil || l[0].Compensator.URL != "https://mail.example/recall/1" || l[0].IdempotencyKey != "mail-1" {
+		t.Fatalf("listed: %+v", l)
+	}
+	if _, err := c.DeclareEffect(ctx, sb, v1.EffectDeclareRequest{Kind: "payment"}); err == nil || !strings.Contains(err.Error(), "kind") {
+		t.Fatalf("a bad kind: %v", err)
+	}
+	if _, err := c.DeclareEffect(ctx, sb, v1.EffectDeclareRequest{Compensator: &v1.Compensator{URL: "x"}}); err == nil {
+		t.Fatal("a compensator without a method was accepted")
 	}
 }
 
@@ -507,6 +545,80 @@ func routerLinks(t *testing.T) map[string]int {
 	return out
 }
 
+// routerNS opens the daemon's router namespace (the network namespace
+// other than the host's that the daemon holds a descriptor of).
+func routerNS(t *testing.T) (netns.NsHandle, bool) {
+	t.Helper()
+	self, _ := os.Readlink("/proc/self/ns/net")
+	fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", env.daemon.Process.Pid))
+	for _, fd := range fds {
+		l, err := os.Readlink(fd)
+		if err != nil || !strings.HasPrefix(l, "net:") || l == self {
+			continue
+		}
+		h, err := netns.GetFromPath(fd)
+		if err != nil {
+			continue
+		}
+		// The router is the one with the uplink's router end.
+		if nh, err := netlink.NewHandleAt(h); err == nil {
+			_, err := nh.LinkByName("up0")
+			nh.Close()
+			if err == nil {
+				return h, true
+			}
+		}
+		h.Close()
+	}
+	return 0, false
+}
+
+// routerMentions counts the router's nftables rules and routes that name
+// addr.
+func routerMentions(t *testing.T, addr netip.Addr) (rules, routes int) {
+	t.Helper()
+	h, ok := routerNS(t)
+	if !ok {
+		return 0, 0
+	}
+	defer h.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(h)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseLasting()
+	b := addr.As4()
+	chains, err := c.ListChains()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chains {
+		rs, err := c.GetRules(ch.Table, ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rs {
+			for _, e := range r.Exprs {
+				if cmp, ok := e.(*expr.Cmp); ok && bytes.Equal(cmp.Data, b[:]) {
+					rules++
+				}
+			}
+		}
+	}
+	nh, err := netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nh.Close()
+	rts, _ := nh.RouteList(nil, netlink.FAMILY_V4)
+	for _, r := range rts {
+		if r.Dst != nil && r.Dst.IP.Equal(addr.AsSlice()) {
+			routes++
+		}
+	}
+	return rules, routes
+}
+
 // uplinkLinks counts molt's uplink veths in the lab namespace.
 func uplinkLinks(t *testing.T) int {
 	t.Helper()
@@ -563,9 +675,18 @@ func TestEgressNothingLeftBehind(t *testing.T) {
 	if got := routerLinks(t)[sb]; got != 1 {
 		t.Fatalf("after restart, sandbox %s has %d veths, want 1", sb, got)
 	}
+	var info v1.Sandbox
+	mustJSON(t, &info, "inspect", sb)
+	addr := netip.MustParseAddr(info.Address)
+	if rules, routes := routerMentions(t, addr); rules == 0 || routes == 0 {
+		t.Fatalf("the router has %d rules and %d routes for %v, want some", rules, routes, addr)
+	}
 	must(t, "rm", sb)
 	if got := routerLinks(t)[sb]; got != 0 {
 		t.Fatalf("after rm, sandbox %s has %d veths, want 0", sb, got)
+	}
+	if rules, routes := routerMentions(t, addr); rules != 0 || routes != 0 {
+		t.Fatalf("after rm, the router has %d rules and %d routes for %v, want none", rules, routes, addr)
 	}
 	// A clean stop removes the uplink too (a restart brings it back
 	// with the next sandbox that needs it).
