@@ -15,6 +15,7 @@ import (
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/criu"
+	"github.com/molt-sh/molt/internal/egress"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
@@ -595,6 +596,13 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		return sandbox.Init{}, fmt.Errorf("restore: %w", err)
 	}
 	init, err := sandbox.Adopt(res.Pid)
+	if err == nil && rec.Network == v1.NetworkEgress {
+		// Before the tree runs (it was restored stopped, or is a fork
+		// that has run for microseconds at most).
+		if rerr := egress.ResetWorld(init.Pid); rerr != nil {
+			m.log.Warn("egress: cannot reset the restored tree's connections to the world", "sandbox", rec.ID, "err", rerr)
+		}
+	}
 	if err == nil && ck.IDs.Enabled() && ck.Outside()&unix.CLONE_NEWNET != 0 {
 		err = lowPortsFor(init.Pid)
 	}

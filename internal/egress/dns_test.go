@@ -30,14 +30,23 @@ type fakeUpstream struct {
 func startUpstream(t testing.TB) *fakeUpstream {
 	t.Helper()
 	u := &fakeUpstream{stop: make(chan struct{})}
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.addr = pc.LocalAddr().String()
-	ln, err := net.Listen("tcp4", u.addr)
-	if err != nil {
-		t.Fatal(err)
+	// The same port for UDP and TCP: a UDP port whose TCP twin some
+	// other socket holds is tried again with another.
+	var pc net.PacketConn
+	var ln net.Listener
+	for try := 0; ; try++ {
+		var err error
+		if pc, err = net.ListenPacket("udp4", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		u.addr = pc.LocalAddr().String()
+		if ln, err = net.Listen("tcp4", u.addr); err == nil {
+			break
+		}
+		pc.Close()
+		if try == 20 {
+			t.Fatal(err)
+		}
 	}
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
 		u.queries.Add(1)

@@ -64,6 +64,8 @@ type Host struct {
 	// +checklocks:mu
 	router *os.File // the router network namespace
 	// +checklocks:mu
+	rh *netlink.Handle // netlink in the router namespace
+	// +checklocks:mu
 	uplinkNS *os.File
 	// +checklocks:mu
 	hostMode bool
@@ -97,8 +99,9 @@ type sbNet struct {
 // link is a veth between the router and one network namespace of a
 // sandbox's.
 type link struct {
-	name string // router side
-	addr netip.Addr
+	name  string // router side
+	index int    // its interface index in the router
+	addr  netip.Addr
 }
 
 // NewHost returns a host's egress; nothing changes on the host until
@@ -252,7 +255,7 @@ func (h *Host) start() (err error) {
 	if err != nil {
 		return err
 	}
-	defer rh.Close()
+	undo = append(undo, rh.Close)
 	if err := ns.Do(router, unix.CLONE_NEWNET, func() error {
 		for k, v := range map[string]string{
 			"ipv4/ip_forward": "1", "ipv4/conf/all/rp_filter": "1", "ipv4/conf/default/rp_filter": "1",
@@ -336,7 +339,7 @@ func (h *Host) start() (err error) {
 			}
 		}
 	}
-	h.router, h.uplinkNS, h.hostMode = router, uplinkNS, hostMode
+	h.router, h.rh, h.uplinkNS, h.hostMode = router, rh, uplinkNS, hostMode
 	if err := h.applyRules(); err != nil {
 		return err
 	}
@@ -409,16 +412,14 @@ func (h *Host) Close() error {
 	h.closers = nil
 	var errs []error
 	// Each veth first, so nothing waits for the namespace's teardown.
-	if rh, err := netlink.NewHandleAt(nsHandle(h.router)); err == nil {
-		if links, err := rh.LinkList(); err == nil {
-			for _, l := range links {
-				if l.Type() == "veth" {
-					errs = append(errs, rh.LinkDel(l))
-				}
+	if links, err := h.rh.LinkList(); err == nil {
+		for _, l := range links {
+			if l.Type() == "veth" {
+				errs = append(errs, h.rh.LinkDel(l))
 			}
 		}
-		rh.Close()
 	}
+	h.rh.Close()
 	if h.hostMode {
 		errs = append(errs, deleteTable(h.uplinkNS, h.tableName()))
 		if h.forwardWas != "" && h.forwardWas != "1" {
@@ -428,7 +429,7 @@ func (h *Host) Close() error {
 	errs = append(errs, deleteLinkIn(h.uplinkNS, h.uplinkIface()))
 	h.router.Close()
 	h.uplinkNS.Close()
-	h.router, h.uplinkNS, h.started = nil, nil, false
+	h.router, h.rh, h.uplinkNS, h.started = nil, nil, nil, false
 	for _, s := range h.sbs {
 		s.links, s.active = map[uint64]*link{}, 0
 	}

@@ -21,7 +21,7 @@ import (
 
 // world is an uplink namespace with one TCP server on 203.0.113.10:80,
 // for the plumbing tests.
-func world(t *testing.T) (*os.File, string) {
+func world(t testing.TB) (*os.File, string) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	f, err := ns.NewNet()

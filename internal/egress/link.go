@@ -113,7 +113,9 @@ func (h *Host) prepare(id string, netnsFile *os.File) (*link, error) {
 	if err != nil {
 		return nil, err
 	}
-	if l, ok := s.links[ino]; ok && h.linkExists(l.name) && l.addr == s.ep.Addr {
+	// A namespace that is alive keeps its veth (only Remove deletes
+	// one, and it forgets it).
+	if l, ok := s.links[ino]; ok && l.addr == s.ep.Addr {
 		return l, nil
 	}
 	// A namespace prepared for another sandbox (a fork adopts its
@@ -127,11 +129,7 @@ func (h *Host) prepare(id string, netnsFile *os.File) (*link, error) {
 	h.prune(s)
 	h.seq++
 	name := fmt.Sprintf("vs%s%04x", h.cfg.ID, h.seq&0xffff)
-	rh, err := netlink.NewHandleAt(nsHandle(h.router))
-	if err != nil {
-		return nil, err
-	}
-	defer rh.Close()
+	rh := h.rh
 	sh, err := netlink.NewHandleAt(nsHandle(netnsFile))
 	if err != nil {
 		return nil, err
@@ -178,16 +176,17 @@ func (h *Host) prepare(id string, netnsFile *os.File) (*link, error) {
 	if err := rh.LinkSetUp(out); err != nil {
 		return fail(err)
 	}
+	l.index = out.Attrs().Index
 	s.links[ino] = l
 	return l, nil
 }
 
 // Activate routes sandbox id's address to the veth of process pid's
-// network namespace (preparing one if there is none), removes the veth
-// of the tree it replaces, and resets the tree's TCP connections to the
-// world: their far ends were the proxy's connections of the tree that
-// was checkpointed, long gone, and a process waiting on one would wait
-// forever. Connections inside the sandbox (loopback) are left alone.
+// network namespace (preparing one if there is none). The veth of the
+// tree it replaces is left to the kernel, which deletes it with that
+// tree's namespace: deleting it here would cost the rollback 20-35 ms
+// (measured; the kernel waits for RCU grace periods), and without the
+// route it carries nothing.
 func (h *Host) Activate(id string, pid int) error {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
 	if err != nil {
@@ -207,29 +206,31 @@ func (h *Host) ActivateNS(id string, f *os.File) error {
 	}
 	s := h.sbs[id]
 	ino, _ := inode(f)
-	rh, err := netlink.NewHandleAt(nsHandle(h.router))
+	if err := h.rh.RouteReplace(&netlink.Route{Dst: ipnet(s.ep.Addr, 32), LinkIndex: l.index, Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("egress: route to sandbox %s: %w", id, err)
+	}
+	s.active = ino
+	return nil
+}
+
+// ResetWorld destroys the TCP connections to the world of the tree of
+// process pid, just restored: their far ends were the proxy's
+// connections of the tree that was checkpointed, long gone, and a
+// process waiting on one would wait forever; it sees a reset
+// (ECONNABORTED) instead. Connections inside the sandbox (loopback) are
+// left alone. Call it before the tree runs (a standby, a tree restored
+// stopped), so no connection it makes afterwards is touched.
+func ResetWorld(pid int) error {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
 	if err != nil {
 		return err
 	}
-	defer rh.Close()
-	out, err := rh.LinkByName(l.name)
-	if err != nil {
-		return fmt.Errorf("egress: sandbox %s: %w", id, err)
-	}
-	if err := rh.RouteReplace(&netlink.Route{Dst: ipnet(s.ep.Addr, 32), LinkIndex: out.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
-		return fmt.Errorf("egress: route to sandbox %s: %w", id, err)
-	}
-	if old, ok := s.links[s.active]; ok && s.active != ino {
-		_ = h.deleteLink(old.name)
-		delete(s.links, s.active)
-	}
-	s.active = ino
+	defer f.Close()
 	return resetWorldConns(f)
 }
 
 // resetWorldConns destroys the TCP sockets of network namespace netns
-// whose peer is not in the namespace (not loopback): the process sees a
-// reset (ECONNABORTED), never a hang.
+// whose peer is not in the namespace (not loopback).
 func resetWorldConns(netnsFile *os.File) error {
 	return ns.Do(netnsFile, unix.CLONE_NEWNET, func() error {
 		socks, err := netlink.SocketDiagTCP(unix.AF_INET)
@@ -253,12 +254,7 @@ func resetWorldConns(netnsFile *os.File) error {
 
 // +checklocks:h.mu
 func (h *Host) linkExists(name string) bool {
-	rh, err := netlink.NewHandleAt(nsHandle(h.router))
-	if err != nil {
-		return false
-	}
-	defer rh.Close()
-	_, err = rh.LinkByName(name)
+	_, err := h.rh.LinkByName(name)
 	return err == nil
 }
 
@@ -279,16 +275,11 @@ func (h *Host) prune(s *sbNet) {
 
 // +checklocks:h.mu
 func (h *Host) deleteLink(name string) error {
-	rh, err := netlink.NewHandleAt(nsHandle(h.router))
-	if err != nil {
-		return err
-	}
-	defer rh.Close()
-	l, err := rh.LinkByName(name)
+	l, err := h.rh.LinkByName(name)
 	if err != nil {
 		return nil
 	}
-	return rh.LinkDel(l)
+	return h.rh.LinkDel(l)
 }
 
 // Addrs lists the sandboxes' addresses (tests, reconcile).

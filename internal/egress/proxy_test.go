@@ -952,9 +952,14 @@ func TestProxyInFlightBound(t *testing.T) {
 			t.Fatal("request stuck")
 		}
 	}
-	h.p.mu.Lock()
-	left := len(h.p.inFlight)
-	h.p.mu.Unlock()
+	// The proxy releases a slot after the client has its response: give
+	// it a moment.
+	left := -1
+	for deadline := time.Now().Add(5 * time.Second); left != 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		h.p.mu.Lock()
+		left = len(h.p.inFlight)
+		h.p.mu.Unlock()
+	}
 	if left != 0 {
 		t.Errorf("%d slot entries left", left)
 	}
