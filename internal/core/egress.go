@@ -181,12 +181,28 @@ func (m *Manager) netJoin(rec *sandboxRec) (func() error, error) {
 	if err := m.net.Probe(); err != nil {
 		return nil, fmt.Errorf("egress is unsupported here: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
+	if err := m.netRegister(rec); err != nil {
+		return nil, err
+	}
+	id := rec.ID
+	undo := func() error { return m.net.Remove(id) }
+	if err := m.writeNetFiles(*rec); err != nil {
+		_ = undo()
+		return nil, err
+	}
+	return undo, nil
+}
+
+// netRegister gives rec an address of its own, unless it has one, and
+// makes it known to the host's egress, under netMu so that two sandboxes
+// being made at once never get the same address.
+func (m *Manager) netRegister(rec *sandboxRec) error {
 	m.netMu.Lock()
 	defer m.netMu.Unlock()
 	used := map[netip.Addr]bool{}
 	sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, s := range sbs {
 		if s.Egress != nil && s.ID != rec.ID {
@@ -203,22 +219,16 @@ func (m *Manager) netJoin(rec *sandboxRec) (func() error, error) {
 	if !rec.Egress.Addr.IsValid() || used[rec.Egress.Addr] {
 		a, err := m.net.Alloc(used)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
+			return fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
 		}
 		e := *rec.Egress
 		e.Addr = a
 		rec.Egress = &e
 	}
 	if err := m.net.Add(m.endpoint(*rec)); err != nil {
-		return nil, err
+		return err
 	}
-	id := rec.ID
-	undo := func() error { return m.net.Remove(id) }
-	if err := m.writeNetFiles(*rec); err != nil {
-		_ = undo()
-		return nil, err
-	}
-	return undo, nil
+	return nil
 }
 
 // writeNetFiles writes the sandbox's resolver and, with inspection, its

@@ -321,7 +321,8 @@ func (h *Host) start() (err error) {
 			if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
 				return fmt.Errorf("egress: net.ipv4.ip_forward: %w", err)
 			}
-			undo = append(undo, func() { _ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(h.forwardWas), 0) })
+			was := h.forwardWas
+			undo = append(undo, func() { _ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(was), 0) })
 		}
 		if err := hostRules(uplinkNS, h.tableName(), h.uplinkIface(), rtAddr); err != nil {
 			return err

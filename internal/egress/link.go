@@ -144,41 +144,45 @@ func (h *Host) prepare(id string, netnsFile *os.File) (*link, error) {
 		return nil, fmt.Errorf("egress: veth for %s: %w", id, err)
 	}
 	l := &link{name: name, addr: s.ep.Addr}
-	fail := func(err error) (*link, error) {
-		_ = h.deleteLink(name)
-		return nil, fmt.Errorf("egress: veth for %s: %w", id, err)
-	}
 	in, err := sh.LinkByName(sandboxIface)
 	if err != nil {
-		return fail(err)
+		return h.failLink(id, name, err)
 	}
 	gw := h.Gateway()
 	if err := sh.AddrAdd(in, &netlink.Addr{IPNet: ipnet(s.ep.Addr, 32)}); err != nil {
-		return fail(err)
+		return h.failLink(id, name, err)
 	}
 	if err := sh.LinkSetUp(in); err != nil {
-		return fail(err)
+		return h.failLink(id, name, err)
 	}
 	if err := sh.RouteAdd(&netlink.Route{Dst: ipnet(gw, 32), LinkIndex: in.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
-		return fail(err)
+		return h.failLink(id, name, err)
 	}
 	if err := sh.RouteAdd(&netlink.Route{Gw: gw.AsSlice(), LinkIndex: in.Attrs().Index}); err != nil {
-		return fail(err)
+		return h.failLink(id, name, err)
 	}
 	out, err := rh.LinkByName(name)
 	if err != nil {
-		return fail(err)
+		return h.failLink(id, name, err)
 	}
 	// The alias names the sandbox, for whoever lists the router's links.
 	if err := rh.LinkSetAlias(out, "molt sandbox "+id); err != nil {
-		return fail(err)
+		return h.failLink(id, name, err)
 	}
 	if err := rh.LinkSetUp(out); err != nil {
-		return fail(err)
+		return h.failLink(id, name, err)
 	}
 	l.index = out.Attrs().Index
 	s.links[ino] = l
 	return l, nil
+}
+
+// failLink deletes the veth name, half set up for sandbox id.
+//
+// +checklocks:h.mu
+func (h *Host) failLink(id, name string, err error) (*link, error) {
+	_ = h.deleteLink(name)
+	return nil, fmt.Errorf("egress: veth for %s: %w", id, err)
 }
 
 // Activate routes sandbox id's address to the veth of process pid's

@@ -174,17 +174,6 @@ func deleteTable(netns *os.File, name string) error {
 	return nil
 }
 
-// tableExists reports whether netns has table name (tests, reconcile).
-func tableExists(netns *os.File, name string) (bool, error) {
-	c, err := nftables.New(nftables.WithNetNSFd(int(netns.Fd())))
-	if err != nil {
-		return false, err
-	}
-	defer c.CloseLasting()
-	t, err := c.ListTableOfFamily(name, nftables.TableFamilyIPv4)
-	return err == nil && t != nil, nil
-}
-
 func cat(parts ...any) []expr.Any {
 	var out []expr.Any
 	for _, p := range parts {

@@ -67,8 +67,9 @@ type Proxy struct {
 	// +checklocks:mu
 	listeners map[net.Listener]struct{}
 	// +checklocks:mu
-	inFlight    map[string]*slots // by sandbox
-	maxInFlight int               // HTTP requests a sandbox has in flight at once
+	inFlight map[string]*slots // by sandbox
+	// +checklocks:mu
+	maxInFlight int // HTTP requests a sandbox has in flight at once
 }
 
 // slots bound the HTTP requests of one sandbox in flight: each may hold

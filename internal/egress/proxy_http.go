@@ -458,10 +458,11 @@ func (e *errReader) Read(b []byte) (int, error) {
 // other than the one it was verified for.
 type upstreams struct {
 	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
-	roots *x509.CertPool
 	plain *http.Transport
 
 	mu sync.Mutex
+	// +checklocks:mu
+	roots *x509.CertPool
 	// +checklocks:mu
 	tls map[string]*http.Transport
 }

@@ -166,7 +166,8 @@ func openSandbox(dir, sb string) (*sandbox, *Repair, error) {
 	}
 	var rep *Repair
 	if res.valid < res.size {
-		if err := f.Truncate(res.valid); err == nil {
+		err := f.Truncate(res.valid)
+		if err == nil {
 			err = unix.Fdatasync(int(f.Fd()))
 		}
 		if err != nil {
