@@ -187,6 +187,28 @@ func (d *DB) ForEachPrefix(bucket, prefix string, fn func(key string, b []byte) 
 	})
 }
 
+// LastWithPrefix returns the last key of bucket (in key order) that
+// starts with prefix, or "" and false: a seek, not a scan.
+func (d *DB) LastWithPrefix(bucket, prefix string) (string, bool) {
+	var last string
+	_ = d.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket([]byte(bucket)).Cursor()
+		p := []byte(prefix)
+		// The first key past every key with the prefix, then back one.
+		k, _ := c.Seek(append(bytes.Clone(p), 0xff))
+		if k == nil {
+			k, _ = c.Last()
+		} else {
+			k, _ = c.Prev()
+		}
+		if k != nil && bytes.HasPrefix(k, p) {
+			last = string(k)
+		}
+		return nil
+	})
+	return last, last != ""
+}
+
 // DeletePrefix removes every key of bucket that starts with prefix.
 func (d *DB) DeletePrefix(bucket, prefix string) error {
 	return d.Update(func(t *Tx) error { return t.DeletePrefix(bucket, prefix) })

@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"fmt"
+	"net/netip"
 	"reflect"
 	"time"
 )
@@ -17,8 +18,15 @@ func Fill(v reflect.Value, name string, n *int) {
 	*n++
 	switch v.Kind() {
 	case reflect.Struct:
-		if v.Type() == reflect.TypeOf(time.Time{}) {
+		switch v.Type() {
+		case reflect.TypeOf(time.Time{}):
 			v.Set(reflect.ValueOf(time.Date(2026, 1, 2, 3, 4, 5, 6789, time.UTC).Add(time.Duration(*n) * time.Second)))
+			return
+		case reflect.TypeOf(netip.Addr{}):
+			v.Set(reflect.ValueOf(netip.AddrFrom4([4]byte{10, 0, byte(*n >> 8), byte(*n)})))
+			return
+		case reflect.TypeOf(netip.Prefix{}):
+			v.Set(reflect.ValueOf(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(*n), 0, 0}), 16)))
 			return
 		}
 		for i := 0; i < v.NumField(); i++ {
@@ -30,7 +38,7 @@ func Fill(v reflect.Value, name string, n *int) {
 		v.SetString(name)
 	case reflect.Int, reflect.Int64, reflect.Int32:
 		v.SetInt(int64(*n))
-	case reflect.Uint, reflect.Uint64, reflect.Uint32:
+	case reflect.Uint, reflect.Uint64, reflect.Uint32, reflect.Uint16, reflect.Uint8:
 		v.SetUint(uint64(*n))
 	case reflect.Float64:
 		v.SetFloat(float64(*n) + 0.25)

@@ -21,14 +21,16 @@ func turnKey(id string, n int) string { return fmt.Sprintf("%s/%09d", id, n) }
 
 // lastTurn is the number of sandbox id's last logged turn (0: none).
 func (t *Tracker) lastTurn(id string) int {
-	last := 0
-	_ = t.cfg.DB.ForEachPrefix(meta.Turns, id+"/", func(k string, _ []byte) error {
-		if n, err := strconv.Atoi(strings.TrimPrefix(k, id+"/")); err == nil && n > last {
-			last = n
-		}
-		return nil
-	})
-	return last
+	// Keys are zero-padded: the last in key order is the highest.
+	k, ok := t.cfg.DB.LastWithPrefix(meta.Turns, id+"/")
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(k, id+"/"))
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // record writes an ended turn to the log; a failure is logged, not
