@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -180,4 +181,58 @@ func TestHostPlumbing(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestHostRules: in host mode molt's only change to the host's firewall
+// is a table of its own, which Cleanup and Close delete (here in a
+// namespace standing in for the host's).
+func TestHostRules(t *testing.T) {
+	testutil.RequireRoot(t)
+	f, err := ns.NewNet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	count := func() (tables, rules int) {
+		c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseLasting()
+		ts, err := c.ListTables()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tb := range ts {
+			tables++
+			chains, _ := c.ListChainsOfTableFamily(tb.Family)
+			for _, ch := range chains {
+				if ch.Table.Name == tb.Name {
+					rs, _ := c.GetRules(tb, ch)
+					rules += len(rs)
+				}
+			}
+		}
+		return tables, rules
+	}
+	if err := hostRules(f, "molt_t1", "mut1", netip.MustParseAddr("10.201.255.254")); err != nil {
+		t.Fatal(err)
+	}
+	// Again: replaced, not doubled.
+	if err := hostRules(f, "molt_t1", "mut1", netip.MustParseAddr("10.201.255.254")); err != nil {
+		t.Fatal(err)
+	}
+	if tb, r := count(); tb != 1 || r != 3 {
+		t.Fatalf("%d tables, %d rules; want molt's one table with its 3 rules", tb, r)
+	}
+	if err := deleteTable(f, "molt_t1"); err != nil {
+		t.Fatal(err)
+	}
+	if tb, r := count(); tb != 0 || r != 0 {
+		t.Fatalf("after delete: %d tables, %d rules", tb, r)
+	}
+	// Deleting what is not there is no error (start-up cleanup).
+	if err := deleteTable(f, "molt_t1"); err != nil {
+		t.Fatal(err)
+	}
 }
