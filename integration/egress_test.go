@@ -21,6 +21,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/client"
 	"github.com/molt-sh/molt/internal/egress/netlab"
+	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // Egress: sandboxes reach the test internet (env.lab, a network
@@ -111,8 +112,22 @@ func findEffect(l []v1.Effect, pred func(v1.Effect) bool) (v1.Effect, bool) {
 	return v1.Effect{}, false
 }
 
+// requireEgress fails or skips (testutil.Unavailable) where the host
+// cannot give sandboxes egress.
+func requireEgress(t *testing.T) {
+	t.Helper()
+	var host v1.Host
+	mustJSON(t, &host, "host")
+	for _, f := range host.Features {
+		if f.Name == "egress" && !f.Supported {
+			testutil.Unavailable(t, "egress: "+f.Reason)
+		}
+	}
+}
+
 func newEgressSandbox(t *testing.T, args ...string) string {
 	t.Helper()
+	requireEgress(t)
 	return newSandbox(t, append([]string{"--network", "egress"}, args...)...)
 }
 
@@ -654,6 +669,7 @@ func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
 }
 
 func TestEgressNothingLeftBehind(t *testing.T) {
+	requireEgress(t)
 	sb := strings.TrimSpace(must(t, "create", image, "--network", "egress"))
 	if got := routerLinks(t)[sb]; got != 1 {
 		t.Fatalf("sandbox %s has %d veths in the router, want 1", sb, got)
