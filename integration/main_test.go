@@ -110,8 +110,11 @@ func startDaemon() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(env.bin, "daemon", "--root", env.root, "--socket", env.socket, "--pool-size", "16G",
-		"--egress-uplink", env.lab.Name, "--egress-dns", env.lab.DNSAddr().String(), "--egress-ca", env.lab.CAFile)
+	args := []string{"daemon", "--root", env.root, "--socket", env.socket, "--pool-size", "16G"}
+	if env.lab != nil {
+		args = append(args, "--egress-uplink", env.lab.Name, "--egress-dns", env.lab.DNSAddr().String(), "--egress-ca", env.lab.CAFile)
+	}
+	cmd := exec.Command(env.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

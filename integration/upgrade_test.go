@@ -74,6 +74,7 @@ func TestUpgradeFromGoInit(t *testing.T) {
 	defer func() { env = saved }()
 	env.bin, env.root = old, filepath.Join(tmp, "root")
 	env.socket, env.log, env.daemon = filepath.Join(tmp, "old.sock"), filepath.Join(tmp, "old.log"), nil
+	env.lab = nil // the old build has no egress flags
 	newSock, newLog := filepath.Join(tmp, "new.sock"), filepath.Join(tmp, "new.log")
 	if err := startDaemon(); err != nil {
 		t.Fatal(err)
