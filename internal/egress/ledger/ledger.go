@@ -23,6 +23,7 @@ var ErrClosed = errors.New("ledger closed")
 
 // Ledger holds the ledgers of every sandbox, one file each in its
 // directory (file.go has the format). It is safe for concurrent use.
+// Records it returns share their Response with it: read them only.
 //
 // Durability: Begin, Finish, Rewind and Fork return once what they wrote
 // is on disk (fdatasync) when it concerns an effect or opaque record.
