@@ -539,7 +539,7 @@ func (l *Ledger) fork(c *sandbox, parent, child, head string) error {
 		st, err = newState().fork(parent, child, head)
 	}
 	if err != nil {
-		return fmt.Errorf("ledger: %w: %w", err, errdefs.ErrNotFound)
+		return fmt.Errorf("ledger: %w", err)
 	}
 	data, err := encodeState(st)
 	if err != nil {
