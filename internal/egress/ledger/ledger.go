@@ -23,6 +23,7 @@ var ErrClosed = errors.New("ledger closed")
 
 // Ledger holds the ledgers of every sandbox, one file each in its
 // directory (file.go has the format). It is safe for concurrent use.
+// Records it returns share their Response with it: read them only.
 //
 // Durability: Begin, Finish, Rewind and Fork return once what they wrote
 // is on disk (fdatasync) when it concerns an effect or opaque record.
@@ -63,8 +64,6 @@ type Repair struct {
 }
 
 type sandbox struct {
-	name, path string
-
 	mu   sync.Mutex
 	st   *state   // +checklocks:mu
 	f    *os.File // +checklocks:mu
@@ -103,6 +102,8 @@ func checkName(sb string) error {
 }
 
 const suffix = ".ledger"
+
+func (l *Ledger) path(sb string) string { return filepath.Join(l.dir, sb+suffix) }
 
 func tmpName(sb string) string { return "." + sb + suffix + ".tmp" }
 
@@ -144,7 +145,9 @@ func Open(dir string) (*Ledger, error) {
 	}
 	if err := errors.Join(errs...); err != nil {
 		for _, s := range l.sbs {
+			s.mu.Lock()
 			s.f.Close()
+			s.mu.Unlock()
 		}
 		return nil, err
 	}
@@ -176,7 +179,7 @@ func openSandbox(dir, sb string) (*sandbox, *Repair, error) {
 		}
 		rep = &Repair{Sandbox: sb, Path: path, Offset: res.valid, Bytes: res.size - res.valid}
 	}
-	s := &sandbox{name: sb, path: path, st: res.state, f: f, size: res.valid, sf: f}
+	s := &sandbox{st: res.state, f: f, size: res.valid, sf: f}
 	return s, rep, nil
 }
 
@@ -229,41 +232,39 @@ func (s *sandbox) close() error {
 	return err
 }
 
-// lock returns sb's sandbox locked, creating it (without a file) when
-// create is set; nil when it has no ledger.
-func (l *Ledger) lock(sb string, create bool) (*sandbox, error) {
-	for {
-		l.mu.Lock()
-		if l.closed {
-			l.mu.Unlock()
-			return nil, ErrClosed
-		}
-		s := l.sbs[sb]
-		if s == nil {
-			if !create {
-				l.mu.Unlock()
-				return nil, nil
-			}
-			s = &sandbox{name: sb, path: filepath.Join(l.dir, sb+suffix), st: newState()}
-			l.sbs[sb] = s
-		}
-		l.mu.Unlock()
-		s.mu.Lock()
-		if !s.gone {
-			return s, nil
-		}
-		s.mu.Unlock()
+// get returns sb's sandbox, unlocked, creating it (without a file) when
+// create is set; nil when it has no ledger. Whoever locks it checks
+// gone: it may have been removed since.
+func (l *Ledger) get(sb string, create bool) (*sandbox, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, ErrClosed
 	}
+	s := l.sbs[sb]
+	if s == nil && create {
+		s = &sandbox{st: newState()}
+		l.sbs[sb] = s
+	}
+	return s, nil
 }
 
-// lookup is lock without creation, for the methods that report no
-// error: an invalid or unknown sandbox has an empty ledger.
-func (l *Ledger) lookup(sb string) *sandbox {
+// peek is get for the methods that report no error: an invalid,
+// unknown or removed sandbox has an empty ledger.
+func (l *Ledger) peek(sb string) *sandbox {
 	if !validName(sb) {
 		return nil
 	}
-	s, _ := l.lock(sb, false)
+	s, _ := l.get(sb, false)
 	return s
+}
+
+// +checklocks:s.mu
+func (s *sandbox) usable() error {
+	if s.gone {
+		return fmt.Errorf("removed or closed meanwhile: %w", errdefs.ErrUnavailable)
+	}
+	return nil
 }
 
 func newID() string {
@@ -301,27 +302,41 @@ func (l *Ledger) Begin(sb string, r Record) (Record, error) {
 		r.Finished = now
 	}
 	r.Finished = r.Finished.UTC()
-	s, err := l.lock(sb, true)
+	s, err := l.get(sb, true)
 	if err != nil {
 		return Record{}, err
 	}
 	r.Sandbox = sb
+	s.mu.Lock()
+	r, gen, err := s.begin(l.path(sb), r)
+	s.mu.Unlock()
+	if err == nil {
+		err = l.commit(s, gen, durableNow(r.Kind))
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("ledger %s: %w", sb, err)
+	}
+	return r, nil
+}
+
+// +checklocks:s.mu
+func (s *sandbox) begin(path string, r Record) (Record, uint64, error) {
+	if err := s.usable(); err != nil {
+		return Record{}, 0, err
+	}
 	r.Prev = s.st.head
 	r.Seq = s.st.lastSeq + 1
 	for r.ID = newID(); s.st.has(r.ID); r.ID = newID() {
 	}
 	if err := s.st.check(r, false); err != nil {
-		s.mu.Unlock()
-		return Record{}, fmt.Errorf("ledger %s: %v: %w", sb, err, errdefs.ErrInvalidArgument)
+		return Record{}, 0, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	gen, err := s.append(entry{Op: opRec, Rec: &r})
+	gen, err := s.append(path, entry{Op: opRec, Rec: &r})
 	if err != nil {
-		s.mu.Unlock()
-		return Record{}, err
+		return Record{}, 0, err
 	}
 	s.st.advance(s.st.add(r))
-	s.mu.Unlock()
-	return r, l.commit(s, gen, durableNow(r.Kind))
+	return r, gen, nil
 }
 
 // Finish completes the pending record id of sb as Completed or Failed.
@@ -334,41 +349,57 @@ func (l *Ledger) Finish(sb, id string, st State, resp *Response, errText string)
 	if st != Completed && st != Failed {
 		return Record{}, fmt.Errorf("ledger %s: finish %s as %q: want completed or failed: %w", sb, id, st, errdefs.ErrInvalidArgument)
 	}
-	s, err := l.lock(sb, false)
+	s, err := l.get(sb, false)
 	if err != nil {
 		return Record{}, err
 	}
 	if s == nil {
 		return Record{}, fmt.Errorf("ledger %s: finish %s: no such record: %w", sb, id, errdefs.ErrNotFound)
 	}
+	s.mu.Lock()
+	r, gen, err := s.finish(l.path(sb), id, st, resp, errText)
+	s.mu.Unlock()
+	if err == nil {
+		err = l.commit(s, gen, durableNow(r.Kind))
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("ledger %s: %w", sb, err)
+	}
+	return r, nil
+}
+
+// +checklocks:s.mu
+func (s *sandbox) finish(path, id string, st State, resp *Response, errText string) (Record, uint64, error) {
+	if err := s.usable(); err != nil {
+		return Record{}, 0, err
+	}
 	i, ok := s.st.byID[id]
 	if !ok {
-		s.mu.Unlock()
-		return Record{}, fmt.Errorf("ledger %s: finish %s: no such record: %w", sb, id, errdefs.ErrNotFound)
+		return Record{}, 0, fmt.Errorf("finish %s: no such record: %w", id, errdefs.ErrNotFound)
 	}
 	if cur := s.st.recs[i].State; cur != Pending {
-		s.mu.Unlock()
-		return Record{}, fmt.Errorf("ledger %s: finish %s: it is %s, not pending: %w", sb, id, cur, errdefs.ErrFailedPrecondition)
+		return Record{}, 0, fmt.Errorf("finish %s: it is %s, not pending: %w", id, cur, errdefs.ErrFailedPrecondition)
 	}
 	now := time.Now().UTC()
-	gen, err := s.append(entry{Op: opFin, ID: id, State: st, Response: resp, Error: errText, Finished: now})
+	gen, err := s.append(path, entry{Op: opFin, ID: id, State: st, Response: resp, Error: errText, Finished: now})
 	if err != nil {
-		s.mu.Unlock()
-		return Record{}, err
+		return Record{}, 0, err
 	}
 	s.st.finish(i, st, resp, errText, now)
-	r := *s.st.recs[i]
-	s.mu.Unlock()
-	return r, l.commit(s, gen, durableNow(r.Kind))
+	return *s.st.recs[i], gen, nil
 }
 
 // Head returns sb's head record ID, "" when its line is empty.
 func (l *Ledger) Head(sb string) string {
-	s := l.lookup(sb)
+	s := l.peek(sb)
 	if s == nil {
 		return ""
 	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.gone {
+		return ""
+	}
 	return s.st.head
 }
 
@@ -378,7 +409,7 @@ func (l *Ledger) Rewind(sb, head string) error {
 	if err := checkName(sb); err != nil {
 		return err
 	}
-	s, err := l.lock(sb, false)
+	s, err := l.get(sb, false)
 	if err != nil {
 		return err
 	}
@@ -388,23 +419,38 @@ func (l *Ledger) Rewind(sb, head string) error {
 		}
 		return fmt.Errorf("ledger %s: rewind to %s: no such record: %w", sb, head, errdefs.ErrNotFound)
 	}
+	s.mu.Lock()
+	gen, err := s.rewind(l.path(sb), head)
+	s.mu.Unlock()
+	if err == nil && gen != 0 {
+		err = l.commit(s, gen, true)
+	}
+	if err != nil {
+		return fmt.Errorf("ledger %s: %w", sb, err)
+	}
+	return nil
+}
+
+// rewind moves the head; generation 0 when it was there already.
+//
+// +checklocks:s.mu
+func (s *sandbox) rewind(path, head string) (uint64, error) {
+	if err := s.usable(); err != nil {
+		return 0, err
+	}
 	if head != "" && !s.st.has(head) {
-		s.mu.Unlock()
-		return fmt.Errorf("ledger %s: rewind to %s: no such record: %w", sb, head, errdefs.ErrNotFound)
+		return 0, fmt.Errorf("rewind to %s: no such record: %w", head, errdefs.ErrNotFound)
 	}
 	if head == s.st.head {
-		s.mu.Unlock()
-		return nil
+		return 0, nil
 	}
-	gen, err := s.append(entry{Op: opHead, Head: &head})
+	gen, err := s.append(path, entry{Op: opHead, Head: &head})
 	if err != nil {
-		s.mu.Unlock()
-		return err
+		return 0, err
 	}
 	s.st.setHead(head)
 	s.st.rebuild()
-	s.mu.Unlock()
-	return l.commit(s, gen, true)
+	return gen, nil
 }
 
 // Match is what the ledger knows of a request about to be sent.
@@ -426,11 +472,15 @@ type Match struct {
 // the head does not reach through Prev links, nor through the ReplayOf
 // of a Replayed record it reaches.
 func (l *Ledger) Match(sb string, id Identity) Match {
-	s := l.lookup(sb)
+	s := l.peek(sb)
 	if s == nil {
 		return Match{}
 	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.gone {
+		return Match{}
+	}
 	return s.st.match(id)
 }
 
@@ -448,7 +498,7 @@ func (l *Ledger) Fork(parent, child, head string) error {
 	if parent == child {
 		return fmt.Errorf("ledger: fork %s from itself: %w", child, errdefs.ErrInvalidArgument)
 	}
-	c := &sandbox{name: child, path: filepath.Join(l.dir, child+suffix)}
+	c := &sandbox{}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l.mu.Lock()
@@ -462,7 +512,7 @@ func (l *Ledger) Fork(parent, child, head string) error {
 	}
 	l.sbs[child] = c
 	l.mu.Unlock()
-	if err := l.fork(c, parent, head); err != nil {
+	if err := l.fork(c, parent, child, head); err != nil {
 		c.gone = true
 		l.mu.Lock()
 		if l.sbs[child] == c {
@@ -475,33 +525,43 @@ func (l *Ledger) Fork(parent, child, head string) error {
 }
 
 // +checklocks:c.mu
-func (l *Ledger) fork(c *sandbox, parent, head string) error {
+func (l *Ledger) fork(c *sandbox, parent, child, head string) error {
 	var st *state
-	var err error
-	if p, lerr := l.lock(parent, false); lerr != nil {
-		return lerr
-	} else if p != nil {
-		st, err = p.st.fork(parent, c.name, head)
+	p, err := l.get(parent, false)
+	if err != nil {
+		return err
+	}
+	if p != nil {
+		p.mu.Lock()
+		st, err = p.forkState(parent, child, head)
 		p.mu.Unlock()
 	} else {
-		st, err = newState().fork(parent, c.name, head)
+		st, err = newState().fork(parent, child, head)
 	}
 	if err != nil {
-		return fmt.Errorf("ledger: %w: %w", err, errdefs.ErrNotFound)
+		return fmt.Errorf("ledger: %w", err)
 	}
 	data, err := encodeState(st)
 	if err != nil {
-		return fmt.Errorf("ledger: fork %s: %w", c.name, err)
+		return fmt.Errorf("ledger: fork %s: %w", child, err)
 	}
-	f, err := writeNew(l.dir, c.name, data)
+	f, err := writeNew(l.dir, child, data)
 	if err != nil {
-		return fmt.Errorf("ledger: fork %s: %w", c.name, err)
+		return fmt.Errorf("ledger: fork %s: %w", child, err)
 	}
 	c.st, c.f, c.size = st, f, int64(len(data))
 	c.syncMu.Lock()
 	c.sf = f
 	c.syncMu.Unlock()
 	return nil
+}
+
+// +checklocks:p.mu
+func (p *sandbox) forkState(parent, child, head string) (*state, error) {
+	if err := p.usable(); err != nil {
+		return nil, err
+	}
+	return p.st.fork(parent, child, head)
 }
 
 // writeNew creates sb's file holding data, synced, atomically: written

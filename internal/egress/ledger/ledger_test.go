@@ -603,8 +603,7 @@ func TestConcurrentBegin(t *testing.T) {
 func TestReadGroupCommit(t *testing.T) {
 	l := open(t, t.TempDir())
 	begin(t, l, "sb", Record{Kind: Read, Request: get("/")})
-	s := l.lookup("sb")
-	s.mu.Unlock()
+	s := l.peek("sb")
 	want := s.written.Load()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -649,5 +648,82 @@ func TestOpenIgnoresOtherFiles(t *testing.T) {
 	open(t, sub)
 	if fi, err := os.Stat(sub); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("created directory: %v %v", fi.Mode(), err)
+	}
+}
+
+// TestConcurrentMixed runs every operation at once on shared sandboxes
+// (run it under -race): no error but the expected ones, and what the
+// Ledger holds at the end is what reopening its files gives.
+func TestConcurrentMixed(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := effect(t, l, "p", post("/0", "0"), 200)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	fail := func(err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	}
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 30 {
+				r, err := l.Begin("p", Record{Kind: Effect, Request: post(fmt.Sprintf("/%d/%d", w, i), "x")})
+				if err != nil {
+					fail(err)
+					return
+				}
+				if _, err := l.Finish("p", r.ID, Completed, &Response{Status: 200}, ""); err != nil {
+					fail(err)
+					return
+				}
+				l.Match("p", post(fmt.Sprintf("/%d/%d", w, i-1), "x"))
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 20 {
+			if err := l.Rewind("p", first.ID); err != nil {
+				fail(err)
+				return
+			}
+			child := fmt.Sprintf("c-%d", i)
+			if err := l.Fork("p", child, first.ID); err != nil {
+				fail(err)
+				return
+			}
+			if _, err := l.Begin(child, Record{Kind: Read}); err != nil {
+				fail(err)
+				return
+			}
+			l.Orphans(child)
+			l.Sandboxes()
+			if i%2 == 0 {
+				if err := l.Remove(child); err != nil {
+					fail(err)
+					return
+				}
+			}
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	before := snap(t, l)
+	if len(before.Heads) != 11 {
+		t.Fatalf("sandboxes %v, want p and 10 forks", l.Sandboxes())
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = open(t, dir)
+	if after := snap(t, l); !reflect.DeepEqual(before, after) {
+		t.Fatal("state after reopen differs")
 	}
 }

@@ -3,6 +3,7 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 
@@ -15,14 +16,18 @@ func (l *Ledger) List(sb, after string) ([]Record, error) {
 	if err := checkName(sb); err != nil {
 		return nil, err
 	}
-	s, err := l.lock(sb, false)
+	s, err := l.get(sb, false)
 	if err != nil || s == nil {
 		if err == nil && after != "" {
 			err = fmt.Errorf("ledger %s: list after %s: no such record: %w", sb, after, errdefs.ErrNotFound)
 		}
 		return nil, err
 	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.usable(); err != nil {
+		return nil, fmt.Errorf("ledger %s: %w", sb, err)
+	}
 	from := 0
 	if after != "" {
 		i, ok := s.st.byID[after]
@@ -40,11 +45,15 @@ func (l *Ledger) List(sb, after string) ([]Record, error) {
 
 // Get returns record id of sb's ledger.
 func (l *Ledger) Get(sb, id string) (Record, bool) {
-	s := l.lookup(sb)
+	s := l.peek(sb)
 	if s == nil {
 		return Record{}, false
 	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.gone {
+		return Record{}, false
+	}
 	i, ok := s.st.byID[id]
 	if !ok {
 		return Record{}, false
@@ -55,11 +64,15 @@ func (l *Ledger) Get(sb, id string) (Record, bool) {
 // Orphans returns the committed records of sb's ledger that its line
 // does not reach (see Match), in Seq order.
 func (l *Ledger) Orphans(sb string) []Record {
-	s := l.lookup(sb)
+	s := l.peek(sb)
 	if s == nil {
 		return nil
 	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.gone {
+		return nil
+	}
 	var out []Record
 	for i, r := range s.st.recs {
 		if s.st.orphan(i) {
@@ -74,11 +87,15 @@ func (l *Ledger) Remove(sb string) error {
 	if err := checkName(sb); err != nil {
 		return err
 	}
-	s, err := l.lock(sb, false)
+	s, err := l.get(sb, false)
 	if err != nil || s == nil {
 		return err
 	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.gone {
+		return nil
+	}
 	s.gone = true
 	l.mu.Lock()
 	if l.sbs[sb] == s {
@@ -93,7 +110,7 @@ func (l *Ledger) Remove(sb string) error {
 	s.syncMu.Unlock()
 	s.f.Close()
 	s.f = nil
-	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(l.path(sb)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("ledger %s: %w", sb, err)
 	}
 	return syncDir(l.dir)
@@ -102,16 +119,14 @@ func (l *Ledger) Remove(sb string) error {
 // Sandboxes returns the sandboxes that have a ledger file, sorted.
 func (l *Ledger) Sandboxes() []string {
 	l.mu.Lock()
-	sbs := make([]*sandbox, 0, len(l.sbs))
-	for _, s := range l.sbs {
-		sbs = append(sbs, s)
-	}
+	sbs := make(map[string]*sandbox, len(l.sbs))
+	maps.Copy(sbs, l.sbs)
 	l.mu.Unlock()
 	var out []string
-	for _, s := range sbs {
+	for name, s := range sbs {
 		s.mu.Lock()
 		if !s.gone && s.f != nil {
-			out = append(out, s.name)
+			out = append(out, name)
 		}
 		s.mu.Unlock()
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/molt-sh/molt/internal/errdefs"
 )
 
 // state is one sandbox's ledger in memory: the records in Seq order, the
@@ -179,7 +181,7 @@ func (st *state) match(id Identity) Match {
 // fork copies st for sandbox child of parent, the head at head.
 func (st *state) fork(parent, child, head string) (*state, error) {
 	if head != "" && !st.has(head) {
-		return nil, fmt.Errorf("fork %s at %s: no such record in %s's ledger", child, head, parent)
+		return nil, fmt.Errorf("fork %s at %s: no such record in %s's ledger: %w", child, head, parent, errdefs.ErrNotFound)
 	}
 	c := newState()
 	for _, r := range st.recs {

@@ -12,16 +12,16 @@ import (
 // returns the append's generation for syncTo.
 //
 // +checklocks:s.mu
-func (s *sandbox) append(e entry) (uint64, error) {
+func (s *sandbox) append(path string, e entry) (uint64, error) {
 	if s.err != nil {
-		return 0, fmt.Errorf("ledger %s: an earlier write failed: %w", s.name, s.err)
+		return 0, fmt.Errorf("an earlier write failed: %w", s.err)
 	}
 	line, err := encodeLine(e)
 	if err != nil {
-		return 0, fmt.Errorf("ledger %s: %w", s.name, err)
+		return 0, err
 	}
 	if s.f == nil {
-		if err := s.create(); err != nil {
+		if err := s.create(path); err != nil {
 			return 0, err
 		}
 	}
@@ -31,7 +31,7 @@ func (s *sandbox) append(e entry) (uint64, error) {
 			// would take for corruption.
 			s.err = err
 		}
-		return 0, fmt.Errorf("ledger %s: %w", s.name, err)
+		return 0, err
 	}
 	s.size += int64(len(line))
 	return s.written.Add(1), nil
@@ -41,16 +41,16 @@ func (s *sandbox) append(e entry) (uint64, error) {
 // appended to.
 //
 // +checklocks:s.mu
-func (s *sandbox) create() error {
-	f, err := os.OpenFile(s.path, os.O_RDWR|os.O_APPEND|os.O_CREATE|os.O_EXCL, 0o600)
+func (s *sandbox) create(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return fmt.Errorf("ledger %s: %w", s.name, err)
+		return err
 	}
 	// The name must survive a host crash as the synced lines do.
-	if err := syncDir(filepath.Dir(s.path)); err != nil {
+	if err := syncDir(filepath.Dir(path)); err != nil {
 		f.Close()
-		os.Remove(s.path)
-		return fmt.Errorf("ledger %s: %w", s.name, err)
+		os.Remove(path)
+		return err
 	}
 	s.f = f
 	s.syncMu.Lock()
@@ -79,7 +79,7 @@ func (s *sandbox) syncTo(gen uint64) error {
 	if err := unix.Fdatasync(int(s.sf.Fd())); err != nil {
 		// After a failed fdatasync the kernel may have dropped the
 		// pages: what is on disk is unknown from here on.
-		s.syncErr = fmt.Errorf("ledger %s: fdatasync: %w", s.name, err)
+		s.syncErr = fmt.Errorf("fdatasync: %w", err)
 		return s.syncErr
 	}
 	s.synced = g
