@@ -17,6 +17,11 @@ type Endpoint struct {
 	// recorded with each ledger record.
 	Turn func() int
 	Head func() string
+	// Bypass is for benchmarks only: the sandbox's TCP is forwarded by
+	// NAT straight to the uplink, without the proxy and unrecorded (the
+	// baseline molt's proxy is measured against). Never set for a
+	// sandbox of a user's.
+	Bypass bool
 }
 
 // Names remembers which name each sandbox resolved to which address

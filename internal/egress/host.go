@@ -365,7 +365,7 @@ func (h *Host) applyRules() error {
 	_ = rt
 	rs := ruleset{rng: h.cfg.Range, gateway: h.Gateway(), proxyPort: proxyPort, uplink: "up0", denied: h.denied}
 	for _, s := range h.sbs {
-		rs.sandboxes = append(rs.sandboxes, sbRules{addr: s.ep.Addr, policy: s.ep.Policy})
+		rs.sandboxes = append(rs.sandboxes, sbRules{addr: s.ep.Addr, policy: s.ep.Policy, bypass: s.ep.Bypass})
 	}
 	return rs.apply(h.router)
 }

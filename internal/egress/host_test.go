@@ -246,3 +246,73 @@ func TestHostRules(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHostBypass: a benchmark's bypassed sandbox reaches the world by
+// NAT alone, past the proxy, while a recorded one beside it still goes
+// to the proxy.
+func TestHostBypass(t *testing.T) {
+	up, upPath := world(t)
+	h := NewHost(Config{ID: "t1", Uplink: upPath, Ledger: &flowRecords{}})
+	defer h.Close()
+	for _, ep := range []*Endpoint{
+		{ID: "direct", Addr: netip.MustParseAddr("10.201.0.2"), Bypass: true},
+		{ID: "recorded", Addr: netip.MustParseAddr("10.201.0.3")},
+	} {
+		if err := h.Add(ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sbs := map[string]*os.File{}
+	for _, id := range []string{"direct", "recorded"} {
+		f, err := ns.NewNet()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := h.ActivateNS(id, f); err != nil {
+			t.Fatal(err)
+		}
+		sbs[id] = f
+	}
+	// Nothing listens on port 81 in the world: the bypassed sandbox
+	// sees the world's refusal (the proxy would have accepted).
+	if _, err := dialFrom(sbs["direct"], "203.0.113.10:81"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("bypassed sandbox to a closed port: %v, want connection refused from the world", err)
+	}
+	if c, err := dialFrom(sbs["recorded"], "203.0.113.10:81"); err != nil {
+		t.Errorf("recorded sandbox to a closed port: %v, want the proxy's accept", err)
+	} else {
+		c.Close()
+	}
+	// With a listener there, the connection arrives from the router's
+	// uplink address (masqueraded), not from the proxy's.
+	var ln net.Listener
+	if err := ns.Do(up, unix.CLONE_NEWNET, func() error {
+		var err error
+		ln, err = net.Listen("tcp4", "203.0.113.10:81")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := dialFrom(sbs["direct"], "203.0.113.10:81")
+	if err != nil {
+		t.Fatalf("bypassed sandbox to a listener: %v", err)
+	}
+	defer c.Close()
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
+	sc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	_, rt := h.uplinkAddrs()
+	if got := sc.RemoteAddr().(*net.TCPAddr).IP.String(); got != rt.String() {
+		t.Errorf("world saw the bypassed connection from %s, want the router's uplink address %s", got, rt)
+	}
+	// The world's refusal of a denied range still holds for the
+	// recorded sandbox, whose rules the bypass did not disturb.
+	if _, err := dialFrom(sbs["recorded"], "10.0.0.1:80"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("recorded sandbox to a denied range: %v, want connection refused", err)
+	}
+}

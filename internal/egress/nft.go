@@ -29,6 +29,7 @@ const tableName = "molt"
 type sbRules struct {
 	addr   netip.Addr
 	policy Policy
+	bypass bool // Endpoint.Bypass: benchmarks' NAT-only baseline
 }
 
 // ruleset describes the router namespace's table.
@@ -74,6 +75,11 @@ func (rs ruleset) apply(netns *os.File) error {
 	// refused); its explicitly allowed ranges go to the proxy.
 	for _, s := range rs.sandboxes {
 		from := addrMatch(payloadSaddr, s.addr)
+		if s.bypass {
+			// No DNAT: the flow keeps its destination and is routed.
+			add(pre, cat(from, verdict(expr.VerdictAccept))...)
+			continue
+		}
 		for _, p := range s.policy.DenyCIDRs {
 			if p.Addr().Is4() {
 				add(pre, cat(from, prefixMatch(payloadDaddr, p), markDeny())...)
@@ -104,6 +110,11 @@ func (rs ruleset) apply(netns *os.File) error {
 	// forwarded; nothing else of a sandbox's is forwarded (its TCP went
 	// to the proxy).
 	add(fwd, cat(ctEstablished(), verdict(expr.VerdictAccept))...)
+	for _, s := range rs.sandboxes {
+		if s.bypass {
+			add(fwd, cat(addrMatch(payloadSaddr, s.addr), oifname(rs.uplink), verdict(expr.VerdictAccept))...)
+		}
+	}
 	denied := cat(fromSandboxes, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, markDenied)})
 	add(fwd, cat(denied, nflog(prefixDeny))...)
