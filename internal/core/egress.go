@@ -45,6 +45,9 @@ func (m *Manager) openEgress() error {
 		return fmt.Errorf("effect ledger: %w", err)
 	}
 	m.ledger = l
+	for _, r := range l.Repairs() {
+		m.log.Warn("effect ledger: cut a torn last record (a crash in the middle of an append)", "sandbox", r.Sandbox, "path", r.Path, "offset", r.Offset, "bytes", r.Bytes)
+	}
 	var roots *x509.CertPool
 	if f := m.cfg.Egress.CAFile; f != "" {
 		pem, err := os.ReadFile(f)
@@ -396,6 +399,20 @@ func (m *Manager) egressCounts(id string, n int) *meta.EgressCounts {
 		return nil
 	}
 	return &c
+}
+
+// ledgerFork gives the fork rec a ledger branched from its checkpoint's
+// sandbox's at the checkpoint; the returned undo removes it.
+func (m *Manager) ledgerFork(rec sandboxRec) (func() error, error) {
+	var ck checkpointRec
+	if err := m.db.Get(meta.Checkpoints, rec.ForkedFrom, &ck); err != nil {
+		return nil, fmt.Errorf("fork's ledger: checkpoint %s: %w", rec.ForkedFrom, err)
+	}
+	if err := m.ledger.Fork(ck.Sandbox, rec.ID, ck.LedgerHead); err != nil {
+		return nil, fmt.Errorf("fork's ledger: %w", err)
+	}
+	id := rec.ID
+	return func() error { return m.ledger.Remove(id) }, nil
 }
 
 // Effects lists sandbox ref's ledger, after checkpoint since when set.

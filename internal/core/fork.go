@@ -168,14 +168,6 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 				reseeded.Add(int64(k))
 			}
 			if err == nil {
-				// The fork's ledger starts as its sandbox's at the
-				// checkpoint: the same history, a branch of its own.
-				if err = m.ledger.Fork(ck.Sandbox, rec.ID, ck.LedgerHead); err == nil {
-					id := rec.ID
-					r.Add(func() error { return m.ledger.Remove(id) })
-				}
-			}
-			if err == nil {
 				m.turnReset(ctx, rec)
 				id := rec.ID
 				r.Add(func() error { m.turnForget(id); return nil })

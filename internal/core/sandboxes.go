@@ -184,6 +184,16 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 		return fail(err)
 	}
 	r.Add(leave)
+	if rec.ForkedFrom != "" {
+		// A fork's ledger starts as its sandbox's at the checkpoint (the
+		// same history, a branch of its own), before its processes run
+		// and record anything.
+		drop, err := m.ledgerFork(rec)
+		if err != nil {
+			return fail(err)
+		}
+		r.Add(drop)
+	}
 	var init sandbox.Init
 	if sby != nil {
 		init, err = m.adoptStandby(&rec, sby, cg)
