@@ -237,6 +237,11 @@ func (h *Host) start() (err error) {
 			for i := len(undo) - 1; i >= 0; i-- {
 				undo[i]()
 			}
+			for i := len(h.closers) - 1; i >= 0; i-- {
+				h.closers[i]()
+			}
+			h.closers = nil
+			h.router, h.rh, h.uplinkNS = nil, nil, nil
 		}
 	}()
 	uplinkNS, hostMode, err := h.openUplink()
@@ -244,102 +249,17 @@ func (h *Host) start() (err error) {
 		return err
 	}
 	undo = append(undo, func() { uplinkNS.Close() })
-	router, err := ns.NewNet()
-	if err != nil {
-		return fmt.Errorf("egress: router namespace: %w", err)
-	}
-	undo = append(undo, func() { router.Close() })
-	gw := h.Gateway()
-	upAddr, rtAddr := h.uplinkAddrs()
-	rh, err := netlink.NewHandleAt(nsHandle(router))
+	router, rh, err := h.newRouter()
 	if err != nil {
 		return err
 	}
-	undo = append(undo, rh.Close)
-	if err := ns.Do(router, unix.CLONE_NEWNET, func() error {
-		for k, v := range map[string]string{
-			"ipv4/ip_forward": "1", "ipv4/conf/all/rp_filter": "1", "ipv4/conf/default/rp_filter": "1",
-			"ipv4/conf/all/forwarding": "1",
-		} {
-			if err := os.WriteFile("/proc/sys/net/"+k, []byte(v), 0); err != nil {
-				return fmt.Errorf("net.%s: %w", strings.ReplaceAll(k, "/", "."), err)
-			}
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("egress: router namespace: %w", err)
-	}
-	lo, err := rh.LinkByName("lo")
+	undo = append(undo, func() { rh.Close(); router.Close() })
+	u, err := h.connectUplink(rh, uplinkNS, hostMode)
+	undo = append(undo, u...)
 	if err != nil {
 		return err
 	}
-	if err := rh.AddrAdd(lo, &netlink.Addr{IPNet: ipnet(gw, 32)}); err != nil {
-		return fmt.Errorf("egress: gateway address: %w", err)
-	}
-	// The uplink: a veth from the router into the uplink namespace.
-	_ = deleteLinkIn(uplinkNS, h.uplinkIface())
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0"}, PeerName: h.uplinkIface(), PeerNamespace: netlink.NsFd(int(uplinkNS.Fd()))}
-	if err := rh.LinkAdd(veth); err != nil {
-		return fmt.Errorf("egress: uplink veth: %w", err)
-	}
-	undo = append(undo, func() { _ = deleteLinkIn(uplinkNS, h.uplinkIface()) })
-	up0, err := rh.LinkByName("up0")
-	if err != nil {
-		return err
-	}
-	if err := rh.AddrAdd(up0, &netlink.Addr{IPNet: ipnet(rtAddr, 30)}); err != nil {
-		return err
-	}
-	if err := rh.LinkSetUp(up0); err != nil {
-		return err
-	}
-	if err := rh.RouteAdd(&netlink.Route{Gw: upAddr.AsSlice(), LinkIndex: up0.Attrs().Index}); err != nil {
-		return fmt.Errorf("egress: router default route: %w", err)
-	}
-	uh, err := netlink.NewHandleAt(nsHandle(uplinkNS))
-	if err != nil {
-		return err
-	}
-	defer uh.Close()
-	peer, err := uh.LinkByName(h.uplinkIface())
-	if err != nil {
-		return err
-	}
-	if err := uh.AddrAdd(peer, &netlink.Addr{IPNet: ipnet(upAddr, 30)}); err != nil {
-		return fmt.Errorf("egress: uplink address: %w", err)
-	}
-	if err := uh.LinkSetUp(peer); err != nil {
-		return err
-	}
-	if hostMode {
-		was, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
-		if err != nil {
-			return err
-		}
-		h.forwardWas = strings.TrimSpace(string(was))
-		if h.forwardWas != "1" {
-			if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
-				return fmt.Errorf("egress: net.ipv4.ip_forward: %w", err)
-			}
-			was := h.forwardWas
-			undo = append(undo, func() { _ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(was), 0) })
-		}
-		if err := hostRules(uplinkNS, h.tableName(), h.uplinkIface(), rtAddr); err != nil {
-			return err
-		}
-		undo = append(undo, func() { _ = deleteTable(uplinkNS, h.tableName()) })
-	}
-	// The host's own addresses are denied by default.
-	h.denied = []netip.Prefix{h.cfg.Range}
-	if addrs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(n.IP); ok {
-					h.denied = append(h.denied, netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()))
-				}
-			}
-		}
-	}
+	h.denied = append([]netip.Prefix{h.cfg.Range}, hostAddrs()...)
 	h.router, h.rh, h.uplinkNS, h.hostMode = router, rh, uplinkNS, hostMode
 	if err := h.applyRules(); err != nil {
 		return err
@@ -357,12 +277,132 @@ func (h *Host) start() (err error) {
 	return nil
 }
 
+// newRouter makes the router namespace: forwarding and strict
+// reverse-path filtering on, the gateway address on its loopback.
+func (h *Host) newRouter() (*os.File, *netlink.Handle, error) {
+	router, err := ns.NewNet()
+	if err != nil {
+		return nil, nil, fmt.Errorf("egress: router namespace: %w", err)
+	}
+	rh, err := netlink.NewHandleAt(nsHandle(router))
+	if err != nil {
+		router.Close()
+		return nil, nil, err
+	}
+	fail := func(err error) (*os.File, *netlink.Handle, error) {
+		rh.Close()
+		router.Close()
+		return nil, nil, fmt.Errorf("egress: router namespace: %w", err)
+	}
+	if err := ns.Do(router, unix.CLONE_NEWNET, func() error {
+		for k, v := range map[string]string{
+			"ipv4/ip_forward": "1", "ipv4/conf/all/rp_filter": "1", "ipv4/conf/default/rp_filter": "1",
+			"ipv4/conf/all/forwarding": "1",
+		} {
+			if err := os.WriteFile("/proc/sys/net/"+k, []byte(v), 0); err != nil {
+				return fmt.Errorf("net.%s: %w", strings.ReplaceAll(k, "/", "."), err)
+			}
+		}
+		return nil
+	}); err != nil {
+		return fail(err)
+	}
+	lo, err := rh.LinkByName("lo")
+	if err != nil {
+		return fail(err)
+	}
+	if err := rh.AddrAdd(lo, &netlink.Addr{IPNet: ipnet(h.Gateway(), 32)}); err != nil {
+		return fail(fmt.Errorf("gateway address: %w", err))
+	}
+	return router, rh, nil
+}
+
+// connectUplink links the router to the uplink namespace (a veth, the
+// uplink /30, the router's default route) and, in host mode, turns on
+// forwarding and writes molt's table there. undo takes back what was
+// done, also on failure.
+//
+// +checklocks:h.mu
+func (h *Host) connectUplink(rh *netlink.Handle, uplinkNS *os.File, hostMode bool) (undo []func(), err error) {
+	upAddr, rtAddr := h.uplinkAddrs()
+	_ = deleteLinkIn(uplinkNS, h.uplinkIface())
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0"}, PeerName: h.uplinkIface(), PeerNamespace: netlink.NsFd(int(uplinkNS.Fd()))}
+	if err := rh.LinkAdd(veth); err != nil {
+		return nil, fmt.Errorf("egress: uplink veth: %w", err)
+	}
+	undo = append(undo, func() { _ = deleteLinkIn(uplinkNS, h.uplinkIface()) })
+	up0, err := rh.LinkByName("up0")
+	if err != nil {
+		return undo, err
+	}
+	if err := rh.AddrAdd(up0, &netlink.Addr{IPNet: ipnet(rtAddr, 30)}); err != nil {
+		return undo, err
+	}
+	if err := rh.LinkSetUp(up0); err != nil {
+		return undo, err
+	}
+	if err := rh.RouteAdd(&netlink.Route{Gw: upAddr.AsSlice(), LinkIndex: up0.Attrs().Index}); err != nil {
+		return undo, fmt.Errorf("egress: router default route: %w", err)
+	}
+	uh, err := netlink.NewHandleAt(nsHandle(uplinkNS))
+	if err != nil {
+		return undo, err
+	}
+	defer uh.Close()
+	peer, err := uh.LinkByName(h.uplinkIface())
+	if err != nil {
+		return undo, err
+	}
+	if err := uh.AddrAdd(peer, &netlink.Addr{IPNet: ipnet(upAddr, 30)}); err != nil {
+		return undo, fmt.Errorf("egress: uplink address: %w", err)
+	}
+	if err := uh.LinkSetUp(peer); err != nil {
+		return undo, err
+	}
+	if !hostMode {
+		return undo, nil
+	}
+	was, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
+		return undo, err
+	}
+	h.forwardWas = strings.TrimSpace(string(was))
+	if h.forwardWas != "1" {
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
+			return undo, fmt.Errorf("egress: net.ipv4.ip_forward: %w", err)
+		}
+		prev := h.forwardWas
+		undo = append(undo, func() { _ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(prev), 0) })
+	}
+	if err := hostRules(uplinkNS, h.tableName(), h.uplinkIface(), rtAddr); err != nil {
+		return undo, err
+	}
+	undo = append(undo, func() { _ = deleteTable(uplinkNS, h.tableName()) })
+	return undo, nil
+}
+
+// hostAddrs are the daemon's own addresses, denied to sandboxes by
+// default.
+func hostAddrs() []netip.Prefix {
+	var out []netip.Prefix
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()))
+			}
+		}
+	}
+	return out
+}
+
 // applyRules writes the router's ruleset for the sandboxes there are.
 //
 // +checklocks:h.mu
 func (h *Host) applyRules() error {
-	_, rt := h.uplinkAddrs()
-	_ = rt
 	rs := ruleset{rng: h.cfg.Range, gateway: h.Gateway(), proxyPort: proxyPort, uplink: "up0", denied: h.denied}
 	for _, s := range h.sbs {
 		rs.sandboxes = append(rs.sandboxes, sbRules{addr: s.ep.Addr, policy: s.ep.Policy, bypass: s.ep.Bypass})

@@ -93,30 +93,9 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 	if host == "" {
 		host = s.dst.String()
 	}
-	name := hostName(host)
-	if _, err := netip.ParseAddr(name); err == nil || name == "" {
-		name = s.resolvedName()
-	}
-	kind := ledger.Read
-	switch req.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions:
-	default:
-		kind = ledger.Effect
-	}
-	if ok, why := s.allowName(name); !ok {
-		id := ledger.Identity{Proto: scheme, Method: req.Method, URL: scheme + "://" + host + req.URL.RequestURI(), Host: name, Addr: s.dst.String()}
-		rid := s.deny(kind, id, why)
-		s.writeLocal(bw, req, http.StatusForbidden, rid, "molt egress: "+why+"\n", nil, true)
+	name, kind, ok := s.gate(bw, req, scheme, host)
+	if !ok {
 		return false // the body is unread
-	}
-	if req.Method == http.MethodConnect {
-		// A tunnel through an upstream proxy would hide its requests
-		// from the ledger; the sandbox connects directly instead.
-		why := "CONNECT is not supported; connect to the destination directly"
-		id := ledger.Identity{Proto: scheme, Method: req.Method, URL: host, Host: name, Addr: s.dst.String()}
-		rid := s.deny(kind, id, why)
-		s.writeLocal(bw, req, http.StatusMethodNotAllowed, rid, "molt egress: "+why+"\n", nil, true)
-		return false
 	}
 	release, err := s.p.acquire(s.p.ctx, s.ep.ID)
 	if err != nil {
@@ -158,30 +137,8 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 	rec := s.newRecord(kind, "", id)
 
 	if kind == ledger.Effect && s.p.cfg.Ledger != nil {
-		m := s.p.cfg.Ledger.Match(s.ep.ID, id)
-		if streamed {
-			// Without its body's hash the request cannot be shown
-			// equivalent to anything: it is never refused as pending
-			// nor replayed, and it diverges when the line has orphans.
-			m.Orphan, m.Pending = nil, nil
-		}
-		switch {
-		case m.Pending != nil:
-			rec.State, rec.ReplayOf = ledger.Refused, m.Pending.ID
-			rec.Error = "equivalent to pending record " + m.Pending.ID
-			rid := s.begin(rec)
-			s.writeLocal(bw, req, http.StatusConflict, rid, fmt.Sprintf(
-				"molt egress: an equivalent earlier request (ledger record %s) was sent but its outcome is unknown; not sending it again\n", m.Pending.ID), nil, false)
-			return true
-		case m.Orphan != nil:
-			return s.replay(bw, req, rec, m.Orphan)
-		case m.Orphans > 0 && s.ep.Policy.Divergence == DivergeBlock:
-			rec.State = ledger.Blocked
-			rec.Error = "diverges from history after a rollback"
-			rid := s.begin(rec)
-			s.writeLocal(bw, req, http.StatusConflict, rid,
-				"molt egress: request diverges from history after a rollback; blocked by policy\n", nil, false)
-			return true
+		if done, keep := s.fromLedger(bw, req, rec, streamed); done {
+			return keep
 		}
 	}
 
@@ -225,6 +182,80 @@ func (s *session) serveRequest(c net.Conn, br *bufio.Reader, bw *bufio.Writer, r
 		return false
 	}
 
+	return s.relay(bw, req, resp, rid, bodyHash)
+}
+
+// gate applies the domain policy to a request and refuses CONNECT; it
+// returns the name the request is judged and recorded by, its kind, and
+// false once it answered the sandbox itself.
+func (s *session) gate(bw *bufio.Writer, req *http.Request, scheme, host string) (string, ledger.Kind, bool) {
+	name := hostName(host)
+	if _, err := netip.ParseAddr(name); err == nil || name == "" {
+		name = s.resolvedName()
+	}
+	kind := ledger.Read
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+	default:
+		kind = ledger.Effect
+	}
+	if ok, why := s.allowName(name); !ok {
+		id := ledger.Identity{Proto: scheme, Method: req.Method, URL: scheme + "://" + host + req.URL.RequestURI(), Host: name, Addr: s.dst.String()}
+		rid := s.deny(kind, id, why)
+		s.writeLocal(bw, req, http.StatusForbidden, rid, "molt egress: "+why+"\n", nil, true)
+		return name, kind, false
+	}
+	if req.Method == http.MethodConnect {
+		// A tunnel through an upstream proxy would hide its requests
+		// from the ledger; the sandbox connects directly instead.
+		why := "CONNECT is not supported; connect to the destination directly"
+		id := ledger.Identity{Proto: scheme, Method: req.Method, URL: host, Host: name, Addr: s.dst.String()}
+		rid := s.deny(kind, id, why)
+		s.writeLocal(bw, req, http.StatusMethodNotAllowed, rid, "molt egress: "+why+"\n", nil, true)
+		return name, kind, false
+	}
+	return name, kind, true
+}
+
+// fromLedger answers an effect from the ledger when it must not be sent:
+// equivalent to a pending record (409), to an orphan (replayed), or
+// divergent under a blocking policy (409). done says it answered; keep,
+// whether the connection can carry another request.
+func (s *session) fromLedger(bw *bufio.Writer, req *http.Request, rec ledger.Record, streamed bool) (done, keep bool) {
+	id := rec.Request
+	m := s.p.cfg.Ledger.Match(s.ep.ID, id)
+	if streamed {
+		// Without its body's hash the request cannot be shown
+		// equivalent to anything: it is never refused as pending
+		// nor replayed, and it diverges when the line has orphans.
+		m.Orphan, m.Pending = nil, nil
+	}
+	switch {
+	case m.Pending != nil:
+		rec.State, rec.ReplayOf = ledger.Refused, m.Pending.ID
+		rec.Error = "equivalent to pending record " + m.Pending.ID
+		rid := s.begin(rec)
+		s.writeLocal(bw, req, http.StatusConflict, rid, fmt.Sprintf(
+			"molt egress: an equivalent earlier request (ledger record %s) was sent but its outcome is unknown; not sending it again\n", m.Pending.ID), nil, false)
+		return true, true
+	case m.Orphan != nil:
+		return true, s.replay(bw, req, rec, m.Orphan)
+	case m.Orphans > 0 && s.ep.Policy.Divergence == DivergeBlock:
+		rec.State = ledger.Blocked
+		rec.Error = "diverges from history after a rollback"
+		rid := s.begin(rec)
+		s.writeLocal(bw, req, http.StatusConflict, rid,
+			"molt egress: request diverges from history after a rollback; blocked by policy\n", nil, false)
+		return true, true
+	}
+	return false, false
+}
+
+// relay writes the world's answer to the sandbox and completes record
+// rid with it; it reports whether the connection can carry another
+// request.
+func (s *session) relay(bw *bufio.Writer, req *http.Request, resp *http.Response, rid string, bodyHash hash.Hash) bool {
+	bodyCap := s.p.cfg.BodyCap
 	summary := &ledger.Response{Status: resp.StatusCode, Header: resp.Header.Clone()}
 	capt := &capture{cap: bodyCap, h: sha256.New()}
 	body2 := &errReader{r: io.TeeReader(resp.Body, capt)}
