@@ -170,58 +170,17 @@ func RunEgress(ctx context.Context, cfg EgressConfig) (res EgressResult, err err
 		return res, err
 	}
 	defer led.Close()
-	labRoots := x509.NewCertPool()
-	if !labRoots.AppendCertsFromPEM(lab.CAPEM) {
-		return res, errors.New("egress bench: the lab's CA does not parse")
-	}
-	h := egress.NewHost(egress.Config{ID: "bench", Uplink: lab.Path, DNS: []string{lab.DNSAddr().String()},
-		UpstreamRoots: labRoots, Ledger: led})
-	defer h.Close()
-	ca, err := egress.NewCA("molt bench egress")
+	_, sbs, eps, closeAll, err := egressSandboxes(lab, led)
 	if err != nil {
 		return res, err
 	}
-	sbRoots := x509.NewCertPool()
-	sbRoots.AddCert(ca.Certificate())
-	eps := []*egress.Endpoint{
-		{ID: "direct", Bypass: true},
-		{ID: "recorded"},
-		{ID: "inspected", Policy: egress.Policy{Inspect: true}, CA: ca},
-	}
-	sbs := map[string]*egressSandbox{}
-	used := map[netip.Addr]bool{}
-	for _, ep := range eps {
-		if ep.Addr, err = h.Alloc(used); err != nil {
-			return res, err
-		}
-		used[ep.Addr] = true
-		if err := h.Add(ep); err != nil {
-			return res, err
-		}
-		f, err := ns.NewNet()
-		if err != nil {
-			return res, err
-		}
-		defer f.Close()
-		if err := h.ActivateNS(ep.ID, f); err != nil {
-			return res, err
-		}
-		roots := labRoots
-		if ep.Policy.Inspect {
-			roots = sbRoots
-		}
-		sbs[ep.ID] = &egressSandbox{netns: f, lab: lab, roots: roots}
-	}
+	defer closeAll()
 
 	web := "http://" + netlab.WebName
 	webs := "https://" + netlab.WebName
 	hello := "/hello"
 	big := fmt.Sprintf("/bytes/%d", cfg.Bytes)
-	type pair struct {
-		proto, molt, base string
-		url               string
-	}
-	pairs := []pair{
+	pairs := []egressPair{
 		{"http", "recorded", "direct", web},
 		{"https", "recorded", "direct", webs},
 		{"https-inspect", "inspected", "direct", webs},
@@ -256,6 +215,33 @@ func RunEgress(ctx context.Context, cfg EgressConfig) (res EgressResult, err err
 		row.Met = row.MoltRate.Median >= egressMinRateRatio*row.DirectRate.Median
 		res.Rows = append(res.Rows, row)
 	}
+	rows, err := egressEffects(ctx, cfg, sbs, pairs)
+	if err != nil {
+		return res, err
+	}
+	res.Rows = append(res.Rows, rows...)
+	res.Records = map[string]int{}
+	for _, ep := range eps {
+		rs, err := led.List(ep.ID, "")
+		if err != nil {
+			return res, err
+		}
+		res.Records[ep.ID] = len(rs)
+	}
+	res.LoadEnd = loadAvg()
+	return res, nil
+}
+
+// egressPair is a workload's two methods: through molt (sandbox molt)
+// and direct (sandbox base).
+type egressPair struct {
+	proto, molt, base string
+	url               string
+}
+
+// egressEffects measures a POST, an effect, through molt and directly.
+func egressEffects(ctx context.Context, cfg EgressConfig, sbs map[string]*egressSandbox, pairs []egressPair) (rows []EgressRow, err error) {
+	progress := progressf(cfg.Progress)
 	// An effect: the ledger's record is on disk (fdatasync) before the
 	// request leaves, so a POST pays a sync a GET does not.
 	for _, p := range pairs {
@@ -274,21 +260,69 @@ func RunEgress(ctx context.Context, cfg EgressConfig) (res EgressResult, err err
 			return r, err
 		})
 		if err != nil {
-			return res, fmt.Errorf("%s POST: %w", p.proto, err)
+			return nil, fmt.Errorf("%s POST: %w", p.proto, err)
 		}
 		row.Workload, row.Proto = "POST /echo (effect, fdatasync'd record)", p.proto
-		res.Rows = append(res.Rows, row)
+		rows = append(rows, row)
 	}
-	res.Records = map[string]int{}
-	for _, ep := range eps {
-		rs, err := led.List(ep.ID, "")
-		if err != nil {
-			return res, err
+	return rows, nil
+}
+
+// egressSandboxes starts molt's egress towards lab, recording in led,
+// with three fake sandboxes: "direct" (bypassing the proxy, the
+// baseline), "recorded" and "inspected". closeAll undoes it all, also
+// after an error.
+func egressSandboxes(lab *netlab.Lab, led *ledger.Ledger) (h *egress.Host, sbs map[string]*egressSandbox, eps []*egress.Endpoint, closeAll func(), err error) {
+	var closers []func()
+	closeAll = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
 		}
-		res.Records[ep.ID] = len(rs)
 	}
-	res.LoadEnd = loadAvg()
-	return res, nil
+	labRoots := x509.NewCertPool()
+	if !labRoots.AppendCertsFromPEM(lab.CAPEM) {
+		return nil, nil, nil, closeAll, errors.New("egress bench: the lab's CA does not parse")
+	}
+	h = egress.NewHost(egress.Config{ID: "bench", Uplink: lab.Path, DNS: []string{lab.DNSAddr().String()},
+		UpstreamRoots: labRoots, Ledger: led})
+	closers = append(closers, func() { h.Close() })
+	ca, err := egress.NewCA("molt bench egress")
+	if err != nil {
+		return nil, nil, nil, closeAll, err
+	}
+	sbRoots := x509.NewCertPool()
+	sbRoots.AddCert(ca.Certificate())
+	eps = []*egress.Endpoint{
+		{ID: "direct", Bypass: true},
+		{ID: "recorded"},
+		{ID: "inspected", Policy: egress.Policy{Inspect: true}, CA: ca},
+	}
+	sbs = map[string]*egressSandbox{}
+	used := map[netip.Addr]bool{}
+	for _, ep := range eps {
+		if ep.Addr, err = h.Alloc(used); err != nil {
+			return nil, nil, nil, closeAll, err
+		}
+		used[ep.Addr] = true
+		if err := h.Add(ep); err != nil {
+			return nil, nil, nil, closeAll, err
+		}
+		f, err := ns.NewNet()
+		if err != nil {
+			return nil, nil, nil, closeAll, err
+		}
+		closers = append(closers, func() { f.Close() })
+		if err := h.ActivateNS(ep.ID, f); err != nil {
+			return nil, nil, nil, closeAll, err
+		}
+		roots := labRoots
+		if ep.Policy.Inspect {
+			roots = sbRoots
+		}
+		sbs[ep.ID] = &egressSandbox{netns: f, lab: lab, roots: roots}
+	}
+
+	return h, sbs, eps, closeAll, nil
 }
 
 // settle lets the previous method's garbage and sockets go before the
