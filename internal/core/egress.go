@@ -45,6 +45,9 @@ func (m *Manager) openEgress() error {
 		return fmt.Errorf("effect ledger: %w", err)
 	}
 	m.ledger = l
+	for sb, err := range l.Broken() {
+		m.log.Error("effect ledger damaged: the sandbox records nothing and its egress sends nothing until it is removed", "sandbox", sb, "err", err)
+	}
 	for _, r := range l.Repairs() {
 		m.log.Warn("effect ledger: cut a torn last record (a crash in the middle of an append)", "sandbox", r.Sandbox, "path", r.Path, "offset", r.Offset, "bytes", r.Bytes)
 	}

@@ -44,6 +44,7 @@ type Ledger struct {
 
 	mu     sync.Mutex
 	sbs    map[string]*sandbox // +checklocks:mu
+	broken map[string]error    // +checklocks:mu
 	closed bool                // +checklocks:mu
 
 	dirtyMu sync.Mutex
@@ -51,6 +52,19 @@ type Ledger struct {
 	kick    chan struct{}
 	done    chan struct{}
 	wg      sync.WaitGroup
+}
+
+// Broken returns the sandboxes whose ledger file Open refused (a bad
+// line before the last), with the reasons. Their files are left as they
+// are; every call about them fails until Remove deletes the file.
+func (l *Ledger) Broken() map[string]error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]error, len(l.broken))
+	for k, v := range l.broken {
+		out[k] = v
+	}
+	return out
 }
 
 // Repair is a torn last line that Open cut from a sandbox's file: a
@@ -118,7 +132,7 @@ func Open(dir string) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	l := &Ledger{dir: dir, sbs: map[string]*sandbox{}, dirty: map[*sandbox]struct{}{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	l := &Ledger{dir: dir, sbs: map[string]*sandbox{}, broken: map[string]error{}, dirty: map[*sandbox]struct{}{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
 	var errs []error
 	for _, e := range ents {
 		name := e.Name()
@@ -135,7 +149,10 @@ func Open(dir string) (*Ledger, error) {
 		}
 		s, rep, err := openSandbox(dir, sb)
 		if err != nil {
-			errs = append(errs, err)
+			// One damaged ledger does not take the others down: it is
+			// left as it is, and its sandbox records nothing (so its
+			// proxy sends nothing) until it is repaired or removed.
+			l.broken[sb] = err
 			continue
 		}
 		if rep != nil {
@@ -240,6 +257,9 @@ func (l *Ledger) get(sb string, create bool) (*sandbox, error) {
 	defer l.mu.Unlock()
 	if l.closed {
 		return nil, ErrClosed
+	}
+	if err := l.broken[sb]; err != nil {
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	s := l.sbs[sb]
 	if s == nil && create {

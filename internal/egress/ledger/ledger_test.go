@@ -516,15 +516,33 @@ func TestCorruptMiddleRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			l2, err := Open(dir)
-			if err == nil {
-				l2.Close()
-				t.Fatal("a ledger corrupt in the middle was opened")
+			if err != nil {
+				t.Fatalf("one damaged ledger kept the others from opening: %v", err)
 			}
-			if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("error %q: want the file %s and %q", err, path, c.want)
+			defer l2.Close()
+			err = l2.Broken()["sb"]
+			if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("broken: %v: want the file %s and %q", err, path, c.want)
+			}
+			// The damaged sandbox records nothing, the other goes on.
+			if _, err := l2.Begin("sb", Record{Kind: Effect, Request: post("/3", "3")}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+				t.Fatalf("begin on a damaged ledger: %v", err)
+			}
+			if _, err := l2.List("sb", ""); err == nil {
+				t.Fatal("a damaged ledger was listed")
+			}
+			if _, err := l2.Begin("ok", Record{Kind: Effect, Request: post("/3", "3")}); err != nil {
+				t.Fatalf("begin on a sound ledger beside a damaged one: %v", err)
 			}
 			if after, _ := os.ReadFile(path); !bytes.Equal(after, bytes.Join(lines, nil)) {
 				t.Fatal("the corrupt file was changed")
+			}
+			// Removing the sandbox removes its damaged file.
+			if err := l2.Remove("sb"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("damaged file after Remove: %v", err)
 			}
 		})
 	}

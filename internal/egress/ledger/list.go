@@ -87,6 +87,16 @@ func (l *Ledger) Remove(sb string) error {
 	if err := checkName(sb); err != nil {
 		return err
 	}
+	l.mu.Lock()
+	_, broken := l.broken[sb]
+	delete(l.broken, sb)
+	l.mu.Unlock()
+	if broken {
+		if err := os.Remove(l.path(sb)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("ledger %s: %w", sb, err)
+		}
+		return syncDir(l.dir)
+	}
 	s, err := l.get(sb, false)
 	if err != nil || s == nil {
 		return err
