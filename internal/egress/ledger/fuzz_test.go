@@ -58,15 +58,21 @@ func FuzzLedgerFile(f *testing.F) {
 		}
 		l, err := Open(dir)
 		if err != nil {
+			t.Fatalf("one sandbox's file failed the whole Open: %v", err)
+		}
+		defer l.Close()
+		if err := l.Broken()["sb"]; err != nil {
 			if !strings.Contains(err.Error(), path) {
 				t.Fatalf("error %q does not name the file", err)
 			}
 			if afterValid && !bytes.Contains(data, []byte("\n")) {
 				t.Fatalf("a valid prefix and a torn tail refused: %v", err)
 			}
+			if _, err := l.Begin("sb", Record{Kind: Read}); err == nil {
+				t.Fatal("a refused file was written to")
+			}
 			return
 		}
-		defer l.Close()
 		list, err := l.List("sb", "")
 		if err != nil {
 			t.Fatal(err)

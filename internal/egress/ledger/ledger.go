@@ -123,7 +123,8 @@ func tmpName(sb string) string { return "." + sb + suffix + ".tmp" }
 
 // Open opens the ledgers under dir, created (0700) if missing, and loads
 // every sandbox's file. A torn last line is cut away (Repairs lists
-// them); any other damage fails Open with the file and line.
+// them); any other damage leaves that file as it is and its sandbox
+// refusing every call (Broken lists them, with the file and line).
 func Open(dir string) (*Ledger, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
