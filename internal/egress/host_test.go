@@ -316,3 +316,75 @@ func TestHostBypass(t *testing.T) {
 		t.Errorf("recorded sandbox to a denied range: %v, want connection refused", err)
 	}
 }
+
+// TestHostReaddress: a namespace prepared for one sandbox (a standby)
+// that another adopts (a fork) keeps its veth and takes the adopter's
+// address and MAC, and the adopter's traffic flows through it.
+func TestHostReaddress(t *testing.T) {
+	_, upPath := world(t)
+	h := NewHost(Config{ID: "t2", Uplink: upPath})
+	defer h.Close()
+	parent := &Endpoint{ID: "parent", Addr: netip.MustParseAddr("10.201.0.2")}
+	fork := &Endpoint{ID: "fork", Addr: netip.MustParseAddr("10.201.0.3")}
+	for _, ep := range []*Endpoint{parent, fork} {
+		if err := h.Add(ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	standby, err := ns.NewNet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer standby.Close()
+	if err := h.Prepare("parent", standby); err != nil {
+		t.Fatal(err)
+	}
+	before := h.links("parent")
+	if err := h.ActivateNS("fork", standby); err != nil {
+		t.Fatal(err)
+	}
+	if after := h.links("fork"); len(before) != 1 || len(after) != 1 || after[0] != before[0] {
+		t.Errorf("veths before %v, after %v: want the same one, moved", before, after)
+	}
+	if l := h.links("parent"); len(l) != 0 {
+		t.Errorf("parent still has %v", l)
+	}
+	err = ns.Do(standby, unix.CLONE_NEWNET, func() error {
+		in, err := netlink.LinkByName(sandboxIface)
+		if err != nil {
+			return err
+		}
+		addrs, err := netlink.AddrList(in, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		if len(addrs) != 1 || !addrs[0].IP.Equal(fork.Addr.AsSlice()) {
+			t.Errorf("addresses %v, want only %v", addrs, fork.Addr)
+		}
+		if in.Attrs().HardwareAddr.String() != MAC(fork.Addr).String() {
+			t.Errorf("MAC %v, want %v", in.Attrs().HardwareAddr, MAC(fork.Addr))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := dialFrom(standby, "203.0.113.10:80"); err != nil {
+		t.Fatalf("the fork's traffic: %v", err)
+	} else {
+		c.Close()
+	}
+}
+
+// links names sandbox id's veths.
+func (h *Host) links(id string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	if s := h.sbs[id]; s != nil {
+		for _, l := range s.links {
+			out = append(out, l.name)
+		}
+	}
+	return out
+}
