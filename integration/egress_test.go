@@ -244,6 +244,20 @@ print(try_(lambda: socket.create_connection((%q, 80), timeout=10)))
 	if f := fetch(t, only, "GET", "http://"+netlab.FilesName+"/hello", ""); f.Status != 0 || !strings.Contains(f.Error, "URLError") {
 		t.Fatalf("name outside the allow list: %+v, want a resolution error", f)
 	}
+	// An allow list of one address: it, and nothing else.
+	one := newEgressSandbox(t, "--allow", netlab.WebIP+"/32")
+	out = py(t, one, fmt.Sprintf(`import socket
+def try_(a):
+    try:
+        socket.create_connection((a, 80), timeout=10).close()
+        return "ok"
+    except Exception as e:
+        return type(e).__name__
+print(try_(%q), try_(%q))
+`, netlab.WebIP, netlab.FilesIP))
+	if out != "ok ConnectionRefusedError" {
+		t.Fatalf("allowed address, other address: %s", out)
+	}
 }
 
 // payBody is a payment request; a different amount is a different effect.
@@ -327,6 +341,18 @@ func TestEgressDivergenceBlock(t *testing.T) {
 	}
 	if n := env.lab.PayCount() - before; n != 1 {
 		t.Fatalf("the payment service got %d payments, want 1", n)
+	}
+	// A fork of the checkpoint has the same history and the same policy:
+	// the recorded payment replays, a different one is refused.
+	fork := forkIDs(t, ck, 1)[0]
+	if f := fetch(t, fork, "POST", payURL, payBody(8)); f.Status != 409 {
+		t.Fatalf("a different payment in a fork: %+v, want 409 blocked", f)
+	}
+	if f := fetch(t, fork, "POST", payURL, payBody(7)); f.Status != 200 || f.Replayed == "" {
+		t.Fatalf("the recorded payment in a fork: %+v", f)
+	}
+	if n := env.lab.PayCount() - before; n != 1 {
+		t.Fatalf("after the fork, the payment service got %d payments, want 1", n)
 	}
 }
 
