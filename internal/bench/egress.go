@@ -325,6 +325,24 @@ func egressSandboxes(lab *netlab.Lab, led *ledger.Ledger) (h *egress.Host, sbs m
 	return h, sbs, eps, closeAll, nil
 }
 
+// alternate runs fn for a and b in each of rounds, a first in even
+// rounds and b first in odd ones, the system settled before each.
+func alternate(rounds int, a, b *http.Client, fn func(*http.Client) error) error {
+	for round := range rounds {
+		order := []*http.Client{a, b}
+		if round%2 == 1 {
+			order = []*http.Client{b, a}
+		}
+		for _, c := range order {
+			settle()
+			if err := fn(c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // settle lets the previous method's garbage and sockets go before the
 // next is measured.
 func settle() {
@@ -368,26 +386,23 @@ func egressLatency(ctx context.Context, cfg EgressConfig, moltSB, directSB *egre
 			}
 		}
 	}
-	for round := range cfg.Rounds {
-		order := []*http.Client{mc, dc}
-		if round%2 == 1 {
-			order = []*http.Client{dc, mc}
-		}
-		for _, c := range order {
-			settle()
-			for range per {
-				t := time.Now()
-				if _, err := doRequest(ctx, c, newReq); err != nil {
-					return EgressRow{}, err
-				}
-				d := time.Since(t)
-				if c == mc {
-					ms = append(ms, d)
-				} else {
-					ds = append(ds, d)
-				}
+	err := alternate(cfg.Rounds, mc, dc, func(c *http.Client) error {
+		for range per {
+			t := time.Now()
+			if _, err := doRequest(ctx, c, newReq); err != nil {
+				return err
+			}
+			d := time.Since(t)
+			if c == mc {
+				ms = append(ms, d)
+			} else {
+				ds = append(ds, d)
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return EgressRow{}, err
 	}
 	m, d := ms.Stats(), ds.Stats()
 	// µs resolution: the added latency is a fraction of a millisecond.
@@ -406,28 +421,25 @@ func egressThroughput(ctx context.Context, cfg EgressConfig, moltSB, directSB *e
 			return EgressRow{}, err
 		}
 	}
-	for round := range cfg.Rounds {
-		order := []*http.Client{mc, dc}
-		if round%2 == 1 {
-			order = []*http.Client{dc, mc}
+	err := alternate(cfg.Rounds, mc, dc, func(c *http.Client) error {
+		t := time.Now()
+		n, err := doRequest(ctx, c, get)
+		if err != nil {
+			return err
 		}
-		for _, c := range order {
-			settle()
-			t := time.Now()
-			n, err := doRequest(ctx, c, get)
-			if err != nil {
-				return EgressRow{}, err
-			}
-			if n != cfg.Bytes {
-				return EgressRow{}, fmt.Errorf("got %d bytes, want %d", n, cfg.Bytes)
-			}
-			rate := float64(n) / 1e6 / time.Since(t).Seconds()
-			if c == mc {
-				mr = append(mr, rate)
-			} else {
-				dr = append(dr, rate)
-			}
+		if n != cfg.Bytes {
+			return fmt.Errorf("got %d bytes, want %d", n, cfg.Bytes)
 		}
+		rate := float64(n) / 1e6 / time.Since(t).Seconds()
+		if c == mc {
+			mr = append(mr, rate)
+		} else {
+			dr = append(dr, rate)
+		}
+		return nil
+	})
+	if err != nil {
+		return EgressRow{}, err
 	}
 	m, d := RoundsOf(mr), RoundsOf(dr)
 	return EgressRow{MoltRate: &m, DirectRate: &d}, nil
