@@ -9,11 +9,14 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -499,4 +502,33 @@ func linkUp(link, addr string) error {
 		return err
 	}
 	return netlink.LinkSetUp(ln)
+}
+
+// TestLabPip installs the demo package with the system's pip, run
+// inside the lab against its simple index over HTTPS.
+func TestLabPip(t *testing.T) {
+	l := startLab(t)
+	py := testutil.Python(t)
+	if err := exec.Command(py, "-m", "pip", "--version").Run(); err != nil {
+		testutil.Unavailable(t, "no pip for the system python3: "+err.Error())
+	}
+	target := t.TempDir()
+	var out []byte
+	inLab(t, l, func() error {
+		// Started from this thread, pip is born in the lab's namespace.
+		// The index is named by address: the host's resolver knows no
+		// lab names.
+		cmd := exec.Command(py, "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check",
+			"--index-url", "https://"+FilesIP+"/simple/", "--cert", l.CAFile, "--target", target, "demo")
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + target, "PIP_CONFIG_FILE=/dev/null"}
+		var err error
+		if out, err = cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("pip: %w\n%s", err, out)
+		}
+		return nil
+	})
+	b, err := os.ReadFile(filepath.Join(target, "demo", "__init__.py"))
+	if err != nil || !strings.Contains(string(b), "hello from demo 1.0") {
+		t.Fatalf("demo not installed (%v):\n%s", err, out)
+	}
 }
