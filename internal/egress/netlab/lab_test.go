@@ -532,3 +532,36 @@ func TestLabPip(t *testing.T) {
 		t.Fatalf("demo not installed (%v):\n%s", err, out)
 	}
 }
+
+// TestLabRemovesStale: a default-named lab whose process died is
+// removed by the next Start; one of a live process is not.
+func TestLabRemovesStale(t *testing.T) {
+	testutil.RequireRoot(t)
+	dead := exec.Command("/bin/true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := Start(Options{Name: fmt.Sprintf("molt-lab-%d-0000", dead.Process.Pid)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Close()
+	live, err := Start(Options{Name: fmt.Sprintf("molt-lab-%d-0001", os.Getpid())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	l := startLab(t)
+	if !strings.HasPrefix(l.Name, fmt.Sprintf("molt-lab-%d-", os.Getpid())) {
+		t.Errorf("default name %s", l.Name)
+	}
+	if _, err := os.Stat(stale.Path); !os.IsNotExist(err) {
+		t.Errorf("stale lab %s: %v", stale.Path, err)
+	}
+	if _, err := os.Stat(live.Path); err != nil {
+		t.Errorf("live lab %s: %v", live.Path, err)
+	}
+	if err := stale.Close(); err != nil {
+		t.Errorf("Close of a lab removed under it: %v", err)
+	}
+}
