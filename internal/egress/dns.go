@@ -197,6 +197,11 @@ func (d *DNS) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		d.finish(x, dns.RcodeRefused, ledger.Denied, fmt.Sprintf("DNS class %s is not served", dns.ClassToString[q.Qclass]))
 		return
 	}
+	switch q.Qtype {
+	case dns.TypeAXFR, dns.TypeIXFR, dns.TypeMAILA, dns.TypeMAILB:
+		d.finish(x, dns.RcodeNotImplemented, ledger.Denied, "DNS query type "+qt+" is not served")
+		return
+	}
 	if allowed, why := ep.Policy.AllowDomain(name); !allowed {
 		d.finish(x, dns.RcodeNameError, ledger.Denied, why)
 		return

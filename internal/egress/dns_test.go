@@ -372,6 +372,14 @@ func TestDNSHostileQueries(t *testing.T) {
 	if r := ask(chaos); r.Rcode != dns.RcodeRefused {
 		t.Errorf("class CHAOS: %s", dns.RcodeToString[r.Rcode])
 	}
+	for _, qt := range []uint16{dns.TypeAXFR, dns.TypeIXFR} {
+		if r := h.ask(t, "tcp", "example.com", qt); r.Rcode != dns.RcodeNotImplemented {
+			t.Errorf("%s: %s", dns.TypeToString[qt], dns.RcodeToString[r.Rcode])
+		}
+		if rec := h.last(t); rec.State != ledger.Denied || rec.Request.Method != dns.TypeToString[qt] {
+			t.Errorf("%s record %+v", dns.TypeToString[qt], rec)
+		}
+	}
 	if n := up.queries.Load(); n != 0 {
 		t.Errorf("upstream asked %d times", n)
 	}

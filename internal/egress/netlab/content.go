@@ -2,10 +2,13 @@ package netlab
 
 import (
 	"archive/tar"
+	"archive/zip"
 	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -73,6 +76,42 @@ func DemoPackage() []byte { return bytes.Clone(demo()) }
 func DemoSHA256() string {
 	h := sha256.Sum256(demo())
 	return hex.EncodeToString(h[:])
+}
+
+// DemoWheel is the wheel of the same package, installable by pip from
+// the lab's simple index at /simple/ (`pip install --index-url
+// https://files.lab.test/simple/ demo`).
+const DemoWheel = "demo-1.0-py3-none-any.whl"
+
+var wheel = sync.OnceValue(func() []byte {
+	files := []struct{ name, body string }{
+		{"demo/__init__.py", "def hello():\n    return \"hello from demo 1.0\"\n"},
+		{"demo-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\nSummary: a package from molt's test lab\n"},
+		{"demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: molt-netlab\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
+	}
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	var record bytes.Buffer
+	for _, f := range files {
+		w, _ := zw.CreateHeader(&zip.FileHeader{Name: f.name, Method: zip.Deflate, Modified: time.Date(1980, 1, 1, 0, 0, 0, 0, time.UTC)})
+		io.WriteString(w, f.body)
+		h := sha256.Sum256([]byte(f.body))
+		fmt.Fprintf(&record, "%s,sha256=%s,%d\n", f.name, base64.RawURLEncoding.EncodeToString(h[:]), len(f.body))
+	}
+	record.WriteString("demo-1.0.dist-info/RECORD,,\n")
+	w, _ := zw.CreateHeader(&zip.FileHeader{Name: "demo-1.0.dist-info/RECORD", Method: zip.Deflate, Modified: time.Date(1980, 1, 1, 0, 0, 0, 0, time.UTC)})
+	w.Write(record.Bytes())
+	zw.Close()
+	return buf.Bytes()
+})
+
+// simpleIndex is the PEP 503 page of package demo: the wheel, with
+// its hash in the link as pip checks it. (The tarball is no sdist pip
+// could build: it has no setup.py.)
+func simpleIndex() string {
+	wh := sha256.Sum256(wheel())
+	return fmt.Sprintf("<!DOCTYPE html>\n<html><body>\n<a href=\"/pkg/%s#sha256=%s\">%[1]s</a>\n</body></html>\n",
+		DemoWheel, hex.EncodeToString(wh[:]))
 }
 
 // connSet tracks open connections so Close can close them.

@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,9 +62,36 @@ const (
 // RunDir is where network namespaces are mounted by name.
 const RunDir = "/run/netns"
 
+const defaultPrefix = "molt-lab-"
+
+// removeStale unmounts and removes the default-named labs of processes
+// that no longer exist (a test killed before its Close). Labs of live
+// processes, other test binaries running at the same time included,
+// are left alone.
+func removeStale() {
+	ents, err := os.ReadDir(RunDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), defaultPrefix)
+		pid, _, ok2 := strings.Cut(rest, "-")
+		n, err := strconv.Atoi(pid)
+		if !ok || !ok2 || err != nil || n <= 0 {
+			continue
+		}
+		if err := unix.Kill(n, 0); !errors.Is(err, unix.ESRCH) {
+			continue
+		}
+		(&Lab{Path: filepath.Join(RunDir, e.Name())}).unmount()
+	}
+}
+
 // Options configure Start.
 type Options struct {
-	// Name of the namespace under RunDir; "molt-lab-<random>" when "".
+	// Name of the namespace under RunDir; "molt-lab-<pid>-<random>"
+	// when "" (such labs left by a process that died without Close are
+	// removed by the next Start).
 	Name string
 	// Dir holds the CA file; a new temporary directory (removed by
 	// Close) when "".
@@ -104,9 +132,10 @@ type Lab struct {
 func Start(opts Options) (_ *Lab, err error) {
 	name := opts.Name
 	if name == "" {
+		removeStale()
 		var b [4]byte
 		rand.Read(b[:])
-		name = "molt-lab-" + hex.EncodeToString(b[:])
+		name = fmt.Sprintf("%s%d-%s", defaultPrefix, os.Getpid(), hex.EncodeToString(b[:]))
 	}
 	if len(name) > 64 || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
 		return nil, fmt.Errorf("lab name %q: want a file name of at most 64 bytes", name)

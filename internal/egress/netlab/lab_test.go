@@ -9,11 +9,14 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -499,4 +502,66 @@ func linkUp(link, addr string) error {
 		return err
 	}
 	return netlink.LinkSetUp(ln)
+}
+
+// TestLabPip installs the demo package with the system's pip, run
+// inside the lab against its simple index over HTTPS.
+func TestLabPip(t *testing.T) {
+	l := startLab(t)
+	py := testutil.Python(t)
+	if err := exec.Command(py, "-m", "pip", "--version").Run(); err != nil {
+		testutil.Unavailable(t, "no pip for the system python3: "+err.Error())
+	}
+	target := t.TempDir()
+	var out []byte
+	inLab(t, l, func() error {
+		// Started from this thread, pip is born in the lab's namespace.
+		// The index is named by address: the host's resolver knows no
+		// lab names.
+		cmd := exec.Command(py, "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check",
+			"--index-url", "https://"+FilesIP+"/simple/", "--cert", l.CAFile, "--target", target, "demo")
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + target, "PIP_CONFIG_FILE=/dev/null"}
+		var err error
+		if out, err = cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("pip: %w\n%s", err, out)
+		}
+		return nil
+	})
+	b, err := os.ReadFile(filepath.Join(target, "demo", "__init__.py"))
+	if err != nil || !strings.Contains(string(b), "hello from demo 1.0") {
+		t.Fatalf("demo not installed (%v):\n%s", err, out)
+	}
+}
+
+// TestLabRemovesStale: a default-named lab whose process died is
+// removed by the next Start; one of a live process is not.
+func TestLabRemovesStale(t *testing.T) {
+	testutil.RequireRoot(t)
+	dead := exec.Command("/bin/true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := Start(Options{Name: fmt.Sprintf("molt-lab-%d-0000", dead.Process.Pid)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Close()
+	live, err := Start(Options{Name: fmt.Sprintf("molt-lab-%d-0001", os.Getpid())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	l := startLab(t)
+	if !strings.HasPrefix(l.Name, fmt.Sprintf("molt-lab-%d-", os.Getpid())) {
+		t.Errorf("default name %s", l.Name)
+	}
+	if _, err := os.Stat(stale.Path); !os.IsNotExist(err) {
+		t.Errorf("stale lab %s: %v", stale.Path, err)
+	}
+	if _, err := os.Stat(live.Path); err != nil {
+		t.Errorf("live lab %s: %v", live.Path, err)
+	}
+	if err := stale.Close(); err != nil {
+		t.Errorf("Close of a lab removed under it: %v", err)
+	}
 }

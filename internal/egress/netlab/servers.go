@@ -99,6 +99,18 @@ func (l *Lab) webMux() *http.ServeMux {
 	mux.HandleFunc("GET /pkg/"+DemoFile+".sha256", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, DemoSHA256()+"  "+DemoFile+"\n")
 	})
+	mux.HandleFunc("GET /pkg/"+DemoWheel, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/zip")
+		w.Write(wheel())
+	})
+	mux.HandleFunc("GET /simple/{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		io.WriteString(w, "<!DOCTYPE html>\n<html><body><a href=\"/simple/demo/\">demo</a></body></html>\n")
+	})
+	mux.HandleFunc("GET /simple/demo/{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		io.WriteString(w, simpleIndex())
+	})
 	return mux
 }
 
