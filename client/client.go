@@ -310,6 +310,12 @@ func (c *Client) DeclareEffect(ctx context.Context, ref string, req v1.EffectDec
 	return e, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/effects", req, &e)
 }
 
+// ConsumeEffect marks effect id consumed (someone acted on it).
+func (c *Client) ConsumeEffect(ctx context.Context, id string, req v1.EffectConsumeRequest) (v1.Effect, error) {
+	var e v1.Effect
+	return e, c.do(ctx, "POST", "/v1/effects/"+esc(id)+"/consumers", req, &e)
+}
+
 // Checkpoints lists a sandbox's checkpoints.
 func (c *Client) Checkpoints(ctx context.Context, ref string) ([]v1.Checkpoint, error) {
 	var l []v1.Checkpoint

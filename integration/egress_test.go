@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -736,5 +737,73 @@ func TestEgressNothingLeftBehind(t *testing.T) {
 	waitFor(t, "the uplink veth gone with the stopped daemon", 10*time.Second, func() bool { return uplinkLinks(t) == 0 })
 	if err := startDaemon(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAdmissibleRollback: a rollback that would orphan an effect someone
+// consumed, with nothing to compensate it, is refused (conflict) and
+// listed, unless forced; --dry-run reports the plan and changes nothing.
+func TestAdmissibleRollback(t *testing.T) {
+	sb := newSandbox(t)
+	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--wait"))
+	c := client.New(env.socket)
+	ctx := context.Background()
+	charge, err := c.DeclareEffect(ctx, sb, v1.EffectDeclareRequest{Method: "POST", URL: "https://billing.example/charge", Status: 200, ResponseBody: []byte("ok")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mail, err := c.DeclareEffect(ctx, sb, v1.EffectDeclareRequest{Method: "POST", URL: "https://mail.example/send", Status: 202,
+		Compensator: &v1.Compensator{Method: "POST", URL: "https://mail.example/recall"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing consumed yet: a dry run shows both orphaned, nothing blocks.
+	var res v1.RollbackResult
+	mustJSON(t, &res, "rollback", sb, ck, "--dry-run")
+	if p := res.Plan; p == nil || !p.DryRun || len(p.Orphan) != 2 || len(p.Block) != 0 || len(p.Compensate) != 1 || p.Compensate[0] != mail.ID || len(p.Replay) != 2 {
+		t.Fatalf("plan before any consumer: %+v", res.Plan)
+	}
+	must(t, "consume", charge.ID, "--by", "billing-agent", "--note", "invoiced")
+	must(t, "consume", mail.ID, "--by", "crm")
+	mustJSON(t, &res, "rollback", sb, ck, "--dry-run")
+	if p := res.Plan; p == nil || len(p.Block) != 1 || p.Block[0].ID != charge.ID || len(p.Block[0].Consumers) != 1 || p.Block[0].Consumers[0] != "billing-agent" {
+		t.Fatalf("plan with consumers: %+v", res.Plan)
+	}
+	human := must(t, "rollback", sb, ck, "--dry-run")
+	if !strings.Contains(human, "dry run") || !strings.Contains(human, charge.ID+" POST https://billing.example/charge consumed by billing-agent") {
+		t.Fatalf("dry run output:\n%s", human)
+	}
+	// The dry runs changed nothing; the rollback itself is refused.
+	for _, e := range effects(t, sb) {
+		if e.Orphan {
+			t.Fatalf("a dry run orphaned %s", e.ID)
+		}
+	}
+	r := molt(t, "rollback", sb, ck)
+	if r.code == 0 || !strings.Contains(r.stderr, charge.ID) || !strings.Contains(r.stderr, "billing-agent") || !strings.Contains(r.stderr, "--force") {
+		t.Fatalf("rollback past a consumed effect: exit %d, %s", r.code, r.stderr)
+	}
+	if _, err := c.RollbackWith(ctx, sb, v1.RollbackRequest{Checkpoint: ck}); !errors.Is(err, v1.ErrConflict) {
+		t.Fatalf("API: %v, want a conflict", err)
+	}
+	mustJSON(t, &res, "rollback", sb, ck, "--force")
+	if res.Plan == nil || len(res.Plan.Block) != 1 {
+		t.Fatalf("forced rollback's plan: %+v", res.Plan)
+	}
+	orphans := 0
+	for _, e := range effects(t, sb) {
+		if e.Orphan {
+			orphans++
+		}
+	}
+	if orphans != 2 {
+		t.Fatalf("%d orphans after the forced rollback, want 2", orphans)
+	}
+	// Unknown effects and nameless consumers are refused.
+	if r := molt(t, "consume", "ffffffffffffffff", "--by", "x"); r.code == 0 {
+		t.Fatal("consuming an unknown effect worked")
+	}
+	if r := molt(t, "consume", charge.ID); r.code == 0 {
+		t.Fatal("a consumer without a name was accepted")
 	}
 }

@@ -16,6 +16,9 @@ const (
 	ErrKindResourceExhausted = "resource_exhausted"
 	// ErrKindMethodNotAllowed: the path exists for other methods only.
 	ErrKindMethodNotAllowed = "method_not_allowed"
+	// ErrKindConflict: the request would break what others rely on (a
+	// rollback past an effect someone consumed); the message says what.
+	ErrKindConflict = "conflict"
 	// ErrKindInternal: none of the above; no sentinel.
 	ErrKindInternal = "internal"
 )
@@ -31,6 +34,7 @@ var (
 	ErrUnavailable        = errors.New("unavailable")
 	ErrNotSupported       = errors.New("not supported")
 	ErrResourceExhausted  = errors.New("resource exhausted")
+	ErrConflict           = errors.New("conflict")
 )
 
 // KindSentinel returns the sentinel of an error kind, nil for internal
@@ -52,6 +56,8 @@ func KindSentinel(kind string) error {
 		return ErrNotSupported
 	case ErrKindResourceExhausted:
 		return ErrResourceExhausted
+	case ErrKindConflict:
+		return ErrConflict
 	}
 	return nil
 }

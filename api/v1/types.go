@@ -312,8 +312,17 @@ type Effect struct {
 	Orphan      bool         `json:"orphan,omitempty"`
 	Declared    bool         `json:"declared,omitempty"`
 	Compensator *Compensator `json:"compensator,omitempty"`
-	Started     time.Time    `json:"started"`
-	Finished    time.Time    `json:"finished,omitzero"`
+	// Consumers acted on the effect (see EffectConsumeRequest).
+	Consumers []Consumer `json:"consumers,omitempty"`
+	Started   time.Time  `json:"started"`
+	Finished  time.Time  `json:"finished,omitzero"`
+}
+
+// Consumer is someone who acted on an effect.
+type Consumer struct {
+	By   string    `json:"by"`
+	Note string    `json:"note,omitempty"`
+	At   time.Time `json:"at"`
 }
 
 // Compensator is an HTTP request that undoes a declared effect.
@@ -471,6 +480,10 @@ type RollbackRequest struct {
 	// standby is ready), "warm" restores from the images even when a
 	// standby is ready, "cold" also rehashes every stored object first.
 	Tier string `json:"tier,omitempty"`
+	// Force rolls back even past effects others consumed (see
+	// RollbackPlan.Block); DryRun only reports the plan.
+	Force  bool `json:"force,omitempty"`
+	DryRun bool `json:"dry_run,omitempty"`
 }
 
 // RollbackResult reports how the rollback was done.
@@ -483,6 +496,39 @@ type RollbackResult struct {
 	// sandbox's processes were stopped and its init started afresh.
 	ProcessesRestarted bool   `json:"processes_restarted"`
 	Note               string `json:"note,omitempty"`
+	// Plan is what the rollback does to the effect ledger (all of the
+	// result with dry_run).
+	Plan *RollbackPlan `json:"plan,omitempty"`
+}
+
+// RollbackPlan is what a rollback does to the sandbox's effects.
+type RollbackPlan struct {
+	DryRun bool `json:"dry_run,omitempty"`
+	// Orphan: committed effects the rollback leaves out of the sandbox's
+	// state (the world keeps them).
+	Orphan []string `json:"orphan,omitempty"`
+	// Replay: of those, the ones an equivalent request will be answered
+	// from, not sent again.
+	Replay []string `json:"replay,omitempty"`
+	// Compensate: of those, the ones with a compensator.
+	Compensate []string `json:"compensate,omitempty"`
+	// Block: of those, the ones others consumed and nothing compensates:
+	// the rollback is refused (conflict) unless forced.
+	Block []BlockedEffect `json:"block,omitempty"`
+}
+
+// BlockedEffect is an effect that blocks a rollback, and who consumed it.
+type BlockedEffect struct {
+	ID        string   `json:"id"`
+	Method    string   `json:"method,omitempty"`
+	URL       string   `json:"url,omitempty"`
+	Consumers []string `json:"consumers"`
+}
+
+// EffectConsumeRequest marks an effect consumed: By acted on it.
+type EffectConsumeRequest struct {
+	By   string `json:"by"`
+	Note string `json:"note,omitempty"`
 }
 
 // ForkRequest creates N sandboxes from a checkpoint. When forking a

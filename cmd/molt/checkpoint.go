@@ -183,24 +183,30 @@ func printTree(w io.Writer, l []v1.Checkpoint, head string) {
 
 func rollbackCmd(g *globals) *cobra.Command {
 	var tier string
+	var force, dry bool
 	c := &cobra.Command{
 		Use: "rollback SANDBOX CHECKPOINT", Short: "Return a sandbox to a checkpoint", Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
-			res, err := g.client().RollbackWith(ctx, args[0], v1.RollbackRequest{Checkpoint: args[1], Tier: tier})
+			res, err := g.client().RollbackWith(ctx, args[0], v1.RollbackRequest{Checkpoint: args[1], Tier: tier, Force: force, DryRun: dry})
 			if err != nil {
 				return err
 			}
 			return g.print(res, func() {
-				fmt.Printf("%s rolled back to %s in %.1f ms (%s)\n", res.Sandbox, res.Checkpoint, res.DurationMS, res.Tier)
+				if !dry {
+					fmt.Printf("%s rolled back to %s in %.1f ms (%s)\n", res.Sandbox, res.Checkpoint, res.DurationMS, res.Tier)
+				}
 				if res.Note != "" {
 					fmt.Println(res.Note)
 				}
+				printPlan(res.Plan)
 			})
 		},
 	}
 	c.Flags().StringVar(&tier, "tier", "", "hot, warm (restore from the images even with a standby ready) or cold (also rehash every object first); default the fastest available")
+	c.Flags().BoolVar(&force, "force", false, "roll back even past effects others consumed that nothing compensates (otherwise refused: conflict)")
+	c.Flags().BoolVar(&dry, "dry-run", false, "only print what the rollback would orphan, replay, compensate or block")
 	return c
 }
 

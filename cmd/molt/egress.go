@@ -120,3 +120,41 @@ func effectsCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&since, "since", "", "only what was recorded after this checkpoint (ID or label)")
 	return c
 }
+
+// printPlan prints what a rollback does (or would do) to the effects.
+func printPlan(p *v1.RollbackPlan) {
+	if p == nil {
+		return
+	}
+	if p.DryRun {
+		fmt.Println("dry run: nothing was done")
+	}
+	fmt.Printf("orphaned effects (the world keeps them): %d %s\n", len(p.Orphan), strings.Join(p.Orphan, " "))
+	fmt.Printf("  answered from the ledger if asked again: %d %s\n", len(p.Replay), strings.Join(p.Replay, " "))
+	fmt.Printf("  with a compensator: %d %s\n", len(p.Compensate), strings.Join(p.Compensate, " "))
+	fmt.Printf("  consumed by others, nothing compensates (blocks the rollback unless --force): %d\n", len(p.Block))
+	for _, b := range p.Block {
+		fmt.Printf("    %s %s %s consumed by %s\n", b.ID, b.Method, b.URL, strings.Join(b.Consumers, ", "))
+	}
+}
+
+func consumeCmd(g *globals) *cobra.Command {
+	var req v1.EffectConsumeRequest
+	c := &cobra.Command{
+		Use:   "consume EFFECT --by WHO",
+		Short: "Mark an effect consumed: someone acted on it, so a rollback past it is refused unless forced or compensated",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			e, err := g.client().ConsumeEffect(ctx, args[0], req)
+			if err != nil {
+				return err
+			}
+			return g.print(e, func() { fmt.Printf("%s consumed by %d\n", e.ID, len(e.Consumers)) })
+		},
+	}
+	c.Flags().StringVar(&req.By, "by", "", "who acted on it: a sandbox, an agent, a system")
+	c.Flags().StringVar(&req.Note, "note", "", "what they did")
+	return c
+}

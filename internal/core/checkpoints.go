@@ -564,6 +564,18 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	if ck.Sandbox != rec.ID && ck.ID != rec.ForkedFrom {
 		return meta.RollbackResult{}, fmt.Errorf("rollback %s: checkpoint %s belongs to sandbox %s (fork it instead): %w", rec.ID, ck.ID, ck.Sandbox, errdefs.ErrInvalidArgument)
 	}
+	// What the rollback does to the effects the world has: refused when
+	// it would orphan one someone consumed that nothing compensates.
+	plan, err := m.rollbackPlan(rec, ck, req.DryRun)
+	if err != nil {
+		return meta.RollbackResult{}, err
+	}
+	if req.DryRun {
+		return meta.RollbackResult{Sandbox: rec.ID, Checkpoint: ck.ID, Plan: plan}, nil
+	}
+	if err := blocked(rec.ID, ck.ID, plan); err != nil && !req.Force {
+		return meta.RollbackResult{}, err
+	}
 	m.enforceLimits(&rec, "restore")
 	if err := m.room("rollback "+rec.ID, 0); err != nil {
 		return meta.RollbackResult{}, err
@@ -574,6 +586,9 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 		return meta.RollbackResult{}, err
 	}
 	m.ledgerRewind(rec.ID, ck)
+	if plan != nil && len(plan.Orphan) > 0 {
+		res.Plan = plan
+	}
 	res.DurationMS = ms(time.Since(start))
 	if res.Tier != v1.TierRestart {
 		m.scheduleStandby(rec.ID)

@@ -404,6 +404,61 @@ func (m *Manager) egressCounts(id string, n int) *meta.EgressCounts {
 	return &c
 }
 
+// rollbackPlan is what rolling rec back to ck does to its effects (nil
+// when it orphans none and dryRun is off).
+func (m *Manager) rollbackPlan(rec sandboxRec, ck checkpointRec, dryRun bool) (*meta.RollbackPlan, error) {
+	orphans, err := m.ledger.WouldOrphan(rec.ID, ck.LedgerHead)
+	if err != nil {
+		return nil, fmt.Errorf("rollback %s to %s: %w", rec.ID, ck.ID, err)
+	}
+	if len(orphans) == 0 && !dryRun {
+		return nil, nil
+	}
+	p := &meta.RollbackPlan{DryRun: dryRun}
+	for _, r := range orphans {
+		p.Orphan = append(p.Orphan, r.ID)
+		if r.State == ledger.Completed && r.Kind == ledger.Effect && r.Response != nil {
+			p.Replay = append(p.Replay, r.ID)
+		}
+		if r.Compensator != nil {
+			p.Compensate = append(p.Compensate, r.ID)
+		} else if len(r.Consumers) > 0 {
+			b := meta.BlockedEffect{ID: r.ID, Method: r.Request.Method, URL: r.Request.URL, Consumers: []string{}}
+			for _, c := range r.Consumers {
+				b.Consumers = append(b.Consumers, c.By)
+			}
+			p.Block = append(p.Block, b)
+		}
+	}
+	return p, nil
+}
+
+// blocked is the conflict error of a plan with blocking effects.
+func blocked(sb, ck string, p *meta.RollbackPlan) error {
+	if p == nil || len(p.Block) == 0 {
+		return nil
+	}
+	var l []string
+	for _, b := range p.Block {
+		what := strings.TrimSpace(b.Method + " " + b.URL)
+		if what == "" {
+			what = "effect"
+		}
+		l = append(l, fmt.Sprintf("%s (%s) consumed by %s", b.ID, what, strings.Join(b.Consumers, ", ")))
+	}
+	return fmt.Errorf("rollback %s to %s would orphan %d effect(s) others consumed and nothing compensates: %s (--force to roll back anyway): %w",
+		sb, ck, len(p.Block), strings.Join(l, "; "), errdefs.ErrConflict)
+}
+
+// ConsumeEffect records that req.By acted on effect id.
+func (m *Manager) ConsumeEffect(ctx context.Context, id string, req v1.EffectConsumeRequest) (ledger.Record, error) {
+	sb, ok := m.ledger.Find(id)
+	if !ok {
+		return ledger.Record{}, fmt.Errorf("effect %s: %w", id, errdefs.ErrNotFound)
+	}
+	return m.ledger.Consume(sb, id, ledger.Consumer{By: req.By, Note: req.Note})
+}
+
 // ledgerFork gives the fork rec a ledger branched from its checkpoint's
 // sandbox's at the checkpoint; the returned undo removes it.
 func (m *Manager) ledgerFork(rec sandboxRec) (func() error, error) {

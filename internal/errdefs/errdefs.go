@@ -29,6 +29,9 @@ var (
 	ErrFailedPrecondition = v1.ErrFailedPrecondition
 	// ErrUnavailable: a transient condition; retrying may succeed.
 	ErrUnavailable = v1.ErrUnavailable
+	// ErrConflict: the request would break what others rely on (a
+	// rollback past a consumed effect); the message lists what.
+	ErrConflict = v1.ErrConflict
 	// ErrNotSupported: this host or build cannot do it; the message says why.
 	ErrNotSupported = v1.ErrNotSupported
 	// ErrResourceExhausted: the host lacks a resource the work needs (disk
@@ -41,7 +44,7 @@ var (
 // lack of space is the cause that matters most to the caller, so it wins
 // over any other kind the same error wraps.
 func Kind(err error) error {
-	for _, k := range []error{ErrResourceExhausted, ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrFailedPrecondition, ErrUnavailable, ErrNotSupported} {
+	for _, k := range []error{ErrResourceExhausted, ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrFailedPrecondition, ErrUnavailable, ErrNotSupported, ErrConflict} {
 		if errors.Is(err, k) {
 			return k
 		}

@@ -89,6 +89,7 @@ func toEffect(r ledger.Record, orphan bool) v1.Effect {
 	if c := r.Compensator; c != nil {
 		e.Compensator = &v1.Compensator{Method: c.Method, URL: c.URL, Header: c.Header, Body: c.Body}
 	}
+	e.Consumers = mapSlice(r.Consumers, func(c ledger.Consumer) v1.Consumer { return v1.Consumer(c) })
 	return e
 }
 
@@ -151,7 +152,15 @@ func toHost(h meta.Host) v1.Host {
 
 func toSessionRunResult(r meta.SessionRunResult) v1.SessionRunResult { return v1.SessionRunResult(r) }
 
-func toRollbackResult(r meta.RollbackResult) v1.RollbackResult { return v1.RollbackResult(r) }
+func toRollbackResult(r meta.RollbackResult) v1.RollbackResult {
+	out := v1.RollbackResult{Sandbox: r.Sandbox, Checkpoint: r.Checkpoint, Tier: r.Tier, DurationMS: r.DurationMS,
+		ProcessesRestarted: r.ProcessesRestarted, Note: r.Note}
+	if p := r.Plan; p != nil {
+		out.Plan = &v1.RollbackPlan{DryRun: p.DryRun, Orphan: p.Orphan, Replay: p.Replay, Compensate: p.Compensate,
+			Block: mapSlice(p.Block, func(b meta.BlockedEffect) v1.BlockedEffect { return v1.BlockedEffect(b) })}
+	}
+	return out
+}
 
 func toForkResult(r meta.ForkResult) v1.ForkResult {
 	return v1.ForkResult{

@@ -61,6 +61,7 @@ type Engine interface {
 	// when set) and which records are orphans.
 	Effects(ctx context.Context, ref, since string) ([]ledger.Record, map[string]bool, error)
 	DeclareEffect(ctx context.Context, ref string, req v1.EffectDeclareRequest) (ledger.Record, error)
+	ConsumeEffect(ctx context.Context, id string, req v1.EffectConsumeRequest) (ledger.Record, error)
 }
 
 // LLMEndpoints serves sandboxes' LLM endpoints (coord.Coordinator in

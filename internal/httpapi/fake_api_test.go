@@ -76,6 +76,7 @@ func TestErrorKindStatus(t *testing.T) {
 	}{
 		{errdefs.ErrNotFound, 404, "not_found"},
 		{errdefs.ErrAlreadyExists, 409, "already_exists"},
+		{errdefs.ErrConflict, 409, "conflict"},
 		{errdefs.ErrInvalidArgument, 400, "invalid_argument"},
 		{errdefs.ErrFailedPrecondition, 412, "failed_precondition"},
 		{errdefs.ErrUnavailable, 503, "unavailable"},

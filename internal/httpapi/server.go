@@ -48,6 +48,7 @@ func Handler(m Engine, co LLMEndpoints, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/effects", s.effects)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/effects", s.declareEffect)
+	mux.HandleFunc("POST /v1/effects/{id}/consumers", s.consumeEffect)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.hibernate)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("GET /v1/checkpoints/{id}", s.checkpointInfo)
@@ -125,6 +126,8 @@ func Status(err error) (int, string) {
 		return http.StatusNotImplemented, v1.ErrKindNotSupported
 	case errdefs.ErrResourceExhausted:
 		return http.StatusInsufficientStorage, v1.ErrKindResourceExhausted
+	case errdefs.ErrConflict:
+		return http.StatusConflict, v1.ErrKindConflict
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return http.StatusServiceUnavailable, v1.ErrKindUnavailable
@@ -484,6 +487,16 @@ func (s *server) declareEffect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec, err := s.m.DeclareEffect(r.Context(), r.PathValue("id"), req)
+	reply(w, toEffect(rec, false), err)
+}
+
+func (s *server) consumeEffect(w http.ResponseWriter, r *http.Request) {
+	var req v1.EffectConsumeRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	rec, err := s.m.ConsumeEffect(r.Context(), r.PathValue("id"), req)
 	reply(w, toEffect(rec, false), err)
 }
 

@@ -62,6 +62,25 @@ type RollbackResult struct {
 	// sandbox's processes were stopped and its init started afresh.
 	ProcessesRestarted bool   `json:"processes_restarted"`
 	Note               string `json:"note,omitempty"`
+	// Plan is what the rollback does to the effect ledger.
+	Plan *RollbackPlan `json:"plan,omitempty"`
+}
+
+// RollbackPlan: see api/v1.RollbackPlan.
+type RollbackPlan struct {
+	DryRun     bool            `json:"dry_run,omitempty"`
+	Orphan     []string        `json:"orphan,omitempty"`
+	Replay     []string        `json:"replay,omitempty"`
+	Compensate []string        `json:"compensate,omitempty"`
+	Block      []BlockedEffect `json:"block,omitempty"`
+}
+
+// BlockedEffect: see api/v1.BlockedEffect.
+type BlockedEffect struct {
+	ID        string   `json:"id"`
+	Method    string   `json:"method,omitempty"`
+	URL       string   `json:"url,omitempty"`
+	Consumers []string `json:"consumers"`
 }
 
 // ForkResult lists the new sandboxes.

@@ -40,12 +40,15 @@ type entry struct {
 	Finished time.Time `json:"finished,omitzero"`
 	// Head is a pointer so that a rewind to the start ("") is written.
 	Head *string `json:"head,omitempty"`
+	// Consumer of record ID (op use).
+	Consumer *Consumer `json:"consumer,omitempty"`
 }
 
 const (
 	opRec  = "rec"
 	opFin  = "fin"
 	opHead = "head"
+	opUse  = "use"
 )
 
 // encodeLine returns e as one line of the file.
@@ -151,6 +154,12 @@ func (st *state) apply(e entry) error {
 			return fmt.Errorf("finish of record %s to state %q", e.ID, e.State)
 		}
 		st.finish(i, e.State, e.Response, e.Error, e.Finished)
+	case opUse:
+		i, ok := st.byID[e.ID]
+		if !ok || e.Consumer == nil {
+			return fmt.Errorf("consumer of unknown record %q", e.ID)
+		}
+		st.recs[i].Consumers = append(st.recs[i].Consumers, *e.Consumer)
 	case opHead:
 		if e.Head == nil {
 			return errors.New("head line without a head")

@@ -745,3 +745,59 @@ func TestConcurrentMixed(t *testing.T) {
 		t.Fatal("state after reopen differs")
 	}
 }
+
+// TestConsumeAndWouldOrphan: consumers persist; a rewind's orphans are
+// the committed records after it on the current line, replays counted
+// as on the line.
+func TestConsumeAndWouldOrphan(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := effect(t, l, "sb", post("/a", "1"), 200)
+	ck := l.Head("sb")
+	b := effect(t, l, "sb", post("/b", "2"), 200)
+	if _, err := l.Begin("sb", Record{Kind: Read, State: Completed, Request: Identity{Proto: "http", Method: "GET", URL: "http://x/r"}}); err != nil {
+		t.Fatal(err)
+	}
+	c := effect(t, l, "sb", post("/c", "3"), 200)
+	if _, err := l.Consume("sb", b.ID, Consumer{By: "billing", Note: "invoiced"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Consume("sb", b.ID, Consumer{}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("a consumer without a name: %v", err)
+	}
+	if sb, ok := l.Find(c.ID); !ok || sb != "sb" {
+		t.Fatalf("find %s: %q %v", c.ID, sb, ok)
+	}
+	got, err := l.WouldOrphan("sb", ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].ID != b.ID || got[1].ID != c.ID || len(got[0].Consumers) != 1 || got[0].Consumers[0].By != "billing" {
+		t.Fatalf("would orphan %+v, want b (consumed by billing) and c", got)
+	}
+	if got, _ := l.WouldOrphan("sb", l.Head("sb")); len(got) != 0 {
+		t.Fatalf("a rewind to the head orphans %+v", got)
+	}
+	if _, err := l.WouldOrphan("sb", "ffffffffffffffff"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("unknown head: %v", err)
+	}
+	// Reopened, the consumer is there; a fork's copy is not Find's.
+	l.Close()
+	l, err = Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if r, _ := l.Get("sb", b.ID); len(r.Consumers) != 1 || r.Consumers[0].Note != "invoiced" {
+		t.Fatalf("after reopen: %+v", r)
+	}
+	if err := l.Fork("sb", "child", ck); err != nil {
+		t.Fatal(err)
+	}
+	if sb, _ := l.Find(a.ID); sb != "sb" {
+		t.Fatalf("find %s: %q, want the sandbox that wrote it", a.ID, sb)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/molt-sh/molt/internal/errdefs"
 )
@@ -142,4 +143,98 @@ func (l *Ledger) Sandboxes() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Consume records that c acted on record id of sb. Durable.
+func (l *Ledger) Consume(sb, id string, c Consumer) (Record, error) {
+	if err := checkName(sb); err != nil {
+		return Record{}, err
+	}
+	if c.By == "" || len(c.By) > 256 || len(c.Note) > 4096 {
+		return Record{}, fmt.Errorf("ledger %s: a consumer names who (at most 256 bytes; a note at most 4096): %w", sb, errdefs.ErrInvalidArgument)
+	}
+	if c.At.IsZero() {
+		c.At = time.Now()
+	}
+	c.At = c.At.UTC()
+	s, err := l.get(sb, false)
+	if err != nil {
+		return Record{}, err
+	}
+	if s == nil {
+		return Record{}, fmt.Errorf("ledger %s: record %s: %w", sb, id, errdefs.ErrNotFound)
+	}
+	s.mu.Lock()
+	r, gen, err := s.consume(l.path(sb), id, c)
+	s.mu.Unlock()
+	if err == nil {
+		err = l.commit(s, gen, true)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("ledger %s: %w", sb, err)
+	}
+	return r, nil
+}
+
+// +checklocks:s.mu
+func (s *sandbox) consume(path, id string, c Consumer) (Record, uint64, error) {
+	if err := s.usable(); err != nil {
+		return Record{}, 0, err
+	}
+	i, ok := s.st.byID[id]
+	if !ok {
+		return Record{}, 0, fmt.Errorf("record %s: %w", id, errdefs.ErrNotFound)
+	}
+	if k := s.st.recs[i].Kind; k == Read {
+		return Record{}, 0, fmt.Errorf("record %s is a read: only effects are consumed: %w", id, errdefs.ErrInvalidArgument)
+	}
+	gen, err := s.append(path, entry{Op: opUse, ID: id, Consumer: &c})
+	if err != nil {
+		return Record{}, 0, err
+	}
+	s.st.recs[i].Consumers = append(s.st.recs[i].Consumers, c)
+	return *s.st.recs[i], gen, nil
+}
+
+// Find returns the sandbox whose ledger holds record id (its own record,
+// not a fork's inherited copy).
+func (l *Ledger) Find(id string) (string, bool) {
+	l.mu.Lock()
+	sbs := make(map[string]*sandbox, len(l.sbs))
+	for k, v := range l.sbs {
+		sbs[k] = v
+	}
+	l.mu.Unlock()
+	for name, s := range sbs {
+		s.mu.Lock()
+		i, ok := s.st.byID[id]
+		own := ok && s.st.recs[i].Origin == ""
+		s.mu.Unlock()
+		if own {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// WouldOrphan lists the committed records of sb that a rewind to head
+// would orphan: on the current line, not on head's.
+func (l *Ledger) WouldOrphan(sb, head string) ([]Record, error) {
+	s := l.peek(sb)
+	if s == nil {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if head != "" && !s.st.has(head) {
+		return nil, fmt.Errorf("ledger %s: %s: no such record: %w", sb, head, errdefs.ErrNotFound)
+	}
+	after := s.st.reachable(head)
+	var out []Record
+	for i, r := range s.st.recs {
+		if s.st.reach[i] && !after[i] && r.Committed() {
+			out = append(out, *r)
+		}
+	}
+	return out, nil
 }

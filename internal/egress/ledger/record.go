@@ -76,6 +76,13 @@ type Compensator struct {
 	Body   []byte              `json:"body,omitempty"`
 }
 
+// Consumer is someone who acted on an effect.
+type Consumer struct {
+	By   string    `json:"by"` // who: a sandbox ID, an agent, a system
+	Note string    `json:"note,omitempty"`
+	At   time.Time `json:"at"`
+}
+
 // Record is one entry of a sandbox's ledger.
 type Record struct {
 	ID      string `json:"id"`
@@ -97,8 +104,12 @@ type Record struct {
 	ReplayOf    string       `json:"replay_of,omitempty"`
 	Declared    bool         `json:"declared,omitempty"`
 	Compensator *Compensator `json:"compensator,omitempty"`
-	Started     time.Time    `json:"started"`
-	Finished    time.Time    `json:"finished,omitzero"`
+	// Consumers acted on the effect (another sandbox, an agent, a
+	// system): a rollback that would orphan it is refused unless forced
+	// or it has a compensator.
+	Consumers []Consumer `json:"consumers,omitempty"`
+	Started   time.Time  `json:"started"`
+	Finished  time.Time  `json:"finished,omitzero"`
 }
 
 // Committed reports whether r is an effect the world has (or may have):

@@ -132,6 +132,22 @@ func (st *state) rebuild() {
 	}
 }
 
+// reachable marks the records on head's line and those joined to it by
+// replays, as rebuild does for the head.
+func (st *state) reachable(head string) []bool {
+	r := make([]bool, len(st.recs))
+	for id := head; id != ""; {
+		i := st.byID[id]
+		r[i] = true
+		rec := st.recs[i]
+		if rec.State == Replayed && rec.ReplayOf != "" {
+			r[st.byID[rec.ReplayOf]] = true
+		}
+		id = rec.Prev
+	}
+	return r
+}
+
 func (st *state) orphan(i int) bool { return !st.reach[i] && st.recs[i].Committed() }
 
 // finish moves the pending recs[i] to its final state.
