@@ -85,6 +85,17 @@ type Host struct {
 	byAddr map[netip.Addr]*sbNet
 	// +checklocks:mu
 	seq uint32 // names veths
+
+	// What the proxy's, DNS server's and flow log's handlers read: a
+	// lock of its own, since Close holds mu while it waits for them.
+	// Lock order: mu, then srvMu.
+	srvMu sync.RWMutex
+	// +checklocks:srvMu
+	srvAddr map[netip.Addr]*Endpoint
+	// +checklocks:srvMu
+	srvRouter *os.File
+	// +checklocks:srvMu
+	srvDenied []netip.Prefix
 }
 
 // sbNet is one sandbox's network.
@@ -242,6 +253,7 @@ func (h *Host) start() (err error) {
 			}
 			h.closers = nil
 			h.router, h.rh, h.uplinkNS = nil, nil, nil
+			h.publish()
 		}
 	}()
 	uplinkNS, hostMode, err := h.openUplink()
@@ -261,6 +273,7 @@ func (h *Host) start() (err error) {
 	}
 	h.denied = append([]netip.Prefix{h.cfg.Range}, hostAddrs()...)
 	h.router, h.rh, h.uplinkNS, h.hostMode = router, rh, uplinkNS, hostMode
+	h.publish()
 	if err := h.applyRules(); err != nil {
 		return err
 	}
@@ -410,11 +423,25 @@ func (h *Host) applyRules() error {
 	return rs.apply(h.router)
 }
 
+// publish hands the servers the current endpoints, router and denied
+// ranges.
+//
+// +checklocks:h.mu
+func (h *Host) publish() {
+	addrs := make(map[netip.Addr]*Endpoint, len(h.byAddr))
+	for a, s := range h.byAddr {
+		addrs[a] = s.ep
+	}
+	h.srvMu.Lock()
+	h.srvAddr, h.srvRouter, h.srvDenied = addrs, h.router, h.denied
+	h.srvMu.Unlock()
+}
+
 // dial dials the world from the router namespace.
 func (h *Host) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	h.mu.Lock()
-	router := h.router
-	h.mu.Unlock()
+	h.srvMu.RLock()
+	router := h.srvRouter
+	h.srvMu.RUnlock()
 	if router == nil {
 		return nil, errors.New("egress is stopped")
 	}
@@ -430,13 +457,10 @@ func (h *Host) dial(ctx context.Context, network, addr string) (net.Conn, error)
 
 // lookup finds the sandbox behind a source address.
 func (h *Host) lookup(src netip.Addr) (*Endpoint, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	s, ok := h.byAddr[src.Unmap()]
-	if !ok {
-		return nil, false
-	}
-	return s.ep, true
+	h.srvMu.RLock()
+	defer h.srvMu.RUnlock()
+	ep, ok := h.srvAddr[src.Unmap()]
+	return ep, ok
 }
 
 // Close removes everything of molt's from the uplink namespace and
@@ -471,6 +495,7 @@ func (h *Host) Close() error {
 	h.router.Close()
 	h.uplinkNS.Close()
 	h.router, h.rh, h.uplinkNS, h.started = nil, nil, nil, false
+	h.publish()
 	for _, s := range h.sbs {
 		s.links, s.active = map[uint64]*link{}, 0
 	}

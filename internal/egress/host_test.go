@@ -388,3 +388,54 @@ func (h *Host) links(id string) []string {
 	}
 	return out
 }
+
+// TestHostCloseWithTraffic: Close, which waits for the proxy's handlers,
+// returns while sandboxes keep connecting (the handlers must not need
+// the lock Close holds).
+func TestHostCloseWithTraffic(t *testing.T) {
+	_, upPath := world(t)
+	h := NewHost(Config{ID: "t3", Uplink: upPath, Ledger: &flowRecords{}})
+	ep := &Endpoint{ID: "sb", Addr: netip.MustParseAddr("10.201.0.2")}
+	if err := h.Add(ep); err != nil {
+		t.Fatal(err)
+	}
+	sbNS, err := ns.NewNet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbNS.Close()
+	if err := h.ActivateNS("sb", sbNS); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if c, err := dialFrom(sbNS, "203.0.113.10:80"); err == nil {
+					c.Close()
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	closed := make(chan error, 1)
+	go func() { closed <- h.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return with connections arriving")
+	}
+	close(stop)
+	wg.Wait()
+}

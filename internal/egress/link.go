@@ -46,6 +46,7 @@ func (h *Host) Add(ep *Endpoint) error {
 	}
 	s.ep = ep
 	h.byAddr[ep.Addr] = s
+	h.publish()
 	return h.applyRules()
 }
 
@@ -59,6 +60,7 @@ func (h *Host) Remove(id string) error {
 	}
 	delete(h.sbs, id)
 	delete(h.byAddr, s.ep.Addr)
+	h.publish()
 	h.names.Forget(id)
 	if !h.started {
 		return nil

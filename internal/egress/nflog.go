@@ -187,7 +187,7 @@ func (h *Host) recordFlow(f flow) {
 }
 
 func (h *Host) deniedPrefixes() []netip.Prefix {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.denied
+	h.srvMu.RLock()
+	defer h.srvMu.RUnlock()
+	return h.srvDenied
 }
