@@ -352,6 +352,19 @@ func (c *Client) RollbackWith(ctx context.Context, ref string, req v1.RollbackRe
 	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/rollback", req, &res)
 }
 
+// Recover returns a sandbox to a committed turn checkpoint and arms the
+// fast-forward of its restarted agent (see v1.RecoverRequest).
+func (c *Client) Recover(ctx context.Context, ref string, req v1.RecoverRequest) (v1.RecoverResult, error) {
+	var res v1.RecoverResult
+	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/recover", req, &res)
+}
+
+// Recovery reports where a sandbox's fast-forward stands.
+func (c *Client) Recovery(ctx context.Context, ref string) (v1.RecoveryStatus, error) {
+	var res v1.RecoveryStatus
+	return res, c.do(ctx, "GET", "/v1/sandboxes/"+esc(ref)+"/recover", nil, &res)
+}
+
 // Fork creates sandboxes from a sandbox (via a new fs checkpoint).
 func (c *Client) Fork(ctx context.Context, ref string, n int) (v1.ForkResult, error) {
 	var res v1.ForkResult

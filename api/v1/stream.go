@@ -37,6 +37,11 @@ type ExitStatus struct {
 	// Signal names the signal that killed the command, if one did.
 	Signal   string `json:"signal,omitempty"`
 	TimedOut bool   `json:"timed_out,omitempty"`
+	// DurationMS is the command's run time; Replayed says a recovery's
+	// fast-forward answered from the turn log and the command did not
+	// run again (DurationMS is then the recorded run's).
+	DurationMS float64 `json:"duration_ms,omitempty"`
+	Replayed   bool    `json:"replayed,omitempty"`
 }
 
 // FrameWriter writes frames; it is safe for concurrent use.

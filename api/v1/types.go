@@ -394,6 +394,9 @@ type SessionRunResult struct {
 	// Truncated: output beyond the per-call limit was dropped.
 	Truncated  bool  `json:"truncated,omitempty"`
 	DurationMS int64 `json:"duration_ms"`
+	// Replayed: a recovery's fast-forward answered from the turn log;
+	// the command did not run again.
+	Replayed bool `json:"replayed,omitempty"`
 }
 
 // CheckpointRequest takes a checkpoint of a sandbox.
@@ -552,4 +555,71 @@ type ForkResult struct {
 	ForksPerSecond float64   `json:"forks_per_second"`
 	// Reseeded counts the sessions reseeded over all forks.
 	Reseeded int `json:"reseeded,omitempty"`
+}
+
+// RecoverRequest brings a sandbox back to a committed checkpoint taken
+// at a turn's end and fast-forwards its restarted agent: the agent's LLM
+// calls and commands up to that turn are answered from the recorded turn
+// log, and from there on everything runs live.
+type RecoverRequest struct {
+	// To is the checkpoint; empty: the latest committed turn checkpoint
+	// of the sandbox's lineage whose turns are all recorded.
+	To string `json:"to,omitempty"`
+	// Force and DryRun are those of the rollback (RollbackRequest).
+	Force  bool `json:"force,omitempty"`
+	DryRun bool `json:"dry_run,omitempty"`
+}
+
+// RecoverResult is what a recovery did and what the agent's fast-forward
+// will answer from the record.
+type RecoverResult struct {
+	Sandbox    string `json:"sandbox"`
+	Checkpoint string `json:"checkpoint"`
+	// Turn is the last turn the fast-forward covers: the sandbox's state
+	// is the one that turn ended in.
+	Turn int `json:"turn"`
+	// Turns lists the recorded turns replayed, oldest first.
+	Turns    []int `json:"turns"`
+	LLMCalls int   `json:"llm_calls"`
+	Commands int   `json:"commands"`
+	// Bytes is the recorded output the fast-forward holds (LLM responses
+	// and command output).
+	Bytes    int64           `json:"bytes"`
+	Rollback *RollbackResult `json:"rollback,omitempty"`
+	DryRun   bool            `json:"dry_run,omitempty"`
+	Note     string          `json:"note,omitempty"`
+}
+
+// Recovery states.
+const (
+	RecoveryNone        = "none"         // no recovery under way
+	RecoveryFastForward = "fast-forward" // answering from the record
+	RecoveryDone        = "done"         // the record was replayed whole; live since
+	RecoveryDiverged    = "diverged"     // a request differed from the record; live since
+)
+
+// RecoveryStatus is where a sandbox's fast-forward stands.
+type RecoveryStatus struct {
+	Sandbox    string `json:"sandbox"`
+	State      string `json:"state"`
+	Checkpoint string `json:"checkpoint,omitempty"`
+	Turn       int    `json:"turn,omitempty"`
+	// Replayed of Total recorded exchanges (LLM calls and commands) have
+	// been answered from the record.
+	Replayed   int         `json:"replayed"`
+	Total      int         `json:"total"`
+	Bytes      int64       `json:"bytes"`
+	Divergence *Divergence `json:"divergence,omitempty"`
+}
+
+// Divergence is the first request of a fast-forward that did not match
+// the record: from it on, the sandbox runs live.
+type Divergence struct {
+	// Turn is the recorded turn the request fell in; Index the exchange's
+	// position in the fast-forward (from 0).
+	Turn     int       `json:"turn"`
+	Index    int       `json:"index"`
+	Expected string    `json:"expected"`
+	Got      string    `json:"got"`
+	At       time.Time `json:"at"`
 }

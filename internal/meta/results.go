@@ -50,6 +50,8 @@ type SessionRunResult struct {
 	// Truncated: output beyond the per-call limit was dropped.
 	Truncated  bool  `json:"truncated,omitempty"`
 	DurationMS int64 `json:"duration_ms"`
+	// Replayed: answered from the turn log by a recovery's fast-forward.
+	Replayed bool `json:"replayed,omitempty"`
 }
 
 // RollbackResult reports how the rollback was done.
