@@ -77,6 +77,8 @@ type CheckpointRecord struct {
 	// taken: a rollback to it rewinds the ledger there (effects
 	// recorded later become orphans), a fork starts its ledger there.
 	LedgerHead string `json:"ledger_head,omitempty"`
+	// Turn is the turn whose end took the checkpoint (0: none did).
+	Turn int `json:"turn,omitempty"`
 }
 
 // Outside returns the namespace types the checkpoint's images leave out.
