@@ -72,17 +72,21 @@ type agentStep struct {
 // (base) for the next command with the whole conversation so far, runs
 // it in sandbox sb, and appends the output. Commands starting "exec:"
 // run as a fresh exec (bash -c), the others in the session "main". It
-// stops at DONE, or after stopAfter commands (its crash). rewrite, if
-// set, changes a command before it runs (a diverging agent).
-func runAgent(t *testing.T, c *client.Client, base, sb string, stopAfter int, rewrite func(i int, cmd string) string) []agentStep {
+// stops at DONE or (its crash) once it made calls LLM calls or ran runs
+// commands (-1: no such limit). rewrite, if set, changes a command
+// before it runs (a diverging agent).
+func runAgent(t *testing.T, c *client.Client, base, sb string, calls, runs int, rewrite func(i int, cmd string) string) []agentStep {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	history := []string{"keep a log of the work"}
 	var steps []agentStep
 	for i := 0; ; i++ {
+		if i == runs {
+			return steps
+		}
 		cmd := ask(t, base, history, false)
-		if cmd == "DONE" || i == stopAfter {
+		if cmd == "DONE" || i+1 == calls {
 			return steps
 		}
 		if rewrite != nil {
@@ -122,12 +126,13 @@ func payCmd(order string) string {
 // payments, a read-only turn.
 func recoverScript() []string {
 	return []string{
-		"echo one >> /root/log && mkdir -p /w",    // turn 2: fs
-		"export X=1 && echo two >> /root/log",     // turn 3: full (the session changed)
-		payCmd("r1"),                              // turn 4: fs, an effect
-		"exec:cat /root/log",                      // turn 5: none
-		"echo three >> /root/log && " + "true",    // turn 6 (in progress at crash B)
-		strings.TrimPrefix(payCmd("r2"), "exec:"), // turn 7: an effect from the session
+		"echo one >> /root/log && mkdir -p /w", // turn 2: fs
+		"export X=1 && echo two >> /root/log",  // turn 3: full (the session changed)
+		payCmd("r1"),                           // turn 4: fs, an effect
+		"exec:cat /root/log",                   // turn 5: none
+		// Turn 6 (in progress at crash B): a file and an effect.
+		"echo three >> /root/log && " + strings.TrimPrefix(payCmd("r2"), "exec:"),
+		"exec:ls /w", // turn 7: none
 	}
 }
 
@@ -158,13 +163,13 @@ func recoverSetupUp(t *testing.T) (sb, base string, llm *scriptLLM, c *client.Cl
 // took effect once.
 func checkFinal(t *testing.T, sb string) {
 	t.Helper()
-	if got := strings.TrimSpace(must(t, "exec", sb, "--", "cat", "/root/log")); got != "one\ntwo\nthree" {
+	if got := strings.TrimSpace(must(t, "exec", sb, "--aside", "--", "cat", "/root/log")); got != "one\ntwo\nthree" {
 		t.Errorf("/root/log = %q, want one, two, three once each", got)
 	}
-	if got := strings.Fields(must(t, "exec", sb, "--", "cat", "/root/pays")); len(got) != 2 {
+	if got := strings.Fields(must(t, "exec", sb, "--aside", "--", "cat", "/root/pays")); len(got) != 2 {
 		t.Errorf("/root/pays = %q, want two payments", got)
 	}
-	if got := strings.TrimSpace(must(t, "exec", sb, "--session", "main", "--", "echo $X")); got != "1" {
+	if got := strings.TrimSpace(must(t, "exec", sb, "--aside", "--session", "main", "--", "echo $X")); got != "1" {
 		t.Errorf("the session's X = %q, want 1 (its state from the replayed turn)", got)
 	}
 }
@@ -187,7 +192,7 @@ func TestRecoverFastForward(t *testing.T) {
 	t.Run("at a full checkpoint", func(t *testing.T) {
 		sb, base, llm, c := recoverSetup(t)
 		pays := env.lab.PayCount()
-		first := runAgent(t, c, base, sb, 2, nil)
+		first := runAgent(t, c, base, sb, 3, -1, nil)
 		if len(first) != 2 || llm.served() != 3 {
 			t.Fatalf("first run: %d commands, %d LLM calls; want 2 and 3", len(first), llm.served())
 		}
@@ -196,7 +201,7 @@ func TestRecoverFastForward(t *testing.T) {
 		if res.Turn != 3 || fmt.Sprint(res.Turns) != "[1 2 3]" || res.LLMCalls != 3 || res.Commands != 2 {
 			t.Fatalf("recover: %+v; want turns 1-3 with 3 LLM calls and 2 commands", res)
 		}
-		second := runAgent(t, c, base, sb, -1, nil)
+		second := runAgent(t, c, base, sb, -1, -1, nil)
 		if len(second) != len(recoverScript()) {
 			t.Fatalf("restarted agent ran %d commands, want %d", len(second), len(recoverScript()))
 		}
@@ -209,9 +214,9 @@ func TestRecoverFastForward(t *testing.T) {
 			}
 		}
 		// 3 calls of the first run; of the second, the 3 replayed ones
-		// never reached the LLM: the 4 after them and the last did.
-		if n := llm.served(); n != 3+len(recoverScript())-2+1 {
-			t.Errorf("the LLM served %d calls, want %d", n, 3+len(recoverScript())-2+1)
+		// never reached the LLM: the ones after them and the last did.
+		if n, want := llm.served(), 3+len(recoverScript())-3+1; n != want {
+			t.Errorf("the LLM served %d calls, want %d", n, want)
 		}
 		if st := recoverStatus(t, sb); st.State != v1.RecoveryDone || st.Replayed != 5 || st.Total != 5 {
 			t.Errorf("status %+v, want done, 5 of 5", st)
@@ -229,8 +234,8 @@ func TestRecoverFastForward(t *testing.T) {
 	t.Run("past the last checkpoint", func(t *testing.T) {
 		sb, base, llm, c := recoverSetup(t)
 		pays := env.lab.PayCount()
-		first := runAgent(t, c, base, sb, 6, nil)
-		if len(first) != 6 || env.lab.PayCount()-pays != 2 {
+		first := runAgent(t, c, base, sb, -1, 5, nil)
+		if len(first) != 5 || env.lab.PayCount()-pays != 2 {
 			t.Fatalf("first run: %d commands, %d payments", len(first), env.lab.PayCount()-pays)
 		}
 		var dry v1.RecoverResult
@@ -238,17 +243,17 @@ func TestRecoverFastForward(t *testing.T) {
 		if !dry.DryRun || dry.Turn != 5 || dry.Rollback == nil || dry.Rollback.Plan == nil || len(dry.Rollback.Plan.Orphan) == 0 {
 			t.Fatalf("dry run %+v (plan %+v): want turn 5 and the session's payment orphaned", dry, dry.Rollback)
 		}
-		if got := strings.TrimSpace(must(t, "exec", sb, "--", "cat", "/root/log")); got != "one\ntwo\nthree" {
+		if got := strings.TrimSpace(must(t, "exec", sb, "--aside", "--", "cat", "/root/log")); got != "one\ntwo\nthree" {
 			t.Fatalf("the dry run changed the sandbox: /root/log = %q", got)
 		}
 		out := must(t, "recover", sb)
 		if !strings.Contains(out, "(turn 5)") || !strings.Contains(out, "turns 1-5") {
 			t.Errorf("recover printed %q", out)
 		}
-		if got := strings.TrimSpace(must(t, "exec", sb, "--", "cat", "/root/log")); got != "one\ntwo" {
+		if got := strings.TrimSpace(must(t, "exec", sb, "--aside", "--", "cat", "/root/log")); got != "one\ntwo" {
 			t.Fatalf("after recover /root/log = %q, want turn 4's state", got)
 		}
-		second := runAgent(t, c, base, sb, -1, nil)
+		second := runAgent(t, c, base, sb, -1, -1, nil)
 		for i, s := range second {
 			if want := i < 4; s.replayed != want {
 				t.Errorf("command %d (%q): replayed %v, want %v", i, s.cmd, s.replayed, want)
@@ -261,8 +266,8 @@ func TestRecoverFastForward(t *testing.T) {
 		if n := env.lab.PayCount() - pays; n != 2 {
 			t.Errorf("the payment service got %d payments, want 2 (the re-run one answered from the ledger)", n)
 		}
-		if llm.served() != 7+2 {
-			t.Errorf("the LLM served %d calls, want 9 (7, then the 2 after turn 5)", llm.served())
+		if n, want := llm.served(), 5+len(recoverScript())-5+1; n != want {
+			t.Errorf("the LLM served %d calls, want %d (5, then the ones after turn 5)", n, want)
 		}
 	})
 
@@ -270,9 +275,9 @@ func TestRecoverFastForward(t *testing.T) {
 	// first differing request runs live and is reported.
 	t.Run("divergence", func(t *testing.T) {
 		sb, base, _, c := recoverSetup(t)
-		runAgent(t, c, base, sb, 4, nil)
+		runAgent(t, c, base, sb, -1, 4, nil)
 		must(t, "recover", sb)
-		second := runAgent(t, c, base, sb, 3, func(i int, cmd string) string {
+		second := runAgent(t, c, base, sb, -1, 3, func(i int, cmd string) string {
 			if i == 1 {
 				return strings.Replace(cmd, "X=1", "X=2", 1)
 			}
@@ -303,7 +308,7 @@ func TestRecoverAfterDaemonCrash(t *testing.T) {
 	}
 	sb, base, llm, c, up := recoverSetupUp(t)
 	pays := env.lab.PayCount()
-	runAgent(t, c, base, sb, 5, nil)
+	runAgent(t, c, base, sb, -1, 5, nil)
 	killDaemon()
 	if err := startDaemon(); err != nil {
 		t.Fatal(err)
@@ -318,7 +323,7 @@ func TestRecoverAfterDaemonCrash(t *testing.T) {
 		t.Fatalf("recover after the daemon's crash: %+v, want at least turn 4", res)
 	}
 	served := llm.served()
-	second := runAgent(t, c, ep.URL, sb, -1, nil)
+	second := runAgent(t, c, ep.URL, sb, -1, -1, nil)
 	if len(second) != len(recoverScript()) || !second[0].replayed {
 		t.Fatalf("restarted agent: %d commands, first replayed %v", len(second), second[0].replayed)
 	}

@@ -371,6 +371,10 @@ type ExecRequest struct {
 	Detach bool `json:"detach,omitempty"`
 	// Stdin, when false, gives the command /dev/null as stdin.
 	Stdin bool `json:"stdin,omitempty"`
+	// Aside runs the command beside the agent (an operator's look):
+	// it is not recorded in the turn log, and a recovery's
+	// fast-forward neither answers nor matches it.
+	Aside bool `json:"aside,omitempty"`
 }
 
 // ExecDetached is the response to a detached exec.
@@ -382,6 +386,8 @@ type ExecDetached struct {
 type SessionRunRequest struct {
 	Command   string `json:"command"`
 	TimeoutMS int64  `json:"timeout_ms,omitempty"`
+	// Aside: as ExecRequest.Aside.
+	Aside bool `json:"aside,omitempty"`
 }
 
 // SessionRunResult is the outcome of one session call.

@@ -126,7 +126,7 @@ func (m *Manager) recoveryPoint(rec sandboxRec, to string) (checkpointRec, []met
 func turnChain(byN map[int]meta.TurnRecord, log []meta.TurnRecord, ck string) ([]meta.TurnRecord, string) {
 	why := "no turn ended in it"
 	for i := len(log) - 1; i >= 0; i-- {
-		if log[i].Head != ck || log[i].Pending {
+		if log[i].Head != ck {
 			continue
 		}
 		var chain []meta.TurnRecord

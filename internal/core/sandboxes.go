@@ -610,7 +610,9 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 		return 0, nil, err
 	}
 	ident := turn.ExecIdent(req.Args, req.Env, req.Cwd, req.User, req.Detach, req.Stdin, req.TimeoutMS)
-	if x, ok := m.turns.Replay(rec.ID, turn.Request{Kind: turn.ExchangeExec, Ident: ident, What: "exec " + strings.Join(req.Args, " ")}); ok {
+	if req.Aside {
+		// Neither the agent's nor recorded.
+	} else if x, ok := m.turns.Replay(rec.ID, turn.Request{Kind: turn.ExchangeExec, Ident: ident, What: "exec " + strings.Join(req.Args, " ")}); ok {
 		if req.Detach {
 			return x.Cmd.Pid, nil, nil
 		}
@@ -628,7 +630,9 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 		if err != nil {
 			return 0, nil, fmt.Errorf("exec: %w", err)
 		}
-		m.recordCommand(rec.ID, meta.TurnCommand{Time: time.Now().UTC(), Args: req.Args, Ident: ident, Detached: true, Pid: resp.Pid})
+		if !req.Aside {
+			m.recordCommand(rec.ID, meta.TurnCommand{Time: time.Now().UTC(), Args: req.Args, Ident: ident, Detached: true, Pid: resp.Pid})
+		}
 		return resp.Pid, nil, nil
 	}
 	c, err := m.dial(context.Background(), rec)
@@ -638,6 +642,9 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 	if err := sandbox.SendRequest(c, ireq); err != nil {
 		c.Close()
 		return 0, nil, err
+	}
+	if req.Aside {
+		return 0, c, nil
 	}
 	return 0, m.recording(rec.ID, c, meta.TurnCommand{Time: time.Now().UTC(), Args: req.Args, Ident: ident}), nil
 }
@@ -652,7 +659,9 @@ func (m *Manager) SessionRun(ctx context.Context, ref, session string, req v1.Se
 		return meta.SessionRunResult{}, err
 	}
 	ident := turn.SessionIdent(session, req.Command, req.TimeoutMS)
-	if x, ok := m.turns.Replay(rec.ID, turn.Request{Kind: turn.ExchangeSession, Ident: ident, What: "session " + session + ": " + req.Command}); ok {
+	if req.Aside {
+		// Neither the agent's nor recorded.
+	} else if x, ok := m.turns.Replay(rec.ID, turn.Request{Kind: turn.ExchangeSession, Ident: ident, What: "session " + session + ": " + req.Command}); ok {
 		c := x.Cmd
 		return meta.SessionRunResult{
 			Stdout: c.Stdout, Stderr: c.Stderr, ExitCode: c.ExitCode, TimedOut: c.TimedOut,
@@ -667,11 +676,13 @@ func (m *Manager) SessionRun(ctx context.Context, ref, session string, req v1.Se
 	if err != nil {
 		return meta.SessionRunResult{}, fmt.Errorf("session %s: %w", session, err)
 	}
-	m.recordCommand(rec.ID, meta.TurnCommand{
-		Time: began, Session: session, Command: req.Command, Ident: ident, ExitCode: resp.ExitCode,
-		Stdout: resp.Stdout, Stderr: resp.Stderr, Truncated: resp.Truncated, TimedOut: resp.TimedOut,
-		DurationMS: float64(resp.DurationMS),
-	})
+	if !req.Aside {
+		m.recordCommand(rec.ID, meta.TurnCommand{
+			Time: began, Session: session, Command: req.Command, Ident: ident, ExitCode: resp.ExitCode,
+			Stdout: resp.Stdout, Stderr: resp.Stderr, Truncated: resp.Truncated, TimedOut: resp.TimedOut,
+			DurationMS: float64(resp.DurationMS),
+		})
+	}
 	return meta.SessionRunResult{
 		Stdout: resp.Stdout, Stderr: resp.Stderr, ExitCode: resp.ExitCode,
 		TimedOut: resp.TimedOut, Truncated: resp.Truncated, DurationMS: resp.DurationMS,
