@@ -183,6 +183,11 @@ type SandboxCreateRequest struct {
 	Network string `json:"network,omitempty"`
 	// Egress is the policy of a sandbox with NetworkEgress.
 	Egress *EgressPolicy `json:"egress,omitempty"`
+	// RecordLimit bounds, in bytes, the command output and LLM
+	// exchanges the sandbox's turn log keeps for recovery (0: the
+	// daemon's default); past it turns are recorded cut and a recovery
+	// cannot fast-forward through them.
+	RecordLimit int64 `json:"record_limit,omitempty"`
 }
 
 // The values of Network.

@@ -65,7 +65,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var frozenDeadline time.Duration
 	var sockGroup string
 	var sockUIDs []int
-	var seccompDefault string
+	var seccompDefault, recordLimit string
 	var eg struct {
 		rng, uplink, caFile string
 		dns                 []string
@@ -116,6 +116,10 @@ func daemonCmd(g *globals) *cobra.Command {
 			if criuLog < 1 || criuLog > 4 {
 				return fmt.Errorf("--criu-log-level %d: want 1 (errors) to 4 (debugging)", criuLog)
 			}
+			recLimit, err := parseSize(recordLimit)
+			if err != nil || recLimit <= 0 {
+				return fmt.Errorf("bad --record-limit %q: want a size such as 256M", recordLimit)
+			}
 			egressRange, err := netip.ParsePrefix(eg.rng)
 			if err != nil || !egressRange.Addr().Is4() || egressRange.Bits() > 28 {
 				return fmt.Errorf("--egress-range %q: want an IPv4 prefix of /28 or more addresses", eg.rng)
@@ -132,7 +136,7 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+				Config: core.Config{RecordLimit: recLimit, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
 					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault,
 					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile}},
@@ -142,6 +146,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+	c.Flags().StringVar(&recordLimit, "record-limit", "256M", "default bound of each sandbox's turn log recording (command output, LLM exchanges) that a recovery replays; past it turns are kept cut and cannot be fast-forwarded")
 	c.Flags().StringVar(&eg.rng, "egress-range", egress.DefaultRange.String(), "addresses of sandboxes with --network egress (the first is their gateway and resolver, the last four the uplink link); molt's own router namespace holds them, so only the uplink's /30 shows on the host")
 	c.Flags().StringVar(&eg.uplink, "egress-uplink", "", "network namespace (a name under /run/netns or a path) sandboxes' egress leaves through, instead of the host's default route (tests point it at a namespace of their own; docs/egress.md)")
 	c.Flags().StringArrayVar(&eg.dns, "egress-dns", nil, "upstream resolver (ip or ip:port) of molt's DNS for sandboxes (repeatable; default: /etc/resolv.conf's nameservers)")

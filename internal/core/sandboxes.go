@@ -54,7 +54,10 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (meta
 	rec := sandboxRec{Sandbox: meta.Sandbox{
 		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
 		Env: req.Env, Resources: m.resolveResources(meta.Resources(req.Resources)), Seccomp: req.Seccomp,
-	}, MachineID: newMachineID(), SeccompProfile: req.SeccompProfile}
+	}, MachineID: newMachineID(), SeccompProfile: req.SeccompProfile, RecordLimit: req.RecordLimit}
+	if req.RecordLimit < 0 {
+		return meta.Sandbox{}, fmt.Errorf("record limit %d: want bytes, or 0 for the daemon's: %w", req.RecordLimit, errdefs.ErrInvalidArgument)
+	}
 	if rec.Seccomp == "" && rec.SeccompProfile != "" {
 		rec.Seccomp = v1.SeccompCustom
 	}

@@ -40,6 +40,13 @@ func (m *Manager) newTurns() *turn.Tracker {
 		},
 		Egress: m.egressCounts,
 		Prev:   m.turnPrev,
+		RecordLimit: func(id string) int64 {
+			var rec sandboxRec
+			if m.db.Get(meta.Sandboxes, id, &rec) == nil && rec.RecordLimit > 0 {
+				return rec.RecordLimit
+			}
+			return m.cfg.RecordLimit
+		},
 	})
 }
 

@@ -50,6 +50,9 @@ type SandboxRecord struct {
 	// custom: stage 1 gets it compiled wherever it starts the sandbox's
 	// init again (fs rollback, restart, fork).
 	SeccompProfile string `json:"seccomp_profile,omitempty"`
+	// RecordLimit is the sandbox's own bound of its turn log's recorded
+	// outputs and LLM exchanges (0: the daemon's).
+	RecordLimit int64 `json:"record_limit,omitempty"`
 }
 
 // CheckpointRecord is a checkpoint as buckets Checkpoints and
