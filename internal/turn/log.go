@@ -186,16 +186,16 @@ const maxInt = int(^uint(0) >> 1)
 
 type recConn struct {
 	net.Conn
-	t    *Tracker
-	id   string
-	mu   sync.Mutex
-	buf   []byte // an incomplete frame
-	cmd   meta.TurnCommand
+	t   *Tracker
+	id  string
+	mu  sync.Mutex
+	buf []byte // an incomplete frame
+	cmd meta.TurnCommand
 	// The output so far.
 	stdout, stderr []byte
-	began time.Time
-	keep  int // per stream: past it the output is cut
-	once  sync.Once
+	began          time.Time
+	keep           int // per stream: past it the output is cut
+	once           sync.Once
 }
 
 func (c *recConn) Read(p []byte) (int, error) {

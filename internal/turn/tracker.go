@@ -90,8 +90,8 @@ type state struct {
 	prev     int
 	// unrecorded says why the current turn's record will be incomplete.
 	unrecorded string
-	ending   int
-	endDone  chan struct{}
+	ending     int
+	endDone    chan struct{}
 }
 
 // New returns a Tracker with no sandbox.
