@@ -271,6 +271,43 @@ func TestRecoverFastForward(t *testing.T) {
 		}
 	})
 
+	// Recovering to an older checkpoint leaves the later turns on a dead
+	// branch; deleting that branch's checkpoint deletes its recording,
+	// and the live chain stays recoverable.
+	t.Run("deleted with its checkpoints", func(t *testing.T) {
+		sb, base, _, c := recoverSetup(t)
+		runAgent(t, c, base, sb, -1, 5, nil)
+		var turns []v1.TurnRecord
+		mustJSON(t, &turns, "turns", sb)
+		if len(turns) != 5 || turns[2].Checkpoint == nil || turns[3].Checkpoint == nil {
+			t.Fatalf("turns %+v: want 5, turns 3 and 4 with checkpoints", turns)
+		}
+		ck3, ck4 := *turns[2].Checkpoint, *turns[3].Checkpoint
+		var res v1.RecoverResult
+		mustJSON(t, &res, "recover", sb, "--to", ck3)
+		if res.Turn != 3 {
+			t.Fatalf("recover --to %s: %+v", ck3, res)
+		}
+		runAgent(t, c, base, sb, -1, -1, nil)
+		must(t, "checkpoint", "rm", ck4)
+		turns = nil
+		mustJSON(t, &turns, "turns", sb)
+		var ns []int
+		for _, tr := range turns {
+			ns = append(ns, tr.Turn)
+			if tr.Turn > 5 && tr.Prev != tr.Turn-1 && !(tr.Turn == 6 && tr.Prev == 3) {
+				t.Errorf("turn %d continues %d", tr.Turn, tr.Prev)
+			}
+		}
+		if fmt.Sprint(ns[:4]) != "[1 2 3 6]" {
+			t.Fatalf("turns after deleting %s: %v, want 4 and 5 (its branch) gone", ck4, ns)
+		}
+		mustJSON(t, &res, "recover", sb, "--dry-run")
+		if res.Turns[0] != 1 || res.Turns[2] != 3 || res.Turns[3] != 6 {
+			t.Errorf("the live chain after the prune: %v", res.Turns)
+		}
+	})
+
 	// A restarted agent that asks something else than the record: the
 	// first differing request runs live and is reported.
 	t.Run("divergence", func(t *testing.T) {

@@ -463,7 +463,11 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
 	if err := m.db.Get(meta.Sandboxes, ck.Sandbox, &sb); err == nil && sb.State == v1.StateHibernated && sb.Head == ck.ID {
 		return fmt.Errorf("delete checkpoint %s: sandbox %s is hibernated at it (resume it, or remove the sandbox): %w", ck.ID, sb.ID, errdefs.ErrFailedPrecondition)
 	}
-	return m.deleteCheckpoint(ck)
+	if err := m.deleteCheckpoint(ck); err != nil {
+		return err
+	}
+	m.pruneTurns(ck.Sandbox)
+	return nil
 }
 
 func (m *Manager) deleteCheckpoint(ck checkpointRec) error {

@@ -188,6 +188,61 @@ func (m *Manager) turnOf(id, ck string) int {
 	return 0
 }
 
+// pruneTurns deletes the sandbox's turn records that no recovery can use
+// any more: those that are not on the chain of a turn ending in one of
+// its checkpoints, nor on the chain its current turn continues. The
+// recording goes with the checkpoint lineage it belongs to. Caller holds
+// the sandbox lock.
+func (m *Manager) pruneTurns(id string) {
+	log, err := m.turns.Log(id)
+	if err != nil || len(log) == 0 {
+		return
+	}
+	cks, err := m.checkpointsOf(id)
+	if err != nil {
+		return
+	}
+	live := make(map[string]bool, len(cks))
+	for _, c := range cks {
+		live[c.ID] = true
+	}
+	prev := make(map[int]int, len(log))
+	for _, tr := range log {
+		prev[tr.Turn] = tr.Prev
+	}
+	keep := map[int]bool{}
+	mark := func(n int) {
+		for n != 0 && !keep[n] {
+			keep[n] = true
+			p, ok := prev[n]
+			if !ok || p >= n {
+				return
+			}
+			n = p
+		}
+	}
+	for _, tr := range log {
+		if live[tr.Head] {
+			mark(tr.Turn)
+		}
+	}
+	mark(m.turns.PrevOf(id))
+	var drop []int
+	for _, tr := range log {
+		if !keep[tr.Turn] {
+			drop = append(drop, tr.Turn)
+		}
+	}
+	if len(drop) == 0 {
+		return
+	}
+	if err := m.turns.DeleteTurns(id, drop); err != nil {
+		m.log.Warn("turn log: cannot drop the turns of deleted checkpoints", "sandbox", id, "err", err)
+		return
+	}
+	m.log.Info("turn log: dropped the turns no checkpoint needs", "sandbox", id, "turns", len(drop))
+}
+
 // Recovery reports where sandbox ref's fast-forward stands.
 func (m *Manager) Recovery(ref string) (meta.RecoveryStatus, error) {
 	rec, err := m.lookupSandbox(ref)

@@ -260,6 +260,39 @@ func (c *recConn) Close() error {
 	return c.Conn.Close()
 }
 
+// DeleteTurns deletes turns ns of sandbox id's log. The usage it counts
+// is counted again on next use.
+func (t *Tracker) DeleteTurns(id string, ns []int) error {
+	err := t.cfg.DB.Update(func(tx *meta.Tx) error {
+		for _, n := range ns {
+			if err := tx.Delete(meta.Turns, turnKey(id, n)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	t.mu.Lock()
+	delete(t.usage, id)
+	t.mu.Unlock()
+	return err
+}
+
+// PrevOf is the turn sandbox id's current turn continues (its last
+// logged turn when it has no turn state).
+func (t *Tracker) PrevOf(id string) int {
+	t.mu.Lock()
+	ts := t.m[id]
+	var p int
+	if ts != nil {
+		p = ts.prev
+	}
+	t.mu.Unlock()
+	if ts == nil {
+		return t.lastTurn(id)
+	}
+	return p
+}
+
 // Current is the number of sandbox id's turn in progress: the one after
 // its last logged turn.
 func (t *Tracker) Current(id string) int { return t.lastTurn(id) + 1 }
