@@ -106,6 +106,8 @@ const (
 
 // FastForward is a sandbox's fast-forward: the script of recorded
 // exchanges and how far the agent has come through it.
+//
+// Checkpoint, Turn and Script do not change once it is made.
 type FastForward struct {
 	Checkpoint string
 	Turn       int // the last turn of the script
@@ -126,7 +128,7 @@ type FastForward struct {
 // the first to the last, each continuing the one before): every
 // record must be complete.
 func NewFastForward(ck string, chain []meta.TurnRecord) (*FastForward, error) {
-	ff := &FastForward{Checkpoint: ck, state: FFActive}
+	ff := &script{}
 	for i := range chain {
 		tr := &chain[i]
 		first := len(ff.Script)
@@ -164,10 +166,17 @@ func NewFastForward(ck string, chain []meta.TurnRecord) (*FastForward, error) {
 		})
 		ff.Turn = tr.Turn
 	}
+	state := FFActive
 	if len(ff.Script) == 0 {
-		ff.state = FFDone
+		state = FFDone
 	}
-	return ff, nil
+	return &FastForward{Checkpoint: ck, Turn: ff.Turn, Script: ff.Script, state: state}, nil
+}
+
+// script is a FastForward's script while it is made.
+type script struct {
+	Turn   int
+	Script []Exchange
 }
 
 // Next answers req from the record if it is the next exchange; ok false
@@ -208,9 +217,10 @@ type Status struct {
 
 // Status reports the fast-forward's progress.
 func (ff *FastForward) Status() Status {
+	s := Status{Checkpoint: ff.Checkpoint, Turn: ff.Turn, Total: len(ff.Script)}
 	ff.mu.Lock()
 	defer ff.mu.Unlock()
-	s := Status{Checkpoint: ff.Checkpoint, Turn: ff.Turn, State: ff.state, Replayed: ff.pos, Total: len(ff.Script), Bytes: ff.replayedBytes}
+	s.State, s.Replayed, s.Bytes = ff.state, ff.pos, ff.replayedBytes
 	if ff.div != nil {
 		d := *ff.div
 		s.Divergence = &d
