@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -305,6 +306,32 @@ func TestRecoverFastForward(t *testing.T) {
 		mustJSON(t, &res, "recover", sb, "--dry-run")
 		if res.Turns[0] != 1 || res.Turns[2] != 3 || res.Turns[3] != 6 {
 			t.Errorf("the live chain after the prune: %v", res.Turns)
+		}
+	})
+
+	// Every process of the sandbox killed (its init, so its PID
+	// namespace): the sandbox is lost; recover restores its processes
+	// from the checkpoints and fast-forwards the agent.
+	t.Run("every process killed", func(t *testing.T) {
+		sb, base, _, c := recoverSetup(t)
+		pays := env.lab.PayCount()
+		runAgent(t, c, base, sb, -1, 5, nil)
+		if err := syscall.Kill(inspect(t, sb).Pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the sandbox lost", 10*time.Second, func() bool { return inspect(t, sb).State == "lost" })
+		var res v1.RecoverResult
+		mustJSON(t, &res, "recover", sb)
+		if res.Turn != 5 {
+			t.Fatalf("recover: %+v, want turn 5", res)
+		}
+		second := runAgent(t, c, base, sb, -1, -1, nil)
+		if len(second) != len(recoverScript()) || !second[3].replayed || second[4].replayed {
+			t.Fatalf("restarted agent: %d commands; the 4th replayed %v, the 5th %v", len(second), second[3].replayed, second[4].replayed)
+		}
+		checkFinal(t, sb)
+		if n := env.lab.PayCount() - pays; n != 2 {
+			t.Errorf("the payment service got %d payments, want 2", n)
 		}
 	})
 
