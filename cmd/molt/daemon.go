@@ -19,6 +19,7 @@ import (
 	"github.com/molt-sh/molt/internal/egress"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sched"
+	"github.com/molt-sh/molt/internal/turn"
 	"github.com/spf13/cobra"
 )
 
@@ -66,7 +67,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var sockGroup string
 	var sockUIDs []int
 	var seccompDefault string
-	recLimit := sizeFlag(256 << 20)
+	recLimit := sizeFlag(turn.DefaultRecordLimit)
 	var eg struct {
 		rng, uplink, caFile string
 		dns                 []string
@@ -213,7 +214,7 @@ func (f *sizeFlag) String() string {
 	}
 	return fmt.Sprint(int64(*f))
 }
-func (f *sizeFlag) Type() string   { return "size" }
+func (f *sizeFlag) Type() string { return "size" }
 func (f *sizeFlag) Set(v string) error {
 	n, err := parseSize(v)
 	if err != nil || n <= 0 {
