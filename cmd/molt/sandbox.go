@@ -68,6 +68,9 @@ func createCmd(g *globals) *cobra.Command {
 			if req.Network, req.Egress, err = net.request(); err != nil {
 				return err
 			}
+			if req.EffectPolicy, err = net.policy(); err != nil {
+				return err
+			}
 			sb, err := g.client().Create(ctx, req)
 			if err != nil {
 				return err
