@@ -104,25 +104,7 @@ func (l *Ledger) step(sb, id string, check func(*Record) (entry, error), apply f
 		return Record{}, fmt.Errorf("ledger %s: record %s: %w", sb, id, errdefs.ErrNotFound)
 	}
 	s.mu.Lock()
-	r, gen, err := func() (Record, uint64, error) {
-		if err := s.usable(); err != nil {
-			return Record{}, 0, err
-		}
-		i, ok := s.st.byID[id]
-		if !ok {
-			return Record{}, 0, fmt.Errorf("record %s: %w", id, errdefs.ErrNotFound)
-		}
-		e, err := check(s.st.recs[i])
-		if err != nil {
-			return Record{}, 0, err
-		}
-		gen, err := s.append(l.path(sb), e)
-		if err != nil {
-			return Record{}, 0, err
-		}
-		apply(s.st, i, e)
-		return *s.st.recs[i], gen, nil
-	}()
+	r, gen, err := s.step(l.path(sb), id, check, apply)
 	s.mu.Unlock()
 	if err == nil {
 		err = l.commit(s, gen, true)
@@ -131,6 +113,27 @@ func (l *Ledger) step(sb, id string, check func(*Record) (entry, error), apply f
 		return Record{}, fmt.Errorf("ledger %s: %w", sb, err)
 	}
 	return r, nil
+}
+
+// +checklocks:s.mu
+func (s *sandbox) step(path, id string, check func(*Record) (entry, error), apply func(*state, int, entry)) (Record, uint64, error) {
+	if err := s.usable(); err != nil {
+		return Record{}, 0, err
+	}
+	i, ok := s.st.byID[id]
+	if !ok {
+		return Record{}, 0, fmt.Errorf("record %s: %w", id, errdefs.ErrNotFound)
+	}
+	e, err := check(s.st.recs[i])
+	if err != nil {
+		return Record{}, 0, err
+	}
+	gen, err := s.append(path, e)
+	if err != nil {
+		return Record{}, 0, err
+	}
+	apply(s.st, i, e)
+	return *s.st.recs[i], gen, nil
 }
 
 // Plan marks the records ids of sb planned for compensation, as batch
