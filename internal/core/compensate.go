@@ -265,6 +265,11 @@ func (m *Manager) resumeCompensations() {
 		seen := map[string]bool{}
 		var cancel []string
 		for _, r := range open {
+			if r.Origin != "" {
+				// A fork's copy of its sandbox's record: the sandbox
+				// that made the effect compensates it, once.
+				continue
+			}
 			c := r.Compensation
 			if c.State == ledger.CompPlanned && !orphan[r.ID] {
 				cancel = append(cancel, r.ID)
