@@ -316,6 +316,13 @@ func (c *Client) ConsumeEffect(ctx context.Context, id string, req v1.EffectCons
 	return e, c.do(ctx, "POST", "/v1/effects/"+esc(id)+"/consumers", req, &e)
 }
 
+// SetCompensator gives effect id a compensator after the fact (an agent
+// learns how to undo a payment only after making it).
+func (c *Client) SetCompensator(ctx context.Context, id string, comp v1.Compensator) (v1.Effect, error) {
+	var e v1.Effect
+	return e, c.do(ctx, "POST", "/v1/effects/"+esc(id)+"/compensator", comp, &e)
+}
+
 // Checkpoints lists a sandbox's checkpoints.
 func (c *Client) Checkpoints(ctx context.Context, ref string) ([]v1.Checkpoint, error) {
 	var l []v1.Checkpoint

@@ -186,13 +186,20 @@ func rollbackCmd(g *globals) *cobra.Command {
 	var force, dry bool
 	c := &cobra.Command{
 		Use: "rollback SANDBOX CHECKPOINT", Short: "Return a sandbox to a checkpoint", Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			ctx, cancel := ctx()
 			defer cancel()
 			res, err := g.client().RollbackWith(ctx, args[0], v1.RollbackRequest{Checkpoint: args[1], Tier: tier, Force: force, DryRun: dry})
 			if err != nil {
 				return err
 			}
+			defer func() {
+				// Rolled back, but the world still has effects it
+				// should no longer have: a failure, whatever the output.
+				if c := res.Compensation; c != nil && c.State != v1.CompensationDone && err == nil {
+					err = fmt.Errorf("%s rolled back to %s, but %d compensation(s) failed or did not finish (molt effects %s)", res.Sandbox, res.Checkpoint, len(c.Failed), res.Sandbox)
+				}
+			}()
 			return g.print(res, func() {
 				if !dry {
 					fmt.Printf("%s rolled back to %s in %.1f ms (%s)\n", res.Sandbox, res.Checkpoint, res.DurationMS, res.Tier)
@@ -201,6 +208,7 @@ func rollbackCmd(g *globals) *cobra.Command {
 					fmt.Println(res.Note)
 				}
 				printPlan(res.Plan)
+				printCompensation(res.Compensation)
 			})
 		},
 	}

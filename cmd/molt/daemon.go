@@ -71,6 +71,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var eg struct {
 		rng, uplink, caFile string
 		dns                 []string
+		comp                compFlags
 	}
 	c := &cobra.Command{
 		Use:   "daemon",
@@ -137,7 +138,8 @@ func daemonCmd(g *globals) *cobra.Command {
 				Config: core.Config{RecordLimit: int64(recLimit), Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
 					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault,
-					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile}},
+					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile,
+						CompensateAttempts: eg.comp.attempts, CompensateBackoff: eg.comp.backoff, CompensateTimeout: eg.comp.timeout}},
 				Options: slices.Concat(without(dynMods, core.WithoutFavorDynMods()), without(cow, core.WithoutCOWCapture()),
 					without(tmpl, core.WithoutTemplateCapture()), without(diskQuota, core.WithoutDiskQuota())),
 				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs},
@@ -148,6 +150,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&eg.rng, "egress-range", egress.DefaultRange.String(), "addresses of sandboxes with --network egress (the first is their gateway and resolver, the last four the uplink link); molt's own router namespace holds them, so only the uplink's /30 shows on the host")
 	c.Flags().StringVar(&eg.uplink, "egress-uplink", "", "network namespace (a name under /run/netns or a path) sandboxes' egress leaves through, instead of the host's default route (tests point it at a namespace of their own; docs/egress.md)")
 	c.Flags().StringArrayVar(&eg.dns, "egress-dns", nil, "upstream resolver (ip or ip:port) of molt's DNS for sandboxes (repeatable; default: /etc/resolv.conf's nameservers)")
+	eg.comp.add(c)
 	c.Flags().StringVar(&eg.caFile, "egress-ca", "", "PEM file of extra roots the egress proxy trusts for the world's TLS when it inspects (a test internet's, a corporate proxy's)")
 	c.Flags().StringVar(&poolSize, "pool-size", "32G", "size of the btrfs loop file when the root is not on btrfs")
 	c.Flags().StringVar(&nodeSize, "pool-node-size", "8K", "btrfs metadata node size of a new loop file (4K to 64K): small nodes keep snapshots of a long-lived, often checkpointed root cheap; an existing pool keeps its own")
@@ -222,4 +225,16 @@ func (f *sizeFlag) Set(v string) error {
 	}
 	*f = sizeFlag(n)
 	return nil
+}
+
+// compFlags bound the compensators rollbacks run (docs/egress.md).
+type compFlags struct {
+	attempts         int
+	backoff, timeout time.Duration
+}
+
+func (f *compFlags) add(c *cobra.Command) {
+	c.Flags().IntVar(&f.attempts, "compensate-attempts", core.DefaultCompensateAttempts, "attempts of each compensator a rollback runs before its compensation is reported failed")
+	c.Flags().DurationVar(&f.backoff, "compensate-backoff", core.DefaultCompensateBackoff, "wait before a compensator's second attempt, doubled before each next one")
+	c.Flags().DurationVar(&f.timeout, "compensate-timeout", core.DefaultCompensateTimeout, "bound of one attempt of a compensator (an HTTP request, a command in a helper sandbox)")
 }

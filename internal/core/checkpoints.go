@@ -586,9 +586,16 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	if err := m.room("rollback "+rec.ID, 0); err != nil {
 		return meta.RollbackResult{}, err
 	}
+	// The compensations are planned (durably) before the switch and run
+	// after it (compensate.go says why).
+	batch, err := m.planCompensation(rec, ck, plan)
+	if err != nil {
+		return meta.RollbackResult{}, err
+	}
 	// The tiers, fastest first (hot.Run).
 	res, err := hot.Run(ctx, &rollbackTarget{m: m, rec: &rec, ck: ck, req: req})
 	if err != nil {
+		m.cancelCompensation(rec, batch, plan, err)
 		return meta.RollbackResult{}, err
 	}
 	m.ledgerRewind(rec.ID, ck)
@@ -603,6 +610,7 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	if plan != nil && len(plan.Orphan) > 0 {
 		res.Plan = plan
 	}
+	res.Compensation = m.compensate(context.WithoutCancel(ctx), rec.ID, ck.ID, batch)
 	res.DurationMS = ms(time.Since(start))
 	if res.Tier != v1.TierRestart {
 		m.scheduleStandby(rec.ID)

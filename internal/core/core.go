@@ -143,6 +143,7 @@ type Manager struct {
 	net      *egress.Host   // sandboxes' egress (egress.go)
 	ledger   *ledger.Ledger // every sandbox's effects
 	netMu    sync.Mutex     // address allocation
+	compWG   sync.WaitGroup // compensations resumed at start-up (compensate.go)
 
 	idBlocks idBlocks // user namespace blocks being handed out
 
@@ -295,6 +296,7 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 		m.Close()
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	m.resumeCompensations()
 	return m, nil
 }
 
@@ -326,6 +328,7 @@ func (m *Manager) Close() error {
 	m.ret.Close()
 	m.quota.wg.Wait()
 	m.disk.Close()
+	m.compWG.Wait()
 	m.closeEgress()
 	return m.db.Close()
 }

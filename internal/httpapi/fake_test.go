@@ -139,6 +139,10 @@ func (f *fakeEngine) Turns(ref string) ([]meta.TurnRecord, error) { return nil, 
 func (f *fakeEngine) Effects(ctx context.Context, ref, since string) ([]ledger.Record, map[string]bool, error) {
 	return nil, nil, f.call("Effects", ref)
 }
+func (f *fakeEngine) SetCompensator(ctx context.Context, id string, c v1.Compensator) (ledger.Record, error) {
+	return ledger.Record{}, f.call("SetCompensator", id)
+}
+
 func (f *fakeEngine) ConsumeEffect(ctx context.Context, id string, req v1.EffectConsumeRequest) (ledger.Record, error) {
 	return ledger.Record{}, f.call("ConsumeEffect", id)
 }

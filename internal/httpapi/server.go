@@ -51,6 +51,7 @@ func Handler(m Engine, co LLMEndpoints, log *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/effects", s.effects)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/effects", s.declareEffect)
 	mux.HandleFunc("POST /v1/effects/{id}/consumers", s.consumeEffect)
+	mux.HandleFunc("POST /v1/effects/{id}/compensator", s.setCompensator)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.hibernate)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("GET /v1/checkpoints/{id}", s.checkpointInfo)
@@ -499,6 +500,16 @@ func (s *server) consumeEffect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec, err := s.m.ConsumeEffect(r.Context(), r.PathValue("id"), req)
+	reply(w, toEffect(rec, false), err)
+}
+
+func (s *server) setCompensator(w http.ResponseWriter, r *http.Request) {
+	var req v1.Compensator
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	rec, err := s.m.SetCompensator(r.Context(), r.PathValue("id"), req)
 	reply(w, toEffect(rec, false), err)
 }
 

@@ -66,15 +66,27 @@ type RollbackResult struct {
 	Note               string `json:"note,omitempty"`
 	// Plan is what the rollback does to the effect ledger.
 	Plan *RollbackPlan `json:"plan,omitempty"`
+	// Compensation: see api/v1.RollbackResult.Compensation.
+	Compensation *CompensationReport `json:"compensation,omitempty"`
 }
 
 // RollbackPlan: see api/v1.RollbackPlan.
 type RollbackPlan struct {
-	DryRun     bool            `json:"dry_run,omitempty"`
-	Orphan     []string        `json:"orphan,omitempty"`
-	Replay     []string        `json:"replay,omitempty"`
-	Compensate []string        `json:"compensate,omitempty"`
-	Block      []BlockedEffect `json:"block,omitempty"`
+	DryRun     bool             `json:"dry_run,omitempty"`
+	Orphan     []string         `json:"orphan,omitempty"`
+	Replay     []string         `json:"replay,omitempty"`
+	Compensate []string         `json:"compensate,omitempty"`
+	Block      []BlockedEffect  `json:"block,omitempty"`
+	Decisions  []EffectDecision `json:"decisions,omitempty"`
+}
+
+// EffectDecision: see api/v1.EffectDecision.
+type EffectDecision struct {
+	ID     string `json:"id"`
+	Kind   string `json:"kind,omitempty"`
+	Policy string `json:"policy,omitempty"`
+	Action string `json:"action"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // BlockedEffect: see api/v1.BlockedEffect.
@@ -83,6 +95,7 @@ type BlockedEffect struct {
 	Method    string   `json:"method,omitempty"`
 	URL       string   `json:"url,omitempty"`
 	Consumers []string `json:"consumers"`
+	Reason    string   `json:"reason,omitempty"`
 }
 
 // ForkResult lists the new sandboxes.
