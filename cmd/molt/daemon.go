@@ -67,6 +67,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var sockGroup string
 	var sockUIDs []int
 	var seccompDefault string
+	var trustKeys []string
 	recLimit := sizeFlag(turn.DefaultRecordLimit)
 	var eg struct {
 		rng, uplink, caFile string
@@ -134,7 +135,7 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{RecordLimit: int64(recLimit), Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+				Config: core.Config{RecordLimit: int64(recLimit), TrustedKeys: trustKeys, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
 					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault,
 					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile}},
@@ -144,6 +145,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+	c.Flags().StringArrayVar(&trustKeys, "trust-key", nil, "public key file (another host's ROOT/keys/host.pub) whose signed checkpoints this host accepts, besides its own and ROOT/keys/trusted/*.pub (repeatable)")
 	c.Flags().Var(&recLimit, "record-limit", "default bound of each sandbox's turn log recording (command output, LLM exchanges) that a recovery replays; past it turns are kept cut and cannot be fast-forwarded")
 	c.Flags().StringVar(&eg.rng, "egress-range", egress.DefaultRange.String(), "addresses of sandboxes with --network egress (the first is their gateway and resolver, the last four the uplink link); molt's own router namespace holds them, so only the uplink's /30 shows on the host")
 	c.Flags().StringVar(&eg.uplink, "egress-uplink", "", "network namespace (a name under /run/netns or a path) sandboxes' egress leaves through, instead of the host's default route (tests point it at a namespace of their own; docs/egress.md)")
