@@ -134,8 +134,10 @@ func TestChainTamper(t *testing.T) {
 			cs.edit(t, "a", func(s string) string { return strings.Replace(s, `"kernel": ""`, `"kernel": "6.1"`, 1) })
 		}},
 		{"the signature removed", "c", "not signed", func(t *testing.T, cs *chainStore) {
-			cs.edit(t, "c", func(s string) string { return s[:strings.Index(s, `,
-  "signature"`)] + "\n}" })
+			cs.edit(t, "c", func(s string) string {
+				return s[:strings.Index(s, `,
+  "signature"`)] + "\n}"
+			})
 		}},
 		{"the parent replaced by a re-signed one", "c", "parent digest", func(t *testing.T, cs *chainStore) {
 			cs.write(t, "b", "a", 9) // another b, signed by the host itself

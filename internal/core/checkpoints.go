@@ -282,7 +282,7 @@ func (m *Manager) manifestOf(ck checkpointRec, committed bool) ckstore.Manifest 
 // digestOf is the content digest of checkpoint id's manifest ("" for
 // none, or one that cannot be read: the link then fails verification).
 func (m *Manager) digestOf(id string) string {
-	if id == "" {
+	if id == "" || m.cks == nil {
 		return ""
 	}
 	mf, err := m.cks.ReadManifest(id)
