@@ -347,6 +347,13 @@ func (c *Client) VerifyCheckpoint(ctx context.Context, ref string) (v1.Checkpoin
 	return ck, c.do(ctx, "POST", "/v1/checkpoints/"+esc(ref)+"/verify", nil, &ck)
 }
 
+// VerifyChain verifies a checkpoint's lineage: every manifest up to the
+// root signed by a trusted key and linked to its parent's digest.
+func (c *Client) VerifyChain(ctx context.Context, ref string) (v1.ChainVerification, error) {
+	var res v1.ChainVerification
+	return res, c.do(ctx, "GET", "/v1/checkpoints/"+esc(ref)+"/chain", nil, &res)
+}
+
 // Rollback returns a sandbox to a checkpoint.
 func (c *Client) Rollback(ctx context.Context, ref, checkpoint string) (v1.RollbackResult, error) {
 	return c.RollbackWith(ctx, ref, v1.RollbackRequest{Checkpoint: checkpoint})

@@ -752,3 +752,24 @@ type Divergence struct {
 	Got      string    `json:"got"`
 	At       time.Time `json:"at"`
 }
+
+// ChainVerification is a checkpoint's lineage as verified: each
+// checkpoint from it up to its root, with what is wrong with its link
+// (its manifest's signature, the key, the parent it names and that
+// parent's digest).
+type ChainVerification struct {
+	Checkpoint string      `json:"checkpoint"`
+	OK         bool        `json:"ok"`
+	Links      []ChainLink `json:"links"`
+	// Key is this host's signing key; Trusted the keys it accepts.
+	Key     string   `json:"key"`
+	Trusted []string `json:"trusted"`
+}
+
+// ChainLink is one checkpoint of a verified lineage.
+type ChainLink struct {
+	ID      string `json:"id"`
+	Parent  string `json:"parent,omitempty"`
+	Key     string `json:"key,omitempty"`
+	Problem string `json:"problem,omitempty"`
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -88,11 +89,25 @@ func checkpointCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+	var chain bool
 	verify := &cobra.Command{
-		Use: "verify CHECKPOINT", Short: "Check a checkpoint's stored objects against its manifest", Args: cobra.ExactArgs(1),
+		Use: "verify CHECKPOINT [--chain]", Short: "Check a checkpoint's stored objects against its manifest (--chain: and every signed link of its lineage)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
+			if chain {
+				res, err := g.client().VerifyChain(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if err := g.print(res, func() { printChain(res) }); err != nil {
+					return err
+				}
+				if !res.OK {
+					return &exitError{code: 1}
+				}
+				return nil
+			}
 			ck, err := g.client().VerifyCheckpoint(ctx, args[0])
 			if err != nil {
 				return err
@@ -100,6 +115,7 @@ func checkpointCmd(g *globals) *cobra.Command {
 			return g.print(ck, func() { fmt.Printf("%s: ok\n", ck.ID) })
 		},
 	}
+	verify.Flags().BoolVar(&chain, "chain", false, "also verify the lineage up to its root: each manifest signed by a trusted key, naming its parent and the parent's digest")
 	c.AddCommand(rm, inspect, verify)
 	return c
 }
@@ -249,4 +265,23 @@ func captureNote(ck v1.Checkpoint) string {
 		return ""
 	}
 	return " (" + ck.CaptureNote + ")"
+}
+
+func printChain(res v1.ChainVerification) {
+	for i, l := range res.Links {
+		state := "ok"
+		if l.Problem != "" {
+			state = "BROKEN: " + l.Problem
+		}
+		key := l.Key
+		if key == "" {
+			key = "unsigned"
+		}
+		fmt.Printf("%s%s  %s  %s\n", strings.Repeat("  ", i), l.ID, key, state)
+	}
+	if res.OK {
+		fmt.Printf("lineage of %s: %d checkpoints, every link signed and intact (host key %s)\n", res.Checkpoint, len(res.Links), res.Key)
+	} else {
+		fmt.Printf("lineage of %s: BROKEN\n", res.Checkpoint)
+	}
 }

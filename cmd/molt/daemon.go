@@ -67,6 +67,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var sockGroup string
 	var sockUIDs []int
 	var seccompDefault string
+	var trustKeys []string
 	recLimit := sizeFlag(turn.DefaultRecordLimit)
 	var eg egressFlags
 	c := &cobra.Command{
@@ -131,7 +132,7 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{RecordLimit: int64(recLimit), Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+				Config: core.Config{RecordLimit: int64(recLimit), TrustedKeys: trustKeys, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
 					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault,
 					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile,
@@ -142,6 +143,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+	c.Flags().StringArrayVar(&trustKeys, "trust-key", nil, "public key file (another host's ROOT/keys/host.pub) whose signed checkpoints this host accepts, besides its own and ROOT/keys/trusted/*.pub (repeatable)")
 	c.Flags().Var(&recLimit, "record-limit", "default bound of each sandbox's turn log recording (command output, LLM exchanges) that a recovery replays; past it turns are kept cut and cannot be fast-forwarded")
 	eg.add(c)
 	c.Flags().StringVar(&poolSize, "pool-size", "32G", "size of the btrfs loop file when the root is not on btrfs")

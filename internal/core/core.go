@@ -103,6 +103,10 @@ type Config struct {
 	// SeccompDefault is the filter of sandboxes created without one:
 	// v1.SeccompDefault ("" too) or v1.SeccompUnconfined.
 	SeccompDefault string
+	// TrustedKeys are files of public keys (ckstore.EncodePublicKey)
+	// whose signed checkpoints this host restores, besides its own key
+	// (Root/keys/host.key, made on first start) and Root/keys/trusted.
+	TrustedKeys []string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// UserNS gives each sandbox created from now on a user namespace:
@@ -249,6 +253,11 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 	}
 	m.turns = m.newTurns()
 	m.cks = ckstore.New(ckstore.NewLocal(m.path("checkpoints")))
+	keys, err := ckstore.LoadKeyring(filepath.Join(cfg.Root, "keys"), cfg.TrustedKeys)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint signing keys: %w", err)
+	}
+	m.cks.SetKeyring(keys)
 	m.openHot()
 	m.metrics = newMetrics(m)
 	if !m.opts.noScheduler {

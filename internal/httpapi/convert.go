@@ -197,6 +197,11 @@ func toRecoveryStatus(r meta.RecoveryStatus) v1.RecoveryStatus {
 		Replayed: r.Replayed, Total: r.Total, Bytes: r.Bytes, Divergence: (*v1.Divergence)(r.Divergence)}
 }
 
+func toChainVerification(r meta.ChainVerification) v1.ChainVerification {
+	return v1.ChainVerification{Checkpoint: r.Checkpoint, OK: r.OK, Key: r.Key, Trusted: r.Trusted,
+		Links: mapSlice(r.Links, func(l meta.ChainLink) v1.ChainLink { return v1.ChainLink(l) })}
+}
+
 func toForkResult(r meta.ForkResult) v1.ForkResult {
 	return v1.ForkResult{
 		Checkpoint: r.Checkpoint, Sandboxes: toSandboxes(r.Sandboxes),

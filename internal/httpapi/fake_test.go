@@ -118,6 +118,10 @@ func (f *fakeEngine) VerifyCheckpoint(ref string) (meta.Checkpoint, error) {
 func (f *fakeEngine) DeleteCheckpoint(ctx context.Context, ref string) error {
 	return f.call("DeleteCheckpoint", ref)
 }
+func (f *fakeEngine) VerifyChain(ref string) (meta.ChainVerification, error) {
+	return meta.ChainVerification{}, f.call("VerifyChain", ref)
+}
+
 func (f *fakeEngine) Recover(ctx context.Context, ref string, req v1.RecoverRequest) (meta.RecoverResult, error) {
 	return meta.RecoverResult{}, f.call("Recover", ref)
 }

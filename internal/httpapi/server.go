@@ -57,6 +57,7 @@ func Handler(m Engine, co LLMEndpoints, log *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/checkpoints/{id}", s.checkpointInfo)
 	mux.HandleFunc("DELETE /v1/checkpoints/{id}", s.checkpointDelete)
 	mux.HandleFunc("POST /v1/checkpoints/{id}/verify", s.checkpointVerify)
+	mux.HandleFunc("GET /v1/checkpoints/{id}/chain", s.checkpointChain)
 	mux.HandleFunc("POST /v1/checkpoints/{id}/fork", s.forkCheckpoint)
 	return apiMux{mux}
 }
@@ -576,6 +577,11 @@ func (s *server) hibernate(w http.ResponseWriter, r *http.Request) {
 func (s *server) resume(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.m.Resume(r.Context(), r.PathValue("id"))
 	reply(w, toSandbox(sb), err)
+}
+
+func (s *server) checkpointChain(w http.ResponseWriter, r *http.Request) {
+	res, err := s.m.VerifyChain(r.PathValue("id"))
+	reply(w, toChainVerification(res), err)
 }
 
 func (s *server) checkpointVerify(w http.ResponseWriter, r *http.Request) {

@@ -144,3 +144,21 @@ type Divergence struct {
 	Got      string    `json:"got"`
 	At       time.Time `json:"at"`
 }
+
+// ChainVerification is a checkpoint's lineage as verified (see
+// v1.ChainVerification).
+type ChainVerification struct {
+	Checkpoint string      `json:"checkpoint"`
+	OK         bool        `json:"ok"`
+	Links      []ChainLink `json:"links"`
+	Key        string      `json:"key"`
+	Trusted    []string    `json:"trusted"`
+}
+
+// ChainLink is one checkpoint of a verified lineage.
+type ChainLink struct {
+	ID      string `json:"id"`
+	Parent  string `json:"parent,omitempty"`
+	Key     string `json:"key,omitempty"`
+	Problem string `json:"problem,omitempty"`
+}
