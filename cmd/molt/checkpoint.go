@@ -220,11 +220,7 @@ func rollbackCmd(g *globals) *cobra.Command {
 				if !dry {
 					fmt.Printf("%s rolled back to %s in %.1f ms (%s)\n", res.Sandbox, res.Checkpoint, res.DurationMS, res.Tier)
 				}
-				if res.Note != "" {
-					fmt.Println(res.Note)
-				}
-				printPlan(res.Plan)
-				printCompensation(res.Compensation)
+				printRollbackRest(&res)
 			})
 		},
 	}

@@ -265,3 +265,13 @@ func consumeCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&req.Note, "note", "", "what they did")
 	return c
 }
+
+// printRollbackRest prints a rollback's note, its effect plan and its
+// compensations.
+func printRollbackRest(rb *v1.RollbackResult) {
+	if rb.Note != "" {
+		fmt.Println(rb.Note)
+	}
+	printPlan(rb.Plan)
+	printCompensation(rb.Compensation)
+}

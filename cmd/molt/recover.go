@@ -56,11 +56,7 @@ and is reported (--status).`,
 					if !res.DryRun {
 						fmt.Printf("rollback: %.1f ms (%s)\n", rb.DurationMS, rb.Tier)
 					}
-					if rb.Note != "" {
-						fmt.Println(rb.Note)
-					}
-					printPlan(rb.Plan)
-					printCompensation(rb.Compensation)
+					printRollbackRest(rb)
 				}
 			})
 		},
