@@ -35,6 +35,9 @@ type EgressConfig struct {
 	// CAFile holds extra roots the proxy trusts for the world's TLS (a
 	// test internet's CA, a corporate proxy's).
 	CAFile string
+	// OnLedgerAppend, if set, sees every record the ledger writes
+	// (ledger.Ledger.OnAppend): the daemon's audit log.
+	OnLedgerAppend func(ledger.Record)
 }
 
 // openEgress opens the ledger and prepares the host's egress; nothing
@@ -45,6 +48,7 @@ func (m *Manager) openEgress() error {
 		return fmt.Errorf("effect ledger: %w", err)
 	}
 	m.ledger = l
+	l.OnAppend(m.cfg.Egress.OnLedgerAppend)
 	for sb, err := range l.Broken() {
 		m.log.Error("effect ledger damaged: the sandbox records nothing and its egress sends nothing until it is removed", "sandbox", sb, "err", err)
 	}
