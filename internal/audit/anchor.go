@@ -39,8 +39,8 @@ type Anchor interface {
 type FileAnchor struct {
 	Path string
 
-	mu    sync.Mutex
-	f     *os.File // +checklocks:mu
+	mu sync.Mutex
+	f  *os.File // +checklocks:mu
 	// loaded: epoch and next were read from the file.
 	loaded bool   // +checklocks:mu
 	epoch  uint64 // +checklocks:mu
@@ -99,26 +99,43 @@ func (a *FileAnchor) load() (Head, bool, error) {
 	if err != nil && err != io.EOF {
 		return Head{}, false, fmt.Errorf("audit anchor: %w", err)
 	}
-	buf = buf[:n]
-	var best *slot
-	bestAt := 0
-	for i := 0; i < 2; i++ {
-		if len(buf) < (i+1)*anchorSlot {
-			break
-		}
-		s, ok := parseSlot(buf[i*anchorSlot : (i+1)*anchorSlot])
-		if ok && (best == nil || s.epoch > best.epoch || s.epoch == best.epoch && s.h.Seq > best.h.Seq) {
-			best, bestAt = &s, i
-		}
+	if n == 0 {
+		return Head{}, false, nil
 	}
-	if best == nil {
-		if n == 0 {
-			return Head{}, false, nil
-		}
+	best, at, ok := parseSlots(buf[:n])
+	if !ok {
 		return Head{}, false, fmt.Errorf("audit anchor %s: no valid slot", a.Path)
 	}
-	a.epoch, a.next = best.epoch, 1-bestAt
+	a.epoch, a.next = best.epoch, 1-at
 	return best.h, true, nil
+}
+
+// ReadAnchorFile reads a FileAnchor's head without writing to it (an
+// offline verification).
+func ReadAnchorFile(path string) (Head, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Head{}, fmt.Errorf("audit anchor: %w", err)
+	}
+	s, _, ok := parseSlots(b)
+	if !ok {
+		return Head{}, fmt.Errorf("audit anchor %s: no valid slot", path)
+	}
+	return s.h, nil
+}
+
+// parseSlots returns the valid slot with the highest (epoch, seq) and its
+// index.
+func parseSlots(buf []byte) (slot, int, bool) {
+	var best slot
+	at, found := 0, false
+	for i := 0; i < 2 && len(buf) >= (i+1)*anchorSlot; i++ {
+		s, ok := parseSlot(buf[i*anchorSlot : (i+1)*anchorSlot])
+		if ok && (!found || s.epoch > best.epoch || s.epoch == best.epoch && s.h.Seq > best.h.Seq) {
+			best, at, found = s, i, true
+		}
+	}
+	return best, at, found
 }
 
 func parseSlot(b []byte) (slot, bool) {
