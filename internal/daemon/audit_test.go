@@ -23,7 +23,7 @@ import (
 // stubEngine answers the two calls these tests make; any other panics.
 type stubEngine struct{ httpapi.Engine }
 
-func (stubEngine) Host() meta.Host               { return meta.Host{Version: "test"} }
+func (stubEngine) Host() meta.Host              { return meta.Host{Version: "test"} }
 func (stubEngine) MetricsHandler() http.Handler { return http.NotFoundHandler() }
 func (stubEngine) Sandbox(_ context.Context, ref string) (meta.Sandbox, error) {
 	return meta.Sandbox{}, fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
