@@ -326,3 +326,22 @@ func jsonBody(line []byte, e *Entry) error {
 	n := len(line) - hashSuffixLen
 	return json.Unmarshal(append(line[:n:n], '}'), e)
 }
+
+// TestRehashedEntryBreaksLink: an entry edited and given its new hash
+// verifies on its own; the next entry's prev no longer names it.
+func TestRehashedEntryBreaksLink(t *testing.T) {
+	l, dir := fill(t, 10)
+	l.Close()
+	path := filepath.Join(dir, FileName)
+	ls := lines(t, path)
+	e, err := decode(bytes.TrimSuffix(ls[4], []byte("\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Status = 500
+	if ls[4], _, err = encode(e); err != nil {
+		t.Fatal(err)
+	}
+	write(t, path, ls)
+	wantBad(t, verifyFile(t, path, false), 6, "is not the hash of entry 5")
+}
