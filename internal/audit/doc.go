@@ -50,12 +50,17 @@
 //
 // # Durability and concurrency
 //
-// Append returns once its entry is on disk (fdatasync) and the anchor
-// names it or a later entry; concurrent Appends share one fdatasync
-// (group commit). AppendAsync writes the line at once and leaves the sync
-// to a background flush a few milliseconds later (the effect ledger's
-// reads, which the ledger itself syncs the same way).
+// Append returns once its entry is on disk (fdatasync); concurrent Appends
+// share one fdatasync (group commit). The anchor is then brought to the
+// synced head by a background store (pwrite and fdatasync of its file),
+// ordered so it never goes back: it lags the log by one store, a few
+// milliseconds, and an entry cut from the tail in that window is not
+// detected. Sync and Close wait for both. AppendAsync writes the line at
+// once and leaves the sync to a background flush a few milliseconds later:
+// a daemon crash loses nothing written, a host crash may lose the last
+// entries (the API's reads and the effect ledger's reads, which the ledger
+// itself syncs the same way).
 //
-// Locks: Log.mu (the file, seq and head) before Log.syncMu is never
-// needed: sync takes syncMu, then mu briefly to read the head.
+// Locks: syncMu, then mu briefly to read the head; anchorMu, then syncMu
+// briefly. mu is never held while waiting for another lock.
 package audit

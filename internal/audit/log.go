@@ -68,10 +68,18 @@ type Log struct {
 	sf      *os.File // +checklocks:syncMu
 	synced  uint64   // +checklocks:syncMu
 	syncErr error    // +checklocks:syncMu
+	// The head the anchor should name next (the last synced) and the
+	// seq it names.
+	anchorWant Head   // +checklocks:syncMu
+	anchored   uint64 // +checklocks:syncMu
+	anchorErr  error  // +checklocks:syncMu
 
-	kick chan struct{}
-	done chan struct{}
-	wg   sync.WaitGroup
+	// anchorMu orders the anchor's stores.
+	anchorMu   sync.Mutex
+	kick       chan struct{}
+	anchorKick chan struct{}
+	done       chan struct{}
+	wg         sync.WaitGroup
 }
 
 // Open opens the log in dir (created 0700), checks it against its
@@ -82,7 +90,7 @@ func Open(dir string, opts Options) (*Log, error) {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
 	l := &Log{dir: dir, path: filepath.Join(dir, FileName), anchor: opts.Anchor, now: opts.Now,
-		kick: make(chan struct{}, 1), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), anchorKick: make(chan struct{}, 1), done: make(chan struct{})}
 	if l.anchor == nil {
 		l.anchor = &FileAnchor{Path: filepath.Join(dir, AnchorName)}
 	}
@@ -100,10 +108,11 @@ func Open(dir string, opts Options) (*Log, error) {
 		return nil, err
 	}
 	l.syncMu.Lock()
-	l.sf, l.synced = f, head.Seq
+	l.sf, l.synced, l.anchorWant, l.anchored = f, head.Seq, head, head.Seq
 	l.syncMu.Unlock()
-	l.wg.Add(1)
+	l.wg.Add(2)
 	go l.flushLoop()
+	go l.anchorLoop()
 	return l, nil
 }
 
@@ -235,7 +244,8 @@ func (l *Log) prepare(e Entry) (Entry, []byte, error) {
 }
 
 // Append adds e (Seq, Prev and Hash are set; Time when zero) and returns
-// it once it is on disk and anchored.
+// it once it is on disk. The anchor is brought to it (or a later entry)
+// right after, in the background: see the package doc.
 func (l *Log) Append(e Entry) (Entry, error) {
 	e, err := l.write(e)
 	if err != nil {
@@ -257,6 +267,17 @@ func (l *Log) AppendAsync(e Entry) (Entry, error) {
 	default:
 	}
 	return e, nil
+}
+
+// Sync returns once every entry written so far is on disk and anchored.
+func (l *Log) Sync() error {
+	l.mu.Lock()
+	seq := l.head.Seq
+	l.mu.Unlock()
+	if err := l.syncTo(seq); err != nil {
+		return err
+	}
+	return l.storeAnchor()
 }
 
 func (l *Log) write(e Entry) (Entry, error) {
@@ -286,8 +307,8 @@ func (l *Log) write(e Entry) (Entry, error) {
 	return e, nil
 }
 
-// syncTo returns once entry seq is on disk and the anchor names it or a
-// later one. One fdatasync covers every entry written before it starts,
+// syncTo returns once entry seq is on disk and hands the anchor's update
+// to anchorLoop. One fdatasync covers every entry written before it starts,
 // so concurrent callers share it.
 func (l *Log) syncTo(seq uint64) error {
 	l.syncMu.Lock()
@@ -313,11 +334,46 @@ func (l *Log) syncTo(seq uint64) error {
 		l.mu.Unlock()
 		return l.syncErr
 	}
-	if err := l.anchor.Store(h); err != nil {
-		return err
+	l.synced, l.anchorWant = h.Seq, h
+	select {
+	case l.anchorKick <- struct{}{}:
+	default:
 	}
-	l.synced = h.Seq
 	return nil
+}
+
+// anchorLoop brings the anchor to the last synced entry, until Close.
+func (l *Log) anchorLoop() {
+	defer l.wg.Done()
+	for {
+		select {
+		case <-l.anchorKick:
+		case <-l.done:
+			return
+		}
+		_ = l.storeAnchor() // kept in anchorErr
+	}
+}
+
+// storeAnchor stores the last synced head in the anchor. The stores are
+// ordered, so the anchor never goes back.
+func (l *Log) storeAnchor() error {
+	l.anchorMu.Lock()
+	defer l.anchorMu.Unlock()
+	l.syncMu.Lock()
+	h, done := l.anchorWant, l.anchored >= l.anchorWant.Seq
+	l.syncMu.Unlock()
+	if done {
+		return nil
+	}
+	err := l.anchor.Store(h)
+	l.syncMu.Lock()
+	if err == nil {
+		l.anchored = h.Seq
+	}
+	l.anchorErr = err
+	l.syncMu.Unlock()
+	return err
 }
 
 // flushLoop syncs what AppendAsync wrote, until Close.
@@ -356,6 +412,9 @@ func (l *Log) Close() error {
 	close(l.done)
 	l.wg.Wait()
 	err := l.syncTo(seq)
+	if err == nil {
+		err = l.storeAnchor()
+	}
 	l.syncMu.Lock()
 	l.sf = nil
 	l.syncMu.Unlock()
@@ -414,6 +473,12 @@ func (l *Log) Export(w io.Writer, since uint64) error {
 
 // Verify checks the log as it is on disk now against its anchor.
 func (l *Log) Verify() (Report, error) {
+	l.syncMu.Lock()
+	aerr := l.anchorErr
+	l.syncMu.Unlock()
+	if aerr != nil {
+		return Report{}, fmt.Errorf("audit anchor: the last update failed: %w", aerr)
+	}
 	// The anchor first: it never names an entry the file does not hold
 	// by the time the file is read.
 	ah, ok, err := l.anchor.Load()

@@ -76,6 +76,9 @@ func wantBad(t *testing.T, r Report, seq uint64, problem string) {
 func TestVerifyIntact(t *testing.T) {
 	l, dir := fill(t, 10)
 	h := l.Head()
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
 	rep, err := l.Verify()
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,7 @@ func actorFrom(ctx context.Context) *Actor {
 // Appender is what the middleware needs of a Log.
 type Appender interface {
 	Append(Entry) (Entry, error)
+	AppendAsync(Entry) (Entry, error)
 }
 
 // Middleware logs every request next serves: who (the connection's
@@ -34,8 +35,11 @@ type Appender interface {
 // error kind of a failure and the duration; never a body. The entry is
 // appended once next returns, before the response's last bytes leave
 // (a small response is still buffered then); a connection upgraded to a
-// stream (exec) is logged when it is hijacked, with status 101. A failed
-// append is passed to onErr: the request has been served by then.
+// stream (exec) is logged when it is hijacked, with status 101. A request
+// that can change something is on disk before its answer is complete;
+// a GET or HEAD is written at once and synced by the group commit a few
+// milliseconds later (Log.AppendAsync). A failed append is passed to
+// onErr: the request has been served by then.
 func Middleware(l Appender, next http.Handler, onErr func(error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := &recorder{ResponseWriter: w, r: r, l: l, onErr: onErr, start: time.Now()}
@@ -124,7 +128,11 @@ func (rec *recorder) log(code int) {
 			e.Error = "http " + http.StatusText(code)
 		}
 	}
-	if _, err := rec.l.Append(e); err != nil && rec.onErr != nil {
+	add := rec.l.Append
+	if m := rec.r.Method; m == http.MethodGet || m == http.MethodHead {
+		add = rec.l.AppendAsync
+	}
+	if _, err := add(e); err != nil && rec.onErr != nil {
 		rec.onErr(err)
 	}
 }

@@ -25,6 +25,9 @@ type stubEngine struct{ httpapi.Engine }
 
 func (stubEngine) Host() meta.Host              { return meta.Host{Version: "test"} }
 func (stubEngine) MetricsHandler() http.Handler { return http.NotFoundHandler() }
+func (stubEngine) Stop(_ context.Context, ref string) (meta.Sandbox, error) {
+	return meta.Sandbox{ID: ref}, nil
+}
 func (stubEngine) Sandbox(_ context.Context, ref string) (meta.Sandbox, error) {
 	return meta.Sandbox{}, fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
 }
@@ -106,8 +109,10 @@ func TestAPIRequestsAudited(t *testing.T) {
 	}
 }
 
-// BenchmarkAPIAudit: GET /v1/host over the daemon's socket, without and
-// with the audit middleware (one durable, anchored append per call).
+// BenchmarkAPIAudit: API calls over the daemon's socket, without and
+// with the audit middleware: GET /v1/host (its entry written, synced by
+// the group commit) and POST /v1/sandboxes/{id}/stop against a stub
+// engine (its entry on disk before the answer), one client and 8 at once.
 func BenchmarkAPIAudit(b *testing.B) {
 	plain := httpapi.Handler(stubEngine{}, nil, slog.Default())
 	l, err := audit.Open(b.TempDir(), audit.Options{})
@@ -116,30 +121,40 @@ func BenchmarkAPIAudit(b *testing.B) {
 	}
 	defer l.Close()
 	audited := auditedAPI(stubEngine{}, nil, l, slog.Default())
-	for _, bc := range []struct {
+	calls := []struct {
 		name string
-		h    http.Handler
-	}{{"plain", plain}, {"audited", audited}} {
-		b.Run(bc.name, func(b *testing.B) {
-			c := serve(b, bc.h)
-			ctx := context.Background()
-			for b.Loop() {
-				if _, err := c.Host(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		b.Run(bc.name+"-parallel", func(b *testing.B) {
-			c := serve(b, bc.h)
-			ctx := context.Background()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if _, err := c.Host(ctx); err != nil {
-						b.Error(err)
-						return
+		call func(context.Context, *client.Client) error
+	}{
+		{"GET-host", func(ctx context.Context, c *client.Client) error { _, err := c.Host(ctx); return err }},
+		{"POST-stop", func(ctx context.Context, c *client.Client) error { _, err := c.Stop(ctx, "sb-1"); return err }},
+	}
+	for _, call := range calls {
+		for _, bc := range []struct {
+			name string
+			h    http.Handler
+		}{{"plain", plain}, {"audited", audited}} {
+			b.Run(call.name+"/"+bc.name, func(b *testing.B) {
+				c := serve(b, bc.h)
+				ctx := context.Background()
+				for b.Loop() {
+					if err := call.call(ctx, c); err != nil {
+						b.Fatal(err)
 					}
 				}
 			})
-		})
+			b.Run(call.name+"/"+bc.name+"-x8", func(b *testing.B) {
+				c := serve(b, bc.h)
+				ctx := context.Background()
+				b.SetParallelism(4) // 8 clients on 2 CPUs
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if err := call.call(ctx, c); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			})
+		}
 	}
 }
