@@ -58,8 +58,8 @@
 // detected. Sync and Close wait for both. AppendAsync writes the line at
 // once and leaves the sync to a background flush a few milliseconds later:
 // a daemon crash loses nothing written, a host crash may lose the last
-// entries (the API's reads and the effect ledger's reads, which the ledger
-// itself syncs the same way).
+// entries (the API's reads, and the effect ledger's records, which the
+// ledger has synced itself).
 //
 // Locks: syncMu, then mu briefly to read the head; anchorMu, then syncMu
 // briefly. mu is never held while waiting for another lock.

@@ -31,19 +31,14 @@ func openAudit(root string, log *slog.Logger) (*audit.Log, error) {
 	return l, nil
 }
 
-// auditLedger records every effect-ledger record in l: effects and
-// opaque connections durably before the proxy goes on (the ledger synced
-// them too), reads as the ledger does, by the group commit that follows.
+// auditLedger records every effect-ledger record in l. The entry is
+// written before the proxy goes on and synced by the group commit a few
+// milliseconds later: the ledger has already synced the record itself
+// (an effect's before it leaves the host), and waiting for a second
+// fdatasync would double what every effect costs.
 func auditLedger(l *audit.Log, log *slog.Logger) func(ledger.Record) {
 	return func(r ledger.Record) {
-		e := audit.EffectEntry(r)
-		var err error
-		if r.Kind == ledger.Read {
-			_, err = l.AppendAsync(e)
-		} else {
-			_, err = l.Append(e)
-		}
-		if err != nil {
+		if _, err := l.AppendAsync(audit.EffectEntry(r)); err != nil {
 			log.Error("audit log: cannot record an effect", "sandbox", r.Sandbox, "effect", r.ID, "err", err)
 		}
 	}
