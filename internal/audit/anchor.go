@@ -37,7 +37,7 @@ type Anchor interface {
 // padded with NULs to anchorSlot bytes; the epoch counts Resets, and
 // Load takes the valid slot with the highest (epoch, seq).
 type FileAnchor struct {
-	Path string
+	Path string // +checklocksignore: set before first use
 
 	mu sync.Mutex
 	f  *os.File // +checklocks:mu

@@ -14,7 +14,7 @@ import (
 )
 
 // ErrClosed is returned by Append after Close.
-var ErrClosed = errors.New("audit log closed")
+var ErrClosed = errors.New("audit log closed") // +checklocksignore: never changes
 
 // FileName is the log's file in its directory; AnchorName the default
 // anchor's.
@@ -49,20 +49,22 @@ type Damage struct {
 
 // Log is the audit log of one daemon. It is safe for concurrent use.
 type Log struct {
-	dir, path string
-	anchor    Anchor
-	now       func() time.Time
-	// What Open found, read-only after.
-	repair        *Repair
-	damage        *Damage
-	anchorProblem string
-
 	mu     sync.Mutex
-	f      *os.File // +checklocks:mu
+	file   *os.File // +checklocks:mu
 	head   Head     // +checklocks:mu
 	size   int64    // +checklocks:mu
 	err    error    // +checklocks:mu
 	closed bool     // +checklocks:mu
+
+	// checklocks needs one name per field line.
+	dir    string
+	path   string
+	anchor Anchor
+	now    func() time.Time // +checklocksignore: set by Open
+	// What Open found, read-only after.
+	repair        *Repair
+	damage        *Damage
+	anchorProblem string
 
 	syncMu  sync.Mutex
 	sf      *os.File // +checklocks:syncMu
@@ -71,7 +73,7 @@ type Log struct {
 	// The head the anchor should name next (the last synced) and the
 	// seq it names.
 	anchorWant Head   // +checklocks:syncMu
-	anchored   uint64 // +checklocks:syncMu
+	anchored   uint64 // +checklocks:anchorMu
 	anchorErr  error  // +checklocks:syncMu
 
 	// anchorMu orders the anchor's stores.
@@ -99,24 +101,27 @@ func Open(dir string, opts Options) (*Log, error) {
 	}
 	l.mu.Lock()
 	err := l.load()
-	if err != nil && l.f != nil {
-		l.f.Close()
+	if err != nil && l.file != nil {
+		l.file.Close()
 	}
-	f, head := l.f, l.head
+	f, head := l.file, l.head
 	l.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
 	l.syncMu.Lock()
-	l.sf, l.synced, l.anchorWant, l.anchored = f, head.Seq, head, head.Seq
+	l.sf, l.synced, l.anchorWant = f, head.Seq, head
 	l.syncMu.Unlock()
+	l.anchorMu.Lock()
+	l.anchored = head.Seq
+	l.anchorMu.Unlock()
 	l.wg.Add(2)
 	go l.flushLoop()
 	go l.anchorLoop()
 	return l, nil
 }
 
-// load reads the file and leaves l.f open for appends at a good end.
+// load reads the file and leaves l.file open for appends at a good end.
 //
 // +checklocks:l.mu
 func (l *Log) load() error {
@@ -128,7 +133,7 @@ func (l *Log) load() error {
 	if err != nil {
 		return err
 	}
-	l.f = f
+	l.file = f
 	c := &chain{}
 	if haveAnchor {
 		c.anchor = &ah
@@ -187,8 +192,8 @@ func (l *Log) openFile() (*os.File, error) {
 //
 // +checklocks:l.mu
 func (l *Log) newSegment(badSeq uint64, why error) error {
-	l.f.Close()
-	l.f = nil
+	l.file.Close()
+	l.file = nil
 	moved := fmt.Sprintf("%s.damaged-%s", l.path, l.now().UTC().Format("20060102T150405.000000000Z"))
 	if err := os.Rename(l.path, moved); err != nil {
 		return fmt.Errorf("audit: setting the damaged log aside: %w", err)
@@ -198,7 +203,7 @@ func (l *Log) newSegment(badSeq uint64, why error) error {
 	if err != nil {
 		return err
 	}
-	l.f, l.head, l.size = f, Head{Hash: ZeroHash}, 0
+	l.file, l.head, l.size = f, Head{Hash: ZeroHash}, 0
 	e := Entry{Kind: KindSegment, Note: fmt.Sprintf("new segment: the previous one, set aside as %s, is damaged at seq %d: %s",
 		filepath.Base(moved), badSeq, why)}
 	e, line, err := l.prepare(e)
@@ -293,7 +298,7 @@ func (l *Log) write(e Entry) (Entry, error) {
 	if err != nil {
 		return e, err
 	}
-	n, err := l.f.Write(line)
+	n, err := l.file.Write(line)
 	if err != nil {
 		if n > 0 {
 			// A torn line: nothing may follow it (Open would take the
@@ -361,16 +366,16 @@ func (l *Log) storeAnchor() error {
 	l.anchorMu.Lock()
 	defer l.anchorMu.Unlock()
 	l.syncMu.Lock()
-	h, done := l.anchorWant, l.anchored >= l.anchorWant.Seq
+	h := l.anchorWant
 	l.syncMu.Unlock()
-	if done {
+	if l.anchored >= h.Seq {
 		return nil
 	}
 	err := l.anchor.Store(h)
-	l.syncMu.Lock()
 	if err == nil {
 		l.anchored = h.Seq
 	}
+	l.syncMu.Lock()
 	l.anchorErr = err
 	l.syncMu.Unlock()
 	return err
@@ -419,7 +424,7 @@ func (l *Log) Close() error {
 	l.sf = nil
 	l.syncMu.Unlock()
 	l.mu.Lock()
-	if cerr := l.f.Close(); err == nil {
+	if cerr := l.file.Close(); err == nil {
 		err = cerr
 	}
 	l.mu.Unlock()
