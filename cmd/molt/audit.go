@@ -142,7 +142,11 @@ func printAuditVerify(r v1.AuditVerifyResult) {
 	if r.OK {
 		fmt.Printf("ok: %d entries (%s) in %s\nhead %d:%s\n", r.Entries, span, r.File, r.Head.Seq, r.Head.Hash)
 	} else {
-		fmt.Printf("FAILED at seq %d (line %d): %s\n", r.BadSeq, r.BadLine, r.Problem)
+		where := fmt.Sprintf("seq %d", r.BadSeq)
+		if r.BadLine > 0 {
+			where += fmt.Sprintf(" (line %d)", r.BadLine)
+		}
+		fmt.Printf("FAILED at %s: %s\n", where, r.Problem)
 		fmt.Printf("before it: %d good entries (%s) in %s, last good %d:%s\n", r.Entries, span, r.File, r.Head.Seq, r.Head.Hash)
 	}
 	if r.Anchor != nil {
