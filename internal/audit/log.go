@@ -70,6 +70,8 @@ type Log struct {
 	sf      *os.File // +checklocks:syncMu
 	synced  uint64   // +checklocks:syncMu
 	syncErr error    // +checklocks:syncMu
+	// syncs counts the log's fdatasyncs (tests).
+	syncs uint64 // +checklocks:syncMu
 	// The head the anchor should name next (the last synced) and the
 	// seq it names.
 	anchorWant Head   // +checklocks:syncMu
@@ -330,6 +332,7 @@ func (l *Log) syncTo(seq uint64) error {
 	l.mu.Lock()
 	h := l.head
 	l.mu.Unlock()
+	l.syncs++
 	if err := unix.Fdatasync(int(l.sf.Fd())); err != nil {
 		// After a failed fdatasync the kernel may have dropped the
 		// pages: what is on disk is unknown from here on.

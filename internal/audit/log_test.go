@@ -348,3 +348,31 @@ func TestRehashedEntryBreaksLink(t *testing.T) {
 	write(t, path, ls)
 	wantBad(t, verifyFile(t, path, false), 6, "is not the hash of entry 5")
 }
+
+// TestGroupCommit: appends waiting at once share fdatasyncs.
+func TestGroupCommit(t *testing.T) {
+	l, _ := fill(t, 0)
+	defer l.Close()
+	const workers, each = 8, 20
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				if _, err := l.Append(Entry{Kind: KindAPI, Route: "POST /v1/sandboxes"}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	l.syncMu.Lock()
+	n := l.syncs
+	l.syncMu.Unlock()
+	t.Logf("%d appends, %d fdatasyncs", workers*each, n)
+	if n >= workers*each {
+		t.Fatalf("%d appends took %d fdatasyncs: none shared", workers*each, n)
+	}
+}

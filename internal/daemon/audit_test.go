@@ -15,6 +15,7 @@ import (
 
 	"github.com/molt-sh/molt/client"
 	"github.com/molt-sh/molt/internal/audit"
+	"github.com/molt-sh/molt/internal/egress/ledger"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/httpapi"
 	"github.com/molt-sh/molt/internal/meta"
@@ -156,5 +157,53 @@ func BenchmarkAPIAudit(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// TestLedgerRecordsAudited: the hook the daemon gives the effect ledger
+// records each record's ID, sandbox, kind, state, method, host and path,
+// and not its query.
+func TestLedgerRecordsAudited(t *testing.T) {
+	l, err := openAudit(t.TempDir(), slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	led, err := ledger.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer led.Close()
+	led.OnAppend(auditLedger(l, slog.Default()))
+	r, err := led.Begin("sb-1", ledger.Record{Kind: ledger.Effect, Request: ledger.Identity{Proto: "https", Method: "POST", URL: "https://pay.example/charge?token=SECRET"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := led.Finish("sb-1", r.ID, ledger.Completed, &ledger.Response{Status: 200}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := l.Export(&buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(buf.Bytes(), []byte("SECRET")) {
+		t.Fatalf("the query reached the audit log: %s", buf.Bytes())
+	}
+	dec := json.NewDecoder(&buf)
+	for i, state := range []string{"pending", "completed"} {
+		var e audit.Entry
+		if err := dec.Decode(&e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Kind != audit.KindEffect || e.Effect != r.ID || e.Sandbox != "sb-1" || e.EffectKind != "effect" || e.State != state ||
+			e.Method != "POST" || e.Host != "pay.example" || e.URLPath != "/charge" {
+			t.Errorf("entry %d: %+v", i+1, e)
+		}
+	}
+	if rep, err := l.Verify(); err != nil || !rep.OK || rep.Entries != 2 {
+		t.Fatalf("%+v %v", rep, err)
 	}
 }
