@@ -1,15 +1,20 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/client"
 	"github.com/molt-sh/molt/internal/audit"
 )
 
@@ -72,3 +77,64 @@ func TestAuditRoutes(t *testing.T) {
 		t.Fatalf("verify: %+v", res)
 	}
 }
+
+// TestAuditedExec: through the audit middleware the exec handler still
+// upgrades and relays (the middleware's writer hijacks), and the exec is
+// in the log, status 101, before the stream ends.
+func TestAuditedExec(t *testing.T) {
+	l, err := audit.Open(t.TempDir(), audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	f := &fakeEngine{}
+	sock := filepath.Join(t.TempDir(), "molt.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(audit.Middleware(l, Handler(f, fakeLLM{f}, nil), func(err error) { t.Error(err) }))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	var during audit.Head
+	frames := make(chan string, 16)
+	f.exec = func(ref string, req v1.ExecRequest) (int, net.Conn, error) {
+		d, i := net.Pipe()
+		go fakeInit(t, i, frames, false)
+		return 0, d, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stdout strings.Builder
+	st, err := client.New(sock).Exec(ctx, "sb-9", v1.ExecRequest{Args: []string{"cat"}}, client.ExecIO{
+		Stdin: readerFunc(func(p []byte) (int, error) {
+			if during.Seq == 0 {
+				during = l.Head()
+				return copy(p, "hi\n"), nil
+			}
+			return 0, io.EOF
+		}), Stdout: &stdout})
+	if err != nil || st.ExitCode != 3 || stdout.String() != "out:hi\n" {
+		t.Fatalf("exec through the middleware: %+v %q %v", st, stdout.String(), err)
+	}
+	if during.Seq != 1 {
+		t.Fatalf("the exec was not in the log while it ran (head %v)", during)
+	}
+	var buf strings.Builder
+	if err := l.Export(&buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	var e audit.Entry
+	if err := json.Unmarshal([]byte(buf.String()), &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Status != 101 || e.Route != "POST /v1/sandboxes/{id}/exec" || e.Sandbox != "sb-9" {
+		t.Fatalf("entry %+v", e)
+	}
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
