@@ -439,3 +439,44 @@ func TestHostCloseWithTraffic(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestHostStaleLink: a namespace's inode can be a dead one's (the
+// kernel reuses them): a veth remembered for that inode that no longer
+// exists is not taken for the namespace's, which gets a new one. The
+// test stands for a reused inode by deleting the veth behind the
+// host's back.
+func TestHostStaleLink(t *testing.T) {
+	_, upPath := world(t)
+	h := NewHost(Config{ID: "t5", Uplink: upPath})
+	defer h.Close()
+	ep := &Endpoint{ID: "sb", Addr: netip.MustParseAddr("10.201.0.2")}
+	if err := h.Add(ep); err != nil {
+		t.Fatal(err)
+	}
+	tree, err := ns.NewNet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tree.Close()
+	if err := h.ActivateNS("sb", tree); err != nil {
+		t.Fatal(err)
+	}
+	old := h.links("sb")
+	h.mu.Lock()
+	err = h.deleteLink(old[0])
+	h.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ActivateNS("sb", tree); err != nil {
+		t.Fatalf("activate after the veth went: %v", err)
+	}
+	if now := h.links("sb"); len(now) != 1 || now[0] == old[0] {
+		t.Fatalf("veths %v, was %v: want a new one", now, old)
+	}
+	if c, err := dialFrom(tree, "203.0.113.10:80"); err != nil {
+		t.Fatalf("traffic on the new veth: %v", err)
+	} else {
+		c.Close()
+	}
+}

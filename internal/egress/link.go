@@ -116,8 +116,17 @@ func (h *Host) prepare(id string, netnsFile *os.File) (*link, error) {
 		return nil, err
 	}
 	// A namespace that is alive keeps its veth (only Remove deletes
-	// one, and it forgets it).
-	if l, ok := s.links[ino]; ok && l.addr == s.ep.Addr {
+	// one, and it forgets it). But the kernel reuses a dead namespace's
+	// inode: a veth remembered for this inode that is gone was a dead
+	// namespace's (a sandbox whose init died takes its namespace and
+	// veth with it; the restarted tree's new namespace may get the
+	// inode), and is forgotten here.
+	if l, ok := s.links[ino]; ok && !h.linkAlive(l) {
+		delete(s.links, ino)
+		if s.active == ino {
+			s.active = 0
+		}
+	} else if ok && l.addr == s.ep.Addr {
 		return l, nil
 	}
 	// A namespace prepared for another sandbox (a fork adopts its
@@ -125,7 +134,12 @@ func (h *Host) prepare(id string, netnsFile *os.File) (*link, error) {
 	// address and MAC on its veth; if that fails, it gets a new veth
 	// (deleting one costs 20-35 ms: the fork's critical path).
 	for _, o := range h.sbs {
-		if l, ok := o.links[ino]; ok {
+		if l, ok := o.links[ino]; ok && !h.linkAlive(l) {
+			delete(o.links, ino)
+			if o.active == ino {
+				o.active = 0
+			}
+		} else if ok {
 			delete(o.links, ino)
 			if o.active == ino {
 				o.active = 0
@@ -297,6 +311,15 @@ func resetWorldConns(netnsFile *os.File) error {
 func (h *Host) linkExists(name string) bool {
 	_, err := h.rh.LinkByName(name)
 	return err == nil
+}
+
+// linkAlive reports whether l's router side still exists (by index
+// and name: an index can be reused too).
+//
+// +checklocks:h.mu
+func (h *Host) linkAlive(l *link) bool {
+	got, err := h.rh.LinkByIndex(l.index)
+	return err == nil && got.Attrs().Name == l.name
 }
 
 // prune forgets s's veths whose namespace is gone (a discarded standby:
