@@ -24,6 +24,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -256,6 +257,11 @@ func (ep *endpoint) Recorded(call *llmproxy.Call) {
 		Response: string(call.Response), ResponseTruncated: call.ResponseTruncated,
 		Started: call.Started.UTC(), Ended: call.Ended.UTC(),
 		GateWaitMS: float64(call.GateWait.Microseconds()) / 1000, Error: joinErr(call.Err, call.HookErr),
+	}
+	if call.Status == 0 || strings.Contains(call.Err, "broke off") || strings.Contains(call.Err, "went away") {
+		// What was kept is not a whole reply the agent received: a
+		// recovery must not replay it as one.
+		rec.ResponseTruncated = true
 	}
 	if tw == nil {
 		ep.c.log.Warn("LLM call ended no turn", "sandbox", ep.sandbox, "call", call.ID, "err", rec.Error)

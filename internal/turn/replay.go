@@ -155,7 +155,13 @@ func NewFastForward(ck string, chain []meta.TurnRecord) (*FastForward, error) {
 				continue
 			}
 			if c.ResponseTruncated || c.RequestSHA256 == "" {
-				return nil, fmt.Errorf("turn %d's LLM call %d cannot be replayed (response cut or no request identity)", tr.Turn, c.ID)
+				if i == len(chain)-1 && j == len(tr.LLM)-1 {
+					// The call that ended the last turn, whose reply the
+					// agent did not get whole (it died reading it): the
+					// fast-forward ends before it, and it runs live.
+					continue
+				}
+				return nil, fmt.Errorf("turn %d's LLM call %d cannot be replayed (its reply was cut or not received whole, or it has no request identity)", tr.Turn, c.ID)
 			}
 			ff.Script = append(ff.Script, Exchange{Turn: tr.Turn, Kind: ExchangeLLM, Ident: LLMIdent(c.API, c.RequestSHA256), LLM: c})
 		}

@@ -72,7 +72,7 @@ func TestFastForwardRefuses(t *testing.T) {
 		"incomplete":  {TurnResult: meta.TurnResult{Turn: 2}, Incomplete: "limit"},
 		"cut output":  {TurnResult: meta.TurnResult{Turn: 2}, Commands: []meta.TurnCommand{{Ident: "x", Cut: true}}},
 		"no identity": {TurnResult: meta.TurnResult{Turn: 2}, Commands: []meta.TurnCommand{{Command: "ls"}}},
-		"cut reply":   {TurnResult: meta.TurnResult{Turn: 2}, LLM: []meta.LLMCall{{RequestSHA256: "s", ResponseTruncated: true}}},
+		"cut reply":   {TurnResult: meta.TurnResult{Turn: 2}, LLM: []meta.LLMCall{{RequestSHA256: "s", ResponseTruncated: true}, llmCall(3, "z", time.Time{})}},
 	} {
 		if _, err := NewFastForward("ck", []meta.TurnRecord{ok, tr}); err == nil || !strings.Contains(err.Error(), "turn 2") {
 			t.Errorf("%s: %v, want turn 2 refused", name, err)
@@ -104,5 +104,27 @@ func TestIdents(t *testing.T) {
 	}
 	if SessionIdent("a", "ls", 0) == SessionIdent("b", "ls", 0) {
 		t.Error("the session did not change the identity")
+	}
+}
+
+// The call that ended the last turn, whose reply the agent did not get
+// whole, is left out (it runs live); the same call earlier in the chain
+// refuses the chain.
+func TestFastForwardLastCallCut(t *testing.T) {
+	cut := llmCall(2, "b", time.Time{})
+	cut.ResponseTruncated = true
+	chain := []meta.TurnRecord{
+		{TurnResult: meta.TurnResult{Turn: 1}, LLM: []meta.LLMCall{llmCall(1, "a", time.Time{})}},
+		{TurnResult: meta.TurnResult{Turn: 2}, Prev: 1, Commands: []meta.TurnCommand{cmd("ls", time.Time{})}, LLM: []meta.LLMCall{cut}},
+	}
+	ff, err := NewFastForward("ck", chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if llm, cmds := ff.Count(); llm != 1 || cmds != 1 || ff.Turn != 2 {
+		t.Fatalf("script: %d llm, %d commands, turn %d; want the cut call left out", llm, cmds, ff.Turn)
+	}
+	if _, err := NewFastForward("ck", []meta.TurnRecord{chain[1], chain[0]}); err == nil {
+		t.Fatal("a cut call before the last turn was accepted")
 	}
 }
