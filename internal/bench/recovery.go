@@ -369,7 +369,9 @@ func (h *recHarness) startSession(ctx context.Context, sb, agent string) error {
 		// A session killed a moment ago may not be known dead yet: its
 		// call fails, the next starts a new session.
 		var res v1.SessionRunResult
-		res, err = h.d.c.SessionRun(ctx, sb, "main", v1.SessionRunRequest{Command: "cd " + startDir(agent)})
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		res, err = h.d.c.SessionRun(cctx, sb, "main", v1.SessionRunRequest{Command: "cd " + startDir(agent)})
+		cancel()
 		if err == nil && res.ExitCode != 0 {
 			err = fmt.Errorf("exit %d: %s", res.ExitCode, res.Stderr)
 		}
@@ -414,6 +416,9 @@ func (h *recHarness) run(ctx context.Context, t Trajectory, tag string, crash *C
 		PauseAfter: -1, Transcript: filepath.Join(dir, "transcript.jsonl"), Events: filepath.Join(dir, "events-1.jsonl"),
 		CmdTimeout: h.cfg.CmdTimeout.Milliseconds()}
 	limit := 5*time.Minute + time.Duration(len(script))*(h.cfg.CmdTimeout+30*time.Second)
+	// Nothing of a run may hang the benchmark.
+	ctx, cancel := context.WithTimeout(ctx, 3*limit)
+	defer cancel()
 	if crash != nil {
 		spec.PauseAfter = crash.Turn
 	}
@@ -585,11 +590,26 @@ func (h *recHarness) recover(ctx context.Context, t Trajectory, cp CrashPoint, s
 			return spec, sb, err
 		}
 		att.Checkpoint, att.From = ck, from
-		if _, err := c.Rollback(ctx, sb.id, ck); err != nil {
+		rb, err := c.Rollback(ctx, sb.id, ck)
+		if err != nil {
 			return spec, sb, fmt.Errorf("rollback to %s: %w", ck, err)
 		}
-		// Files only: the processes the rollback brought back go.
-		_, _ = c.Exec(ctx, sb.id, v1.ExecRequest{Args: []string{"bash", "-c", "kill -9 -1; true"}}, client.ExecIO{})
+		// Files only: the processes the rollback brought back go (none
+		// when it restarted them). The sessions are closed through molt
+		// first: a restored session killed from inside is not always
+		// noticed (the next call on it can hang).
+		if info, err := c.Sandbox(ctx, sb.id); err == nil && !rb.ProcessesRestarted {
+			for _, ss := range info.Sessions {
+				cctx, cancel := context.WithTimeout(ctx, time.Minute)
+				_ = c.SessionClose(cctx, sb.id, ss.Name)
+				cancel()
+			}
+		}
+		if !rb.ProcessesRestarted {
+			cctx, cancel := context.WithTimeout(ctx, time.Minute)
+			_, _ = c.Exec(cctx, sb.id, v1.ExecRequest{Args: []string{"bash", "-c", "kill -9 -1; true"}}, client.ExecIO{})
+			cancel()
+		}
 		if err := h.startSession(ctx, sb.id, t.Agent); err != nil {
 			return spec, sb, err
 		}
