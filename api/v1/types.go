@@ -183,6 +183,11 @@ type SandboxCreateRequest struct {
 	Network string `json:"network,omitempty"`
 	// Egress is the policy of a sandbox with NetworkEgress.
 	Egress *EgressPolicy `json:"egress,omitempty"`
+	// RecordLimit bounds, in bytes, the command output and LLM
+	// exchanges the sandbox's turn log keeps for recovery (0: the
+	// daemon's default); past it turns are recorded cut and a recovery
+	// cannot fast-forward through them.
+	RecordLimit int64 `json:"record_limit,omitempty"`
 }
 
 // The values of Network.
@@ -371,6 +376,10 @@ type ExecRequest struct {
 	Detach bool `json:"detach,omitempty"`
 	// Stdin, when false, gives the command /dev/null as stdin.
 	Stdin bool `json:"stdin,omitempty"`
+	// Aside runs the command beside the agent (an operator's look):
+	// it is not recorded in the turn log, and a recovery's
+	// fast-forward neither answers nor matches it.
+	Aside bool `json:"aside,omitempty"`
 }
 
 // ExecDetached is the response to a detached exec.
@@ -382,6 +391,8 @@ type ExecDetached struct {
 type SessionRunRequest struct {
 	Command   string `json:"command"`
 	TimeoutMS int64  `json:"timeout_ms,omitempty"`
+	// Aside: as ExecRequest.Aside.
+	Aside bool `json:"aside,omitempty"`
 }
 
 // SessionRunResult is the outcome of one session call.

@@ -45,7 +45,7 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print one JSON document on stdout")
 	root.AddCommand(
 		daemonCmd(g), hostCmd(g), imageCmd(g), createCmd(g), lsCmd(g), inspectCmd(g), rmCmd(g),
-		stopCmd(g), startCmd(g), execCmd(g), checkpointCmd(g), checkpointsCmd(g), rollbackCmd(g),
+		stopCmd(g), startCmd(g), execCmd(g), checkpointCmd(g), checkpointsCmd(g), rollbackCmd(g), recoverCmd(g),
 		forkCmd(g), hibernateCmd(g), resumeCmd(g), turnCmd(g), turnsCmd(g), effectsCmd(g), consumeCmd(g), llmCmd(g), benchCmd(g), demoCmd(g),
 	)
 	return root

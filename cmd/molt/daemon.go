@@ -66,6 +66,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var sockGroup string
 	var sockUIDs []int
 	var seccompDefault string
+	recLimit := sizeFlag(256 << 20)
 	var eg struct {
 		rng, uplink, caFile string
 		dns                 []string
@@ -132,7 +133,7 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+				Config: core.Config{RecordLimit: int64(recLimit), Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
 					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault,
 					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile}},
@@ -142,6 +143,7 @@ func daemonCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+	c.Flags().Var(&recLimit, "record-limit", "default bound of each sandbox's turn log recording (command output, LLM exchanges) that a recovery replays; past it turns are kept cut and cannot be fast-forwarded")
 	c.Flags().StringVar(&eg.rng, "egress-range", egress.DefaultRange.String(), "addresses of sandboxes with --network egress (the first is their gateway and resolver, the last four the uplink link); molt's own router namespace holds them, so only the uplink's /30 shows on the host")
 	c.Flags().StringVar(&eg.uplink, "egress-uplink", "", "network namespace (a name under /run/netns or a path) sandboxes' egress leaves through, instead of the host's default route (tests point it at a namespace of their own; docs/egress.md)")
 	c.Flags().StringArrayVar(&eg.dns, "egress-dns", nil, "upstream resolver (ip or ip:port) of molt's DNS for sandboxes (repeatable; default: /etc/resolv.conf's nameservers)")
@@ -200,4 +202,23 @@ func hostCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+}
+
+// sizeFlag is a positive size flag, as 256M.
+type sizeFlag int64
+
+func (f *sizeFlag) String() string {
+	if n := int64(*f); n%(1<<20) == 0 {
+		return fmt.Sprintf("%dM", n>>20)
+	}
+	return fmt.Sprint(int64(*f))
+}
+func (f *sizeFlag) Type() string   { return "size" }
+func (f *sizeFlag) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("want a positive size such as 256M, not %q", v)
+	}
+	*f = sizeFlag(n)
+	return nil
 }

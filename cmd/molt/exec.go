@@ -20,7 +20,7 @@ import (
 func execCmd(g *globals) *cobra.Command {
 	var session, cwd, user string
 	var env []string
-	var detach, noStdin bool
+	var detach, noStdin, aside bool
 	var timeout time.Duration
 	c := &cobra.Command{
 		Use:   "exec SANDBOX [--session S] [--detach] -- CMD...",
@@ -44,7 +44,7 @@ func execCmd(g *globals) *cobra.Command {
 				}
 				sctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 				defer stop()
-				res, err := cl.SessionRun(sctx, ref, session, v1.SessionRunRequest{Command: strings.Join(argv, " "), TimeoutMS: timeout.Milliseconds()})
+				res, err := cl.SessionRun(sctx, ref, session, v1.SessionRunRequest{Command: strings.Join(argv, " "), TimeoutMS: timeout.Milliseconds(), Aside: aside})
 				if err != nil {
 					return err
 				}
@@ -61,7 +61,7 @@ func execCmd(g *globals) *cobra.Command {
 				}
 				return nil
 			}
-			req := v1.ExecRequest{Args: argv, Env: e, Cwd: cwd, User: user, TimeoutMS: timeout.Milliseconds()}
+			req := v1.ExecRequest{Args: argv, Env: e, Cwd: cwd, User: user, TimeoutMS: timeout.Milliseconds(), Aside: aside}
 			if detach {
 				pid, err := cl.ExecDetached(ctx, ref, req)
 				if err != nil {
@@ -109,5 +109,6 @@ func execCmd(g *globals) *cobra.Command {
 	c.Flags().StringVarP(&user, "user", "u", "", "user name or uid[:gid] inside the sandbox (default root)")
 	c.Flags().DurationVar(&timeout, "timeout", 0, "kill the command after this long (exit code 124)")
 	c.Flags().BoolVarP(&noStdin, "no-stdin", "n", false, "give the command /dev/null as stdin")
+	c.Flags().BoolVar(&aside, "aside", false, "run beside the agent (an operator's look): not recorded in the turn log, not answered or matched by a recovery's fast-forward")
 	return c
 }

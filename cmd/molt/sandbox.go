@@ -21,6 +21,7 @@ func createCmd(g *globals) *cobra.Command {
 	var env []string
 	var net netFlags
 	var ioWeight int64
+	var recordLimit string
 	c := &cobra.Command{
 		Use: "create IMAGE", Short: "Create and start a sandbox; prints its ID", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -68,6 +69,11 @@ func createCmd(g *globals) *cobra.Command {
 			if req.Network, req.Egress, err = net.request(); err != nil {
 				return err
 			}
+			if recordLimit != "" {
+				if req.RecordLimit, err = parseSize(recordLimit); err != nil || req.RecordLimit <= 0 {
+					return fmt.Errorf("bad --record-limit %q: want a size such as 64M", recordLimit)
+				}
+			}
 			sb, err := g.client().Create(ctx, req)
 			if err != nil {
 				return err
@@ -76,6 +82,7 @@ func createCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&name, "name", "", "sandbox name")
+	c.Flags().StringVar(&recordLimit, "record-limit", "", "bound of the turn log's recording (command output, LLM exchanges) a recovery replays (e.g. 64M; default: the daemon's --record-limit)")
 	c.Flags().StringVar(&hostname, "hostname", "", "hostname (default: the name, or molt-ID)")
 	c.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE for every command (repeatable)")
 	c.Flags().StringVar(&memory, "memory", "", "memory limit (e.g. 2G; 0 or unlimited for none; default: the daemon's --default-memory)")

@@ -75,6 +75,8 @@ type Manifest struct {
 	// LedgerHead: the sandbox's effect ledger head when the checkpoint
 	// was taken (a rollback rewinds the ledger there).
 	LedgerHead string `json:"ledger_head,omitempty"`
+	// Turn: the turn whose end took the checkpoint (0: none).
+	Turn int `json:"turn,omitempty"`
 	// Committed: the checkpoint's metadata record was committed (the
 	// engine writes the manifest again after that commit). Without it the
 	// directory is a checkpoint a crash kept from committing. It is the

@@ -107,7 +107,10 @@ func (c *Coordinator) Set(ctx context.Context, ref string, req v1.LLMEndpointReq
 	if err != nil {
 		return v1.LLMEndpoint{}, err
 	}
-	p, err := llmproxy.New(llmproxy.Config{Upstream: u, Hooks: ep, Header: h, Logger: c.log, Expose: req.Expose, Token: token})
+	// Responses are recorded whole (a recovery replays them); the turn
+	// log bounds what it keeps per sandbox.
+	p, err := llmproxy.New(llmproxy.Config{Upstream: u, Hooks: ep, Header: h, Logger: c.log, Expose: req.Expose, Token: token,
+		RecordBytes: int(llmproxy.DefaultMaxBodyBytes)})
 	if err != nil {
 		return v1.LLMEndpoint{}, fmt.Errorf("llm endpoint: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
@@ -216,15 +219,40 @@ func (ep *endpoint) TurnEnd(ctx context.Context, call *llmproxy.Call) (func(cont
 	}, nil
 }
 
-// Recorded files the call in the log of the turn it ended.
+// Replay answers the call from the sandbox's fast-forward when a
+// recovery's is under way and the call is its next exchange: the agent
+// gets the recorded reply, and no turn ends (the sandbox already is in
+// the state that turn ended in).
+func (ep *endpoint) Replay(_ context.Context, call *llmproxy.Call) *llmproxy.Reply {
+	rec, turn, ok := ep.c.m.ReplayLLM(ep.sandbox, call.API, call.Path, call.RequestSHA256, call.RequestBytes)
+	if !ok {
+		return nil
+	}
+	ct := rec.ContentType
+	if ct == "" {
+		ct = "application/json"
+	}
+	return &llmproxy.Reply{
+		Status: rec.Status, ContentType: ct, Body: []byte(rec.Response),
+		Header: http.Header{"Molt-Replayed": {fmt.Sprintf("turn %d", turn)}},
+	}
+}
+
+// Recorded files the call in the log of the turn it ended, before the
+// agent sees the reply's end: a recovery replays what the log holds, so
+// a reply the agent acted on must be in it.
 func (ep *endpoint) Recorded(call *llmproxy.Call) {
 	ep.mu.Lock()
 	tw := ep.turns[call.ID]
 	delete(ep.turns, call.ID)
 	ep.mu.Unlock()
+	if call.Replayed {
+		return // its record is the one replayed
+	}
 	rec := meta.LLMCall{
 		ID: int(call.ID), API: call.API, Path: call.Path, Model: call.Model, Stream: call.Stream,
 		Status: call.Status, Request: string(call.Request), RequestTruncated: call.RequestTruncated,
+		RequestSHA256: call.RequestSHA256, RequestBytes: call.RequestBytes, ContentType: call.ContentType,
 		Response: string(call.Response), ResponseTruncated: call.ResponseTruncated,
 		Started: call.Started.UTC(), Ended: call.Ended.UTC(),
 		GateWaitMS: float64(call.GateWait.Microseconds()) / 1000, Error: joinErr(call.Err, call.HookErr),
@@ -233,21 +261,20 @@ func (ep *endpoint) Recorded(call *llmproxy.Call) {
 		ep.c.log.Warn("LLM call ended no turn", "sandbox", ep.sandbox, "call", call.ID, "err", rec.Error)
 		return
 	}
-	go func() {
-		select {
-		case <-tw.done:
-		case <-time.After(5 * time.Minute):
-			ep.c.log.Warn("LLM call's turn end did not finish", "sandbox", ep.sandbox, "call", call.ID)
-			return
-		}
-		if tw.out.Err != nil {
-			ep.c.log.Warn("LLM call's turn end failed", "sandbox", ep.sandbox, "call", call.ID, "err", tw.out.Err)
-			return
-		}
-		if err := ep.c.m.RecordLLM(ep.sandbox, tw.out.Result.Turn, rec); err != nil {
-			ep.c.log.Warn("LLM call not recorded", "sandbox", ep.sandbox, "turn", tw.out.Result.Turn, "err", err)
-		}
-	}()
+	select {
+	case <-tw.done:
+	case <-time.After(5 * time.Minute):
+		ep.c.log.Warn("LLM call's turn end did not finish", "sandbox", ep.sandbox, "call", call.ID)
+		return
+	}
+	if tw.out.Err != nil {
+		ep.c.log.Warn("LLM call's turn end failed", "sandbox", ep.sandbox, "call", call.ID, "err", tw.out.Err)
+		ep.c.m.TurnUnrecorded(ep.sandbox, fmt.Sprintf("LLM call %d was not recorded: its turn end failed: %v", call.ID, tw.out.Err))
+		return
+	}
+	if err := ep.c.m.RecordLLM(ep.sandbox, tw.out.Result.Turn, rec); err != nil {
+		ep.c.log.Warn("LLM call not recorded", "sandbox", ep.sandbox, "turn", tw.out.Result.Turn, "err", err)
+	}
 }
 
 func joinErr(a, b string) string {

@@ -145,6 +145,8 @@ type ckOpts struct {
 	// the caller thaws or kills it. It takes the plain copy capture
 	// (the others run work in the sandbox after the thaw).
 	holdFrozen bool
+	// turn is the turn whose end takes the checkpoint (0: none).
+	turn int
 }
 
 // checkpointLocked takes an fs checkpoint. The checkpoint's directory
@@ -166,7 +168,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 	ck := checkpointRec{Checkpoint: meta.Checkpoint{
 		ID: id, Sandbox: rec.ID, Parent: rec.Head, Kind: v1.KindFS, Label: label,
 		Created: time.Now().UTC(),
-	}, Image: rec.Image, LedgerHead: m.ledger.Head(rec.ID)}
+	}, Image: rec.Image, LedgerHead: m.ledger.Head(rec.ID), Turn: o.turn}
 	if _, err := m.cks.Create(id); err != nil {
 		return meta.Checkpoint{}, err
 	}
@@ -270,7 +272,7 @@ func (m *Manager) manifestOf(ck checkpointRec, committed bool) ckstore.Manifest 
 		Format: ckstore.Format, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
 		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
 		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
-		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects, LedgerHead: ck.LedgerHead,
+		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects, LedgerHead: ck.LedgerHead, Turn: ck.Turn,
 		Committed: committed, Keep: ck.Keep, Capture: ck.Capture, CaptureNote: ck.CaptureNote,
 		StallMS: ck.StallMS, StallParts: (*v1.StallParts)(ck.StallParts), DurationMS: ck.DurationMS, BytesWritten: ck.BytesWritten,
 	}
@@ -461,7 +463,11 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
 	if err := m.db.Get(meta.Sandboxes, ck.Sandbox, &sb); err == nil && sb.State == v1.StateHibernated && sb.Head == ck.ID {
 		return fmt.Errorf("delete checkpoint %s: sandbox %s is hibernated at it (resume it, or remove the sandbox): %w", ck.ID, sb.ID, errdefs.ErrFailedPrecondition)
 	}
-	return m.deleteCheckpoint(ck)
+	if err := m.deleteCheckpoint(ck); err != nil {
+		return err
+	}
+	m.pruneTurns(ck.Sandbox)
+	return nil
 }
 
 func (m *Manager) deleteCheckpoint(ck checkpointRec) error {
@@ -586,6 +592,14 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 		return meta.RollbackResult{}, err
 	}
 	m.ledgerRewind(rec.ID, ck)
+	// The turns go on from the checkpoint's; a recovery under way is
+	// over (Recover arms its own after this).
+	m.turns.Disarm(rec.ID)
+	if ck.Sandbox == rec.ID {
+		m.turns.Continue(rec.ID, m.turnOf(rec.ID, ck.ID))
+	} else {
+		m.turns.Continue(rec.ID, 0)
+	}
 	if plan != nil && len(plan.Orphan) > 0 {
 		res.Plan = plan
 	}

@@ -54,6 +54,10 @@ type Config struct {
 	// installs (/opt/molt/criu/bin/criu), then criu on PATH. Without
 	// one, full checkpoints are reported unsupported.
 	CriuPath string
+	// RecordLimit bounds each sandbox's recorded command output and LLM
+	// exchanges (the turn log a recovery replays) unless the sandbox
+	// sets its own; 0: turn.DefaultRecordLimit.
+	RecordLimit int64
 	// StandbyBudget bounds the memory of pre-restored standbys (by the
 	// size of their checkpoints' images) across the host; 0 disables
 	// standbys, so every rollback restores with CRIU.

@@ -156,7 +156,7 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 				ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
 				Head: ck.ID, ForkedFrom: ck.ID, Seccomp: src.Seccomp,
 				Network: src.Network, Egress: src.Egress,
-			}, MachineID: newMachineID(), SeccompProfile: src.SeccompProfile}
+			}, MachineID: newMachineID(), SeccompProfile: src.SeccompProfile, RecordLimit: src.RecordLimit}
 			var taken *standby
 			if i == 0 {
 				taken = sby

@@ -143,7 +143,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 		StallParts: (*meta.StallParts)(&c.Parts),
 	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: c.Outside&unix.CLONE_NEWNET != 0,
 		ExternalUTS: c.Outside&unix.CLONE_NEWUTS != 0, ExternalIPC: c.Outside&unix.CLONE_NEWIPC != 0, IDs: rec.IDs,
-		LedgerHead: ledgerHead}
+		LedgerHead: ledgerHead, Turn: o.turn}
 	// The consistent instant is captured and the sandbox runs on. The
 	// rest (storing the images, the manifest, the commit) runs in the
 	// background: the checkpoint is pending until committed. The sandbox

@@ -102,7 +102,7 @@ func (m *Manager) checkpointOnDisk(id string) (checkpointRec, string) {
 		Capture: mf.Capture, CaptureNote: mf.CaptureNote, StallParts: (*meta.StallParts)(mf.StallParts),
 		BytesWritten: mf.BytesWritten, ImageBytes: ckstore.ImageBytes(mf.Objects), Keep: mf.Keep,
 	}, Image: mf.Image, Objects: mf.Objects, CRIU: mf.CRIU,
-		ExternalNet: mf.ExternalNet, ExternalUTS: mf.ExternalUTS, ExternalIPC: mf.ExternalIPC, IDs: mf.IDs, LedgerHead: mf.LedgerHead}
+		ExternalNet: mf.ExternalNet, ExternalUTS: mf.ExternalUTS, ExternalIPC: mf.ExternalIPC, IDs: mf.IDs, LedgerHead: mf.LedgerHead, Turn: mf.Turn}
 	if !mf.Committed {
 		m.log.Warn("rebuilding a complete checkpoint whose manifest was not marked committed", "checkpoint", id)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/seccomp"
+	"github.com/molt-sh/molt/internal/turn"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,7 +54,10 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (meta
 	rec := sandboxRec{Sandbox: meta.Sandbox{
 		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
 		Env: req.Env, Resources: m.resolveResources(meta.Resources(req.Resources)), Seccomp: req.Seccomp,
-	}, MachineID: newMachineID(), SeccompProfile: req.SeccompProfile}
+	}, MachineID: newMachineID(), SeccompProfile: req.SeccompProfile, RecordLimit: req.RecordLimit}
+	if req.RecordLimit < 0 {
+		return meta.Sandbox{}, fmt.Errorf("record limit %d: want bytes, or 0 for the daemon's: %w", req.RecordLimit, errdefs.ErrInvalidArgument)
+	}
 	if rec.Seccomp == "" && rec.SeccompProfile != "" {
 		rec.Seccomp = v1.SeccompCustom
 	}
@@ -608,6 +612,15 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 	if err != nil {
 		return 0, nil, err
 	}
+	ident := turn.ExecIdent(req.Args, req.Env, req.Cwd, req.User, req.Detach, req.Stdin, req.TimeoutMS)
+	if req.Aside {
+		// Neither the agent's nor recorded.
+	} else if x, ok := m.turns.Replay(rec.ID, turn.Request{Kind: turn.ExchangeExec, Ident: ident, What: "exec " + strings.Join(req.Args, " ")}); ok {
+		if req.Detach {
+			return x.Cmd.Pid, nil, nil
+		}
+		return 0, replayExec(*x.Cmd), nil
+	}
 	if err := m.turnGate(ctx, rec.ID); err != nil {
 		return 0, nil, err
 	}
@@ -620,7 +633,9 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 		if err != nil {
 			return 0, nil, fmt.Errorf("exec: %w", err)
 		}
-		m.recordCommand(rec.ID, meta.TurnCommand{Time: time.Now().UTC(), Args: req.Args, Detached: true})
+		if !req.Aside {
+			m.recordCommand(rec.ID, meta.TurnCommand{Time: time.Now().UTC(), Args: req.Args, Ident: ident, Detached: true, Pid: resp.Pid})
+		}
 		return resp.Pid, nil, nil
 	}
 	c, err := m.dial(context.Background(), rec)
@@ -631,7 +646,10 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 		c.Close()
 		return 0, nil, err
 	}
-	return 0, m.recording(rec.ID, c, req.Args), nil
+	if req.Aside {
+		return 0, c, nil
+	}
+	return 0, m.recording(rec.ID, c, meta.TurnCommand{Time: time.Now().UTC(), Args: req.Args, Ident: ident}), nil
 }
 
 // SessionRun runs shell text in the named persistent session.
@@ -643,6 +661,16 @@ func (m *Manager) SessionRun(ctx context.Context, ref, session string, req v1.Se
 	if err != nil {
 		return meta.SessionRunResult{}, err
 	}
+	ident := turn.SessionIdent(session, req.Command, req.TimeoutMS)
+	if req.Aside {
+		// Neither the agent's nor recorded.
+	} else if x, ok := m.turns.Replay(rec.ID, turn.Request{Kind: turn.ExchangeSession, Ident: ident, What: "session " + session + ": " + req.Command}); ok {
+		c := x.Cmd
+		return meta.SessionRunResult{
+			Stdout: c.Stdout, Stderr: c.Stderr, ExitCode: c.ExitCode, TimedOut: c.TimedOut,
+			Truncated: c.Truncated, DurationMS: int64(c.DurationMS), Replayed: true,
+		}, nil
+	}
 	if err := m.turnGate(ctx, rec.ID); err != nil {
 		return meta.SessionRunResult{}, err
 	}
@@ -651,10 +679,13 @@ func (m *Manager) SessionRun(ctx context.Context, ref, session string, req v1.Se
 	if err != nil {
 		return meta.SessionRunResult{}, fmt.Errorf("session %s: %w", session, err)
 	}
-	m.recordCommand(rec.ID, meta.TurnCommand{
-		Time: began, Session: session, Command: req.Command, ExitCode: resp.ExitCode,
-		Stdout: resp.Stdout, Stderr: resp.Stderr, Truncated: resp.Truncated,
-	})
+	if !req.Aside {
+		m.recordCommand(rec.ID, meta.TurnCommand{
+			Time: began, Session: session, Command: req.Command, Ident: ident, ExitCode: resp.ExitCode,
+			Stdout: resp.Stdout, Stderr: resp.Stderr, Truncated: resp.Truncated, TimedOut: resp.TimedOut,
+			DurationMS: float64(resp.DurationMS),
+		})
+	}
 	return meta.SessionRunResult{
 		Stdout: resp.Stdout, Stderr: resp.Stderr, ExitCode: resp.ExitCode,
 		TimedOut: resp.TimedOut, Truncated: resp.Truncated, DurationMS: resp.DurationMS,

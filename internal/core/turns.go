@@ -39,6 +39,14 @@ func (m *Manager) newTurns() *turn.Tracker {
 			return cg.UnifiedDir(), nil
 		},
 		Egress: m.egressCounts,
+		Prev:   m.turnPrev,
+		RecordLimit: func(id string) int64 {
+			var rec sandboxRec
+			if m.db.Get(meta.Sandboxes, id, &rec) == nil && rec.RecordLimit > 0 {
+				return rec.RecordLimit
+			}
+			return m.cfg.RecordLimit
+		},
 	})
 }
 
@@ -66,10 +74,10 @@ func (m *Manager) turnGate(ctx context.Context, id string) error { return m.turn
 // recordCommand appends a command to the sandbox's current turn.
 func (m *Manager) recordCommand(id string, c meta.TurnCommand) { m.turns.Record(id, c) }
 
-// recording wraps an exec stream so that the command is logged when it
-// is closed.
-func (m *Manager) recording(id string, c net.Conn, args []string) net.Conn {
-	return m.turns.Recording(id, c, args)
+// recording wraps an exec stream so that the command (cmd: its request)
+// is logged when it is closed.
+func (m *Manager) recording(id string, c net.Conn, cmd meta.TurnCommand) net.Conn {
+	return m.turns.Recording(id, c, cmd)
 }
 
 // TurnOutcome is the result of an asynchronous turn end.
@@ -142,9 +150,9 @@ func (m *Manager) endTurnCheckpoint(ctx context.Context, rec sandboxRec, label s
 	var err error
 	switch res.Decision {
 	case v1.DecisionFS:
-		ck, err = m.checkpointLocked(ctx, rec, ckOpts{label: label, frozen: end.Frozen})
+		ck, err = m.checkpointLocked(ctx, rec, ckOpts{label: label, frozen: end.Frozen, turn: res.Turn})
 	case v1.DecisionFull:
-		ck, err = m.fullCheckpointLocked(ctx, rec, ckOpts{label: label, frozen: end.Frozen})
+		ck, err = m.fullCheckpointLocked(ctx, rec, ckOpts{label: label, frozen: end.Frozen, turn: res.Turn})
 	}
 	if err != nil {
 		end.Fail(err)
@@ -172,6 +180,23 @@ func (m *Manager) SetTurnIgnore(ref string, ignore []string) error {
 // RecordLLM attaches an LLM call to the record of the turn it ended.
 func (m *Manager) RecordLLM(id string, n int, c meta.LLMCall) error {
 	return m.turns.RecordLLM(id, n, c)
+}
+
+// TurnUnrecorded notes that part of sandbox id's current turn could not
+// be recorded: no recovery replays that turn.
+func (m *Manager) TurnUnrecorded(id, why string) { m.turns.Unrecorded(id, why) }
+
+// ReplayLLM answers an LLM call of sandbox id from its fast-forward, if
+// one is under way and the call is its next exchange.
+func (m *Manager) ReplayLLM(id, api, path, requestSHA256 string, size int) (meta.LLMCall, int, bool) {
+	x, ok := m.turns.Replay(id, turn.Request{
+		Kind: turn.ExchangeLLM, Ident: turn.LLMIdent(api, requestSHA256),
+		What: fmt.Sprintf("LLM call %s %s (request sha256 %.12s, %d bytes)", api, path, requestSHA256, size),
+	})
+	if !ok {
+		return meta.LLMCall{}, 0, false
+	}
+	return *x.LLM, x.Turn, true
 }
 
 // Turns lists a sandbox's turn log, oldest first.

@@ -132,7 +132,8 @@ func toTurnResult(r meta.TurnResult) v1.TurnResult {
 func toTurnRecord(r meta.TurnRecord) v1.TurnRecord {
 	return v1.TurnRecord{
 		TurnResult: toTurnResult(r.TurnResult),
-		Started:    r.Started, Ended: r.Ended,
+		Prev:       r.Prev, Incomplete: r.Incomplete,
+		Started: r.Started, Ended: r.Ended,
 		Commands: mapSlice(r.Commands, func(x meta.TurnCommand) v1.TurnCommand { return v1.TurnCommand(x) }),
 		LLM:      mapSlice(r.LLM, func(x meta.LLMCall) v1.LLMCall { return v1.LLMCall(x) }),
 	}
@@ -160,6 +161,21 @@ func toRollbackResult(r meta.RollbackResult) v1.RollbackResult {
 			Block: mapSlice(p.Block, func(b meta.BlockedEffect) v1.BlockedEffect { return v1.BlockedEffect(b) })}
 	}
 	return out
+}
+
+func toRecoverResult(r meta.RecoverResult) v1.RecoverResult {
+	out := v1.RecoverResult{Sandbox: r.Sandbox, Checkpoint: r.Checkpoint, Turn: r.Turn, Turns: r.Turns,
+		LLMCalls: r.LLMCalls, Commands: r.Commands, Bytes: r.Bytes, DryRun: r.DryRun, Note: r.Note}
+	if r.Rollback != nil {
+		rb := toRollbackResult(*r.Rollback)
+		out.Rollback = &rb
+	}
+	return out
+}
+
+func toRecoveryStatus(r meta.RecoveryStatus) v1.RecoveryStatus {
+	return v1.RecoveryStatus{Sandbox: r.Sandbox, State: r.State, Checkpoint: r.Checkpoint, Turn: r.Turn,
+		Replayed: r.Replayed, Total: r.Total, Bytes: r.Bytes, Divergence: (*v1.Divergence)(r.Divergence)}
 }
 
 func toForkResult(r meta.ForkResult) v1.ForkResult {

@@ -35,6 +35,8 @@ func TestConvertCoversEveryField(t *testing.T) {
 		{"Host", meta.Host{}, func(v any) any { return toHost(v.(meta.Host)) }},
 		{"SessionRunResult", meta.SessionRunResult{}, func(v any) any { return toSessionRunResult(v.(meta.SessionRunResult)) }},
 		{"RollbackResult", meta.RollbackResult{}, func(v any) any { return toRollbackResult(v.(meta.RollbackResult)) }},
+		{"RecoverResult", meta.RecoverResult{}, func(v any) any { return toRecoverResult(v.(meta.RecoverResult)) }},
+		{"RecoveryStatus", meta.RecoveryStatus{}, func(v any) any { return toRecoveryStatus(v.(meta.RecoveryStatus)) }},
 		{"ForkResult", meta.ForkResult{}, func(v any) any { return toForkResult(v.(meta.ForkResult)) }},
 	}
 	for _, c := range cases {

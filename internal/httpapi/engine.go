@@ -51,6 +51,8 @@ type Engine interface {
 	VerifyCheckpoint(ref string) (meta.Checkpoint, error)
 	DeleteCheckpoint(ctx context.Context, ref string) error
 	RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (meta.RollbackResult, error)
+	Recover(ctx context.Context, ref string, req v1.RecoverRequest) (meta.RecoverResult, error)
+	Recovery(ref string) (meta.RecoveryStatus, error)
 	// Fork forks the sandbox ref, or req.Checkpoint when ref is "".
 	Fork(ctx context.Context, ref string, req v1.ForkRequest) (meta.ForkResult, error)
 

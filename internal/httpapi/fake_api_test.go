@@ -48,6 +48,8 @@ var routes = []route{
 	{"POST", "/v1/sandboxes/sb/checkpoints", `{"kind":"fs"}`, "Checkpoint"},
 	{"POST", "/v1/sandboxes/sb/checkpoints", `{"kind":"auto"}`, "EndTurn"},
 	{"POST", "/v1/sandboxes/sb/rollback", `{"checkpoint":"ck"}`, "RollbackWith"},
+	{"POST", "/v1/sandboxes/sb/recover", `{"to":"ck"}`, "Recover"},
+	{"GET", "/v1/sandboxes/sb/recover", "", "Recovery"},
 	{"POST", "/v1/sandboxes/sb/turn", `{}`, "EndTurn"},
 	{"GET", "/v1/sandboxes/sb/turns", "", "Turns"},
 	{"PUT", "/v1/sandboxes/sb/llm", `{"upstream":"http://127.0.0.1:1"}`, "LLM.Set"},

@@ -118,6 +118,14 @@ func (f *fakeEngine) VerifyCheckpoint(ref string) (meta.Checkpoint, error) {
 func (f *fakeEngine) DeleteCheckpoint(ctx context.Context, ref string) error {
 	return f.call("DeleteCheckpoint", ref)
 }
+func (f *fakeEngine) Recover(ctx context.Context, ref string, req v1.RecoverRequest) (meta.RecoverResult, error) {
+	return meta.RecoverResult{}, f.call("Recover", ref)
+}
+
+func (f *fakeEngine) Recovery(ref string) (meta.RecoveryStatus, error) {
+	return meta.RecoveryStatus{}, f.call("Recovery", ref)
+}
+
 func (f *fakeEngine) RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (meta.RollbackResult, error) {
 	return meta.RollbackResult{}, f.call("RollbackWith", ref)
 }

@@ -40,6 +40,8 @@ func Handler(m Engine, co LLMEndpoints, log *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/checkpoints", s.checkpoints)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/checkpoints", s.checkpoint)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/rollback", s.rollback)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/recover", s.recover)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/recover", s.recovery)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/turn", s.turn)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/turns", s.turns)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/llm", s.llmSet)
@@ -517,6 +519,21 @@ func (s *server) rollback(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.m.RollbackWith(r.Context(), r.PathValue("id"), req)
 	reply(w, toRollbackResult(res), err)
+}
+
+func (s *server) recover(w http.ResponseWriter, r *http.Request) {
+	var req v1.RecoverRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	res, err := s.m.Recover(r.Context(), r.PathValue("id"), req)
+	reply(w, toRecoverResult(res), err)
+}
+
+func (s *server) recovery(w http.ResponseWriter, r *http.Request) {
+	res, err := s.m.Recovery(r.PathValue("id"))
+	reply(w, toRecoveryStatus(res), err)
 }
 
 func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request) {

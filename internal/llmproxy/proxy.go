@@ -3,7 +3,9 @@ package llmproxy
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +15,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -52,6 +55,23 @@ type Hooks interface {
 	Recorded(c *Call)
 }
 
+// Replayer is implemented by Hooks that can answer an LLM call from a
+// record: a recovery's fast-forward. Replay is called before TurnEnd. A
+// non-nil Reply is written to the agent as it is; the call is then
+// neither forwarded nor ends a turn, and Recorded is still called, with
+// Call.Replayed set.
+type Replayer interface {
+	Replay(ctx context.Context, c *Call) *Reply
+}
+
+// Reply is a recorded answer to an LLM call.
+type Reply struct {
+	Status      int
+	ContentType string
+	Header      http.Header // more headers (e.g. one naming the record)
+	Body        []byte
+}
+
 // Call is one LLM call through the proxy. ID, API, Method, Path, Model,
 // Stream, Request, RequestTruncated and Started are set before TurnEnd and
 // do not change afterwards; the other fields are written by the proxy's
@@ -67,6 +87,10 @@ type Call struct {
 	// Request is the request body, cut to Config.RecordBytes.
 	Request          []byte
 	RequestTruncated bool
+	// RequestSHA256 is the hex SHA-256 of the whole request body and
+	// RequestBytes its length: the call's identity, whatever was kept.
+	RequestSHA256 string
+	RequestBytes  int
 
 	// Status and Response are what the agent received: the upstream's
 	// status and body, or the proxy's own error. Status is 0 when the
@@ -75,6 +99,11 @@ type Call struct {
 	Status            int
 	Response          []byte
 	ResponseTruncated bool
+	// ContentType is the response's Content-Type.
+	ContentType string
+	// Replayed: the response came from a record (Replayer), not from
+	// the upstream.
+	Replayed bool
 
 	Started   time.Time     // the request arrived
 	Forwarded time.Time     // the request was handed to the upstream transport
@@ -351,6 +380,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c != nil {
 		c.Model, c.Stream = parseBody(body)
 		c.Request, c.RequestTruncated = clip(body, p.recordBytes)
+		sum := sha256.Sum256(body)
+		c.RequestSHA256, c.RequestBytes = hex.EncodeToString(sum[:]), len(body)
+		if rp, ok := p.hooks.(Replayer); ok {
+			if rep := rp.Replay(ctx, c); rep != nil {
+				p.replay(w, c, rep)
+				return
+			}
+		}
 		st = &callState{call: c, resp: capBuf{limit: p.recordBytes}}
 		gate, err := p.hooks.TurnEnd(ctx, c)
 		if err != nil {
@@ -382,6 +419,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() { p.finish(r.Context(), st, !completed) }()
 	p.rp.ServeHTTP(w, out)
 	completed = true
+}
+
+// replay answers an LLM call from a record.
+func (p *Proxy) replay(w http.ResponseWriter, c *Call, rep *Reply) {
+	for k, vs := range rep.Header {
+		w.Header()[k] = slices.Clone(vs)
+	}
+	if rep.ContentType != "" {
+		w.Header().Set("Content-Type", rep.ContentType)
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(rep.Body)))
+	w.WriteHeader(rep.Status)
+	if _, err := w.Write(rep.Body); err != nil {
+		c.Err = "replayed response to the client broke off: " + err.Error()
+	}
+	c.Status, c.ContentType, c.Replayed = rep.Status, rep.ContentType, true
+	c.Response, c.ResponseTruncated = clip(rep.Body, p.recordBytes)
+	c.Ended = time.Now()
+	p.hooks.Recorded(c)
 }
 
 // refuse answers a request the proxy does not forward, in the API's style.
@@ -631,6 +687,7 @@ func (t *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		return nil, err
 	}
 	st.call.Status = resp.StatusCode
+	st.call.ContentType = resp.Header.Get("Content-Type")
 	resp.Body = &teeBody{rc: resp.Body, st: st}
 	return resp, nil
 }

@@ -50,6 +50,9 @@ type SandboxRecord struct {
 	// custom: stage 1 gets it compiled wherever it starts the sandbox's
 	// init again (fs rollback, restart, fork).
 	SeccompProfile string `json:"seccomp_profile,omitempty"`
+	// RecordLimit is the sandbox's own bound of its turn log's recorded
+	// outputs and LLM exchanges (0: the daemon's).
+	RecordLimit int64 `json:"record_limit,omitempty"`
 }
 
 // CheckpointRecord is a checkpoint as buckets Checkpoints and
@@ -77,6 +80,8 @@ type CheckpointRecord struct {
 	// taken: a rollback to it rewinds the ledger there (effects
 	// recorded later become orphans), a fork starts its ledger there.
 	LedgerHead string `json:"ledger_head,omitempty"`
+	// Turn is the turn whose end took the checkpoint (0: none did).
+	Turn int `json:"turn,omitempty"`
 }
 
 // Outside returns the namespace types the checkpoint's images leave out.

@@ -94,3 +94,40 @@ type ForkResult struct {
 	// Reseeded counts the sessions reseeded over all forks.
 	Reseeded int `json:"reseeded,omitempty"`
 }
+
+// RecoverResult is what a recovery did and what the fast-forward holds
+// (see v1.RecoverResult).
+type RecoverResult struct {
+	Sandbox    string          `json:"sandbox"`
+	Checkpoint string          `json:"checkpoint"`
+	Turn       int             `json:"turn"`
+	Turns      []int           `json:"turns"`
+	LLMCalls   int             `json:"llm_calls"`
+	Commands   int             `json:"commands"`
+	Bytes      int64           `json:"bytes"`
+	Rollback   *RollbackResult `json:"rollback,omitempty"`
+	DryRun     bool            `json:"dry_run,omitempty"`
+	Note       string          `json:"note,omitempty"`
+}
+
+// RecoveryStatus is where a sandbox's fast-forward stands.
+type RecoveryStatus struct {
+	Sandbox    string      `json:"sandbox"`
+	State      string      `json:"state"`
+	Checkpoint string      `json:"checkpoint,omitempty"`
+	Turn       int         `json:"turn,omitempty"`
+	Replayed   int         `json:"replayed"`
+	Total      int         `json:"total"`
+	Bytes      int64       `json:"bytes"`
+	Divergence *Divergence `json:"divergence,omitempty"`
+}
+
+// Divergence is the first request of a fast-forward that did not match
+// the record.
+type Divergence struct {
+	Turn     int       `json:"turn"`
+	Index    int       `json:"index"`
+	Expected string    `json:"expected"`
+	Got      string    `json:"got"`
+	At       time.Time `json:"at"`
+}

@@ -9,10 +9,17 @@ import "time"
 // output, and the LLM call that ended the turn), for replay in recovery.
 type TurnRecord struct {
 	TurnResult
-	Started  time.Time     `json:"started"`
-	Ended    time.Time     `json:"ended"`
-	Commands []TurnCommand `json:"commands,omitempty"`
-	LLM      []LLMCall     `json:"llm,omitempty"`
+	// Prev is the turn this one continues (0: none): turns form a tree,
+	// since a rollback continues from an older turn. A recovery replays
+	// the chain of Prev links that ends at its turn.
+	Prev int `json:"prev,omitempty"`
+	// Incomplete says why the record cannot be replayed (an output or
+	// LLM response cut, the sandbox's recording limit reached).
+	Incomplete string        `json:"incomplete,omitempty"`
+	Started    time.Time     `json:"started"`
+	Ended      time.Time     `json:"ended"`
+	Commands   []TurnCommand `json:"commands,omitempty"`
+	LLM        []LLMCall     `json:"llm,omitempty"`
 }
 
 // TurnResult is what ending a turn decided and did.
@@ -112,12 +119,25 @@ type TurnCommand struct {
 	Session string    `json:"session,omitempty"`
 	Command string    `json:"command,omitempty"` // session text
 	Args    []string  `json:"args,omitempty"`    // exec argv
+	// Ident is the request's identity (a hash of what the agent asked
+	// to run and how): a recovery's fast-forward matches on it.
+	Ident string `json:"ident,omitempty"`
 	// ExitCode is -1 when the stream ended without an exit status.
 	ExitCode  int    `json:"exit_code"`
 	Detached  bool   `json:"detached,omitempty"`
 	Stdout    string `json:"stdout,omitempty"`
 	Stderr    string `json:"stderr,omitempty"`
 	Truncated bool   `json:"truncated,omitempty"`
+	// Pid is a detached command's PID.
+	Pid        int     `json:"pid,omitempty"`
+	Signal     string  `json:"signal,omitempty"`
+	TimedOut   bool    `json:"timed_out,omitempty"`
+	DurationMS float64 `json:"duration_ms,omitempty"`
+	// Cut: the log kept only part of the output (Truncated is what the
+	// agent was told); such a command cannot be replayed.
+	Cut bool `json:"cut,omitempty"`
+	// Replayed: answered from the record by a fast-forward.
+	Replayed bool `json:"replayed,omitempty"`
 }
 
 // LLMCall is one call an agent made through its sandbox's LLM proxy.
@@ -130,6 +150,9 @@ type LLMCall struct {
 	Status            int       `json:"status"`
 	Request           string    `json:"request,omitempty"`
 	RequestTruncated  bool      `json:"request_truncated,omitempty"`
+	RequestSHA256     string    `json:"request_sha256,omitempty"`
+	RequestBytes      int       `json:"request_bytes,omitempty"`
+	ContentType       string    `json:"content_type,omitempty"`
 	Response          string    `json:"response,omitempty"`
 	ResponseTruncated bool      `json:"response_truncated,omitempty"`
 	Started           time.Time `json:"started"`
@@ -138,4 +161,6 @@ type LLMCall struct {
 	// to be captured: the latency molt added to this call.
 	GateWaitMS float64 `json:"gate_wait_ms"`
 	Error      string  `json:"error,omitempty"`
+	// Replayed: answered from the record by a fast-forward.
+	Replayed bool `json:"replayed,omitempty"`
 }

@@ -128,10 +128,17 @@ func (e *End) Commit(ck meta.Checkpoint) meta.TurnResult {
 	e.next()
 	res.DurationMS = ms(time.Since(e.began))
 	e.t.mu.Lock()
-	cmds := ts.commands
-	ts.commands = nil
+	cmds, prev, unrec := ts.commands, ts.prev, ts.unrecorded
+	ts.commands, ts.prev, ts.unrecorded = nil, res.Turn, ""
 	e.t.mu.Unlock()
-	e.t.record(meta.TurnRecord{TurnResult: res, Started: ts.started, Ended: time.Now().UTC(), Commands: cmds})
+	tr := meta.TurnRecord{TurnResult: res, Prev: prev, Incomplete: unrec, Started: ts.started, Ended: time.Now().UTC(), Commands: cmds}
+	for i, c := range cmds {
+		if c.Cut && tr.Incomplete == "" {
+			tr.Incomplete = fmt.Sprintf("command %d's output was cut: the sandbox's recording limit of %d bytes was reached", i, e.t.limit(e.id))
+			break
+		}
+	}
+	e.t.record(tr)
 	ts.n++
 	ts.started = time.Now()
 	return res

@@ -55,8 +55,75 @@ func (t *Tracker) Log(id string) ([]meta.TurnRecord, error) {
 	return out, err
 }
 
-// RecordLLM attaches an LLM call to the record of the turn it ended.
+// limit is sandbox id's recording limit.
+func (t *Tracker) limit(id string) int64 {
+	if t.cfg.RecordLimit != nil {
+		if n := t.cfg.RecordLimit(id); n > 0 {
+			return n
+		}
+	}
+	return DefaultRecordLimit
+}
+
+// charge counts n more bytes against sandbox id's recording limit, and
+// reports false (counting nothing) when they do not fit.
+func (t *Tracker) charge(id string, n int64) bool {
+	t.mu.Lock()
+	used, ok := t.usage[id]
+	t.mu.Unlock()
+	if !ok {
+		used = t.logBytes(id)
+	}
+	lim := t.limit(id)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cur, ok := t.usage[id]; ok {
+		used = cur
+	}
+	if used+n > lim {
+		t.usage[id] = used
+		return false
+	}
+	t.usage[id] = used + n
+	return true
+}
+
+// logBytes is what sandbox id's turn log holds of outputs and LLM
+// exchanges.
+func (t *Tracker) logBytes(id string) int64 {
+	var n int64
+	recs, _ := t.Log(id)
+	for _, tr := range recs {
+		for _, c := range tr.Commands {
+			n += int64(len(c.Stdout) + len(c.Stderr))
+		}
+		for _, c := range tr.LLM {
+			n += int64(len(c.Request) + len(c.Response))
+		}
+	}
+	return n
+}
+
+// keepRequest bounds the recorded copy of an LLM request: its identity
+// (a hash of the whole) is what a fast-forward matches; the copy is for
+// reading.
+const keepRequest = 1 << 20
+
+// RecordLLM attaches an LLM call to the record of the turn it ended. It
+// writes before it returns (the turn log is the record a recovery
+// replays): the caller lets the agent see the end of the reply only
+// then. A call that does not fit the sandbox's recording limit is kept
+// cut, and its turn cannot be replayed.
 func (t *Tracker) RecordLLM(id string, turn int, c meta.LLMCall) error {
+	if len(c.Request) > keepRequest {
+		c.Request, c.RequestTruncated = c.Request[:keepRequest], true
+	}
+	incomplete := ""
+	if !t.charge(id, int64(len(c.Request)+len(c.Response))) {
+		c.Request, c.RequestTruncated = clipString(c.Request, keepOutput)
+		c.Response, c.ResponseTruncated = clipString(c.Response, keepOutput)
+		incomplete = fmt.Sprintf("LLM call %d's response was cut: the sandbox's recording limit of %d bytes was reached", c.ID, t.limit(id))
+	}
 	if ts := t.of(id); ts != nil {
 		// Waits for a turn end in progress to have written its record.
 		ts.mu.Lock()
@@ -68,25 +135,39 @@ func (t *Tracker) RecordLLM(id string, turn int, c meta.LLMCall) error {
 			return err
 		}
 		tr.LLM = append(tr.LLM, c)
+		if incomplete != "" && tr.Incomplete == "" {
+			tr.Incomplete = incomplete
+		}
 		return tx.Put(meta.Turns, turnKey(id, turn), tr)
 	})
 }
 
-// keepOutput bounds what the log keeps of each output stream of a
-// command.
+// keepOutput is what the log keeps of each output of a command or LLM
+// call that does not fit the sandbox's recording limit (for reading;
+// such a turn cannot be replayed).
 const keepOutput = 64 << 10
 
-// Record appends a command to the sandbox's current turn.
+func clipString(s string, n int) (string, bool) {
+	if len(s) > n {
+		return s[:n], true
+	}
+	return s, false
+}
+
+// Record appends a command to the sandbox's current turn. The output is
+// kept whole while the sandbox's recording limit allows; past it, cut
+// (Cut), and the turn cannot be replayed.
 func (t *Tracker) Record(id string, c meta.TurnCommand) {
 	ts := t.of(id)
 	if ts == nil {
 		return
 	}
-	if len(c.Stdout) > keepOutput {
-		c.Stdout, c.Truncated = c.Stdout[:keepOutput], true
+	if !c.Cut && !t.charge(id, int64(len(c.Stdout)+len(c.Stderr))) {
+		c.Cut = true
 	}
-	if len(c.Stderr) > keepOutput {
-		c.Stderr, c.Truncated = c.Stderr[:keepOutput], true
+	if c.Cut {
+		c.Stdout, _ = clipString(c.Stdout, keepOutput)
+		c.Stderr, _ = clipString(c.Stderr, keepOutput)
 	}
 	t.mu.Lock()
 	ts.commands = append(ts.commands, c)
@@ -94,20 +175,27 @@ func (t *Tracker) Record(id string, c meta.TurnCommand) {
 }
 
 // Recording wraps an exec stream from init so that, when it is closed,
-// the command, its output (the first 64 KiB of each stream) and its exit
+// the command (cmd: its request), its output, PID, run time and exit
 // status are appended to the sandbox's turn log.
-func (t *Tracker) Recording(id string, c net.Conn, args []string) net.Conn {
-	return &recConn{Conn: c, t: t, id: id, cmd: meta.TurnCommand{Time: time.Now().UTC(), Args: args, ExitCode: -1}}
+func (t *Tracker) Recording(id string, c net.Conn, cmd meta.TurnCommand) net.Conn {
+	cmd.ExitCode = -1
+	return &recConn{Conn: c, t: t, id: id, cmd: cmd, began: time.Now(), keep: int(min(t.limit(id), int64(maxInt)))}
 }
+
+const maxInt = int(^uint(0) >> 1)
 
 type recConn struct {
 	net.Conn
-	t    *Tracker
-	id   string
-	mu   sync.Mutex
-	buf  []byte // an incomplete frame
-	cmd  meta.TurnCommand
-	once sync.Once
+	t   *Tracker
+	id  string
+	mu  sync.Mutex
+	buf []byte // an incomplete frame
+	cmd meta.TurnCommand
+	// The output so far.
+	stdout, stderr []byte
+	began          time.Time
+	keep           int // per stream: past it the output is cut
+	once           sync.Once
 }
 
 func (c *recConn) Read(p []byte) (int, error) {
@@ -134,34 +222,75 @@ func (c *recConn) parse() {
 		}
 		typ, payload := c.buf[0], c.buf[5:5+size]
 		switch typ {
+		case v1.FrameStarted:
+			c.cmd.Pid, _ = strconv.Atoi(string(payload))
 		case v1.FrameStdout:
-			if room := keepOutput - len(c.cmd.Stdout); room > 0 {
-				c.cmd.Stdout += string(payload[:min(room, len(payload))])
-			}
-			c.cmd.Truncated = c.cmd.Truncated || len(c.cmd.Stdout) >= keepOutput
+			c.stdout = c.keepOut(c.stdout, payload)
 		case v1.FrameStderr:
-			if room := keepOutput - len(c.cmd.Stderr); room > 0 {
-				c.cmd.Stderr += string(payload[:min(room, len(payload))])
-			}
-			c.cmd.Truncated = c.cmd.Truncated || len(c.cmd.Stderr) >= keepOutput
+			c.stderr = c.keepOut(c.stderr, payload)
 		case v1.FrameExit:
 			var st v1.ExitStatus
 			if json.Unmarshal(payload, &st) == nil {
-				c.cmd.ExitCode = st.ExitCode
+				c.cmd.ExitCode, c.cmd.Signal, c.cmd.TimedOut = st.ExitCode, st.Signal, st.TimedOut
 			}
+			c.cmd.DurationMS = ms(time.Since(c.began))
 		}
 		c.buf = c.buf[5+size:]
 	}
+}
+
+// keepOut appends p to out, up to the recording's bound.
+func (c *recConn) keepOut(out, p []byte) []byte {
+	room := c.keep - len(out)
+	if len(p) > room {
+		c.cmd.Cut = true
+		p = p[:max(room, 0)]
+	}
+	return append(out, p...)
 }
 
 func (c *recConn) Close() error {
 	c.once.Do(func() {
 		c.mu.Lock()
 		cmd := c.cmd
+		cmd.Stdout, cmd.Stderr = string(c.stdout), string(c.stderr)
 		c.mu.Unlock()
 		c.t.Record(c.id, cmd)
 	})
 	return c.Conn.Close()
+}
+
+// DeleteTurns deletes turns ns of sandbox id's log. The usage it counts
+// is counted again on next use.
+func (t *Tracker) DeleteTurns(id string, ns []int) error {
+	err := t.cfg.DB.Update(func(tx *meta.Tx) error {
+		for _, n := range ns {
+			if err := tx.Delete(meta.Turns, turnKey(id, n)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	t.mu.Lock()
+	delete(t.usage, id)
+	t.mu.Unlock()
+	return err
+}
+
+// PrevOf is the turn sandbox id's current turn continues (its last
+// logged turn when it has no turn state).
+func (t *Tracker) PrevOf(id string) int {
+	t.mu.Lock()
+	ts := t.m[id]
+	var p int
+	if ts != nil {
+		p = ts.prev
+	}
+	t.mu.Unlock()
+	if ts == nil {
+		return t.lastTurn(id)
+	}
+	return p
 }
 
 // Current is the number of sandbox id's turn in progress: the one after

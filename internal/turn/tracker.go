@@ -32,7 +32,19 @@ type Config struct {
 	// Egress counts the effect ledger records of sandbox id's turn n
 	// (nil: none are counted).
 	Egress func(id string, n int) *meta.EgressCounts
+	// RecordLimit bounds what sandbox id's turn log keeps of outputs and
+	// LLM exchanges, in bytes (DefaultRecordLimit if nil or 0).
+	RecordLimit func(id string) int64
+	// Prev is the turn sandbox id's state continues when its turn state
+	// is first made (the daemon started, the sandbox was created or
+	// started), given its last logged turn (zero if none): nil, that
+	// one.
+	Prev func(id string, last meta.TurnRecord) int
 }
+
+// DefaultRecordLimit bounds a sandbox's recorded outputs and LLM
+// exchanges unless its own limit says otherwise.
+const DefaultRecordLimit int64 = 256 << 20
 
 // Tracker keeps the turns of a Manager's sandboxes.
 type Tracker struct {
@@ -48,6 +60,12 @@ type Tracker struct {
 	m map[string]*state
 	// +checklocks:mu
 	closed bool
+	// Fast-forwards under way, by sandbox.
+	// +checklocks:mu
+	ff map[string]*FastForward
+	// Bytes each sandbox's turn log holds (counted on first use).
+	// +checklocks:mu
+	usage map[string]int64
 }
 
 // state is one sandbox's turn: the baseline its current turn is
@@ -67,10 +85,13 @@ type state struct {
 	// Under Tracker.mu: commands are recorded without waiting for a
 	// turn end. ending counts turn ends in progress; endDone is closed
 	// when it drops to zero. Commands wait for it (they belong to the
-	// next turn).
+	// next turn). prev is the turn the current one continues.
 	commands []meta.TurnCommand
-	ending   int
-	endDone  chan struct{}
+	prev     int
+	// unrecorded says why the current turn's record will be incomplete.
+	unrecorded string
+	ending     int
+	endDone    chan struct{}
 }
 
 // New returns a Tracker with no sandbox.
@@ -79,7 +100,7 @@ func New(cfg Config) *Tracker {
 		cfg.Log = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Tracker{cfg: cfg, ctx: ctx, cancel: cancel, m: map[string]*state{}}
+	return &Tracker{cfg: cfg, ctx: ctx, cancel: cancel, m: map[string]*state{}, ff: map[string]*FastForward{}, usage: map[string]int64{}}
 }
 
 // Close cancels the baselines and turn ends running in the background,
@@ -189,13 +210,25 @@ func (t *Tracker) Prepare(id string, init sandbox.Init) *Pending {
 //
 // +checklocksignore
 func (t *Tracker) prepare(id string, init sandbox.Init) *state {
-	t.mu.Lock()
-	ts := t.m[id]
+	ts := t.of(id)
 	if ts == nil {
-		ts = &state{n: t.lastTurn(id) + 1, started: time.Now()}
-		t.m[id] = ts
+		// The lookups read the database: not under t.mu.
+		last := t.lastTurn(id)
+		fresh := &state{n: last + 1, started: time.Now(), prev: last}
+		if t.cfg.Prev != nil {
+			var tr meta.TurnRecord
+			if last != 0 {
+				_ = t.cfg.DB.Get(meta.Turns, turnKey(id, last), &tr)
+			}
+			fresh.prev = t.cfg.Prev(id, tr)
+		}
+		t.mu.Lock()
+		if ts = t.m[id]; ts == nil {
+			ts = fresh
+			t.m[id] = ts
+		}
+		t.mu.Unlock()
 	}
-	t.mu.Unlock()
 	ts.mu.Lock()
 	ts.tree = init
 	ts.force = nil
@@ -292,11 +325,35 @@ func (t *Tracker) baseline(ctx context.Context, id string, init sandbox.Init, ts
 	t.mu.Unlock()
 }
 
-// Forget drops a sandbox's turn state (removed, stopped, hibernated).
+// Continue makes sandbox id's current turn continue turn prev: its
+// state was replaced by the one prev ended in (a rollback, a recovery).
+func (t *Tracker) Continue(id string, prev int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if ts := t.m[id]; ts != nil {
+		ts.prev = prev
+	}
+}
+
+// Unrecorded notes that something of sandbox id's current turn could
+// not be recorded (an LLM call whose turn end failed): its record will
+// say so, and no recovery replays it.
+func (t *Tracker) Unrecorded(id, why string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if ts := t.m[id]; ts != nil && ts.unrecorded == "" {
+		ts.unrecorded = why
+	}
+}
+
+// Forget drops a sandbox's turn state (removed, stopped, hibernated)
+// and its fast-forward.
 func (t *Tracker) Forget(id string) {
 	t.mu.Lock()
 	ts := t.m[id]
 	delete(t.m, id)
+	delete(t.ff, id)
+	delete(t.usage, id)
 	t.mu.Unlock()
 	if ts != nil {
 		ts.mu.Lock()

@@ -137,30 +137,35 @@ func newTracker(t *testing.T) *Tracker {
 	return tr
 }
 
-// The recording parses frames split anywhere, keeps at most 64 KiB of
-// each stream, and does not buffer a frame over the stream's limit.
+// The recording parses frames split anywhere, keeps each stream whole
+// within the sandbox's recording limit (past it the command is cut, and
+// keeps 64 KiB for reading), and does not buffer a frame over the
+// stream's limit.
 func TestRecording(t *testing.T) {
 	exit, _ := json.Marshal(v1.ExitStatus{ExitCode: 3})
 	big := strings.Repeat("x", keepOutput+100)
+	huge := strings.Repeat("y", 3*keepOutput)
 	for _, c := range []struct {
-		name    string
-		stream  []byte
-		stdout  string
-		stderr  string
-		code    int
-		trunced bool
+		name   string
+		stream []byte
+		stdout string
+		stderr string
+		code   int
+		cut    bool
 	}{
 		{"plain", append(append(frame(v1.FrameStdout, []byte("out")), frame(v1.FrameStderr, []byte("err"))...), frame(v1.FrameExit, exit)...), "out", "err", 3, false},
-		{"bounded", append(frame(v1.FrameStdout, []byte(big)), frame(v1.FrameExit, exit)...), big[:keepOutput], "", 3, true},
+		{"whole", append(frame(v1.FrameStdout, []byte(big)), frame(v1.FrameExit, exit)...), big, "", 3, false},
+		{"over the limit", append(frame(v1.FrameStdout, []byte(huge)), frame(v1.FrameExit, exit)...), huge[:keepOutput], "", 3, true},
 		{"oversized frame", append(frame(v1.FrameStdout, []byte("a")), 1, 0xff, 0xff, 0xff, 0xff), "a", "", -1, false},
 		{"cut short", frame(v1.FrameStdout, []byte("abc"))[:6], "", "", -1, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tr := newTracker(t)
+			tr.cfg.RecordLimit = func(string) int64 { return 2 * keepOutput }
 			ts := &state{}
 			tr.m["s"] = ts
 			a, b := net.Pipe()
-			rc := tr.Recording("s", a, []string{"echo"})
+			rc := tr.Recording("s", a, meta.TurnCommand{Args: []string{"echo"}})
 			go func() {
 				// Written in 3-byte pieces: frames arrive split.
 				for s := c.stream; len(s) > 0; s = s[min(3, len(s)):] {
@@ -180,8 +185,8 @@ func TestRecording(t *testing.T) {
 				t.Fatalf("%d commands recorded", len(ts.commands))
 			}
 			got := ts.commands[0]
-			if got.Stdout != c.stdout || got.Stderr != c.stderr || got.ExitCode != c.code || got.Truncated != c.trunced || got.Args[0] != "echo" {
-				t.Fatalf("recorded stdout %d bytes, stderr %q, exit %d, truncated %v", len(got.Stdout), got.Stderr, got.ExitCode, got.Truncated)
+			if got.Stdout != c.stdout || got.Stderr != c.stderr || got.ExitCode != c.code || got.Cut != c.cut || got.Args[0] != "echo" {
+				t.Fatalf("recorded stdout %d bytes, stderr %q, exit %d, cut %v", len(got.Stdout), got.Stderr, got.ExitCode, got.Cut)
 			}
 		})
 	}
