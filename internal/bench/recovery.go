@@ -342,7 +342,12 @@ func (h *recHarness) newSandbox(ctx context.Context, t Trajectory) (sandboxSetup
 	}
 	script := "mkdir -p " + strings.Join(dirs, " ") +
 		" && { command -v python >/dev/null || ln -s \"$(command -v python3)\" /usr/local/bin/python; }"
-	if err := run(ctx, c, sb.ID, "bash", "-c", script); err != nil {
+	var stderr strings.Builder
+	st, err := c.Exec(ctx, sb.ID, v1.ExecRequest{Args: []string{"bash", "-c", script}, Aside: true}, client.ExecIO{Stderr: &stderr})
+	if err == nil && st.ExitCode != 0 {
+		err = fmt.Errorf("exit %d: %s", st.ExitCode, stderr.String())
+	}
+	if err != nil {
 		_ = c.Remove(context.Background(), sb.ID)
 		return sandboxSetup{}, fmt.Errorf("setup: %w", err)
 	}
@@ -370,7 +375,7 @@ func (h *recHarness) startSession(ctx context.Context, sb, agent string) error {
 		// call fails, the next starts a new session.
 		var res v1.SessionRunResult
 		cctx, cancel := context.WithTimeout(ctx, time.Minute)
-		res, err = h.d.c.SessionRun(cctx, sb, "main", v1.SessionRunRequest{Command: "cd " + startDir(agent)})
+		res, err = h.d.c.SessionRun(cctx, sb, "main", v1.SessionRunRequest{Command: "cd " + startDir(agent), Aside: true})
 		cancel()
 		if err == nil && res.ExitCode != 0 {
 			err = fmt.Errorf("exit %d: %s", res.ExitCode, res.Stderr)
@@ -542,6 +547,22 @@ func (h *recHarness) crash(ctx context.Context, cp CrashPoint, sb string, a *age
 			a.kill()
 			return fmt.Errorf("kill the sandbox's processes: %w", err)
 		}
+		// The agent's next command fails (as the agent would see it)
+		// before the agent is killed.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := h.d.c.Exec(cctx, sb, v1.ExecRequest{Args: []string{"true"}, Aside: true}, client.ExecIO{})
+			cancel()
+			if err != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				a.kill()
+				return errors.New("the sandbox still runs commands 30 s after its init was killed")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		a.kill()
 	case CrashDaemon:
 		h.d.kill()
@@ -607,7 +628,7 @@ func (h *recHarness) recover(ctx context.Context, t Trajectory, cp CrashPoint, s
 		}
 		if !rb.ProcessesRestarted {
 			cctx, cancel := context.WithTimeout(ctx, time.Minute)
-			_, _ = c.Exec(cctx, sb.id, v1.ExecRequest{Args: []string{"bash", "-c", "kill -9 -1; true"}}, client.ExecIO{})
+			_, _ = c.Exec(cctx, sb.id, v1.ExecRequest{Args: []string{"bash", "-c", "kill -9 -1; true"}, Aside: true}, client.ExecIO{})
 			cancel()
 		}
 		if err := h.startSession(ctx, sb.id, t.Agent); err != nil {

@@ -210,12 +210,13 @@ func SessionDigest(text string) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// SnapshotState reads a sandbox's files (written since the unix time
+// SnapshotState reads a sandbox's files (its commands run aside: they
+// are not the agent's) (written since the unix time
 // since hashed), sessions and processes.
 func SnapshotState(ctx context.Context, c *client.Client, sb string, since float64) (State, error) {
 	st := State{Files: map[string]string{}, Sessions: map[string]string{}, SessionText: map[string]string{}}
 	var out, errb bytes.Buffer
-	es, err := c.Exec(ctx, sb, v1.ExecRequest{Args: []string{"python3", "-c", snapshotFilesPy, strconv.FormatFloat(since, 'f', 3, 64)}}, client.ExecIO{Stdout: &out, Stderr: &errb})
+	es, err := c.Exec(ctx, sb, v1.ExecRequest{Args: []string{"python3", "-c", snapshotFilesPy, strconv.FormatFloat(since, 'f', 3, 64)}, Aside: true}, client.ExecIO{Stdout: &out, Stderr: &errb})
 	if err == nil && es.ExitCode != 0 {
 		err = fmt.Errorf("exit %d: %s", es.ExitCode, shorten(errb.String(), 200))
 	}
@@ -237,7 +238,7 @@ func SnapshotState(ctx context.Context, c *client.Client, sb string, since float
 		if !s.Alive {
 			continue
 		}
-		res, err := c.SessionRun(ctx, sb, s.Name, v1.SessionRunRequest{Command: sessionStateCmd, TimeoutMS: 10000})
+		res, err := c.SessionRun(ctx, sb, s.Name, v1.SessionRunRequest{Command: sessionStateCmd, TimeoutMS: 10000, Aside: true})
 		if err != nil {
 			return st, fmt.Errorf("session %s: %w", s.Name, err)
 		}
@@ -246,7 +247,7 @@ func SnapshotState(ctx context.Context, c *client.Client, sb string, since float
 	}
 	out.Reset()
 	errb.Reset()
-	es, err = c.Exec(ctx, sb, v1.ExecRequest{Args: []string{"python3", "-c", processesPy}}, client.ExecIO{Stdout: &out, Stderr: &errb})
+	es, err = c.Exec(ctx, sb, v1.ExecRequest{Args: []string{"python3", "-c", processesPy}, Aside: true}, client.ExecIO{Stdout: &out, Stderr: &errb})
 	if err == nil && es.ExitCode != 0 {
 		err = fmt.Errorf("exit %d: %s", es.ExitCode, shorten(errb.String(), 200))
 	}
