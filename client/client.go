@@ -316,6 +316,13 @@ func (c *Client) ConsumeEffect(ctx context.Context, id string, req v1.EffectCons
 	return e, c.do(ctx, "POST", "/v1/effects/"+esc(id)+"/consumers", req, &e)
 }
 
+// SetCompensator gives effect id a compensator after the fact (an agent
+// learns how to undo a payment only after making it).
+func (c *Client) SetCompensator(ctx context.Context, id string, comp v1.Compensator) (v1.Effect, error) {
+	var e v1.Effect
+	return e, c.do(ctx, "POST", "/v1/effects/"+esc(id)+"/compensator", comp, &e)
+}
+
 // Checkpoints lists a sandbox's checkpoints.
 func (c *Client) Checkpoints(ctx context.Context, ref string) ([]v1.Checkpoint, error) {
 	var l []v1.Checkpoint
@@ -338,6 +345,13 @@ func (c *Client) DeleteCheckpoint(ctx context.Context, ref string) error {
 func (c *Client) VerifyCheckpoint(ctx context.Context, ref string) (v1.Checkpoint, error) {
 	var ck v1.Checkpoint
 	return ck, c.do(ctx, "POST", "/v1/checkpoints/"+esc(ref)+"/verify", nil, &ck)
+}
+
+// VerifyChain verifies a checkpoint's lineage: every manifest up to the
+// root signed by a trusted key and linked to its parent's digest.
+func (c *Client) VerifyChain(ctx context.Context, ref string) (v1.ChainVerification, error) {
+	var res v1.ChainVerification
+	return res, c.do(ctx, "GET", "/v1/checkpoints/"+esc(ref)+"/chain", nil, &res)
 }
 
 // Rollback returns a sandbox to a checkpoint.

@@ -752,8 +752,10 @@ func TestAdmissibleRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The recall goes nowhere (a closed port of the host's loopback): its
+	// compensation fails, and the forced rollback says so.
 	mail, err := c.DeclareEffect(ctx, sb, v1.EffectDeclareRequest{Method: "POST", URL: "https://mail.example/send", Status: 202,
-		Compensator: &v1.Compensator{Method: "POST", URL: "https://mail.example/recall"}})
+		Compensator: &v1.Compensator{Method: "POST", URL: "http://127.0.0.1:1/recall"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -786,9 +788,13 @@ func TestAdmissibleRollback(t *testing.T) {
 	if _, err := c.RollbackWith(ctx, sb, v1.RollbackRequest{Checkpoint: ck}); !errors.Is(err, v1.ErrConflict) {
 		t.Fatalf("API: %v, want a conflict", err)
 	}
-	mustJSON(t, &res, "rollback", sb, ck, "--force")
-	if res.Plan == nil || len(res.Plan.Block) != 1 {
-		t.Fatalf("forced rollback's plan: %+v", res.Plan)
+	r = molt(t, "--json", "rollback", sb, ck, "--force")
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code == 0 {
+		t.Fatalf("forced rollback with a failing compensator: exit %d (want non-zero), %v\n%s\n%s", r.code, err, r.stdout, r.stderr)
+	}
+	if res.Plan == nil || len(res.Plan.Block) != 1 || res.Compensation == nil || res.Compensation.State != v1.CompensationFailed ||
+		len(res.Compensation.Failed) != 1 || res.Compensation.Failed[0].ID != mail.ID {
+		t.Fatalf("forced rollback's plan %+v, compensation %+v", res.Plan, res.Compensation)
 	}
 	orphans := 0
 	for _, e := range effects(t, sb) {

@@ -110,7 +110,9 @@ func startDaemon() error {
 	if err != nil {
 		return err
 	}
-	args := []string{"daemon", "--root", env.root, "--socket", env.socket, "--pool-size", "16G"}
+	// Compensations back off 50 ms, 100 ms (the default 500 ms would
+	// make the failure tests slow).
+	args := []string{"daemon", "--root", env.root, "--socket", env.socket, "--pool-size", "16G", "--compensate-backoff", "50ms", "--compensate-timeout", "10s"}
 	if env.lab != nil {
 		args = append(args, "--egress-uplink", env.lab.Name, "--egress-dns", env.lab.DNSAddr().String(), "--egress-ca", env.lab.CAFile)
 	}

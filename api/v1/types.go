@@ -188,7 +188,30 @@ type SandboxCreateRequest struct {
 	// daemon's default); past it turns are recorded cut and a recovery
 	// cannot fast-forward through them.
 	RecordLimit int64 `json:"record_limit,omitempty"`
+	// EffectPolicy says, per kind of effect, what a rollback that would
+	// orphan a committed effect of that kind does: EffectRefuse,
+	// EffectCompensate or EffectAllow. Kinds: "http" (proxied HTTP and
+	// inspected HTTPS), "opaque" (TLS, raw TCP and UDP), "declared"
+	// (effects declared through the API), a declared effect's own Type,
+	// or "*" (any). The most specific kind an effect has wins (its Type,
+	// then declared, http or opaque, then *); an effect no kind names
+	// gets the default: compensated when it has a compensator, blocking
+	// when others consumed it without one, else orphaned.
+	EffectPolicy map[string]string `json:"effect_policy,omitempty"`
 }
+
+// The values of EffectPolicy.
+const (
+	// EffectRefuse: orphaning a committed effect of the kind refuses the
+	// rollback (conflict) unless forced.
+	EffectRefuse = "refuse"
+	// EffectCompensate: it is compensated; one without a compensator
+	// refuses the rollback unless forced.
+	EffectCompensate = "compensate"
+	// EffectAllow: it is orphaned (answered from the ledger if sent
+	// again) and never blocks.
+	EffectAllow = "allow"
+)
 
 // The values of Network.
 const (
@@ -278,6 +301,39 @@ type Sandbox struct {
 	Network string        `json:"network,omitempty"`
 	Address string        `json:"address,omitempty"`
 	Egress  *EgressPolicy `json:"egress,omitempty"`
+	// EffectPolicy is the create request's (see SandboxCreateRequest).
+	EffectPolicy map[string]string `json:"effect_policy,omitempty"`
+	// Compensation is how the compensations of the sandbox's last
+	// rollback that had any went (a failure stays here until the next).
+	Compensation *CompensationReport `json:"compensation,omitempty"`
+}
+
+// CompensationReport is how a rollback's compensations went.
+type CompensationReport struct {
+	// Checkpoint is the rollback's target.
+	Checkpoint string `json:"checkpoint"`
+	// State is "compensating" (under way, or to resume after a daemon
+	// restart), "compensated" (all of them) or "failed" (some failed:
+	// the world still has those effects, orphaned).
+	State       string   `json:"state"`
+	Compensated []string `json:"compensated,omitempty"`
+	// Failed lists the effects whose compensation failed, and why.
+	Failed []FailedCompensation `json:"failed,omitempty"`
+	At     time.Time            `json:"at"`
+}
+
+// The values of CompensationReport.State.
+const (
+	CompensationRunning = "compensating"
+	CompensationDone    = "compensated"
+	CompensationFailed  = "failed"
+)
+
+// FailedCompensation is an effect whose compensation failed.
+type FailedCompensation struct {
+	ID       string `json:"id"`
+	Attempts int    `json:"attempts,omitempty"`
+	Error    string `json:"error"`
 }
 
 // Effect is one record of a sandbox's effect ledger: something that
@@ -316,7 +372,14 @@ type Effect struct {
 	// does not (it was rolled back past it) and it was not replayed.
 	Orphan      bool         `json:"orphan,omitempty"`
 	Declared    bool         `json:"declared,omitempty"`
+	Type        string       `json:"type,omitempty"`
 	Compensator *Compensator `json:"compensator,omitempty"`
+	// DependsOn: the earlier effects this one depends on (see
+	// EffectDeclareRequest); empty when it declared none.
+	DependsOn []string `json:"depends_on,omitempty"`
+	// Compensation is where undoing the effect is, after a rollback
+	// orphaned it.
+	Compensation *Compensation `json:"compensation,omitempty"`
 	// Consumers acted on the effect (see EffectConsumeRequest).
 	Consumers []Consumer `json:"consumers,omitempty"`
 	Started   time.Time  `json:"started"`
@@ -330,12 +393,34 @@ type Consumer struct {
 	At   time.Time `json:"at"`
 }
 
-// Compensator is an HTTP request that undoes a declared effect.
+// Compensator undoes an effect: an HTTP request (Method, URL, Header,
+// Body; a 2xx answer means compensated), sent by the daemon into the
+// sandbox's world with the header Idempotency-Key:
+// molt-compensate-<effect ID>, or a command run in a helper sandbox
+// (Sandbox, a name or ID, running; Command; exit status 0 means
+// compensated). Compensators must be idempotent: one a crash
+// interrupted is run again.
 type Compensator struct {
-	Method string              `json:"method"`
-	URL    string              `json:"url"`
-	Header map[string][]string `json:"header,omitempty"`
-	Body   []byte              `json:"body,omitempty"`
+	Method  string              `json:"method,omitempty"`
+	URL     string              `json:"url,omitempty"`
+	Header  map[string][]string `json:"header,omitempty"`
+	Body    []byte              `json:"body,omitempty"`
+	Sandbox string              `json:"sandbox,omitempty"`
+	Command []string            `json:"command,omitempty"`
+}
+
+// Compensation is where undoing an effect is.
+type Compensation struct {
+	// State is "planned", "compensating" (attempt Attempts under way),
+	// "retrying" (attempt Attempts failed with Error, another follows),
+	// "compensated", "failed" (Error says why) or "cancelled" (the
+	// rollback did not happen).
+	State string `json:"state"`
+	// Rollback is the checkpoint whose rollback orphaned the effect.
+	Rollback string    `json:"rollback,omitempty"`
+	Attempts int       `json:"attempts,omitempty"`
+	Error    string    `json:"error,omitempty"`
+	At       time.Time `json:"at"`
 }
 
 // EffectDeclareRequest declares an effect that did not cross molt's
@@ -352,6 +437,14 @@ type EffectDeclareRequest struct {
 	Status         int          `json:"status,omitempty"`
 	ResponseBody   []byte       `json:"response_body,omitempty"`
 	Compensator    *Compensator `json:"compensator,omitempty"`
+	// Type names what the effect is ("payment", "email"): an
+	// EffectPolicy may name it.
+	Type string `json:"type,omitempty"`
+	// DependsOn lists earlier effects of the sandbox this one depends
+	// on: a rollback compensates dependents first, and does not
+	// compensate an effect whose dependent's compensation failed. null
+	// (omitted): it may depend on every earlier effect; [] on none.
+	DependsOn []string `json:"depends_on"`
 }
 
 // Session is a persistent shell inside a sandbox.
@@ -513,6 +606,11 @@ type RollbackResult struct {
 	// Plan is what the rollback does to the effect ledger (all of the
 	// result with dry_run).
 	Plan *RollbackPlan `json:"plan,omitempty"`
+	// Compensation is how the compensations of Plan.Compensate went.
+	// Its State "failed" means the sandbox is at the checkpoint but the
+	// world still has the failed ones (orphaned): the client reports
+	// the rollback as failed.
+	Compensation *CompensationReport `json:"compensation,omitempty"`
 }
 
 // RollbackPlan is what a rollback does to the sandbox's effects.
@@ -526,9 +624,26 @@ type RollbackPlan struct {
 	Replay []string `json:"replay,omitempty"`
 	// Compensate: of those, the ones with a compensator.
 	Compensate []string `json:"compensate,omitempty"`
-	// Block: of those, the ones others consumed and nothing compensates:
-	// the rollback is refused (conflict) unless forced.
+	// Block: of those, the ones others consumed and nothing compensates,
+	// or that the sandbox's EffectPolicy refuses to orphan: the rollback
+	// is refused (conflict) unless forced.
 	Block []BlockedEffect `json:"block,omitempty"`
+	// Decisions says, for each orphaned effect, what the sandbox's
+	// EffectPolicy decided.
+	Decisions []EffectDecision `json:"decisions,omitempty"`
+}
+
+// EffectDecision is what a rollback does to one orphaned effect.
+type EffectDecision struct {
+	ID string `json:"id"`
+	// Kind is the EffectPolicy kind that decided ("" for the default).
+	Kind string `json:"kind,omitempty"`
+	// Policy is EffectRefuse, EffectCompensate, EffectAllow, or "" for
+	// the default.
+	Policy string `json:"policy,omitempty"`
+	// Action is "compensate", "block" or "orphan".
+	Action string `json:"action"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // BlockedEffect is an effect that blocks a rollback, and who consumed it.
@@ -537,6 +652,9 @@ type BlockedEffect struct {
 	Method    string   `json:"method,omitempty"`
 	URL       string   `json:"url,omitempty"`
 	Consumers []string `json:"consumers"`
+	// Reason says why it blocks (consumed with no compensator, or the
+	// policy).
+	Reason string `json:"reason,omitempty"`
 }
 
 // EffectConsumeRequest marks an effect consumed: By acted on it.
@@ -633,4 +751,25 @@ type Divergence struct {
 	Expected string    `json:"expected"`
 	Got      string    `json:"got"`
 	At       time.Time `json:"at"`
+}
+
+// ChainVerification is a checkpoint's lineage as verified: each
+// checkpoint from it up to its root, with what is wrong with its link
+// (its manifest's signature, the key, the parent it names and that
+// parent's digest).
+type ChainVerification struct {
+	Checkpoint string      `json:"checkpoint"`
+	OK         bool        `json:"ok"`
+	Links      []ChainLink `json:"links"`
+	// Key is this host's signing key; Trusted the keys it accepts.
+	Key     string   `json:"key"`
+	Trusted []string `json:"trusted"`
+}
+
+// ChainLink is one checkpoint of a verified lineage.
+type ChainLink struct {
+	ID      string `json:"id"`
+	Parent  string `json:"parent,omitempty"`
+	Key     string `json:"key,omitempty"`
+	Problem string `json:"problem,omitempty"`
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -88,11 +89,25 @@ func checkpointCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+	var chain bool
 	verify := &cobra.Command{
-		Use: "verify CHECKPOINT", Short: "Check a checkpoint's stored objects against its manifest", Args: cobra.ExactArgs(1),
+		Use: "verify CHECKPOINT [--chain]", Short: "Check a checkpoint's stored objects against its manifest (--chain: and every signed link of its lineage)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
+			if chain {
+				res, err := g.client().VerifyChain(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if err := g.print(res, func() { printChain(res) }); err != nil {
+					return err
+				}
+				if !res.OK {
+					return &exitError{code: 1}
+				}
+				return nil
+			}
 			ck, err := g.client().VerifyCheckpoint(ctx, args[0])
 			if err != nil {
 				return err
@@ -100,6 +115,7 @@ func checkpointCmd(g *globals) *cobra.Command {
 			return g.print(ck, func() { fmt.Printf("%s: ok\n", ck.ID) })
 		},
 	}
+	verify.Flags().BoolVar(&chain, "chain", false, "also verify the lineage up to its root: each manifest signed by a trusted key, naming its parent and the parent's digest")
 	c.AddCommand(rm, inspect, verify)
 	return c
 }
@@ -186,21 +202,25 @@ func rollbackCmd(g *globals) *cobra.Command {
 	var force, dry bool
 	c := &cobra.Command{
 		Use: "rollback SANDBOX CHECKPOINT", Short: "Return a sandbox to a checkpoint", Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			ctx, cancel := ctx()
 			defer cancel()
 			res, err := g.client().RollbackWith(ctx, args[0], v1.RollbackRequest{Checkpoint: args[1], Tier: tier, Force: force, DryRun: dry})
 			if err != nil {
 				return err
 			}
+			defer func() {
+				// Rolled back, but the world still has effects it
+				// should no longer have: a failure, whatever the output.
+				if c := res.Compensation; c != nil && c.State != v1.CompensationDone && err == nil {
+					err = fmt.Errorf("%s rolled back to %s, but %d compensation(s) failed or did not finish (molt effects %s)", res.Sandbox, res.Checkpoint, len(c.Failed), res.Sandbox)
+				}
+			}()
 			return g.print(res, func() {
 				if !dry {
 					fmt.Printf("%s rolled back to %s in %.1f ms (%s)\n", res.Sandbox, res.Checkpoint, res.DurationMS, res.Tier)
 				}
-				if res.Note != "" {
-					fmt.Println(res.Note)
-				}
-				printPlan(res.Plan)
+				printRollbackRest(&res)
 			})
 		},
 	}
@@ -241,4 +261,23 @@ func captureNote(ck v1.Checkpoint) string {
 		return ""
 	}
 	return " (" + ck.CaptureNote + ")"
+}
+
+func printChain(res v1.ChainVerification) {
+	for i, l := range res.Links {
+		state := "ok"
+		if l.Problem != "" {
+			state = "BROKEN: " + l.Problem
+		}
+		key := l.Key
+		if key == "" {
+			key = "unsigned"
+		}
+		fmt.Printf("%s%s  %s  %s\n", strings.Repeat("  ", i), l.ID, key, state)
+	}
+	if res.OK {
+		fmt.Printf("lineage of %s: %d checkpoints, every link signed and intact (host key %s)\n", res.Checkpoint, len(res.Links), res.Key)
+	} else {
+		fmt.Printf("lineage of %s: BROKEN\n", res.Checkpoint)
+	}
 }

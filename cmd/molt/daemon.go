@@ -19,6 +19,7 @@ import (
 	"github.com/molt-sh/molt/internal/egress"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sched"
+	"github.com/molt-sh/molt/internal/turn"
 	"github.com/spf13/cobra"
 )
 
@@ -66,11 +67,9 @@ func daemonCmd(g *globals) *cobra.Command {
 	var sockGroup string
 	var sockUIDs []int
 	var seccompDefault string
-	recLimit := sizeFlag(256 << 20)
-	var eg struct {
-		rng, uplink, caFile string
-		dns                 []string
-	}
+	var trustKeys []string
+	recLimit := sizeFlag(turn.DefaultRecordLimit)
+	var eg egressFlags
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Run the molt daemon in the foreground",
@@ -133,21 +132,20 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{RecordLimit: int64(recLimit), Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+				Config: core.Config{RecordLimit: int64(recLimit), TrustedKeys: trustKeys, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
 					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault,
-					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile}},
+					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile,
+						CompensateAttempts: eg.comp.attempts, CompensateBackoff: eg.comp.backoff, CompensateTimeout: eg.comp.timeout}},
 				Options: slices.Concat(without(dynMods, core.WithoutFavorDynMods()), without(cow, core.WithoutCOWCapture()),
 					without(tmpl, core.WithoutTemplateCapture()), without(diskQuota, core.WithoutDiskQuota())),
 				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs},
 			})
 		},
 	}
+	c.Flags().StringArrayVar(&trustKeys, "trust-key", nil, "public key file (another host's ROOT/keys/host.pub) whose signed checkpoints this host accepts, besides its own and ROOT/keys/trusted/*.pub (repeatable)")
 	c.Flags().Var(&recLimit, "record-limit", "default bound of each sandbox's turn log recording (command output, LLM exchanges) that a recovery replays; past it turns are kept cut and cannot be fast-forwarded")
-	c.Flags().StringVar(&eg.rng, "egress-range", egress.DefaultRange.String(), "addresses of sandboxes with --network egress (the first is their gateway and resolver, the last four the uplink link); molt's own router namespace holds them, so only the uplink's /30 shows on the host")
-	c.Flags().StringVar(&eg.uplink, "egress-uplink", "", "network namespace (a name under /run/netns or a path) sandboxes' egress leaves through, instead of the host's default route (tests point it at a namespace of their own; docs/egress.md)")
-	c.Flags().StringArrayVar(&eg.dns, "egress-dns", nil, "upstream resolver (ip or ip:port) of molt's DNS for sandboxes (repeatable; default: /etc/resolv.conf's nameservers)")
-	c.Flags().StringVar(&eg.caFile, "egress-ca", "", "PEM file of extra roots the egress proxy trusts for the world's TLS when it inspects (a test internet's, a corporate proxy's)")
+	eg.add(c)
 	c.Flags().StringVar(&poolSize, "pool-size", "32G", "size of the btrfs loop file when the root is not on btrfs")
 	c.Flags().StringVar(&nodeSize, "pool-node-size", "8K", "btrfs metadata node size of a new loop file (4K to 64K): small nodes keep snapshots of a long-lived, often checkpointed root cheap; an existing pool keeps its own")
 	c.Flags().StringVar(&cacheDir, "cache-dir", envOr("MOLT_CACHE_DIR", "/var/cache/molt"), "cache for debootstrap trees (env MOLT_CACHE_DIR)")
@@ -213,7 +211,7 @@ func (f *sizeFlag) String() string {
 	}
 	return fmt.Sprint(int64(*f))
 }
-func (f *sizeFlag) Type() string   { return "size" }
+func (f *sizeFlag) Type() string { return "size" }
 func (f *sizeFlag) Set(v string) error {
 	n, err := parseSize(v)
 	if err != nil || n <= 0 {
@@ -221,4 +219,31 @@ func (f *sizeFlag) Set(v string) error {
 	}
 	*f = sizeFlag(n)
 	return nil
+}
+
+// egressFlags configure sandboxes' egress.
+type egressFlags struct {
+	rng, uplink, caFile string
+	dns                 []string
+	comp                compFlags
+}
+
+func (eg *egressFlags) add(c *cobra.Command) {
+	c.Flags().StringVar(&eg.rng, "egress-range", egress.DefaultRange.String(), "addresses of sandboxes with --network egress (the first is their gateway and resolver, the last four the uplink link); molt's own router namespace holds them, so only the uplink's /30 shows on the host")
+	c.Flags().StringVar(&eg.uplink, "egress-uplink", "", "network namespace (a name under /run/netns or a path) sandboxes' egress leaves through, instead of the host's default route (tests point it at a namespace of their own; docs/egress.md)")
+	c.Flags().StringArrayVar(&eg.dns, "egress-dns", nil, "upstream resolver (ip or ip:port) of molt's DNS for sandboxes (repeatable; default: /etc/resolv.conf's nameservers)")
+	eg.comp.add(c)
+	c.Flags().StringVar(&eg.caFile, "egress-ca", "", "PEM file of extra roots the egress proxy trusts for the world's TLS when it inspects (a test internet's, a corporate proxy's)")
+}
+
+// compFlags bound the compensators rollbacks run (docs/egress.md).
+type compFlags struct {
+	attempts         int
+	backoff, timeout time.Duration
+}
+
+func (f *compFlags) add(c *cobra.Command) {
+	c.Flags().IntVar(&f.attempts, "compensate-attempts", core.DefaultCompensateAttempts, "attempts of each compensator a rollback runs before its compensation is reported failed")
+	c.Flags().DurationVar(&f.backoff, "compensate-backoff", core.DefaultCompensateBackoff, "wait before a compensator's second attempt, doubled before each next one")
+	c.Flags().DurationVar(&f.timeout, "compensate-timeout", core.DefaultCompensateTimeout, "bound of one attempt of a compensator (an HTTP request, a command in a helper sandbox)")
 }

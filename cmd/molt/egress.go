@@ -19,6 +19,7 @@ type netFlags struct {
 	onDivergence     string
 	ignoreHeaders    []string
 	ignoreJSONFields []string
+	effectPolicy     []string
 }
 
 func (n *netFlags) add(c *cobra.Command) {
@@ -30,6 +31,7 @@ func (n *netFlags) add(c *cobra.Command) {
 	f.BoolVar(&n.inspect, "egress-inspect", false, "with --network egress: terminate TLS with a CA of the sandbox's own (installed in its trust store) and record HTTPS requests like HTTP ones")
 	f.StringVar(&n.onDivergence, "on-divergence", "forward", "with --network egress: after a rollback, what happens to an effect the ledger has no record of while recorded ones are still to be replayed: forward (send it) or block (refuse it)")
 	f.StringArrayVar(&n.ignoreHeaders, "egress-ignore-header", nil, "with --network egress: a request header left out when comparing requests for replay (repeatable)")
+	f.StringArrayVar(&n.effectPolicy, "effect-policy", nil, "KIND=POLICY: what a rollback that would orphan a committed effect of KIND (http, opaque, declared, a declared effect's type, or *) does: refuse (the rollback, unless --force), compensate (run its compensator; none blocks) or allow (orphan it); repeatable; default: compensate when it has a compensator, refuse when others consumed it, else allow")
 	f.StringArrayVar(&n.ignoreJSONFields, "egress-ignore-json-field", nil, "with --network egress: a JSON field left out when comparing request bodies for replay, at any depth (repeatable)")
 }
 
@@ -66,6 +68,22 @@ func (n *netFlags) request() (string, *v1.EgressPolicy, error) {
 		}
 	}
 	return v1.NetworkEgress, p, nil
+}
+
+// policy returns --effect-policy as a map.
+func (n *netFlags) policy() (map[string]string, error) {
+	if len(n.effectPolicy) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range n.effectPolicy {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--effect-policy %q: want KIND=refuse|compensate|allow", kv)
+		}
+		out[strings.ToLower(k)] = v
+	}
+	return out, nil
 }
 
 // isCIDR tells addresses and prefixes from domain names.
@@ -108,6 +126,16 @@ func effectsCmd(g *globals) *cobra.Command {
 					if e.Error != "" {
 						fmt.Printf(" [%s]", e.Error)
 					}
+					if c := e.Compensation; c != nil {
+						switch c.State {
+						case "failed":
+							fmt.Printf(" compensation FAILED: %s", c.Error)
+						case "compensated":
+							fmt.Printf(" COMPENSATED (%d attempt(s))", c.Attempts)
+						default:
+							fmt.Printf(" compensation %s (attempt %d)", c.State, c.Attempts)
+						}
+					}
 					if !e.Finished.IsZero() {
 						fmt.Printf(" %s", e.Finished.Sub(e.Started).Round(time.Microsecond))
 					}
@@ -132,10 +160,89 @@ func printPlan(p *v1.RollbackPlan) {
 	fmt.Printf("orphaned effects (the world keeps them): %d %s\n", len(p.Orphan), strings.Join(p.Orphan, " "))
 	fmt.Printf("  answered from the ledger if asked again: %d %s\n", len(p.Replay), strings.Join(p.Replay, " "))
 	fmt.Printf("  with a compensator: %d %s\n", len(p.Compensate), strings.Join(p.Compensate, " "))
-	fmt.Printf("  consumed by others, nothing compensates (blocks the rollback unless --force): %d\n", len(p.Block))
+	fmt.Printf("  blocking the rollback unless --force: %d\n", len(p.Block))
 	for _, b := range p.Block {
-		fmt.Printf("    %s %s %s consumed by %s\n", b.ID, b.Method, b.URL, strings.Join(b.Consumers, ", "))
+		fmt.Printf("    %s %s %s", b.ID, b.Method, b.URL)
+		if len(b.Consumers) > 0 {
+			fmt.Printf(" consumed by %s", strings.Join(b.Consumers, ", "))
+		}
+		if b.Reason != "" {
+			fmt.Printf(" (%s)", b.Reason)
+		}
+		fmt.Println()
 	}
+	if len(p.Decisions) > 0 {
+		fmt.Println("  the effect policy's decisions:")
+		for _, d := range p.Decisions {
+			pol := "default"
+			if d.Policy != "" {
+				pol = d.Kind + "=" + d.Policy
+			}
+			fmt.Printf("    %s %-10s by %s\n", d.ID, d.Action, pol)
+		}
+	}
+}
+
+// printCompensation prints how a rollback's compensations went.
+func printCompensation(c *v1.CompensationReport) {
+	if c == nil {
+		return
+	}
+	fmt.Printf("compensations: %s; compensated %d %s\n", c.State, len(c.Compensated), strings.Join(c.Compensated, " "))
+	for _, f := range c.Failed {
+		fmt.Printf("  FAILED %s after %d attempt(s): %s\n", f.ID, f.Attempts, f.Error)
+	}
+}
+
+func compensatorCmd(g *globals) *cobra.Command {
+	var method, in, body string
+	var headers []string
+	c := &cobra.Command{
+		Use:   "compensator EFFECT (--http METHOD URL [--header K:V] [--body B] | --in SANDBOX -- COMMAND...)",
+		Short: "Give a recorded effect a compensator, which a rollback that orphans it runs (an HTTP request, or a command in a helper sandbox)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var comp v1.Compensator
+			switch {
+			case method != "" && in != "":
+				return fmt.Errorf("--http and --in: give one")
+			case method != "":
+				if len(args) != 2 {
+					return fmt.Errorf("--http METHOD URL: want the URL after the effect")
+				}
+				comp = v1.Compensator{Method: method, URL: args[1], Body: []byte(body)}
+				for _, h := range headers {
+					k, v, ok := strings.Cut(h, ":")
+					if !ok {
+						return fmt.Errorf("--header %q: want K:V", h)
+					}
+					if comp.Header == nil {
+						comp.Header = map[string][]string{}
+					}
+					comp.Header[strings.TrimSpace(k)] = append(comp.Header[strings.TrimSpace(k)], strings.TrimSpace(v))
+				}
+			case in != "":
+				if len(args) < 2 {
+					return fmt.Errorf("--in SANDBOX -- COMMAND...: no command")
+				}
+				comp = v1.Compensator{Sandbox: in, Command: args[1:]}
+			default:
+				return fmt.Errorf("want --http METHOD URL or --in SANDBOX -- COMMAND")
+			}
+			ctx, cancel := ctx()
+			defer cancel()
+			e, err := g.client().SetCompensator(ctx, args[0], comp)
+			if err != nil {
+				return err
+			}
+			return g.print(e, func() { fmt.Printf("%s has a compensator\n", e.ID) })
+		},
+	}
+	c.Flags().StringVar(&method, "http", "", "the compensator is an HTTP request of this method to the URL given after the effect (sent with Idempotency-Key: molt-compensate-EFFECT)")
+	c.Flags().StringArrayVar(&headers, "header", nil, "with --http: a header K:V (repeatable)")
+	c.Flags().StringVar(&body, "body", "", "with --http: the request's body")
+	c.Flags().StringVar(&in, "in", "", "the compensator is the command after -- run in this helper sandbox (running); exit status 0 means compensated")
+	return c
 }
 
 func consumeCmd(g *globals) *cobra.Command {
@@ -157,4 +264,14 @@ func consumeCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&req.By, "by", "", "who acted on it: a sandbox, an agent, a system")
 	c.Flags().StringVar(&req.Note, "note", "", "what they did")
 	return c
+}
+
+// printRollbackRest prints a rollback's note, its effect plan and its
+// compensations.
+func printRollbackRest(rb *v1.RollbackResult) {
+	if rb.Note != "" {
+		fmt.Println(rb.Note)
+	}
+	printPlan(rb.Plan)
+	printCompensation(rb.Compensation)
 }

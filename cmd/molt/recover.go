@@ -23,7 +23,7 @@ the recorded turn log without running again, and from there on everything
 runs live. The first request that differs from the record switches to live
 and is reported (--status).`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			ctx, cancel := ctx()
 			defer cancel()
 			if status {
@@ -37,6 +37,13 @@ and is reported (--status).`,
 			if err != nil {
 				return err
 			}
+			defer func() {
+				// As rollback: the world still has effects the sandbox
+				// no longer has.
+				if rb := res.Rollback; rb != nil && rb.Compensation != nil && rb.Compensation.State != v1.CompensationDone && err == nil {
+					err = fmt.Errorf("%s recovered to %s, but %d compensation(s) failed or did not finish (molt effects %s)", res.Sandbox, res.Checkpoint, len(rb.Compensation.Failed), res.Sandbox)
+				}
+			}()
 			return g.print(res, func() {
 				verb := "recovered to"
 				if res.DryRun {
@@ -49,10 +56,7 @@ and is reported (--status).`,
 					if !res.DryRun {
 						fmt.Printf("rollback: %.1f ms (%s)\n", rb.DurationMS, rb.Tier)
 					}
-					if rb.Note != "" {
-						fmt.Println(rb.Note)
-					}
-					printPlan(rb.Plan)
+					printRollbackRest(rb)
 				}
 			})
 		},

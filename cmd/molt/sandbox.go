@@ -74,6 +74,9 @@ func createCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("bad --record-limit %q: want a size such as 64M", recordLimit)
 				}
 			}
+			if req.EffectPolicy, err = net.policy(); err != nil {
+				return err
+			}
 			sb, err := g.client().Create(ctx, req)
 			if err != nil {
 				return err

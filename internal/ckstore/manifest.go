@@ -77,6 +77,10 @@ type Manifest struct {
 	LedgerHead string `json:"ledger_head,omitempty"`
 	// Turn: the turn whose end took the checkpoint (0: none).
 	Turn int `json:"turn,omitempty"`
+	// ParentDigest is the parent's content digest and Signature the
+	// host's signature (sign.go): the lineage is a hash chain.
+	ParentDigest string     `json:"parent_digest,omitempty"`
+	Signature    *Signature `json:"signature,omitempty"`
 	// Committed: the checkpoint's metadata record was committed (the
 	// engine writes the manifest again after that commit). Without it the
 	// directory is a checkpoint a crash kept from committing. It is the

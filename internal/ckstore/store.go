@@ -38,6 +38,9 @@ const (
 type Store struct {
 	b     Backend
 	local LocalBackend // b, when its artifacts are directories here
+	// keys signs the manifests written and checks those read (nil:
+	// neither; see sign.go).
+	keys *Keyring
 
 	stampsMu sync.Mutex
 	// +checklocks:stampsMu
@@ -50,6 +53,14 @@ func New(b Backend) *Store {
 	s.local, _ = b.(LocalBackend)
 	return s
 }
+
+// SetKeyring makes the store sign every manifest it writes with k's
+// host key and check the signature of every manifest a restore reads.
+// Call it before the store is used.
+func (s *Store) SetKeyring(k *Keyring) { s.keys = k }
+
+// Keyring is the store's keyring (nil if none).
+func (s *Store) Keyring() *Keyring { return s.keys }
 
 // Backend is the store's backend.
 func (s *Store) Backend() Backend { return s.b }
@@ -240,7 +251,7 @@ func (r Reader) Open(objs []Object, thorough bool) (Restore, error) {
 	if r.s.local == nil {
 		return Restore{}, fmt.Errorf("checkpoint %s: restoring from a backend without local directories: %w", r.id, errdefs.ErrNotSupported)
 	}
-	if err := r.checkManifest(thorough); err != nil {
+	if err := r.checkManifest(objs, thorough); err != nil {
 		return Restore{}, err
 	}
 	if err := r.Verify(objs, thorough); err != nil {
@@ -250,10 +261,14 @@ func (r Reader) Open(objs []Object, thorough bool) (Restore, error) {
 }
 
 // checkManifest checks that the artifact's manifest is there and is its
-// own. Unless thorough, a manifest read and found so before that has not
-// changed since (same version) is not read again: a rollback's hot tier
-// opens the artifact on its critical path.
-func (r Reader) checkManifest(thorough bool) error {
+// own, and, with a keyring, that a signed manifest's signature verifies
+// with a trusted key and that it lists the objects the engine's record
+// lists (objs). A manifest without a signature is one written before
+// manifests were signed: the engine's record, which restores check the
+// objects against, vouches for it. Unless thorough, a manifest read and
+// found so before that has not changed since (same version) is not read
+// again: a rollback's hot tier opens the artifact on its critical path.
+func (r Reader) checkManifest(objs []Object, thorough bool) error {
 	key := r.id + "/\x00" + ManifestFile // no object's path
 	fi, serr := r.s.b.Stat(r.id, ManifestFile)
 	if !thorough && serr == nil && fi.Version != "" {
@@ -271,12 +286,39 @@ func (r Reader) checkManifest(thorough bool) error {
 	if mf.ID != r.id {
 		return fmt.Errorf("checkpoint %s: its manifest names %q: %w", r.id, mf.ID, errdefs.ErrFailedPrecondition)
 	}
+	if k := r.s.keys; k != nil && mf.Signature != nil {
+		if err := k.Check(mf); err != nil {
+			return err
+		}
+		if !sameObjects(mf.Objects, objs) {
+			return fmt.Errorf("checkpoint %s: its signed manifest and the engine's record list different objects: %w", r.id, errdefs.ErrFailedPrecondition)
+		}
+	}
 	if serr == nil && fi.Version != "" {
 		r.s.stampsMu.Lock()
 		r.s.stamps[key] = fi.Version
 		r.s.stampsMu.Unlock()
 	}
 	return nil
+}
+
+// sameObjects reports whether a and b list the same objects (in any
+// order).
+func sameObjects(a, b []Object) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	m := make(map[Object]int, len(a))
+	for _, o := range a {
+		m[o]++
+	}
+	for _, o := range b {
+		if m[o] == 0 {
+			return false
+		}
+		m[o]--
+	}
+	return true
 }
 
 // Remember records that the objects of checkpoint id were hashed (as

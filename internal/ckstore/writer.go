@@ -87,6 +87,9 @@ func (w *Writer) Commit(mf Manifest) ([]byte, error) {
 	if mf.ID != w.id {
 		return nil, fmt.Errorf("manifest of checkpoint %q written to %q: %w", mf.ID, w.id, errdefs.ErrInvalidArgument)
 	}
+	if k := w.s.keys; k != nil {
+		k.Sign(&mf)
+	}
 	b, err := mf.Encode()
 	if err != nil {
 		return nil, err

@@ -273,9 +273,23 @@ func (m *Manager) manifestOf(ck checkpointRec, committed bool) ckstore.Manifest 
 		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
 		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
 		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects, LedgerHead: ck.LedgerHead, Turn: ck.Turn,
-		Committed: committed, Keep: ck.Keep, Capture: ck.Capture, CaptureNote: ck.CaptureNote,
+		ParentDigest: m.digestOf(ck.Parent),
+		Committed:    committed, Keep: ck.Keep, Capture: ck.Capture, CaptureNote: ck.CaptureNote,
 		StallMS: ck.StallMS, StallParts: (*v1.StallParts)(ck.StallParts), DurationMS: ck.DurationMS, BytesWritten: ck.BytesWritten,
 	}
+}
+
+// digestOf is the content digest of checkpoint id's manifest ("" for
+// none, or one that cannot be read: the link then fails verification).
+func (m *Manager) digestOf(id string) string {
+	if id == "" || m.cks == nil {
+		return ""
+	}
+	mf, err := m.cks.ReadManifest(id)
+	if err != nil {
+		return ""
+	}
+	return mf.Digest()
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -488,7 +502,9 @@ func (m *Manager) reparent(ck checkpointRec, drop bool) error {
 	// Pending children first: one that commits from here on names the
 	// parent.
 	m.pipe.reparent(ck.ID, ck.Parent)
-	return m.db.Update(func(tx *meta.Tx) error {
+	var moved []checkpointRec
+	err := m.db.Update(func(tx *meta.Tx) error {
+		moved = moved[:0]
 		all, err := meta.ListIn[checkpointRec](tx, meta.Checkpoints)
 		if err != nil {
 			return err
@@ -499,6 +515,7 @@ func (m *Manager) reparent(ck checkpointRec, drop bool) error {
 				if err := tx.Put(meta.Checkpoints, c.ID, c); err != nil {
 					return err
 				}
+				moved = append(moved, c)
 			}
 		}
 		var sb sandboxRec
@@ -513,6 +530,22 @@ func (m *Manager) reparent(ck checkpointRec, drop bool) error {
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	// The children's manifests name their new parent and its digest,
+	// signed again: the chain goes on past the deleted checkpoint. A
+	// manifest that cannot be written leaves a link that verification
+	// reports; the records, which restores trust, are right either way.
+	for _, c := range moved {
+		if c.Pending || c.Failed {
+			continue // its manifest is written when it commits
+		}
+		if err := m.cks.Backend().PutManifest(c.ID, m.committedManifest(c)); err != nil {
+			m.log.Warn("checkpoint manifest not re-linked to its new parent", "checkpoint", c.ID, "parent", c.Parent, "err", err)
+		}
+	}
+	return nil
 }
 
 // Rollback returns a sandbox to a checkpoint. For an fs checkpoint the
@@ -586,9 +619,16 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	if err := m.room("rollback "+rec.ID, 0); err != nil {
 		return meta.RollbackResult{}, err
 	}
+	// The compensations are planned (durably) before the switch and run
+	// after it (compensate.go says why).
+	batch, err := m.planCompensation(rec, ck, plan)
+	if err != nil {
+		return meta.RollbackResult{}, err
+	}
 	// The tiers, fastest first (hot.Run).
 	res, err := hot.Run(ctx, &rollbackTarget{m: m, rec: &rec, ck: ck, req: req})
 	if err != nil {
+		m.cancelCompensation(rec, batch, plan, err)
 		return meta.RollbackResult{}, err
 	}
 	m.ledgerRewind(rec.ID, ck)
@@ -603,6 +643,7 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 	if plan != nil && len(plan.Orphan) > 0 {
 		res.Plan = plan
 	}
+	res.Compensation = m.compensate(context.WithoutCancel(ctx), rec.ID, ck.ID, batch)
 	res.DurationMS = ms(time.Since(start))
 	if res.Tier != v1.TierRestart {
 		m.scheduleStandby(rec.ID)

@@ -103,6 +103,10 @@ type Config struct {
 	// SeccompDefault is the filter of sandboxes created without one:
 	// v1.SeccompDefault ("" too) or v1.SeccompUnconfined.
 	SeccompDefault string
+	// TrustedKeys are files of public keys (ckstore.EncodePublicKey)
+	// whose signed checkpoints this host restores, besides its own key
+	// (Root/keys/host.key, made on first start) and Root/keys/trusted.
+	TrustedKeys []string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// UserNS gives each sandbox created from now on a user namespace:
@@ -143,6 +147,7 @@ type Manager struct {
 	net      *egress.Host   // sandboxes' egress (egress.go)
 	ledger   *ledger.Ledger // every sandbox's effects
 	netMu    sync.Mutex     // address allocation
+	compWG   sync.WaitGroup // compensations resumed at start-up (compensate.go)
 
 	idBlocks idBlocks // user namespace blocks being handed out
 
@@ -248,6 +253,11 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 	}
 	m.turns = m.newTurns()
 	m.cks = ckstore.New(ckstore.NewLocal(m.path("checkpoints")))
+	keys, err := ckstore.LoadKeyring(filepath.Join(cfg.Root, "keys"), cfg.TrustedKeys)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint signing keys: %w", err)
+	}
+	m.cks.SetKeyring(keys)
 	m.openHot()
 	m.metrics = newMetrics(m)
 	if !m.opts.noScheduler {
@@ -295,6 +305,7 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 		m.Close()
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	m.resumeCompensations()
 	return m, nil
 }
 
@@ -326,6 +337,7 @@ func (m *Manager) Close() error {
 	m.ret.Close()
 	m.quota.wg.Wait()
 	m.disk.Close()
+	m.compWG.Wait()
 	m.closeEgress()
 	return m.db.Close()
 }

@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/egress"
@@ -35,6 +37,12 @@ type EgressConfig struct {
 	// CAFile holds extra roots the proxy trusts for the world's TLS (a
 	// test internet's CA, a corporate proxy's).
 	CAFile string
+	// Compensations (compensate.go): attempts per effect, the backoff
+	// before the second (doubled before each next one), and the bound
+	// of one attempt; 0 takes DefaultCompensate*.
+	CompensateAttempts int
+	CompensateBackoff  time.Duration
+	CompensateTimeout  time.Duration
 }
 
 // openEgress opens the ledger and prepares the host's egress; nothing
@@ -124,8 +132,15 @@ func egressPolicy(p *v1.EgressPolicy) (egress.Policy, error) {
 	return out, out.Validate()
 }
 
-// setNetwork fills in rec's network from a create request.
+// setNetwork fills in rec's network and effect policy from a create
+// request.
 func setNetwork(rec *sandboxRec, req v1.SandboxCreateRequest) error {
+	if err := ledger.CheckPolicy(req.EffectPolicy); err != nil {
+		return err
+	}
+	if len(req.EffectPolicy) > 0 {
+		rec.EffectPolicy = maps.Clone(req.EffectPolicy)
+	}
 	switch req.Network {
 	case "", v1.NetworkNone:
 		if req.Egress != nil {
@@ -405,7 +420,9 @@ func (m *Manager) egressCounts(id string, n int) *meta.EgressCounts {
 }
 
 // rollbackPlan is what rolling rec back to ck does to its effects (nil
-// when it orphans none and dryRun is off).
+// when it orphans none and dryRun is off): the sandbox's effect policy
+// decides, for each committed effect it would orphan, whether it is
+// compensated, blocks the rollback, or is orphaned.
 func (m *Manager) rollbackPlan(rec sandboxRec, ck checkpointRec, dryRun bool) (*meta.RollbackPlan, error) {
 	orphans, err := m.ledger.WouldOrphan(rec.ID, ck.LedgerHead)
 	if err != nil {
@@ -417,13 +434,16 @@ func (m *Manager) rollbackPlan(rec sandboxRec, ck checkpointRec, dryRun bool) (*
 	p := &meta.RollbackPlan{DryRun: dryRun}
 	for _, r := range orphans {
 		p.Orphan = append(p.Orphan, r.ID)
+		d := ledger.Decide(rec.EffectPolicy, r)
+		p.Decisions = append(p.Decisions, meta.EffectDecision{ID: r.ID, Kind: d.Kind, Policy: d.Policy, Action: d.Action, Reason: d.Reason})
 		if r.State == ledger.Completed && r.Kind == ledger.Effect && r.Response != nil {
 			p.Replay = append(p.Replay, r.ID)
 		}
-		if r.Compensator != nil {
+		switch d.Action {
+		case ledger.ActCompensate:
 			p.Compensate = append(p.Compensate, r.ID)
-		} else if len(r.Consumers) > 0 {
-			b := meta.BlockedEffect{ID: r.ID, Method: r.Request.Method, URL: r.Request.URL, Consumers: []string{}}
+		case ledger.ActBlock:
+			b := meta.BlockedEffect{ID: r.ID, Method: r.Request.Method, URL: r.Request.URL, Consumers: []string{}, Reason: d.Reason}
 			for _, c := range r.Consumers {
 				b.Consumers = append(b.Consumers, c.By)
 			}
@@ -444,9 +464,13 @@ func blocked(sb, ck string, p *meta.RollbackPlan) error {
 		if what == "" {
 			what = "effect"
 		}
-		l = append(l, fmt.Sprintf("%s (%s) consumed by %s", b.ID, what, strings.Join(b.Consumers, ", ")))
+		why := b.Reason
+		if len(b.Consumers) > 0 {
+			why = "consumed by " + strings.Join(b.Consumers, ", ") + ": " + why
+		}
+		l = append(l, fmt.Sprintf("%s (%s) %s", b.ID, what, why))
 	}
-	return fmt.Errorf("rollback %s to %s would orphan %d effect(s) others consumed and nothing compensates: %s (--force to roll back anyway): %w",
+	return fmt.Errorf("rollback %s to %s would orphan %d effect(s) it may not: %s (--force to roll back anyway): %w",
 		sb, ck, len(p.Block), strings.Join(l, "; "), errdefs.ErrConflict)
 }
 
@@ -520,21 +544,33 @@ func (m *Manager) DeclareEffect(ctx context.Context, ref string, req v1.EffectDe
 	default:
 		return ledger.Record{}, fmt.Errorf("effect state %q: want completed, failed or pending: %w", req.State, errdefs.ErrInvalidArgument)
 	}
-	if req.Compensator != nil && (req.Compensator.Method == "" || req.Compensator.URL == "") {
-		return ledger.Record{}, fmt.Errorf("a compensator needs a method and a URL: %w", errdefs.ErrInvalidArgument)
+	var comp *ledger.Compensator
+	if req.Compensator != nil {
+		c := toLedgerCompensator(*req.Compensator)
+		if err := ledger.ValidCompensator(&c); err != nil {
+			return ledger.Record{}, err
+		}
+		comp = &c
+	}
+	if len(req.Type) > 64 || strings.Trim(strings.ToLower(req.Type), "abcdefghijklmnopqrstuvwxyz0123456789._-") != "" {
+		return ledger.Record{}, fmt.Errorf("effect type %q: want [a-z0-9._-], at most 64: %w", req.Type, errdefs.ErrInvalidArgument)
+	}
+	if err := m.ledger.CheckDeps(rec.ID, req.DependsOn); err != nil {
+		return ledger.Record{}, err
 	}
 	id := ledger.Identity{Proto: "declared", Method: strings.ToUpper(req.Method), URL: req.URL, Host: req.Host, IdempotencyKey: req.IdempotencyKey}
 	if len(req.Body) > 0 {
 		sum := sha256.Sum256(req.Body)
 		id.BodyHash = hex.EncodeToString(sum[:])
 	}
-	r := ledger.Record{Kind: kind, State: state, Request: id, Declared: true,
-		Turn: m.turns.Current(rec.ID), Checkpoint: rec.Head}
+	r := ledger.Record{Kind: kind, State: state, Request: id, Declared: true, Type: strings.ToLower(req.Type),
+		Turn: m.turns.Current(rec.ID), Checkpoint: rec.Head, Compensator: comp}
+	if req.DependsOn != nil {
+		deps := slices.Clone(req.DependsOn)
+		r.DependsOn = &deps
+	}
 	if req.Status != 0 || len(req.ResponseBody) > 0 {
 		r.Response = &ledger.Response{Status: req.Status, Body: req.ResponseBody, BodySize: int64(len(req.ResponseBody))}
-	}
-	if c := req.Compensator; c != nil {
-		r.Compensator = &ledger.Compensator{Method: c.Method, URL: c.URL, Header: c.Header, Body: c.Body}
 	}
 	return m.ledger.Begin(rec.ID, r)
 }

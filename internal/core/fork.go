@@ -155,7 +155,7 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 			rec := sandboxRec{Sandbox: meta.Sandbox{
 				ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
 				Head: ck.ID, ForkedFrom: ck.ID, Seccomp: src.Seccomp,
-				Network: src.Network, Egress: src.Egress,
+				Network: src.Network, Egress: src.Egress, EffectPolicy: src.EffectPolicy,
 			}, MachineID: newMachineID(), SeccompProfile: src.SeccompProfile, RecordLimit: src.RecordLimit}
 			var taken *standby
 			if i == 0 {

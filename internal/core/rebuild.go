@@ -66,6 +66,9 @@ func (m *Manager) committedManifest(ck checkpointRec) []byte {
 	if old, err := m.cks.ReadManifest(ck.ID); err == nil && old.ID == ck.ID {
 		mf.Molt, mf.Kernel, mf.Arch = old.Molt, old.Kernel, old.Arch
 	}
+	if k := m.cks.Keyring(); k != nil {
+		k.Sign(&mf)
+	}
 	mb, _ := json.MarshalIndent(mf, "", "  ")
 	return mb
 }

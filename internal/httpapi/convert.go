@@ -52,6 +52,18 @@ func toSandbox(s meta.Sandbox) v1.Sandbox {
 		Network:        s.Network,
 		Address:        egressAddr(s.Egress),
 		Egress:         toEgressPolicy(s.Egress),
+		EffectPolicy:   s.EffectPolicy,
+		Compensation:   toCompensationReport(s.Compensation),
+	}
+}
+
+func toCompensationReport(c *meta.CompensationReport) *v1.CompensationReport {
+	if c == nil {
+		return nil
+	}
+	return &v1.CompensationReport{
+		Checkpoint: c.Checkpoint, State: c.State, Compensated: c.Compensated, At: c.At,
+		Failed: mapSlice(c.Failed, func(f meta.FailedCompensation) v1.FailedCompensation { return v1.FailedCompensation(f) }),
 	}
 }
 
@@ -80,14 +92,20 @@ func toEffect(r ledger.Record, orphan bool) v1.Effect {
 		ID: r.ID, Seq: r.Seq, Prev: r.Prev, Sandbox: r.Sandbox, Origin: r.Origin, Turn: r.Turn, Checkpoint: r.Checkpoint,
 		Kind: string(r.Kind), State: string(r.State), Proto: r.Request.Proto, Method: r.Request.Method, URL: r.Request.URL,
 		Host: r.Request.Host, Addr: r.Request.Addr, BodyHash: r.Request.BodyHash, IdempotencyKey: r.Request.IdempotencyKey,
-		Error: r.Error, ReplayOf: r.ReplayOf, Orphan: orphan, Declared: r.Declared, Started: r.Started, Finished: r.Finished,
+		Error: r.Error, ReplayOf: r.ReplayOf, Orphan: orphan, Declared: r.Declared, Type: r.Type, Started: r.Started, Finished: r.Finished,
+	}
+	if r.DependsOn != nil {
+		e.DependsOn = *r.DependsOn
+	}
+	if c := r.Compensation; c != nil {
+		e.Compensation = &v1.Compensation{State: string(c.State), Rollback: c.Rollback, Attempts: c.Attempts, Error: c.Error, At: c.At}
 	}
 	if resp := r.Response; resp != nil {
 		e.Status, e.ResponseHeader, e.ResponseBody, e.ResponseBytes = resp.Status, resp.Header, resp.Body, resp.BodySize
 		e.BytesOut, e.BytesIn, e.Answers = resp.BytesOut, resp.BytesIn, resp.Answers
 	}
 	if c := r.Compensator; c != nil {
-		e.Compensator = &v1.Compensator{Method: c.Method, URL: c.URL, Header: c.Header, Body: c.Body}
+		e.Compensator = &v1.Compensator{Method: c.Method, URL: c.URL, Header: c.Header, Body: c.Body, Sandbox: c.Sandbox, Command: c.Command}
 	}
 	e.Consumers = mapSlice(r.Consumers, func(c ledger.Consumer) v1.Consumer { return v1.Consumer(c) })
 	return e
@@ -155,10 +173,11 @@ func toSessionRunResult(r meta.SessionRunResult) v1.SessionRunResult { return v1
 
 func toRollbackResult(r meta.RollbackResult) v1.RollbackResult {
 	out := v1.RollbackResult{Sandbox: r.Sandbox, Checkpoint: r.Checkpoint, Tier: r.Tier, DurationMS: r.DurationMS,
-		ProcessesRestarted: r.ProcessesRestarted, Note: r.Note}
+		ProcessesRestarted: r.ProcessesRestarted, Note: r.Note, Compensation: toCompensationReport(r.Compensation)}
 	if p := r.Plan; p != nil {
 		out.Plan = &v1.RollbackPlan{DryRun: p.DryRun, Orphan: p.Orphan, Replay: p.Replay, Compensate: p.Compensate,
-			Block: mapSlice(p.Block, func(b meta.BlockedEffect) v1.BlockedEffect { return v1.BlockedEffect(b) })}
+			Block:     mapSlice(p.Block, func(b meta.BlockedEffect) v1.BlockedEffect { return v1.BlockedEffect(b) }),
+			Decisions: mapSlice(p.Decisions, func(d meta.EffectDecision) v1.EffectDecision { return v1.EffectDecision(d) })}
 	}
 	return out
 }
@@ -176,6 +195,11 @@ func toRecoverResult(r meta.RecoverResult) v1.RecoverResult {
 func toRecoveryStatus(r meta.RecoveryStatus) v1.RecoveryStatus {
 	return v1.RecoveryStatus{Sandbox: r.Sandbox, State: r.State, Checkpoint: r.Checkpoint, Turn: r.Turn,
 		Replayed: r.Replayed, Total: r.Total, Bytes: r.Bytes, Divergence: (*v1.Divergence)(r.Divergence)}
+}
+
+func toChainVerification(r meta.ChainVerification) v1.ChainVerification {
+	return v1.ChainVerification{Checkpoint: r.Checkpoint, OK: r.OK, Key: r.Key, Trusted: r.Trusted,
+		Links: mapSlice(r.Links, func(l meta.ChainLink) v1.ChainLink { return v1.ChainLink(l) })}
 }
 
 func toForkResult(r meta.ForkResult) v1.ForkResult {

@@ -35,6 +35,7 @@ func TestConvertCoversEveryField(t *testing.T) {
 		{"Host", meta.Host{}, func(v any) any { return toHost(v.(meta.Host)) }},
 		{"SessionRunResult", meta.SessionRunResult{}, func(v any) any { return toSessionRunResult(v.(meta.SessionRunResult)) }},
 		{"RollbackResult", meta.RollbackResult{}, func(v any) any { return toRollbackResult(v.(meta.RollbackResult)) }},
+		{"ChainVerification", meta.ChainVerification{}, func(v any) any { return toChainVerification(v.(meta.ChainVerification)) }},
 		{"RecoverResult", meta.RecoverResult{}, func(v any) any { return toRecoverResult(v.(meta.RecoverResult)) }},
 		{"RecoveryStatus", meta.RecoveryStatus{}, func(v any) any { return toRecoveryStatus(v.(meta.RecoveryStatus)) }},
 		{"ForkResult", meta.ForkResult{}, func(v any) any { return toForkResult(v.(meta.ForkResult)) }},
@@ -181,7 +182,12 @@ func TestConvertEffect(t *testing.T) {
 		{"Orphan", e.Orphan, true}, {"Declared", e.Declared, r.Declared}, {"Started", e.Started, r.Started},
 		{"Finished", e.Finished, r.Finished}, {"Compensator.URL", e.Compensator.URL, r.Compensator.URL},
 		{"Answers", e.Answers, r.Response.Answers}, {"ResponseBody", e.ResponseBody, r.Response.Body},
-		{"ResponseHeader", e.ResponseHeader, r.Response.Header},
+		{"ResponseHeader", e.ResponseHeader, r.Response.Header}, {"Type", e.Type, r.Type},
+		{"DependsOn", e.DependsOn, *r.DependsOn}, {"Compensator.Command", e.Compensator.Command, r.Compensator.Command},
+		{"Compensator.Sandbox", e.Compensator.Sandbox, r.Compensator.Sandbox},
+		{"Compensation.State", e.Compensation.State, string(r.Compensation.State)},
+		{"Compensation.Error", e.Compensation.Error, r.Compensation.Error}, {"Compensation.Attempts", e.Compensation.Attempts, r.Compensation.Attempts},
+		{"Compensation.Rollback", e.Compensation.Rollback, r.Compensation.Rollback}, {"Compensation.At", e.Compensation.At, r.Compensation.At},
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) || reflect.ValueOf(c.got).IsZero() {

@@ -51,6 +51,7 @@ type Engine interface {
 	VerifyCheckpoint(ref string) (meta.Checkpoint, error)
 	DeleteCheckpoint(ctx context.Context, ref string) error
 	RollbackWith(ctx context.Context, ref string, req v1.RollbackRequest) (meta.RollbackResult, error)
+	VerifyChain(ref string) (meta.ChainVerification, error)
 	Recover(ctx context.Context, ref string, req v1.RecoverRequest) (meta.RecoverResult, error)
 	Recovery(ref string) (meta.RecoveryStatus, error)
 	// Fork forks the sandbox ref, or req.Checkpoint when ref is "".
@@ -64,6 +65,8 @@ type Engine interface {
 	Effects(ctx context.Context, ref, since string) ([]ledger.Record, map[string]bool, error)
 	DeclareEffect(ctx context.Context, ref string, req v1.EffectDeclareRequest) (ledger.Record, error)
 	ConsumeEffect(ctx context.Context, id string, req v1.EffectConsumeRequest) (ledger.Record, error)
+	// SetCompensator gives an effect a compensator after the fact.
+	SetCompensator(ctx context.Context, id string, c v1.Compensator) (ledger.Record, error)
 }
 
 // LLMEndpoints serves sandboxes' LLM endpoints (coord.Coordinator in

@@ -49,6 +49,7 @@ var routes = []route{
 	{"POST", "/v1/sandboxes/sb/checkpoints", `{"kind":"auto"}`, "EndTurn"},
 	{"POST", "/v1/sandboxes/sb/rollback", `{"checkpoint":"ck"}`, "RollbackWith"},
 	{"POST", "/v1/sandboxes/sb/recover", `{"to":"ck"}`, "Recover"},
+	{"GET", "/v1/checkpoints/ck/chain", "", "VerifyChain"},
 	{"GET", "/v1/sandboxes/sb/recover", "", "Recovery"},
 	{"POST", "/v1/sandboxes/sb/turn", `{}`, "EndTurn"},
 	{"GET", "/v1/sandboxes/sb/turns", "", "Turns"},

@@ -118,6 +118,10 @@ func (f *fakeEngine) VerifyCheckpoint(ref string) (meta.Checkpoint, error) {
 func (f *fakeEngine) DeleteCheckpoint(ctx context.Context, ref string) error {
 	return f.call("DeleteCheckpoint", ref)
 }
+func (f *fakeEngine) VerifyChain(ref string) (meta.ChainVerification, error) {
+	return meta.ChainVerification{}, f.call("VerifyChain", ref)
+}
+
 func (f *fakeEngine) Recover(ctx context.Context, ref string, req v1.RecoverRequest) (meta.RecoverResult, error) {
 	return meta.RecoverResult{}, f.call("Recover", ref)
 }
@@ -139,6 +143,10 @@ func (f *fakeEngine) Turns(ref string) ([]meta.TurnRecord, error) { return nil, 
 func (f *fakeEngine) Effects(ctx context.Context, ref, since string) ([]ledger.Record, map[string]bool, error) {
 	return nil, nil, f.call("Effects", ref)
 }
+func (f *fakeEngine) SetCompensator(ctx context.Context, id string, c v1.Compensator) (ledger.Record, error) {
+	return ledger.Record{}, f.call("SetCompensator", id)
+}
+
 func (f *fakeEngine) ConsumeEffect(ctx context.Context, id string, req v1.EffectConsumeRequest) (ledger.Record, error) {
 	return ledger.Record{}, f.call("ConsumeEffect", id)
 }

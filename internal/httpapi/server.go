@@ -51,11 +51,13 @@ func Handler(m Engine, co LLMEndpoints, log *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/effects", s.effects)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/effects", s.declareEffect)
 	mux.HandleFunc("POST /v1/effects/{id}/consumers", s.consumeEffect)
+	mux.HandleFunc("POST /v1/effects/{id}/compensator", s.setCompensator)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.hibernate)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("GET /v1/checkpoints/{id}", s.checkpointInfo)
 	mux.HandleFunc("DELETE /v1/checkpoints/{id}", s.checkpointDelete)
 	mux.HandleFunc("POST /v1/checkpoints/{id}/verify", s.checkpointVerify)
+	mux.HandleFunc("GET /v1/checkpoints/{id}/chain", s.checkpointChain)
 	mux.HandleFunc("POST /v1/checkpoints/{id}/fork", s.forkCheckpoint)
 	return apiMux{mux}
 }
@@ -502,6 +504,16 @@ func (s *server) consumeEffect(w http.ResponseWriter, r *http.Request) {
 	reply(w, toEffect(rec, false), err)
 }
 
+func (s *server) setCompensator(w http.ResponseWriter, r *http.Request) {
+	var req v1.Compensator
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	rec, err := s.m.SetCompensator(r.Context(), r.PathValue("id"), req)
+	reply(w, toEffect(rec, false), err)
+}
+
 func (s *server) checkpointInfo(w http.ResponseWriter, r *http.Request) {
 	ck, err := s.m.CheckpointInfo(r.PathValue("id"))
 	reply(w, toCheckpoint(ck), err)
@@ -565,6 +577,11 @@ func (s *server) hibernate(w http.ResponseWriter, r *http.Request) {
 func (s *server) resume(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.m.Resume(r.Context(), r.PathValue("id"))
 	reply(w, toSandbox(sb), err)
+}
+
+func (s *server) checkpointChain(w http.ResponseWriter, r *http.Request) {
+	res, err := s.m.VerifyChain(r.PathValue("id"))
+	reply(w, toChainVerification(res), err)
 }
 
 func (s *server) checkpointVerify(w http.ResponseWriter, r *http.Request) {

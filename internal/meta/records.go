@@ -142,6 +142,28 @@ type Sandbox struct {
 	// v1.NetworkEgress, with Egress set.
 	Network string  `json:"network,omitempty"`
 	Egress  *Egress `json:"egress,omitempty"`
+	// EffectPolicy: see api/v1.SandboxCreateRequest.EffectPolicy.
+	EffectPolicy map[string]string `json:"effect_policy,omitempty"`
+	// Compensation: see api/v1.Sandbox.Compensation.
+	Compensation *CompensationReport `json:"compensation,omitempty"`
+}
+
+// CompensationReport: see api/v1.CompensationReport.
+type CompensationReport struct {
+	Checkpoint  string               `json:"checkpoint"`
+	State       string               `json:"state"`
+	Compensated []string             `json:"compensated,omitempty"`
+	Failed      []FailedCompensation `json:"failed,omitempty"`
+	At          time.Time            `json:"at"`
+	// Batch names the rollback's compensations in the ledger.
+	Batch string `json:"batch,omitempty"`
+}
+
+// FailedCompensation: see api/v1.FailedCompensation.
+type FailedCompensation struct {
+	ID       string `json:"id"`
+	Attempts int    `json:"attempts,omitempty"`
+	Error    string `json:"error"`
 }
 
 // Egress is a sandbox's way out: its address in the host's egress range

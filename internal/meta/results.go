@@ -66,15 +66,27 @@ type RollbackResult struct {
 	Note               string `json:"note,omitempty"`
 	// Plan is what the rollback does to the effect ledger.
 	Plan *RollbackPlan `json:"plan,omitempty"`
+	// Compensation: see api/v1.RollbackResult.Compensation.
+	Compensation *CompensationReport `json:"compensation,omitempty"`
 }
 
 // RollbackPlan: see api/v1.RollbackPlan.
 type RollbackPlan struct {
-	DryRun     bool            `json:"dry_run,omitempty"`
-	Orphan     []string        `json:"orphan,omitempty"`
-	Replay     []string        `json:"replay,omitempty"`
-	Compensate []string        `json:"compensate,omitempty"`
-	Block      []BlockedEffect `json:"block,omitempty"`
+	DryRun     bool             `json:"dry_run,omitempty"`
+	Orphan     []string         `json:"orphan,omitempty"`
+	Replay     []string         `json:"replay,omitempty"`
+	Compensate []string         `json:"compensate,omitempty"`
+	Block      []BlockedEffect  `json:"block,omitempty"`
+	Decisions  []EffectDecision `json:"decisions,omitempty"`
+}
+
+// EffectDecision: see api/v1.EffectDecision.
+type EffectDecision struct {
+	ID     string `json:"id"`
+	Kind   string `json:"kind,omitempty"`
+	Policy string `json:"policy,omitempty"`
+	Action string `json:"action"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // BlockedEffect: see api/v1.BlockedEffect.
@@ -83,6 +95,7 @@ type BlockedEffect struct {
 	Method    string   `json:"method,omitempty"`
 	URL       string   `json:"url,omitempty"`
 	Consumers []string `json:"consumers"`
+	Reason    string   `json:"reason,omitempty"`
 }
 
 // ForkResult lists the new sandboxes.
@@ -130,4 +143,22 @@ type Divergence struct {
 	Expected string    `json:"expected"`
 	Got      string    `json:"got"`
 	At       time.Time `json:"at"`
+}
+
+// ChainVerification is a checkpoint's lineage as verified (see
+// v1.ChainVerification).
+type ChainVerification struct {
+	Checkpoint string      `json:"checkpoint"`
+	OK         bool        `json:"ok"`
+	Links      []ChainLink `json:"links"`
+	Key        string      `json:"key"`
+	Trusted    []string    `json:"trusted"`
+}
+
+// ChainLink is one checkpoint of a verified lineage.
+type ChainLink struct {
+	ID      string `json:"id"`
+	Parent  string `json:"parent,omitempty"`
+	Key     string `json:"key,omitempty"`
+	Problem string `json:"problem,omitempty"`
 }

@@ -88,6 +88,15 @@ func (t *Tracker) charge(id string, n int64) bool {
 	return true
 }
 
+// refund gives back n bytes counted against sandbox id's limit.
+func (t *Tracker) refund(id string, n int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if u, ok := t.usage[id]; ok {
+		t.usage[id] = max(u-n, 0)
+	}
+}
+
 // logBytes is what sandbox id's turn log holds of outputs and LLM
 // exchanges.
 func (t *Tracker) logBytes(id string) int64 {
@@ -158,11 +167,17 @@ func clipString(s string, n int) (string, bool) {
 // kept whole while the sandbox's recording limit allows; past it, cut
 // (Cut), and the turn cannot be replayed.
 func (t *Tracker) Record(id string, c meta.TurnCommand) {
+	t.record1(id, c, false)
+}
+
+// record1 is Record; charged says the output was counted against the
+// limit already.
+func (t *Tracker) record1(id string, c meta.TurnCommand, charged bool) {
 	ts := t.of(id)
 	if ts == nil {
 		return
 	}
-	if !c.Cut && !t.charge(id, int64(len(c.Stdout)+len(c.Stderr))) {
+	if !charged && !c.Cut && !t.charge(id, int64(len(c.Stdout)+len(c.Stderr))) {
 		c.Cut = true
 	}
 	if c.Cut {
@@ -179,10 +194,8 @@ func (t *Tracker) Record(id string, c meta.TurnCommand) {
 // status are appended to the sandbox's turn log.
 func (t *Tracker) Recording(id string, c net.Conn, cmd meta.TurnCommand) net.Conn {
 	cmd.ExitCode = -1
-	return &recConn{Conn: c, t: t, id: id, cmd: cmd, began: time.Now(), keep: int(min(t.limit(id), int64(maxInt)))}
+	return &recConn{Conn: c, t: t, id: id, cmd: cmd, began: time.Now()}
 }
-
-const maxInt = int(^uint(0) >> 1)
 
 type recConn struct {
 	net.Conn
@@ -191,10 +204,14 @@ type recConn struct {
 	mu  sync.Mutex
 	buf []byte // an incomplete frame
 	cmd meta.TurnCommand
-	// The output so far.
+	// The output so far. Each frame is counted against the sandbox's
+	// limit as it comes (charged), so that what the daemon holds of a
+	// sandbox's outputs, however many commands run at once, stays within
+	// it; once a frame does not fit, the command is cut and only the
+	// first keepOutput bytes of each stream are kept.
 	stdout, stderr []byte
+	charged        int64
 	began          time.Time
-	keep           int // per stream: past it the output is cut
 	once           sync.Once
 }
 
@@ -239,14 +256,35 @@ func (c *recConn) parse() {
 	}
 }
 
-// keepOut appends p to out, up to the recording's bound.
+// keepOut appends p to out while the sandbox's recording limit allows.
 func (c *recConn) keepOut(out, p []byte) []byte {
-	room := c.keep - len(out)
-	if len(p) > room {
-		c.cmd.Cut = true
-		p = p[:max(room, 0)]
+	if !c.cmd.Cut && c.t.charge(c.id, int64(len(p))) {
+		c.charged += int64(len(p))
+		return append(out, p...)
 	}
-	return append(out, p...)
+	if !c.cmd.Cut {
+		c.cmd.Cut = true
+		// What is kept from here on is only for reading: give back
+		// what was counted.
+		c.t.refund(c.id, c.charged)
+		c.charged = 0
+		c.stdout, _ = clipBytes(c.stdout, keepOutput)
+		c.stderr, _ = clipBytes(c.stderr, keepOutput)
+		if len(out) > keepOutput {
+			out = out[:keepOutput]
+		}
+	}
+	if room := keepOutput - len(out); room > 0 {
+		out = append(out, p[:min(room, len(p))]...)
+	}
+	return out
+}
+
+func clipBytes(b []byte, n int) ([]byte, bool) {
+	if len(b) > n {
+		return b[:n], true
+	}
+	return b, false
 }
 
 func (c *recConn) Close() error {
@@ -255,7 +293,7 @@ func (c *recConn) Close() error {
 		cmd := c.cmd
 		cmd.Stdout, cmd.Stderr = string(c.stdout), string(c.stderr)
 		c.mu.Unlock()
-		c.t.Record(c.id, cmd)
+		c.t.record1(c.id, cmd, true)
 	})
 	return c.Conn.Close()
 }

@@ -44,7 +44,7 @@ type Config struct {
 
 // DefaultRecordLimit bounds a sandbox's recorded outputs and LLM
 // exchanges unless its own limit says otherwise.
-const DefaultRecordLimit int64 = 256 << 20
+const DefaultRecordLimit int64 = 64 << 20
 
 // Tracker keeps the turns of a Manager's sandboxes.
 type Tracker struct {

@@ -267,3 +267,37 @@ func TestAsyncGateClose(t *testing.T) {
 		t.Fatalf("turn end after close: %v", o.Err)
 	}
 }
+
+// Commands running at once share the sandbox's recording limit: what is
+// held of their output never exceeds it, so one of two that together
+// print past it is cut.
+func TestRecordingSharesTheLimit(t *testing.T) {
+	tr := newTracker(t)
+	tr.cfg.RecordLimit = func(string) int64 { return 100 << 10 }
+	ts := &state{}
+	tr.m["s"] = ts
+	exit, _ := json.Marshal(v1.ExitStatus{})
+	var conns []net.Conn
+	for i := 0; i < 2; i++ {
+		a, b := net.Pipe()
+		rc := tr.Recording("s", a, meta.TurnCommand{Args: []string{"yes"}})
+		conns = append(conns, rc)
+		go func() {
+			b.Write(frame(v1.FrameStdout, []byte(strings.Repeat("y", 80<<10))))
+			b.Write(frame(v1.FrameExit, exit))
+			b.Close()
+		}()
+		if _, err := io.Copy(io.Discard, rc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u := tr.usage["s"]; u > 100<<10 {
+		t.Fatalf("%d bytes counted, over the limit", u)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	if len(ts.commands) != 2 || ts.commands[0].Cut || !ts.commands[1].Cut || len(ts.commands[1].Stdout) != keepOutput {
+		t.Fatalf("commands: cut %v/%v, kept %d/%d bytes", ts.commands[0].Cut, ts.commands[1].Cut, len(ts.commands[0].Stdout), len(ts.commands[1].Stdout))
+	}
+}

@@ -22,6 +22,9 @@ import (
 //	{"op":"rec","rec":Record}          a record appended; the head moves to it
 //	{"op":"fin","id":ID,"state":...}  a pending record finished
 //	{"op":"head","head":ID}            the head moved (rewind, fork); "" = start
+//	{"op":"use","id":ID,"consumer":..} someone acted on a record
+//	{"op":"undo","id":ID,"compensator":...}  a compensator given after the fact
+//	{"op":"comp","id":ID,"compensation":...} a compensation's next step
 //
 // Every line is written with one write(2) on an O_APPEND descriptor, so a
 // crash leaves at most the last line torn. encoding/json never writes a
@@ -42,6 +45,10 @@ type entry struct {
 	Head *string `json:"head,omitempty"`
 	// Consumer of record ID (op use).
 	Consumer *Consumer `json:"consumer,omitempty"`
+	// Compensator given to record ID after the fact (op undo), and the
+	// new state of its compensation (op comp).
+	Compensator  *Compensator  `json:"compensator,omitempty"`
+	Compensation *Compensation `json:"compensation,omitempty"`
 }
 
 const (
@@ -49,6 +56,8 @@ const (
 	opFin  = "fin"
 	opHead = "head"
 	opUse  = "use"
+	opUndo = "undo"
+	opComp = "comp"
 )
 
 // encodeLine returns e as one line of the file.
@@ -160,6 +169,18 @@ func (st *state) apply(e entry) error {
 			return fmt.Errorf("consumer of unknown record %q", e.ID)
 		}
 		st.recs[i].Consumers = append(st.recs[i].Consumers, *e.Consumer)
+	case opUndo:
+		i, ok := st.byID[e.ID]
+		if !ok || e.Compensator == nil {
+			return fmt.Errorf("compensator of unknown record %q", e.ID)
+		}
+		st.recs[i].Compensator = e.Compensator
+	case opComp:
+		i, ok := st.byID[e.ID]
+		if !ok || e.Compensation == nil || !validCompState(e.Compensation.State) {
+			return fmt.Errorf("compensation of unknown record %q, or in no known state", e.ID)
+		}
+		st.compensate(i, *e.Compensation)
 	case opHead:
 		if e.Head == nil {
 			return errors.New("head line without a head")

@@ -232,7 +232,7 @@ func (l *Ledger) WouldOrphan(sb, head string) ([]Record, error) {
 	after := s.st.reachable(head)
 	var out []Record
 	for i, r := range s.st.recs {
-		if s.st.reach[i] && !after[i] && r.Committed() {
+		if s.st.reach[i] && !after[i] && r.live() {
 			out = append(out, *r)
 		}
 	}

@@ -68,12 +68,72 @@ type Response struct {
 	Answers   []string            `json:"answers,omitempty"`   // DNS
 }
 
-// Compensator is an HTTP request that undoes a declared effect.
+// Compensator undoes an effect: an HTTP request (Method, URL, Header,
+// Body: a 2xx answer means compensated) or a command run in a helper
+// sandbox (Sandbox, Command: exit status 0 means compensated).
 type Compensator struct {
-	Method string              `json:"method"`
-	URL    string              `json:"url"`
-	Header map[string][]string `json:"header,omitempty"`
-	Body   []byte              `json:"body,omitempty"`
+	Method  string              `json:"method,omitempty"`
+	URL     string              `json:"url,omitempty"`
+	Header  map[string][]string `json:"header,omitempty"`
+	Body    []byte              `json:"body,omitempty"`
+	Sandbox string              `json:"sandbox,omitempty"`
+	Command []string            `json:"command,omitempty"`
+}
+
+// CompState is where an effect's compensation is.
+type CompState string
+
+const (
+	// CompPlanned: a rollback that orphans the effect will compensate
+	// it; written before the rollback switches the sandbox's state, so
+	// a crash past the switch still compensates.
+	CompPlanned CompState = "planned"
+	// CompRunning: attempt Attempts is being sent (the intent, written
+	// before the compensator runs); its outcome is unknown until the
+	// next line.
+	CompRunning CompState = "compensating"
+	// CompRetrying: attempt Attempts failed (Error says why); another
+	// follows after a backoff.
+	CompRetrying CompState = "retrying"
+	// CompDone: the compensator succeeded; the world no longer has the
+	// effect.
+	CompDone CompState = "compensated"
+	// CompFailed: the compensation gave up (Error says why); the world
+	// still has the effect, an orphan.
+	CompFailed CompState = "failed"
+	// CompCancelled: planned, but the rollback did not happen (the
+	// effect is not orphaned).
+	CompCancelled CompState = "cancelled"
+)
+
+// Compensation is the latest state of an effect's compensation; the
+// ledger file keeps every step.
+type Compensation struct {
+	State CompState `json:"state"`
+	// Rollback is the checkpoint whose rollback orphaned the effect;
+	// Batch names that rollback's compensations (one batch is ordered
+	// by its dependencies as a whole).
+	Rollback string `json:"rollback,omitempty"`
+	Batch    string `json:"batch,omitempty"`
+	// Attempts counts the attempts started (the intents written).
+	Attempts int       `json:"attempts,omitempty"`
+	Error    string    `json:"error,omitempty"`
+	At       time.Time `json:"at"`
+}
+
+// Open reports whether the compensation is under way: planned, running
+// or between attempts. An effect in that state may or may not still be
+// in the world.
+func (c *Compensation) Open() bool {
+	return c != nil && (c.State == CompPlanned || c.State == CompRunning || c.State == CompRetrying)
+}
+
+func validCompState(s CompState) bool {
+	switch s {
+	case CompPlanned, CompRunning, CompRetrying, CompDone, CompFailed, CompCancelled:
+		return true
+	}
+	return false
 }
 
 // Consumer is someone who acted on an effect.
@@ -101,9 +161,17 @@ type Record struct {
 	Error      string    `json:"error,omitempty"`
 	// ReplayOf is the orphan a Replayed record answered from, or the
 	// pending record a Refused one matched.
-	ReplayOf    string       `json:"replay_of,omitempty"`
-	Declared    bool         `json:"declared,omitempty"`
+	ReplayOf string `json:"replay_of,omitempty"`
+	Declared bool   `json:"declared,omitempty"`
+	// Type is a declared effect's own name for what it is ("payment",
+	// "email"): effect policies may name it.
+	Type        string       `json:"type,omitempty"`
 	Compensator *Compensator `json:"compensator,omitempty"`
+	// DependsOn lists the earlier records of the line this effect
+	// depends on (compensations run dependents first). nil: it may
+	// depend on every earlier record of its line.
+	DependsOn    *[]string     `json:"depends_on,omitempty"`
+	Compensation *Compensation `json:"compensation,omitempty"`
 	// Consumers acted on the effect (another sandbox, an agent, a
 	// system): a rollback that would orphan it is refused unless forced
 	// or it has a compensator.
@@ -117,3 +185,12 @@ type Record struct {
 func (r Record) Committed() bool {
 	return (r.Kind == Effect || r.Kind == Opaque) && (r.State == Completed || r.State == Pending)
 }
+
+// Compensated reports whether r's compensation succeeded: the world no
+// longer has it.
+func (r Record) Compensated() bool {
+	return r.Compensation != nil && r.Compensation.State == CompDone
+}
+
+// live: committed and not compensated, what an orphan is made of.
+func (r Record) live() bool { return r.Committed() && !r.Compensated() }

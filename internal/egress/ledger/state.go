@@ -103,7 +103,7 @@ func (st *state) advance(i int) {
 func (st *state) join(j int) {
 	if !st.reach[j] {
 		st.reach[j] = true
-		if st.recs[j].Committed() {
+		if st.recs[j].live() {
 			st.orphans--
 		}
 	}
@@ -117,7 +117,7 @@ func (st *state) rebuild() {
 	clear(st.reach)
 	st.orphans = 0
 	for _, r := range st.recs {
-		if r.Committed() {
+		if r.live() {
 			st.orphans++
 		}
 	}
@@ -148,7 +148,7 @@ func (st *state) reachable(head string) []bool {
 	return r
 }
 
-func (st *state) orphan(i int) bool { return !st.reach[i] && st.recs[i].Committed() }
+func (st *state) orphan(i int) bool { return !st.reach[i] && st.recs[i].live() }
 
 // finish moves the pending recs[i] to its final state.
 func (st *state) finish(i int, s State, resp *Response, errText string, at time.Time) {
@@ -157,6 +157,18 @@ func (st *state) finish(i int, s State, resp *Response, errText string, at time.
 	r.State, r.Response, r.Error, r.Finished = s, resp, errText, at
 	if was && !st.orphan(i) {
 		st.orphans--
+	}
+}
+
+// compensate sets recs[i]'s compensation to c.
+func (st *state) compensate(i int, c Compensation) {
+	was := st.orphan(i)
+	st.recs[i].Compensation = &c
+	switch now := st.orphan(i); {
+	case was && !now:
+		st.orphans--
+	case !was && now:
+		st.orphans++
 	}
 }
 
@@ -176,10 +188,12 @@ func (st *state) match(id Identity) Match {
 		if !Equivalent(r.Request, id) {
 			continue
 		}
-		if r.State == Pending && r.Committed() && (pending < 0 || i < pending) {
+		// An effect being compensated may or may not be in the world:
+		// as for a pending one, nothing equivalent is sent meanwhile.
+		if (r.State == Pending && r.Committed() || r.Compensation.Open()) && (pending < 0 || i < pending) {
 			pending = i
 		}
-		if st.orphan(i) && r.Kind == Effect && r.State == Completed && r.Response != nil && (orphan < 0 || i < orphan) {
+		if st.orphan(i) && !r.Compensation.Open() && r.Kind == Effect && r.State == Completed && r.Response != nil && (orphan < 0 || i < orphan) {
 			orphan = i
 		}
 	}

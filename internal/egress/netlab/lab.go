@@ -113,6 +113,7 @@ type Lab struct {
 	certs *certs
 
 	pays atomic.Int64
+	ref  refunds // the payment service's refunds (refund.go)
 	mu   sync.Mutex
 	// +checklocks:mu
 	hold *hold

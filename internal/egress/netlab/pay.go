@@ -66,6 +66,8 @@ func (l *Lab) payMux() *http.ServeMux {
 		}
 		writeJSON(w, Payment{Payment: n, Received: string(body)})
 	})
+	mux.HandleFunc("POST /refund", l.refund)
+	mux.HandleFunc("POST /cancel", l.refund)
 	mux.HandleFunc("GET /count", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, map[string]int64{"count": l.pays.Load()})
 	})
