@@ -251,9 +251,11 @@ func (a *agentProc) kill() {
 	<-a.done
 }
 
+// syncWriter serializes writes to w (exec.Cmd copies stderr from a
+// goroutine of its own).
 type syncWriter struct {
 	mu sync.Mutex
-	w  io.Writer
+	w  io.Writer // +checklocks:mu
 }
 
 func (s *syncWriter) Write(b []byte) (int, error) {
