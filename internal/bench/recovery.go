@@ -660,17 +660,26 @@ func (h *recHarness) recover(ctx context.Context, t Trajectory, cp CrashPoint, s
 
 // latestTurnCheckpoint returns the checkpoint holding the state the
 // sandbox's latest ended turn left (the turn's own, or its head when it
-// changed nothing), committed, and how many of the agent's turns it
+// changed nothing), committed (pending ones waited for), and how many of the agent's turns it
 // covers (its turn-ending LLM request's assistant messages).
 func latestTurnCheckpoint(ctx context.Context, h *recHarness, sb string) (string, int, error) {
 	c := h.d.c
+	// A full checkpoint still being stored is waited for, as recover
+	// does (one lost with a killed daemon never commits: 30 s at most).
+	var cks []v1.Checkpoint
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var err error
+		if cks, err = c.Checkpoints(ctx, sb); err != nil {
+			return "", 0, err
+		}
+		if !slices.ContainsFunc(cks, func(ck v1.Checkpoint) bool { return ck.Pending }) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	turns, err := c.Turns(ctx, sb)
 	if err != nil {
 		return "", 0, fmt.Errorf("turn log: %w", err)
-	}
-	cks, err := c.Checkpoints(ctx, sb)
-	if err != nil {
-		return "", 0, err
 	}
 	committed := map[string]bool{}
 	for _, ck := range cks {
