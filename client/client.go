@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -407,4 +408,28 @@ func (c *Client) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error) 
 func (c *Client) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
 	var sb v1.Sandbox
 	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/resume", nil, &sb)
+}
+
+// AuditExport writes the daemon's audit log entries after seq since to
+// w, byte for byte as the log holds them (JSON lines).
+func (c *Client) AuditExport(ctx context.Context, since uint64, w io.Writer) error {
+	p := "/v1/audit"
+	if since > 0 {
+		p += "?since=" + strconv.FormatUint(since, 10)
+	}
+	resp, err := c.send(ctx, "GET", p, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("audit export: %w", err)
+	}
+	return nil
+}
+
+// AuditVerify has the daemon verify its audit log against its anchor.
+func (c *Client) AuditVerify(ctx context.Context) (v1.AuditVerifyResult, error) {
+	var r v1.AuditVerifyResult
+	return r, c.do(ctx, "POST", "/v1/audit/verify", nil, &r)
 }

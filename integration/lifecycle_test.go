@@ -174,3 +174,28 @@ func TestHostPool(t *testing.T) {
 		t.Fatalf("molt host does not show the node size:\n%s", out)
 	}
 }
+
+// A sandbox whose init was killed behind molt's back (lost) and that has
+// only fs checkpoints: a rollback restores the files and starts its
+// processes again, whatever its record still says.
+func TestRollbackLostToFS(t *testing.T) {
+	sb := newSandbox(t)
+	sh(t, sb, "echo a > /root/f")
+	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "fs"))
+	sh(t, sb, "echo b > /root/f")
+	if err := syscall.Kill(inspect(t, sb).Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the sandbox lost", 10*time.Second, func() bool { return inspect(t, sb).State == "lost" })
+	var res struct {
+		Tier               string `json:"tier"`
+		ProcessesRestarted bool   `json:"processes_restarted"`
+	}
+	mustJSON(t, &res, "rollback", sb, ck)
+	if res.Tier != "restart" || !res.ProcessesRestarted {
+		t.Fatalf("rollback of a lost sandbox to an fs checkpoint: %+v, want its processes restarted", res)
+	}
+	if got := sh(t, sb, "cat /root/f"); got != "a\n" {
+		t.Fatalf("/root/f = %q after the rollback", got)
+	}
+}

@@ -110,11 +110,13 @@ func startDaemon() error {
 	if err != nil {
 		return err
 	}
-	// Compensations back off 50 ms, 100 ms (the default 500 ms would
-	// make the failure tests slow).
-	args := []string{"daemon", "--root", env.root, "--socket", env.socket, "--pool-size", "16G", "--compensate-backoff", "50ms", "--compensate-timeout", "10s"}
+	args := []string{"daemon", "--root", env.root, "--socket", env.socket, "--pool-size", "16G"}
 	if env.lab != nil {
-		args = append(args, "--egress-uplink", env.lab.Name, "--egress-dns", env.lab.DNSAddr().String(), "--egress-ca", env.lab.CAFile)
+		// Not for the upgrade test's older build, which has neither.
+		// Compensations back off 50 ms, 100 ms (the default 500 ms
+		// would make the failure tests slow).
+		args = append(args, "--egress-uplink", env.lab.Name, "--egress-dns", env.lab.DNSAddr().String(), "--egress-ca", env.lab.CAFile,
+			"--compensate-backoff", "50ms", "--compensate-timeout", "10s")
 	}
 	cmd := exec.Command(env.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -46,7 +46,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		daemonCmd(g), hostCmd(g), imageCmd(g), createCmd(g), lsCmd(g), inspectCmd(g), rmCmd(g),
 		stopCmd(g), startCmd(g), execCmd(g), checkpointCmd(g), checkpointsCmd(g), rollbackCmd(g), recoverCmd(g),
-		forkCmd(g), hibernateCmd(g), resumeCmd(g), turnCmd(g), turnsCmd(g), effectsCmd(g), consumeCmd(g), compensatorCmd(g), llmCmd(g), benchCmd(g), demoCmd(g),
+		forkCmd(g), hibernateCmd(g), resumeCmd(g), turnCmd(g), turnsCmd(g), effectsCmd(g), consumeCmd(g), compensatorCmd(g), llmCmd(g), auditCmd(g), benchCmd(g), demoCmd(g),
 	)
 	return root
 }

@@ -43,6 +43,9 @@ type EgressConfig struct {
 	CompensateAttempts int
 	CompensateBackoff  time.Duration
 	CompensateTimeout  time.Duration
+	// OnLedgerAppend, if set, sees every record the ledger writes
+	// (ledger.Ledger.OnAppend): the daemon's audit log.
+	OnLedgerAppend func(ledger.Record)
 }
 
 // openEgress opens the ledger and prepares the host's egress; nothing
@@ -53,6 +56,7 @@ func (m *Manager) openEgress() error {
 		return fmt.Errorf("effect ledger: %w", err)
 	}
 	m.ledger = l
+	l.OnAppend(m.cfg.Egress.OnLedgerAppend)
 	for sb, err := range l.Broken() {
 		m.log.Error("effect ledger damaged: the sandbox records nothing and its egress sends nothing until it is removed", "sandbox", sb, "err", err)
 	}

@@ -295,8 +295,11 @@ func (t *rollbackTarget) Restore(ctx context.Context) (meta.RollbackResult, erro
 
 func (t *rollbackTarget) Restart(ctx context.Context) (meta.RollbackResult, error) {
 	m, rec, ck := t.m, t.rec, t.ck
-	wasRunning := m.report(*rec).State == v1.StateRunning
-	restart := wasRunning || rec.State == v1.StateLost || rec.State == v1.StateHibernated
+	// The record may still say running when its init has died behind
+	// molt's back: the reported state says lost then, and a lost
+	// sandbox is started again like a running one.
+	now := m.report(*rec).State
+	restart := now == v1.StateRunning || now == v1.StateLost || rec.State == v1.StateLost || rec.State == v1.StateHibernated
 	key, err := m.switchRoot(ctx, *rec, ck, restart)
 	if err != nil {
 		return meta.RollbackResult{}, t.wrap(err)

@@ -1,5 +1,6 @@
 // Package daemon wires molt's daemon together: the core Manager on the
-// state root, and the HTTP API on a unix socket.
+// state root, and the HTTP API on a unix socket, every request and every
+// effect-ledger record logged in the audit log (<root>/audit).
 package daemon
 
 import (
@@ -12,7 +13,6 @@ import (
 
 	"github.com/molt-sh/molt/internal/coord"
 	"github.com/molt-sh/molt/internal/core"
-	"github.com/molt-sh/molt/internal/httpapi"
 )
 
 // Config configures the daemon.
@@ -36,6 +36,12 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	setProcs()
 	raiseKernelLimits(log)
+	alog, err := openAudit(cfg.Root, log)
+	if err != nil {
+		return err
+	}
+	defer alog.Close()
+	cfg.Egress.OnLedgerAppend = auditLedger(alog, log)
 	m, err := core.Open(ctx, cfg.Config, cfg.Options...)
 	if err != nil {
 		return err
@@ -47,7 +53,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	co := coord.New(m, log)
 	defer co.Close()
-	srv := &http.Server{Handler: httpapi.Handler(m, co, log), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: auditedAPI(m, co, alog, log), ConnContext: peerContext, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	h := m.Host()

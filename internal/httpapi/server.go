@@ -17,8 +17,9 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 )
 
-// Handler returns the API handler for the engine m and the LLM endpoints co.
-func Handler(m Engine, co LLMEndpoints, log *slog.Logger) http.Handler {
+// Handler returns the API handler for the engine m and the LLM endpoints
+// co, with the extra routes (the audit log's) served alongside.
+func Handler(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) http.Handler {
 	s := &server{m: m, co: co, log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/host", s.host)
@@ -59,6 +60,9 @@ func Handler(m Engine, co LLMEndpoints, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/checkpoints/{id}/verify", s.checkpointVerify)
 	mux.HandleFunc("GET /v1/checkpoints/{id}/chain", s.checkpointChain)
 	mux.HandleFunc("POST /v1/checkpoints/{id}/fork", s.forkCheckpoint)
+	for _, rt := range extra {
+		mux.Handle(rt.Pattern, rt.Handler)
+	}
 	return apiMux{mux}
 }
 

@@ -52,6 +52,26 @@ type Ledger struct {
 	kick    chan struct{}
 	done    chan struct{}
 	wg      sync.WaitGroup
+
+	onAppend atomic.Pointer[func(Record)]
+}
+
+// OnAppend sets fn (nil: none) to be called with every record Begin
+// appends and Finish completes, once it is written (as durable as the
+// call that wrote it), outside the ledger's locks. fn must not call the
+// Ledger. The daemon's audit log uses it.
+func (l *Ledger) OnAppend(fn func(Record)) {
+	if fn == nil {
+		l.onAppend.Store(nil)
+		return
+	}
+	l.onAppend.Store(&fn)
+}
+
+func (l *Ledger) appended(r Record) {
+	if fn := l.onAppend.Load(); fn != nil {
+		(*fn)(r)
+	}
 }
 
 // Broken returns the sandboxes whose ledger file Open refused (a bad
@@ -337,6 +357,7 @@ func (l *Ledger) Begin(sb string, r Record) (Record, error) {
 	if err != nil {
 		return Record{}, fmt.Errorf("ledger %s: %w", sb, err)
 	}
+	l.appended(r)
 	return r, nil
 }
 
@@ -386,6 +407,7 @@ func (l *Ledger) Finish(sb, id string, st State, resp *Response, errText string)
 	if err != nil {
 		return Record{}, fmt.Errorf("ledger %s: %w", sb, err)
 	}
+	l.appended(r)
 	return r, nil
 }
 
