@@ -185,6 +185,18 @@ func (s *server) ownCheckpoint(pr tenant.Principal, ref string) (string, error) 
 	return "", fmt.Errorf("checkpoint %q: %w", ref, errdefs.ErrNotFound)
 }
 
+// bodyCheckpoint resolves a checkpoint reference from a request's body
+// or query (a rollback's target, a recovery's, a fork's, effects since)
+// among the request's principal's own, as guard does for the path's: a
+// token never names another tenant's checkpoint ("" stays "").
+func (s *server) bodyCheckpoint(r *http.Request, ref string) (string, error) {
+	pr := tenant.Of(r.Context())
+	if pr.Admin || ref == "" {
+		return ref, nil
+	}
+	return s.ownCheckpoint(pr, ref)
+}
+
 // ownEffect checks that effect id belongs to a sandbox pr reaches.
 func (s *server) ownEffect(r *http.Request, pr tenant.Principal, id string) (string, error) {
 	sbID, ok := s.m.EffectSandbox(id)

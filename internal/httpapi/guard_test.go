@@ -170,3 +170,32 @@ func leaks(body, ref string) bool {
 	}
 	return false
 }
+
+// References in a request's body or query (a rollback's target, a
+// recovery's, a fork's, effects since) are resolved among the token's
+// own checkpoints too: another tenant's is not found, and the engine is
+// not called with it; and a tenant cannot open an LLM endpoint on a
+// host address.
+func TestTenantBodyReferences(t *testing.T) {
+	a := tenant.Principal{Tenant: "a", Scopes: tenant.AllScopes}
+	srv, e, _ := tenantServer(t, a)
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/sandboxes/alpha/rollback", `{"checkpoint":"ckbbb"}`},
+		{"POST", "/v1/sandboxes/alpha/rollback", `{"checkpoint":"beta:l"}`},
+		{"POST", "/v1/sandboxes/alpha/recover", `{"to":"ckbbb"}`},
+		{"POST", "/v1/sandboxes/alpha/fork", `{"checkpoint":"ckbbb","n":1}`},
+		{"GET", "/v1/sandboxes/alpha/effects?since=ckbbb", ""},
+	} {
+		e.fakeEngine.called()
+		ans := call(t, srv, c.method, c.path, c.body)
+		if ans.status != 404 || leaks(ans.body, c.body+c.path) {
+			t.Errorf("%s %s %s: %d %q, want 404", c.method, c.path, c.body, ans.status, ans.body)
+		}
+		if got := e.fakeEngine.called(); len(got) > 0 {
+			t.Errorf("%s %s %s reached the engine: %v", c.method, c.path, c.body, got)
+		}
+	}
+	if ans := call(t, srv, "PUT", "/v1/sandboxes/alpha/llm", `{"upstream":"http://127.0.0.1:1","listen":"0.0.0.0:9","expose":true}`); ans.status != 403 {
+		t.Errorf("a tenant exposed an LLM endpoint: %d %q", ans.status, ans.body)
+	}
+}

@@ -342,6 +342,10 @@ func (s *server) llmSet(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if !tenant.Of(r.Context()).Admin && (req.Listen != "" || req.Expose) {
+		writeError(w, fmt.Errorf("llm endpoint: listen and expose are the host admin's: %w", errdefs.ErrPermissionDenied))
+		return
+	}
 	ep, err := s.co.Set(r.Context(), r.PathValue("id"), req)
 	reply(w, ep, err)
 }
@@ -502,7 +506,12 @@ func (s *server) turns(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) effects(w http.ResponseWriter, r *http.Request) {
-	l, orphans, err := s.m.Effects(r.Context(), r.PathValue("id"), r.URL.Query().Get("since"))
+	since, err := s.bodyCheckpoint(r, r.URL.Query().Get("since"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	l, orphans, err := s.m.Effects(r.Context(), r.PathValue("id"), since)
 	wire := make([]v1.Effect, 0, len(l))
 	for _, x := range l {
 		wire = append(wire, toEffect(x, orphans[x.ID]))
@@ -555,6 +564,11 @@ func (s *server) rollback(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	var err error
+	if req.Checkpoint, err = s.bodyCheckpoint(r, req.Checkpoint); err != nil {
+		writeError(w, err)
+		return
+	}
 	res, err := s.m.RollbackWith(r.Context(), r.PathValue("id"), req)
 	reply(w, toRollbackResult(res), err)
 }
@@ -562,6 +576,11 @@ func (s *server) rollback(w http.ResponseWriter, r *http.Request) {
 func (s *server) recover(w http.ResponseWriter, r *http.Request) {
 	var req v1.RecoverRequest
 	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	var err error
+	if req.To, err = s.bodyCheckpoint(r, req.To); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -577,6 +596,11 @@ func (s *server) recovery(w http.ResponseWriter, r *http.Request) {
 func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	req := v1.ForkRequest{N: 1} // a request without "n" makes one
 	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	var err error
+	if req.Checkpoint, err = s.bodyCheckpoint(r, req.Checkpoint); err != nil {
 		writeError(w, err)
 		return
 	}
