@@ -225,9 +225,20 @@ func visible(r *http.Request, l []meta.Sandbox) []meta.Sandbox {
 }
 
 // ownedCreate stamps a new sandbox's tenant: a token's own, whatever was
-// sent.
-func ownedCreate(r *http.Request, req *v1.SandboxCreateRequest) {
-	if pr := tenant.Of(r.Context()); !pr.Admin {
-		req.Tenant = pr.Tenant
+// sent. A tenant's sandbox keeps molt's system call filter and has
+// limits: no unconfined or custom filter, no limit removed (-1).
+func ownedCreate(r *http.Request, req *v1.SandboxCreateRequest) error {
+	pr := tenant.Of(r.Context())
+	if pr.Admin {
+		return nil
 	}
+	req.Tenant = pr.Tenant
+	if (req.Seccomp != "" && req.Seccomp != v1.SeccompDefault) || req.SeccompProfile != "" {
+		return fmt.Errorf("create: a tenant's sandbox keeps molt's system call filter (seccomp %q): %w", req.Seccomp, errdefs.ErrPermissionDenied)
+	}
+	res := req.Resources
+	if res.MemoryBytes < 0 || res.Pids < 0 || res.CPUMillis < 0 || res.DiskBytes < 0 || res.StandbyBudgetBytes < 0 {
+		return fmt.Errorf("create: a tenant's sandbox cannot go without a limit (-1): %w", errdefs.ErrPermissionDenied)
+	}
+	return nil
 }

@@ -199,3 +199,21 @@ func TestTenantBodyReferences(t *testing.T) {
 		t.Errorf("a tenant exposed an LLM endpoint: %d %q", ans.status, ans.body)
 	}
 }
+
+// A tenant's sandbox keeps molt's filter and its limits.
+func TestTenantCreateLimits(t *testing.T) {
+	srv, _, _ := tenantServer(t, tenant.Principal{Tenant: "a", Scopes: tenant.AllScopes})
+	for _, body := range []string{
+		`{"image":"img","seccomp":"unconfined"}`,
+		`{"image":"img","seccomp_profile":"{}"}`,
+		`{"image":"img","resources":{"memory_bytes":-1}}`,
+		`{"image":"img","resources":{"pids":-1}}`,
+	} {
+		if ans := call(t, srv, "POST", "/v1/sandboxes", body); ans.status != 403 {
+			t.Errorf("create %s: %d, want 403", body, ans.status)
+		}
+	}
+	if ans := call(t, srv, "POST", "/v1/sandboxes", `{"image":"img","resources":{"memory_bytes":1073741824}}`); ans.status != 200 {
+		t.Errorf("create with a limit: %d %q", ans.status, ans.body)
+	}
+}

@@ -319,7 +319,10 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	ownedCreate(r, &req)
+	if err := ownedCreate(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
 	sb, err := s.m.Create(r.Context(), req)
 	reply(w, toSandbox(sb), err)
 }
