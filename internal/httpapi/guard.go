@@ -197,6 +197,26 @@ func (s *server) bodyCheckpoint(r *http.Request, ref string) (string, error) {
 	return s.ownCheckpoint(pr, ref)
 }
 
+// ownCompensator checks a tenant's compensator: a command runs only in a
+// helper sandbox of its own (named by full ID from here on), and HTTP
+// compensators, which the daemon sends from its own network, are the
+// host admin's.
+func (s *server) ownCompensator(r *http.Request, c *v1.Compensator) error {
+	pr := tenant.Of(r.Context())
+	if pr.Admin || c == nil {
+		return nil
+	}
+	if c.Sandbox == "" {
+		return fmt.Errorf("compensator: HTTP compensators are sent from the daemon's network, the host admin's to set; a tenant's run in a helper sandbox of its own: %w", errdefs.ErrPermissionDenied)
+	}
+	id, err := s.ownSandbox(pr, c.Sandbox)
+	if err != nil {
+		return fmt.Errorf("compensator's helper: %w", err)
+	}
+	c.Sandbox = id
+	return nil
+}
+
 // ownEffect checks that effect id belongs to a sandbox pr reaches.
 func (s *server) ownEffect(r *http.Request, pr tenant.Principal, id string) (string, error) {
 	sbID, ok := s.m.EffectSandbox(id)

@@ -217,3 +217,26 @@ func TestTenantCreateLimits(t *testing.T) {
 		t.Errorf("create with a limit: %d %q", ans.status, ans.body)
 	}
 }
+
+// A tenant's compensator runs only in a helper sandbox of its own; HTTP
+// compensators (sent from the daemon's network) are the admin's.
+func TestTenantCompensators(t *testing.T) {
+	srv, e, _ := tenantServer(t, tenant.Principal{Tenant: "a", Scopes: tenant.AllScopes})
+	for _, c := range []struct {
+		path, body string
+		status     int
+	}{
+		{"/v1/sandboxes/alpha/effects", `{"method":"POST","compensator":{"sandbox":"beta","command":["x"]}}`, 404},
+		{"/v1/effects/effa/compensator", `{"sandbox":"sbbbb","command":["x"]}`, 404},
+		{"/v1/effects/effa/compensator", `{"method":"POST","url":"http://169.254.169.254/"}`, 403},
+		{"/v1/sandboxes/alpha/effects", `{"method":"POST","compensator":{"method":"POST","url":"http://127.0.0.1:1/"}}`, 403},
+	} {
+		e.fakeEngine.called()
+		if ans := call(t, srv, "POST", c.path, c.body); ans.status != c.status || leaks(ans.body, c.body) {
+			t.Errorf("%s %s: %d %q, want %d", c.path, c.body, ans.status, ans.body, c.status)
+		}
+		if got := e.fakeEngine.called(); len(got) > 0 {
+			t.Errorf("%s %s reached the engine: %v", c.path, c.body, got)
+		}
+	}
+}

@@ -528,6 +528,10 @@ func (s *server) declareEffect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if err := s.ownCompensator(r, req.Compensator); err != nil {
+		writeError(w, err)
+		return
+	}
 	rec, err := s.m.DeclareEffect(r.Context(), r.PathValue("id"), req)
 	reply(w, toEffect(rec, false), err)
 }
@@ -545,6 +549,10 @@ func (s *server) consumeEffect(w http.ResponseWriter, r *http.Request) {
 func (s *server) setCompensator(w http.ResponseWriter, r *http.Request) {
 	var req v1.Compensator
 	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := s.ownCompensator(r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
