@@ -206,8 +206,11 @@ func (s *server) ownCompensator(r *http.Request, c *v1.Compensator) error {
 	if pr.Admin || c == nil {
 		return nil
 	}
-	if c.Sandbox == "" {
+	if c.URL != "" || c.Method != "" {
 		return fmt.Errorf("compensator: HTTP compensators are sent from the daemon's network, the host admin's to set; a tenant's run in a helper sandbox of its own: %w", errdefs.ErrPermissionDenied)
+	}
+	if c.Sandbox == "" {
+		return nil // nothing to undo with: the engine says so
 	}
 	id, err := s.ownSandbox(pr, c.Sandbox)
 	if err != nil {
