@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +41,8 @@ var (
 	ErrUnavailable        = v1.ErrUnavailable
 	ErrNotSupported       = v1.ErrNotSupported
 	ErrResourceExhausted  = v1.ErrResourceExhausted
+	ErrUnauthenticated    = v1.ErrUnauthenticated
+	ErrPermissionDenied   = v1.ErrPermissionDenied
 )
 
 // APIError is an error reported by the daemon.
@@ -61,6 +64,12 @@ func (e *APIError) Unwrap() error { return v1.KindSentinel(e.Kind) }
 type Client struct {
 	// Socket is the daemon's unix socket; "" means the default.
 	Socket string
+	// Endpoint, if set ("https://HOST:PORT"), is a daemon's TCP
+	// listener, reached over TLS (TLSConfig; nil: the system's roots)
+	// with Token, a tenant's API token, instead of the socket.
+	Endpoint  string
+	Token     string
+	TLSConfig *tls.Config
 
 	once sync.Once
 	hc   *http.Client
@@ -79,7 +88,32 @@ func (c *Client) socket() string {
 	return DefaultSocket
 }
 
+// NewRemote returns a client for the daemon listening at endpoint
+// ("https://HOST:PORT"), with a tenant's token.
+func NewRemote(endpoint, token string, cfg *tls.Config) *Client {
+	return &Client{Endpoint: endpoint, Token: token, TLSConfig: cfg}
+}
+
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	if c.Endpoint != "" {
+		u, err := url.Parse(c.Endpoint)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			return nil, fmt.Errorf("endpoint %q: want https://HOST:PORT", c.Endpoint)
+		}
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.TLSConfig != nil {
+			cfg = c.TLSConfig.Clone()
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = u.Hostname()
+		}
+		d := tls.Dialer{Config: cfg}
+		conn, err := d.DialContext(ctx, "tcp", u.Host)
+		if err != nil {
+			return nil, fmt.Errorf("connect to molt daemon at %s: %w", c.Endpoint, err)
+		}
+		return conn, nil
+	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", c.socket())
 	if err != nil {
@@ -130,6 +164,7 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	c.authorize(req)
 	resp, err := c.http().Do(req)
 	if err != nil {
 		return nil, err
@@ -139,6 +174,13 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 		return nil, decodeError(resp)
 	}
 	return resp, nil
+}
+
+// authorize adds the client's token to req (a remote daemon's).
+func (c *Client) authorize(req *http.Request) {
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
 }
 
 func decodeError(resp *http.Response) error {
@@ -432,4 +474,39 @@ func (c *Client) AuditExport(ctx context.Context, since uint64, w io.Writer) err
 func (c *Client) AuditVerify(ctx context.Context) (v1.AuditVerifyResult, error) {
 	var r v1.AuditVerifyResult
 	return r, c.do(ctx, "POST", "/v1/audit/verify", nil, &r)
+}
+
+// CreateTenant makes a tenant (host admin).
+func (c *Client) CreateTenant(ctx context.Context, name string) (v1.Tenant, error) {
+	var t v1.Tenant
+	return t, c.do(ctx, "POST", "/v1/tenants", v1.TenantCreateRequest{Name: name}, &t)
+}
+
+// Tenants lists the tenants (host admin).
+func (c *Client) Tenants(ctx context.Context) ([]v1.Tenant, error) {
+	var l []v1.Tenant
+	return l, c.do(ctx, "GET", "/v1/tenants", nil, &l)
+}
+
+// DeleteTenant deletes a tenant that owns nothing, and its tokens.
+func (c *Client) DeleteTenant(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/v1/tenants/"+esc(name), nil, nil)
+}
+
+// CreateToken makes an API token of a tenant; the answer's Secret is the
+// token, shown only now.
+func (c *Client) CreateToken(ctx context.Context, req v1.TokenCreateRequest) (v1.Token, error) {
+	var t v1.Token
+	return t, c.do(ctx, "POST", "/v1/tokens", req, &t)
+}
+
+// Tokens lists the tokens of a tenant ("": all).
+func (c *Client) Tokens(ctx context.Context, tenant string) ([]v1.Token, error) {
+	var l []v1.Token
+	return l, c.do(ctx, "GET", "/v1/tokens?tenant="+url.QueryEscape(tenant), nil, &l)
+}
+
+// DeleteToken revokes a token.
+func (c *Client) DeleteToken(ctx context.Context, id string) error {
+	return c.do(ctx, "DELETE", "/v1/tokens/"+esc(id), nil, nil)
 }

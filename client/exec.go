@@ -49,6 +49,7 @@ func (c *Client) Exec(ctx context.Context, ref string, req v1.ExecRequest, eio E
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Connection", "Upgrade")
 	hreq.Header.Set("Upgrade", v1.UpgradeProtocol)
+	c.authorize(hreq)
 	hreq.ContentLength = int64(len(body))
 	hreq.Body = io.NopCloser(bytes.NewReader(body))
 	if err := hreq.Write(conn); err != nil {

@@ -31,6 +31,8 @@ var env struct {
 	log    string
 	daemon *exec.Cmd
 	lab    *netlab.Lab // the test internet sandboxes' egress leaves to
+	// The daemon's TLS listener for tenants' tokens (tenant_test.go).
+	listen, tlsDir string
 }
 
 // image is the Debian image every test uses.
@@ -78,6 +80,10 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer env.lab.Close()
+	if env.listen, err = tlsSetup(tmp); err != nil {
+		fmt.Fprintln(os.Stderr, "TLS listener:", err)
+		return 1
+	}
 	if err := startDaemon(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -117,6 +123,9 @@ func startDaemon() error {
 		// would make the failure tests slow).
 		args = append(args, "--egress-uplink", env.lab.Name, "--egress-dns", env.lab.DNSAddr().String(), "--egress-ca", env.lab.CAFile,
 			"--compensate-backoff", "50ms", "--compensate-timeout", "10s")
+		if env.listen != "" {
+			args = append(args, "--listen", "tcp://"+env.listen, "--tls-cert", filepath.Join(env.tlsDir, "cert.pem"), "--tls-key", filepath.Join(env.tlsDir, "key.pem"))
+		}
 	}
 	cmd := exec.Command(env.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf

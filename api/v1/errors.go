@@ -19,6 +19,11 @@ const (
 	// ErrKindConflict: the request would break what others rely on (a
 	// rollback past an effect someone consumed); the message says what.
 	ErrKindConflict = "conflict"
+	// ErrKindUnauthenticated: the request carries no valid token (401).
+	ErrKindUnauthenticated = "unauthenticated"
+	// ErrKindPermissionDenied: the token may not do this (403): an
+	// operation outside its scopes, or one only the host admin does.
+	ErrKindPermissionDenied = "permission_denied"
 	// ErrKindInternal: none of the above; no sentinel.
 	ErrKindInternal = "internal"
 )
@@ -35,6 +40,8 @@ var (
 	ErrNotSupported       = errors.New("not supported")
 	ErrResourceExhausted  = errors.New("resource exhausted")
 	ErrConflict           = errors.New("conflict")
+	ErrUnauthenticated    = errors.New("unauthenticated")
+	ErrPermissionDenied   = errors.New("permission denied")
 )
 
 // KindSentinel returns the sentinel of an error kind, nil for internal
@@ -58,6 +65,10 @@ func KindSentinel(kind string) error {
 		return ErrResourceExhausted
 	case ErrKindConflict:
 		return ErrConflict
+	case ErrKindUnauthenticated:
+		return ErrUnauthenticated
+	case ErrKindPermissionDenied:
+		return ErrPermissionDenied
 	}
 	return nil
 }

@@ -162,6 +162,9 @@ type LimitsTampered struct {
 
 // SandboxCreateRequest creates a sandbox from an image.
 type SandboxCreateRequest struct {
+	// Tenant owns the new sandbox: the token's tenant for a tenant's
+	// token (whatever is sent); the host admin may name any tenant.
+	Tenant    string            `json:"tenant,omitempty"`
 	Image     string            `json:"image"`
 	Name      string            `json:"name,omitempty"`
 	Hostname  string            `json:"hostname,omitempty"`
@@ -259,8 +262,10 @@ const MaxSeccompProfileBytes = 1 << 20
 
 // Sandbox is a sandbox as the API reports it.
 type Sandbox struct {
-	ID        string            `json:"id"`
-	Name      string            `json:"name,omitempty"`
+	ID   string `json:"id"`
+	Name string `json:"name,omitempty"`
+	// Tenant owns the sandbox ("": the host's own).
+	Tenant    string            `json:"tenant,omitempty"`
 	Image     string            `json:"image"`
 	Hostname  string            `json:"hostname"`
 	State     string            `json:"state"`

@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -22,6 +24,8 @@ type globals struct {
 	root   string
 	socket string
 	json   bool
+	// A remote daemon's TCP listener and a tenant's token.
+	endpoint, token, tlsCA string
 }
 
 func envOr(k, def string) string {
@@ -43,15 +47,33 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.root, "root", envOr("MOLT_ROOT", "/var/lib/molt"), "state root (env MOLT_ROOT)")
 	root.PersistentFlags().StringVar(&g.socket, "socket", envOr("MOLT_SOCKET", client.DefaultSocket), "daemon socket (env MOLT_SOCKET)")
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print one JSON document on stdout")
+	root.PersistentFlags().StringVar(&g.endpoint, "endpoint", os.Getenv("MOLT_ENDPOINT"), "a daemon's TCP listener, https://HOST:PORT, instead of the socket (env MOLT_ENDPOINT; needs --token)")
+	root.PersistentFlags().StringVar(&g.token, "token", os.Getenv("MOLT_TOKEN"), "a tenant's API token for --endpoint (env MOLT_TOKEN)")
+	root.PersistentFlags().StringVar(&g.tlsCA, "tls-ca", os.Getenv("MOLT_TLS_CA"), "PEM file of the CA that signed --endpoint's certificate (env MOLT_TLS_CA; default the system's roots)")
 	root.AddCommand(
 		daemonCmd(g), hostCmd(g), imageCmd(g), createCmd(g), lsCmd(g), inspectCmd(g), rmCmd(g),
 		stopCmd(g), startCmd(g), execCmd(g), checkpointCmd(g), checkpointsCmd(g), rollbackCmd(g), recoverCmd(g),
-		forkCmd(g), hibernateCmd(g), resumeCmd(g), turnCmd(g), turnsCmd(g), effectsCmd(g), consumeCmd(g), compensatorCmd(g), llmCmd(g), auditCmd(g), benchCmd(g), demoCmd(g),
+		forkCmd(g), hibernateCmd(g), resumeCmd(g), turnCmd(g), turnsCmd(g), effectsCmd(g), consumeCmd(g), compensatorCmd(g), llmCmd(g), auditCmd(g), tenantCmd(g), tokenCmd(g), benchCmd(g), demoCmd(g),
 	)
 	return root
 }
 
-func (g *globals) client() *client.Client { return client.New(g.socket) }
+func (g *globals) client() *client.Client {
+	if g.endpoint == "" {
+		return client.New(g.socket)
+	}
+	var cfg *tls.Config
+	if g.tlsCA != "" {
+		b, err := os.ReadFile(g.tlsCA)
+		pool := x509.NewCertPool()
+		if err != nil || !pool.AppendCertsFromPEM(b) {
+			fmt.Fprintf(os.Stderr, "molt: --tls-ca %s: no PEM certificate read\n", g.tlsCA)
+			os.Exit(2)
+		}
+		cfg = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return client.NewRemote(g.endpoint, g.token, cfg)
+}
 
 // print writes v as JSON with --json, or calls human otherwise.
 func (g *globals) print(v any, human func()) error {

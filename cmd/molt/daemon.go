@@ -139,7 +139,7 @@ func daemonCmd(g *globals) *cobra.Command {
 						CompensateAttempts: eg.comp.attempts, CompensateBackoff: eg.comp.backoff, CompensateTimeout: eg.comp.timeout}},
 				Options: slices.Concat(without(dynMods, core.WithoutFavorDynMods()), without(cow, core.WithoutCOWCapture()),
 					without(tmpl, core.WithoutTemplateCapture()), without(diskQuota, core.WithoutDiskQuota())),
-				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs},
+				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs}, Listen: eg.listen, TLS: eg.tls,
 			})
 		},
 	}
@@ -226,6 +226,10 @@ type egressFlags struct {
 	rng, uplink, caFile string
 	dns                 []string
 	comp                compFlags
+	// The TCP listener for tenants' tokens (not egress's, but the
+	// daemon command's flags are kept short).
+	listen string
+	tls    daemon.TLSFiles
 }
 
 func (eg *egressFlags) add(c *cobra.Command) {
@@ -234,6 +238,10 @@ func (eg *egressFlags) add(c *cobra.Command) {
 	c.Flags().StringArrayVar(&eg.dns, "egress-dns", nil, "upstream resolver (ip or ip:port) of molt's DNS for sandboxes (repeatable; default: /etc/resolv.conf's nameservers)")
 	eg.comp.add(c)
 	c.Flags().StringVar(&eg.caFile, "egress-ca", "", "PEM file of extra roots the egress proxy trusts for the world's TLS when it inspects (a test internet's, a corporate proxy's)")
+	c.Flags().StringVar(&eg.listen, "listen", "", "also serve the API on tcp://HOST:PORT over TLS to tenants' tokens (molt token create); the host admin stays on the socket")
+	c.Flags().StringVar(&eg.tls.Cert, "tls-cert", "", "PEM certificate of --listen")
+	c.Flags().StringVar(&eg.tls.Key, "tls-key", "", "PEM private key of --listen")
+	c.Flags().StringVar(&eg.tls.ClientCA, "tls-client-ca", "", "PEM CA whose client certificates --listen requires (mutual TLS; default none)")
 }
 
 // compFlags bound the compensators rollbacks run (docs/egress.md).

@@ -25,6 +25,10 @@ type Actor struct {
 	UID uint32 `json:"uid"`
 	GID uint32 `json:"gid"`
 	PID int32  `json:"pid"`
+	// Tenant and Token name a request made with a tenant's token (the
+	// TCP listener); the peer's ids are then zero.
+	Tenant string `json:"tenant,omitempty"`
+	Token  string `json:"token,omitempty"`
 }
 
 // Entry is one line of the log. Strings are bounded (maxField bytes,

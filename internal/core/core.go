@@ -603,3 +603,7 @@ func poolDetail(p *pool.Pool) string {
 func notFound(kind, ref string) error {
 	return fmt.Errorf("%s %q: %w", kind, ref, errdefs.ErrNotFound)
 }
+
+// DB is the engine's metadata database (the daemon keeps its tenants
+// and tokens there).
+func (m *Manager) DB() *meta.DB { return m.db }

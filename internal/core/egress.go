@@ -478,6 +478,10 @@ func blocked(sb, ck string, p *meta.RollbackPlan) error {
 		sb, ck, len(p.Block), strings.Join(l, "; "), errdefs.ErrConflict)
 }
 
+// EffectSandbox is the sandbox whose ledger holds effect id (its own
+// record, not a fork's inherited copy).
+func (m *Manager) EffectSandbox(id string) (string, bool) { return m.ledger.Find(id) }
+
 // ConsumeEffect records that req.By acted on effect id.
 func (m *Manager) ConsumeEffect(ctx context.Context, id string, req v1.EffectConsumeRequest) (ledger.Record, error) {
 	sb, ok := m.ledger.Find(id)

@@ -153,7 +153,7 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 			defer wg.Done()
 			defer func() { <-sem }()
 			rec := sandboxRec{Sandbox: meta.Sandbox{
-				ID: newID(), Image: ck.Image, Env: src.Env, Resources: src.Resources,
+				ID: newID(), Tenant: src.Tenant, Image: ck.Image, Env: src.Env, Resources: src.Resources,
 				Head: ck.ID, ForkedFrom: ck.ID, Seccomp: src.Seccomp,
 				Network: src.Network, Egress: src.Egress, EffectPolicy: src.EffectPolicy,
 			}, MachineID: newMachineID(), SeccompProfile: src.SeccompProfile, RecordLimit: src.RecordLimit}

@@ -52,9 +52,15 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (meta
 	}
 	req.Resources.DiskBytes = disk
 	rec := sandboxRec{Sandbox: meta.Sandbox{
-		ID: newID(), Name: req.Name, Image: req.Image, Hostname: req.Hostname,
+		ID: newID(), Name: req.Name, Tenant: req.Tenant, Image: req.Image, Hostname: req.Hostname,
 		Env: req.Env, Resources: m.resolveResources(meta.Resources(req.Resources)), Seccomp: req.Seccomp,
 	}, MachineID: newMachineID(), SeccompProfile: req.SeccompProfile, RecordLimit: req.RecordLimit}
+	if req.Tenant != "" {
+		var t meta.TenantRecord
+		if err := m.db.Get(meta.Tenants, req.Tenant, &t); err != nil {
+			return meta.Sandbox{}, fmt.Errorf("tenant %q: no such tenant (molt tenant create): %w", req.Tenant, errdefs.ErrInvalidArgument)
+		}
+	}
 	if req.RecordLimit < 0 {
 		return meta.Sandbox{}, fmt.Errorf("record limit %d: want bytes, or 0 for the daemon's: %w", req.RecordLimit, errdefs.ErrInvalidArgument)
 	}

@@ -46,8 +46,8 @@ func auditLedger(l *audit.Log, log *slog.Logger) func(ledger.Record) {
 
 // auditedAPI is the API handler with the audit log's endpoints, every
 // request logged in l.
-func auditedAPI(m httpapi.Engine, co httpapi.LLMEndpoints, l *audit.Log, log *slog.Logger) http.Handler {
-	h := httpapi.Handler(m, co, log, httpapi.AuditRoutes(l)...)
+func auditedAPI(m httpapi.Engine, co httpapi.LLMEndpoints, l *audit.Log, log *slog.Logger, extra ...httpapi.Route) http.Handler {
+	h := httpapi.Handler(m, co, log, append(httpapi.AuditRoutes(l), extra...)...)
 	return audit.Middleware(l, h, func(err error) {
 		log.Error("audit log: cannot record an API request", "err", err)
 	})

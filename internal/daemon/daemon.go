@@ -13,6 +13,8 @@ import (
 
 	"github.com/molt-sh/molt/internal/coord"
 	"github.com/molt-sh/molt/internal/core"
+	"github.com/molt-sh/molt/internal/httpapi"
+	"github.com/molt-sh/molt/internal/tenant"
 )
 
 // Config configures the daemon.
@@ -25,6 +27,10 @@ type Config struct {
 	SocketAccess SocketAccess
 	// Ready, if set, is called once the API accepts connections.
 	Ready func()
+	// Listen, if set, is a TCP address ("tcp://HOST:PORT") where the API
+	// is also served, over TLS, to tenants' tokens (listen.go).
+	Listen string
+	TLS    TLSFiles
 }
 
 // Run serves until ctx is done. Sandboxes keep running after it returns.
@@ -53,7 +59,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	co := coord.New(m, log)
 	defer co.Close()
-	srv := &http.Server{Handler: auditedAPI(m, co, alog, log), ConnContext: peerContext, ReadHeaderTimeout: 10 * time.Second}
+	tenants := tenant.New(m.DB())
+	api := auditedAPI(m, co, alog, log, httpapi.TenantRoutes(tenants, ownsSandboxes(m))...)
+	srv := &http.Server{Handler: api, ConnContext: peerContext, ReadHeaderTimeout: 10 * time.Second}
+	if cfg.Listen != "" {
+		stop, err := serveTCP(cfg.Listen, cfg.TLS, tenants, api, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	h := m.Host()

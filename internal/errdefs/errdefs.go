@@ -38,13 +38,17 @@ var (
 	// space in the pool or under it, beyond the configured reserve).
 	// Retrying once space is freed may succeed.
 	ErrResourceExhausted = v1.ErrResourceExhausted
+	// ErrUnauthenticated: no valid token; ErrPermissionDenied: the
+	// token may not do this.
+	ErrUnauthenticated  = v1.ErrUnauthenticated
+	ErrPermissionDenied = v1.ErrPermissionDenied
 )
 
 // Kind returns the sentinel that err wraps, or nil if it wraps none. A
 // lack of space is the cause that matters most to the caller, so it wins
 // over any other kind the same error wraps.
 func Kind(err error) error {
-	for _, k := range []error{ErrResourceExhausted, ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrFailedPrecondition, ErrUnavailable, ErrNotSupported, ErrConflict} {
+	for _, k := range []error{ErrResourceExhausted, ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrFailedPrecondition, ErrUnavailable, ErrNotSupported, ErrConflict, ErrUnauthenticated, ErrPermissionDenied} {
 		if errors.Is(err, k) {
 			return k
 		}

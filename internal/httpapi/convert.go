@@ -39,7 +39,7 @@ func toImages(l []meta.Image) []v1.Image { return mapSlice(l, toImage) }
 
 func toSandbox(s meta.Sandbox) v1.Sandbox {
 	return v1.Sandbox{
-		ID: s.ID, Name: s.Name, Image: s.Image, Hostname: s.Hostname,
+		ID: s.ID, Name: s.Name, Tenant: s.Tenant, Image: s.Image, Hostname: s.Hostname,
 		State: s.State, Reason: s.Reason, Created: s.Created, Pid: s.Pid,
 		Env:       s.Env,
 		Resources: v1.Resources(s.Resources),

@@ -65,6 +65,8 @@ type Engine interface {
 	Effects(ctx context.Context, ref, since string) ([]ledger.Record, map[string]bool, error)
 	DeclareEffect(ctx context.Context, ref string, req v1.EffectDeclareRequest) (ledger.Record, error)
 	ConsumeEffect(ctx context.Context, id string, req v1.EffectConsumeRequest) (ledger.Record, error)
+	// EffectSandbox is the sandbox whose ledger holds effect id.
+	EffectSandbox(id string) (string, bool)
 	// SetCompensator gives an effect a compensator after the fact.
 	SetCompensator(ctx context.Context, id string, c v1.Compensator) (ledger.Record, error)
 }

@@ -122,6 +122,11 @@ func (f *fakeEngine) VerifyChain(ref string) (meta.ChainVerification, error) {
 	return meta.ChainVerification{}, f.call("VerifyChain", ref)
 }
 
+func (f *fakeEngine) EffectSandbox(id string) (string, bool) {
+	_ = f.call("EffectSandbox", id)
+	return "sb", true
+}
+
 func (f *fakeEngine) Recover(ctx context.Context, ref string, req v1.RecoverRequest) (meta.RecoverResult, error) {
 	return meta.RecoverResult{}, f.call("Recover", ref)
 }

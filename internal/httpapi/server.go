@@ -15,55 +15,70 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/tenant"
 )
 
 // Handler returns the API handler for the engine m and the LLM endpoints
 // co, with the extra routes (the audit log's) served alongside.
 func Handler(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) http.Handler {
+	_, h := newServer(m, co, log, extra...)
+	return h
+}
+
+// newServer is Handler, also returning the server (its routes).
+func newServer(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) (*server, http.Handler) {
 	s := &server{m: m, co: co, log: log}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/host", s.host)
-	mux.Handle("GET /v1/metrics", m.MetricsHandler())
-	mux.HandleFunc("GET /v1/images", s.images)
-	mux.HandleFunc("POST /v1/images/build", s.imageBuild)
-	mux.HandleFunc("POST /v1/images/import", s.imageImport)
-	mux.HandleFunc("GET /v1/images/{name}", s.image)
-	mux.HandleFunc("DELETE /v1/images/{name}", s.imageRemove)
-	mux.HandleFunc("GET /v1/sandboxes", s.sandboxes)
-	mux.HandleFunc("POST /v1/sandboxes", s.create)
-	mux.HandleFunc("GET /v1/sandboxes/{id}", s.sandbox)
-	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.remove)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/stop", s.stop)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/start", s.start)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", s.exec)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/sessions/{name}/run", s.sessionRun)
-	mux.HandleFunc("DELETE /v1/sandboxes/{id}/sessions/{name}", s.sessionClose)
-	mux.HandleFunc("GET /v1/sandboxes/{id}/checkpoints", s.checkpoints)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/checkpoints", s.checkpoint)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/rollback", s.rollback)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/recover", s.recover)
-	mux.HandleFunc("GET /v1/sandboxes/{id}/recover", s.recovery)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/turn", s.turn)
-	mux.HandleFunc("GET /v1/sandboxes/{id}/turns", s.turns)
-	mux.HandleFunc("PUT /v1/sandboxes/{id}/llm", s.llmSet)
-	mux.HandleFunc("GET /v1/sandboxes/{id}/llm", s.llmGet)
-	mux.HandleFunc("DELETE /v1/sandboxes/{id}/llm", s.llmRemove)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
-	mux.HandleFunc("GET /v1/sandboxes/{id}/effects", s.effects)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/effects", s.declareEffect)
-	mux.HandleFunc("POST /v1/effects/{id}/consumers", s.consumeEffect)
-	mux.HandleFunc("POST /v1/effects/{id}/compensator", s.setCompensator)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.hibernate)
-	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
-	mux.HandleFunc("GET /v1/checkpoints/{id}", s.checkpointInfo)
-	mux.HandleFunc("DELETE /v1/checkpoints/{id}", s.checkpointDelete)
-	mux.HandleFunc("POST /v1/checkpoints/{id}/verify", s.checkpointVerify)
-	mux.HandleFunc("GET /v1/checkpoints/{id}/chain", s.checkpointChain)
-	mux.HandleFunc("POST /v1/checkpoints/{id}/fork", s.forkCheckpoint)
-	for _, rt := range extra {
-		mux.Handle(rt.Pattern, rt.Handler)
+	s.routes = []apiRoute{
+		{"GET /v1/host", pHost, http.HandlerFunc(s.host)},
+		{"GET /v1/metrics", pAdmin, m.MetricsHandler()},
+		{"GET /v1/images", pHost, http.HandlerFunc(s.images)},
+		{"POST /v1/images/build", pAdmin, http.HandlerFunc(s.imageBuild)},
+		{"POST /v1/images/import", pAdmin, http.HandlerFunc(s.imageImport)},
+		{"GET /v1/images/{name}", pHost, http.HandlerFunc(s.image)},
+		{"DELETE /v1/images/{name}", pAdmin, http.HandlerFunc(s.imageRemove)},
+		{"GET /v1/sandboxes", pList, http.HandlerFunc(s.sandboxes)},
+		{"POST /v1/sandboxes", pCreate, http.HandlerFunc(s.create)},
+		{"GET /v1/sandboxes/{id}", sb(tenant.ScopeRead), http.HandlerFunc(s.sandbox)},
+		{"DELETE /v1/sandboxes/{id}", sb(tenant.ScopeAdmin), http.HandlerFunc(s.remove)},
+		{"POST /v1/sandboxes/{id}/stop", sb(tenant.ScopeAdmin), http.HandlerFunc(s.stop)},
+		{"POST /v1/sandboxes/{id}/start", sb(tenant.ScopeAdmin), http.HandlerFunc(s.start)},
+		{"POST /v1/sandboxes/{id}/exec", sb(tenant.ScopeExec), http.HandlerFunc(s.exec)},
+		{"POST /v1/sandboxes/{id}/sessions/{name}/run", sb(tenant.ScopeExec), http.HandlerFunc(s.sessionRun)},
+		{"DELETE /v1/sandboxes/{id}/sessions/{name}", sb(tenant.ScopeExec), http.HandlerFunc(s.sessionClose)},
+		{"GET /v1/sandboxes/{id}/checkpoints", sb(tenant.ScopeRead), http.HandlerFunc(s.checkpoints)},
+		{"POST /v1/sandboxes/{id}/checkpoints", sb(tenant.ScopeCheckpoint), http.HandlerFunc(s.checkpoint)},
+		{"POST /v1/sandboxes/{id}/rollback", sb(tenant.ScopeRollback), http.HandlerFunc(s.rollback)},
+		{"POST /v1/sandboxes/{id}/recover", sb(tenant.ScopeRollback), http.HandlerFunc(s.recover)},
+		{"GET /v1/sandboxes/{id}/recover", sb(tenant.ScopeRead), http.HandlerFunc(s.recovery)},
+		{"POST /v1/sandboxes/{id}/turn", sb(tenant.ScopeCheckpoint), http.HandlerFunc(s.turn)},
+		{"GET /v1/sandboxes/{id}/turns", sb(tenant.ScopeRead), http.HandlerFunc(s.turns)},
+		{"PUT /v1/sandboxes/{id}/llm", sb(tenant.ScopeAdmin), http.HandlerFunc(s.llmSet)},
+		{"GET /v1/sandboxes/{id}/llm", sb(tenant.ScopeRead), http.HandlerFunc(s.llmGet)},
+		{"DELETE /v1/sandboxes/{id}/llm", sb(tenant.ScopeAdmin), http.HandlerFunc(s.llmRemove)},
+		{"POST /v1/sandboxes/{id}/fork", sb(tenant.ScopeRollback), http.HandlerFunc(s.forkSandbox)},
+		{"GET /v1/sandboxes/{id}/effects", sb(tenant.ScopeRead), http.HandlerFunc(s.effects)},
+		{"POST /v1/sandboxes/{id}/effects", sb(tenant.ScopeAdmin), http.HandlerFunc(s.declareEffect)},
+		{"POST /v1/effects/{id}/consumers", eff(tenant.ScopeAdmin), http.HandlerFunc(s.consumeEffect)},
+		{"POST /v1/effects/{id}/compensator", eff(tenant.ScopeAdmin), http.HandlerFunc(s.setCompensator)},
+		{"POST /v1/sandboxes/{id}/hibernate", sb(tenant.ScopeCheckpoint), http.HandlerFunc(s.hibernate)},
+		{"POST /v1/sandboxes/{id}/resume", sb(tenant.ScopeCheckpoint), http.HandlerFunc(s.resume)},
+		{"GET /v1/checkpoints/{id}", ck(tenant.ScopeRead), http.HandlerFunc(s.checkpointInfo)},
+		{"DELETE /v1/checkpoints/{id}", ck(tenant.ScopeAdmin), http.HandlerFunc(s.checkpointDelete)},
+		{"POST /v1/checkpoints/{id}/verify", ck(tenant.ScopeRead), http.HandlerFunc(s.checkpointVerify)},
+		{"GET /v1/checkpoints/{id}/chain", ck(tenant.ScopeRead), http.HandlerFunc(s.checkpointChain)},
+		{"POST /v1/checkpoints/{id}/fork", ck(tenant.ScopeRollback), http.HandlerFunc(s.forkCheckpoint)},
 	}
-	return apiMux{mux}
+	for _, rt := range s.routes {
+		mux.Handle(rt.pattern, s.guard(rt.policy, rt.h))
+	}
+	for _, rt := range extra {
+		// Served beside the API (the audit log's, the tenants'): the
+		// host admin's only.
+		s.routes = append(s.routes, apiRoute{rt.Pattern, pAdmin, rt.Handler})
+		mux.Handle(rt.Pattern, s.guard(pAdmin, rt.Handler))
+	}
+	return s, apiMux{mux}
 }
 
 // apiMux gives the mux's own answers (no such path, or a path that
@@ -115,6 +130,8 @@ type server struct {
 	m   Engine
 	co  LLMEndpoints
 	log *slog.Logger
+	// routes is every route with its policy (guard.go).
+	routes []apiRoute
 }
 
 // Status maps an error kind to its HTTP status and wire name.
@@ -136,6 +153,10 @@ func Status(err error) (int, string) {
 		return http.StatusInsufficientStorage, v1.ErrKindResourceExhausted
 	case errdefs.ErrConflict:
 		return http.StatusConflict, v1.ErrKindConflict
+	case errdefs.ErrUnauthenticated:
+		return http.StatusUnauthorized, v1.ErrKindUnauthenticated
+	case errdefs.ErrPermissionDenied:
+		return http.StatusForbidden, v1.ErrKindPermissionDenied
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return http.StatusServiceUnavailable, v1.ErrKindUnavailable
@@ -289,12 +310,16 @@ func (s *server) imageImport(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) sandboxes(w http.ResponseWriter, r *http.Request) {
 	l, err := s.m.Sandboxes()
-	reply(w, toSandboxes(l), err)
+	reply(w, toSandboxes(visible(r, l)), err)
 }
 
 func (s *server) create(w http.ResponseWriter, r *http.Request) {
 	var req v1.SandboxCreateRequest
 	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := ownedCreate(r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -318,6 +343,10 @@ func (s *server) llmSet(w http.ResponseWriter, r *http.Request) {
 	var req v1.LLMEndpointRequest
 	if err := decode(w, r, &req); err != nil {
 		writeError(w, err)
+		return
+	}
+	if !tenant.Of(r.Context()).Admin && (req.Listen != "" || req.Expose) {
+		writeError(w, fmt.Errorf("llm endpoint: listen and expose are the host admin's: %w", errdefs.ErrPermissionDenied))
 		return
 	}
 	ep, err := s.co.Set(r.Context(), r.PathValue("id"), req)
@@ -480,7 +509,12 @@ func (s *server) turns(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) effects(w http.ResponseWriter, r *http.Request) {
-	l, orphans, err := s.m.Effects(r.Context(), r.PathValue("id"), r.URL.Query().Get("since"))
+	since, err := s.bodyCheckpoint(r, r.URL.Query().Get("since"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	l, orphans, err := s.m.Effects(r.Context(), r.PathValue("id"), since)
 	wire := make([]v1.Effect, 0, len(l))
 	for _, x := range l {
 		wire = append(wire, toEffect(x, orphans[x.ID]))
@@ -491,6 +525,10 @@ func (s *server) effects(w http.ResponseWriter, r *http.Request) {
 func (s *server) declareEffect(w http.ResponseWriter, r *http.Request) {
 	var req v1.EffectDeclareRequest
 	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := s.ownCompensator(r, req.Compensator); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -514,6 +552,10 @@ func (s *server) setCompensator(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if err := s.ownCompensator(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
 	rec, err := s.m.SetCompensator(r.Context(), r.PathValue("id"), req)
 	reply(w, toEffect(rec, false), err)
 }
@@ -533,6 +575,11 @@ func (s *server) rollback(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	var err error
+	if req.Checkpoint, err = s.bodyCheckpoint(r, req.Checkpoint); err != nil {
+		writeError(w, err)
+		return
+	}
 	res, err := s.m.RollbackWith(r.Context(), r.PathValue("id"), req)
 	reply(w, toRollbackResult(res), err)
 }
@@ -540,6 +587,11 @@ func (s *server) rollback(w http.ResponseWriter, r *http.Request) {
 func (s *server) recover(w http.ResponseWriter, r *http.Request) {
 	var req v1.RecoverRequest
 	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	var err error
+	if req.To, err = s.bodyCheckpoint(r, req.To); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -555,6 +607,11 @@ func (s *server) recovery(w http.ResponseWriter, r *http.Request) {
 func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 	req := v1.ForkRequest{N: 1} // a request without "n" makes one
 	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	var err error
+	if req.Checkpoint, err = s.bodyCheckpoint(r, req.Checkpoint); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -48,6 +48,10 @@ const (
 	// FailedCheckpoints holds the checkpoints that were reported pending
 	// and never committed, with the reason, keyed "<sandbox>/<id>".
 	FailedCheckpoints = "failed_checkpoints"
+	// Tenants holds the host's tenants by name; Tokens their API tokens
+	// by ID (internal/tenant).
+	Tenants = "tenants"
+	Tokens  = "tokens"
 )
 
 // DB is an open metadata database.

@@ -53,13 +53,21 @@ var migrations = []migration{
 		_, err := tx.CreateBucketIfNotExists([]byte(FailedCheckpoints))
 		return err
 	}},
+	{3, "the tenants and tokens buckets", func(tx *bolt.Tx) error {
+		for _, b := range []string{Tenants, Tokens} {
+			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}},
 }
 
 // SchemaVersion is the schema this build reads and writes.
 var SchemaVersion = migrations[len(migrations)-1].schema
 
 // recordBuckets hold JSON records (check decodes every one).
-var recordBuckets = []string{Images, Sandboxes, Checkpoints, Turns, Takeovers, FailedCheckpoints}
+var recordBuckets = []string{Images, Sandboxes, Checkpoints, Turns, Takeovers, FailedCheckpoints, Tenants, Tokens}
 
 // schemaOf returns the database's schema version (0 if none is kept).
 func schemaOf(tx *bolt.Tx) (int, error) {

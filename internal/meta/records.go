@@ -27,7 +27,30 @@ var (
 	ImageRecords            = Bucket[Image](Images)
 	FailedCheckpointRecords = Bucket[CheckpointRecord](FailedCheckpoints)
 	TurnRecords             = Bucket[TurnRecord](Turns)
+	TenantRecords           = Bucket[TenantRecord](Tenants)
+	TokenRecords            = Bucket[TokenRecord](Tokens)
 )
+
+// TenantRecord is a tenant: it owns sandboxes (and, through them, their
+// checkpoints, turn logs and ledgers).
+type TenantRecord struct {
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+}
+
+// TokenRecord is an API token of a tenant. The secret itself is never
+// kept: Hash is its SHA-256.
+type TokenRecord struct {
+	ID     string `json:"id"`
+	Tenant string `json:"tenant"`
+	// Scopes are the operations it may do (read, exec, checkpoint,
+	// rollback, admin); Sandboxes, if any, the only sandboxes it reaches.
+	Scopes    []string  `json:"scopes"`
+	Sandboxes []string  `json:"sandboxes,omitempty"`
+	Hash      string    `json:"hash"`
+	Note      string    `json:"note,omitempty"`
+	Created   time.Time `json:"created"`
+}
 
 // SandboxRecord is a sandbox as bucket Sandboxes keeps it: what the
 // engine reports, and what it needs to find the sandbox's processes
@@ -111,6 +134,8 @@ type Sandbox struct {
 	Pid       int               `json:"pid,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
 	Resources Resources         `json:"resources,omitempty"`
+	// Tenant owns the sandbox ("": the host's own).
+	Tenant string `json:"tenant,omitempty"`
 	// Seccomp is the sandbox's system call filter: SeccompDefault,
 	// SeccompUnconfined or SeccompCustom.
 	Seccomp string `json:"seccomp,omitempty"`

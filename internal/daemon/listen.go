@@ -1,0 +1,112 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/audit"
+	"github.com/molt-sh/molt/internal/core"
+	"github.com/molt-sh/molt/internal/tenant"
+)
+
+// The TCP listener serves the same API as the unix socket, over TLS
+// (mutual when a client CA is given), to tenants' tokens only: every
+// request needs `Authorization: Bearer TOKEN` (401 otherwise), and the
+// token's principal decides what it reaches (internal/httpapi's guard).
+// The host admin stays on the unix socket.
+
+// TLSFiles are the TCP listener's certificate and key, and the CA whose
+// client certificates it requires ("" for none).
+type TLSFiles struct {
+	Cert, Key, ClientCA string
+}
+
+// serveTCP serves api on addr for tokens; stop closes the listener.
+func serveTCP(addr string, files TLSFiles, st *tenant.Store, api http.Handler, log *slog.Logger) (stop func(), err error) {
+	hostport, ok := strings.CutPrefix(addr, "tcp://")
+	if !ok {
+		return nil, fmt.Errorf("--listen %q: want tcp://HOST:PORT", addr)
+	}
+	if files.Cert == "" || files.Key == "" {
+		return nil, errors.New("--listen needs --tls-cert and --tls-key: tokens are never sent in clear")
+	}
+	cert, err := tls.LoadX509KeyPair(files.Cert, files.Key)
+	if err != nil {
+		return nil, fmt.Errorf("TLS certificate: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if files.ClientCA != "" {
+		b, err := os.ReadFile(files.ClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("TLS client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("TLS client CA %s: no certificate in it", files.ClientCA)
+		}
+		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	ln, err := net.Listen("tcp", hostport)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: tokenAuth(st, api, log), TLSConfig: cfg, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("API listener", "addr", hostport, "err", err)
+		}
+	}()
+	log.Info("API served to tenants' tokens over TLS", "addr", ln.Addr().String(), "mutual", files.ClientCA != "")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if srv.Shutdown(ctx) != nil {
+			srv.Close()
+		}
+	}, nil
+}
+
+// tokenAuth lets through requests with a valid token, as its principal.
+func tokenAuth(st *tenant.Store, h http.Handler, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		pr, err := st.Authenticate(strings.TrimSpace(tok))
+		if !ok || err != nil {
+			log.Warn("API request without a valid token refused", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("WWW-Authenticate", `Bearer realm="molt"`)
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprintf(w, `{"kind":%q,"message":"this listener serves tenants' tokens: send Authorization: Bearer TOKEN"}`+"\n", v1.ErrKindUnauthenticated)
+			return
+		}
+		ctx := tenant.With(r.Context(), pr)
+		ctx = audit.WithActor(ctx, audit.Actor{Tenant: pr.Tenant, Token: pr.TokenID})
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// ownsSandboxes says whether a tenant owns a sandbox of m.
+func ownsSandboxes(m *core.Manager) func(string) bool {
+	return func(name string) bool {
+		l, err := m.Sandboxes()
+		if err != nil {
+			return true
+		}
+		for _, sb := range l {
+			if sb.Tenant == name {
+				return true
+			}
+		}
+		return false
+	}
+}
