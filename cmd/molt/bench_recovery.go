@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -54,27 +53,9 @@ func benchRecoveryCmd(g *globals) *cobra.Command {
 			}
 			ctx, cancel := ctx()
 			defer cancel()
-			if data == "" {
-				var starts []string
-				if exe, err := os.Executable(); err == nil {
-					starts = append(starts, filepath.Dir(exe))
-				}
-				if wd, err := os.Getwd(); err == nil {
-					starts = append(starts, wd)
-				}
-				p, err := bench.ResolveData(bench.DefaultTrajectories, starts...)
-				if err != nil {
-					return err
-				}
-				data = p
-			}
-			ts, err := bench.LoadTrajectories(data)
+			sel, err := selectTrajectories(data, runs, false)
 			if err != nil {
 				return err
-			}
-			sel := bench.SelectTrajectories(ts, runs, false)
-			if len(sel) == 0 {
-				return fmt.Errorf("no trajectories selected from %s", data)
 			}
 			bin, err := os.Executable()
 			if err != nil {

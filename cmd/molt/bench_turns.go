@@ -49,29 +49,9 @@ func turnsBenchCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("--modes: unknown mode %q (want none, auto, full)", m)
 				}
 			}
-			if data == "" {
-				// The repository's root, from the binary (bin/molt) or
-				// the working directory.
-				var starts []string
-				if exe, err := os.Executable(); err == nil {
-					starts = append(starts, filepath.Dir(exe))
-				}
-				if wd, err := os.Getwd(); err == nil {
-					starts = append(starts, wd)
-				}
-				p, err := bench.ResolveData(bench.DefaultTrajectories, starts...)
-				if err != nil {
-					return err
-				}
-				data = p
-			}
-			ts, err := bench.LoadTrajectories(data)
+			sel, err := selectTrajectories(data, runs, all)
 			if err != nil {
 				return err
-			}
-			sel := bench.SelectTrajectories(ts, runs, all)
-			if len(sel) == 0 {
-				return fmt.Errorf("no trajectories selected from %s", data)
 			}
 			cfg := bench.TurnsConfig{
 				Image: "default", Trajectories: sel, Modes: modes, MaxTurns: maxTurns, CriuPath: core.DefaultCriuPath,
@@ -144,4 +124,33 @@ func startBenchDaemon(ctx context.Context, dir, cacheDir string, opts ...core.Op
 		return nil, err
 	}
 	return e, nil
+}
+
+// selectTrajectories loads the trajectories of data (default: the
+// repository's shared set, found from the binary, bin/molt, or the
+// working directory) and selects runs of them (every one with all).
+func selectTrajectories(data string, runs int, all bool) ([]bench.Trajectory, error) {
+	if data == "" {
+		var starts []string
+		if exe, err := os.Executable(); err == nil {
+			starts = append(starts, filepath.Dir(exe))
+		}
+		if wd, err := os.Getwd(); err == nil {
+			starts = append(starts, wd)
+		}
+		p, err := bench.ResolveData(bench.DefaultTrajectories, starts...)
+		if err != nil {
+			return nil, err
+		}
+		data = p
+	}
+	ts, err := bench.LoadTrajectories(data)
+	if err != nil {
+		return nil, err
+	}
+	sel := bench.SelectTrajectories(ts, runs, all)
+	if len(sel) == 0 {
+		return nil, fmt.Errorf("no trajectories selected from %s", data)
+	}
+	return sel, nil
 }
