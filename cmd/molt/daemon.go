@@ -17,6 +17,7 @@ import (
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/daemon"
 	"github.com/molt-sh/molt/internal/egress"
+	"github.com/molt-sh/molt/internal/keys"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sched"
 	"github.com/molt-sh/molt/internal/turn"
@@ -124,6 +125,10 @@ func daemonCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			kek, prevKEK, err := eg.kek.load()
+			if err != nil {
+				return err
+			}
 			ctx, cancel := ctx()
 			defer cancel()
 			// With --json the daemon logs JSON lines on stderr.
@@ -132,7 +137,7 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{RecordLimit: int64(recLimit), TrustedKeys: trustKeys, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+				Config: core.Config{RecordLimit: int64(recLimit), TrustedKeys: trustKeys, KEK: kek, PreviousKEK: prevKEK, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
 					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault,
 					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile,
@@ -230,6 +235,7 @@ type egressFlags struct {
 	// daemon command's flags are kept short).
 	listen string
 	tls    daemon.TLSFiles
+	kek    kekFlags
 }
 
 func (eg *egressFlags) add(c *cobra.Command) {
@@ -242,6 +248,36 @@ func (eg *egressFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&eg.tls.Cert, "tls-cert", "", "PEM certificate of --listen")
 	c.Flags().StringVar(&eg.tls.Key, "tls-key", "", "PEM private key of --listen")
 	c.Flags().StringVar(&eg.tls.ClientCA, "tls-client-ca", "", "PEM CA whose client certificates --listen requires (mutual TLS; default none)")
+	eg.kek.add(c)
+}
+
+// kekFlags give the key-encryption key that turns encryption at rest on
+// (docs/security.md, "Encryption at rest").
+type kekFlags struct{ file, env, previous string }
+
+func (f *kekFlags) add(c *cobra.Command) {
+	c.Flags().StringVar(&f.file, "kek-file", "", "file of the 32-byte key-encryption key (raw, or 64 hex digits; mode 0600) that turns encryption at rest on: checkpoints' images, turn logs and ledgers are sealed with per-tenant data keys it wraps")
+	c.Flags().StringVar(&f.env, "kek-env", "", "environment variable holding the key-encryption key (64 hex digits), instead of --kek-file")
+	c.Flags().StringVar(&f.previous, "kek-previous-file", "", "the key-encryption key being rotated out: data keys it wraps are re-wrapped under the new one at start (no data is rewritten)")
+}
+
+// load returns the KEK and the previous one (nil if not given).
+func (f *kekFlags) load() (kek, previous keys.KEK, err error) {
+	switch {
+	case f.file != "" && f.env != "":
+		return nil, nil, fmt.Errorf("--kek-file and --kek-env: give one")
+	case f.file != "":
+		kek, err = keys.FileKEK(f.file)
+	case f.env != "":
+		kek, err = keys.EnvKEK(f.env)
+	case f.previous != "":
+		return nil, nil, fmt.Errorf("--kek-previous-file without a new key (--kek-file or --kek-env)")
+	}
+	if err != nil || f.previous == "" {
+		return kek, nil, err
+	}
+	previous, err = keys.FileKEK(f.previous)
+	return kek, previous, err
 }
 
 // compFlags bound the compensators rollbacks run (docs/egress.md).

@@ -27,6 +27,7 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
+	"github.com/molt-sh/molt/internal/keys"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/pool"
@@ -107,6 +108,10 @@ type Config struct {
 	// whose signed checkpoints this host restores, besides its own key
 	// (Root/keys/host.key, made on first start) and Root/keys/trusted.
 	TrustedKeys []string
+	// KEK, if set, turns encryption at rest on: tenants' data keys are
+	// wrapped by it (internal/keys). PreviousKEK is the one it replaces:
+	// keys wrapped by that one are re-wrapped at start (a rotation).
+	KEK, PreviousKEK keys.KEK
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// UserNS gives each sandbox created from now on a user namespace:
@@ -184,6 +189,9 @@ type Manager struct {
 	quota quotaState // the pool's disk quotas (quota.go)
 
 	cks *ckstore.Store // the checkpoint artifacts, in pool/checkpoints
+	// keys are the tenants' data keys (Root/keys/data): encryption at
+	// rest when a KEK was given, sealed secrets always (internal/keys).
+	keys *keys.Ring
 
 	opts  options // the optimizations switched off (options.go)
 	hooks hooks   // set by tests only (hooks.go)
@@ -253,11 +261,14 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 	}
 	m.turns = m.newTurns()
 	m.cks = ckstore.New(ckstore.NewLocal(m.path("checkpoints")))
-	keys, err := ckstore.LoadKeyring(filepath.Join(cfg.Root, "keys"), cfg.TrustedKeys)
+	signing, err := ckstore.LoadKeyring(filepath.Join(cfg.Root, "keys"), cfg.TrustedKeys)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint signing keys: %w", err)
 	}
-	m.cks.SetKeyring(keys)
+	m.cks.SetKeyring(signing)
+	if m.keys, err = keys.OpenRing(filepath.Join(cfg.Root, "keys", "data"), cfg.KEK, cfg.PreviousKEK); err != nil {
+		return nil, fmt.Errorf("data keys: %w", err)
+	}
 	m.openHot()
 	m.metrics = newMetrics(m)
 	if !m.opts.noScheduler {
