@@ -583,6 +583,10 @@ type Checkpoint struct {
 	// (failed_precondition), and deleting it drops the record.
 	Failed       bool   `json:"failed,omitempty"`
 	FailedReason string `json:"failed_reason,omitempty"`
+	// DataKey is the ID of the tenant data key that sealed a full
+	// checkpoint's images (encryption at rest); "" if stored in
+	// plaintext. Shredding the key makes the checkpoint unreadable.
+	DataKey string `json:"data_key,omitempty"`
 }
 
 // RollbackRequest moves a sandbox to a checkpoint.

@@ -56,6 +56,9 @@ type PutOptions struct {
 	// Yield, if set, is called with the bytes written every few hundred
 	// pages and once at the end (a scheduler accounts and paces the I/O).
 	Yield func(written int64) error
+	// Sealer, if set, encrypts the object's pages before they are
+	// stored (encrypt.go); the result carries their seals.
+	Sealer pagestore.Sealer
 }
 
 // ObjectInfo describes one stored object as it is now.
@@ -124,7 +127,7 @@ func (l *Local) Put(ctx context.Context, id, name, src string, o PutOptions) (pa
 	if x == nil {
 		x = pagestore.NewIndex()
 	}
-	return pagestore.StoreWith(src, dst, x, o.Yield)
+	return pagestore.StoreSealed(src, dst, x, o.Yield, o.Sealer)
 }
 
 // Open opens the object beneath the checkpoint's directory, following

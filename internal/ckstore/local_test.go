@@ -44,7 +44,7 @@ func stored(t *testing.T) (*ckstore.Store, string, []ckstore.Object) {
 	if err := os.WriteFile(filepath.Join(staging, "pages-1.img"), pages, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	objs, _, err := w.StoreImages(context.Background(), staging, nil, nil)
+	objs, _, err := w.StoreImages(context.Background(), staging, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestPageIndexSharesTheLineage(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(staging, "pages-1.img"), pages, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		objs, written, err := w.StoreImages(context.Background(), staging, s.PageIndex(parent, lookup), nil)
+		objs, written, err := w.StoreImages(context.Background(), staging, s.PageIndex(parent, lookup), nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,7 +205,7 @@ func committed40(b *testing.B) (*ckstore.Store, string, []ckstore.Object) {
 			b.Fatal(err)
 		}
 	}
-	objs, _, err := w.StoreImages(context.Background(), staging, nil, nil)
+	objs, _, err := w.StoreImages(context.Background(), staging, nil, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -77,6 +77,9 @@ type Manifest struct {
 	LedgerHead string `json:"ledger_head,omitempty"`
 	// Turn: the turn whose end took the checkpoint (0: none).
 	Turn int `json:"turn,omitempty"`
+	// DataKey is the ID of the tenant data key that sealed the images
+	// (encrypt.go); "" if they are stored in plaintext.
+	DataKey string `json:"data_key,omitempty"`
 	// ParentDigest is the parent's content digest and Signature the
 	// host's signature (sign.go): the lineage is a hash chain.
 	ParentDigest string     `json:"parent_digest,omitempty"`

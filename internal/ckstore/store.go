@@ -371,6 +371,10 @@ func (s *Store) PageIndex(head string, lookup func(id string) (Ref, bool)) *page
 				_ = x.AddHashFile(filepath.Join(dir, ImagesDir, filepath.Base(h)), h)
 				_ = x.AddFilePages(h) // hash files change little too
 			}
+			seals, _ := filepath.Glob(filepath.Join(dir, SealDir, "*"))
+			for _, f := range seals {
+				_ = x.AddFilePages(f) // as do an encrypted image's seals
+			}
 			for _, o := range c.Objects {
 				var sum [pagestore.HashSize]byte
 				if b, err := hex.DecodeString(o.SHA256); err == nil && len(b) == len(sum) && o.Size < pagestore.PageSize {

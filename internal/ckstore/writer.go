@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/keys"
 	"github.com/molt-sh/molt/internal/pagestore"
 )
 
@@ -37,8 +38,9 @@ func (s *Store) Writer(id string) *Writer { return &Writer{s: s, id: id} }
 // reflink: x indexes them), with a hash file per multi-page image for
 // later indexes. It returns the stored objects (hashed on the way, not
 // read again), sorted by path, and the bytes written. yield is called
-// with the bytes written as the puts go.
-func (w *Writer) StoreImages(ctx context.Context, staging string, x *pagestore.Index, yield func(int64) error) ([]Object, int64, error) {
+// with the bytes written as the puts go. With a data key k, the images
+// are stored encrypted, each with its seals (encrypt.go).
+func (w *Writer) StoreImages(ctx context.Context, staging string, x *pagestore.Index, yield func(int64) error, k *keys.DataKey) ([]Object, int64, error) {
 	ents, err := os.ReadDir(staging)
 	if err != nil {
 		return nil, 0, err
@@ -54,12 +56,31 @@ func (w *Writer) StoreImages(ctx context.Context, staging string, x *pagestore.I
 		// all, but the larger metadata images (mm, pagemap, core) of an
 		// unchanged process repeat whole pages too.
 		name := ImagesDir + "/" + e.Name()
-		res, err := w.s.b.Put(ctx, w.id, name, filepath.Join(staging, e.Name()), opts)
+		src := filepath.Join(staging, e.Name())
+		var c *keys.PageCipher
+		if k != nil {
+			fi, err := os.Stat(src)
+			if err != nil {
+				return nil, 0, err
+			}
+			c = k.Pages(name, fi.Size())
+			opts.Sealer = c
+		}
+		res, err := w.s.b.Put(ctx, w.id, name, src, opts)
+		opts.Sealer = nil
 		if err != nil {
 			return nil, 0, fmt.Errorf("store %s: %w", e.Name(), err)
 		}
 		written += res.Written
 		objs = append(objs, Object{Path: name, Size: res.Size, SHA256: hex.EncodeToString(res.Sum[:])})
+		if c != nil {
+			o, n, err := w.storeSeal(ctx, opts, staging, e.Name(), c, res.Seals, res.Size)
+			if err != nil {
+				return nil, 0, err
+			}
+			objs = append(objs, o)
+			written += n
+		}
 		if res.Pages > 1 {
 			// The hash file goes through the page store as well: most of
 			// it repeats the parent's.

@@ -192,6 +192,9 @@ type Manager struct {
 	// keys are the tenants' data keys (Root/keys/data): encryption at
 	// rest when a KEK was given, sealed secrets always (internal/keys).
 	keys *keys.Ring
+	// plain are the decrypted views of sealed checkpoints' images
+	// (encrypt.go).
+	plain plainViews
 
 	opts  options // the optimizations switched off (options.go)
 	hooks hooks   // set by tests only (hooks.go)
@@ -350,6 +353,7 @@ func (m *Manager) Close() error {
 	m.disk.Close()
 	m.compWG.Wait()
 	m.closeEgress()
+	m.closeViews()
 	return m.db.Close()
 }
 

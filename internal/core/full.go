@@ -29,7 +29,6 @@ import (
 )
 
 // ckImages is the directory of checkpoint id's process images.
-func (m *Manager) ckImages(id string) string { return m.cks.Images(id) }
 
 // criuReady returns the CRIU tool, or why full checkpoints cannot be
 // taken here.
@@ -175,6 +174,11 @@ func (m *Manager) runCapture(ctx context.Context, rec sandboxRec, cg *cgroup.Cgr
 		return nil, err
 	}
 	staging, err := m.stagingDir(work, stagingBound(rec))
+	if err == nil && m.encrypting() && !strings.HasPrefix(staging, "/dev/shm/") {
+		// Images are sealed on their way to the pool: a dump staged on
+		// disk would put them there in plaintext.
+		err = fmt.Errorf("encryption at rest needs dumps staged in memory (a tmpfs at /dev/shm): %w", errdefs.ErrNotSupported)
+	}
 	if err != nil {
 		os.RemoveAll(work)
 		return nil, err
@@ -253,9 +257,16 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 	// Every MiB is accounted to the host's I/O budget, and a rollback
 	// or a capture elsewhere pauses the copy there.
 	yield := func(n int64) error { return charge(ctx, t, n) }
-	objs, written, err := m.cks.Writer(ck.ID).StoreImages(ctx, staging, m.pageIndex(ck.Parent), yield)
+	k, err := m.dataKeyOf(rec)
 	if err != nil {
 		return err
+	}
+	objs, written, err := m.cks.Writer(ck.ID).StoreImages(ctx, staging, m.pageIndex(ck.Parent), yield, k)
+	if err != nil {
+		return err
+	}
+	if k != nil {
+		ck.DataKey, ck.KeyTenant = k.ID, k.Tenant
 	}
 	m.crashpoint("persist:stored")
 	ck.Objects = objs
@@ -592,6 +603,11 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	if err := m.withHeadroom(*rec, func() error { return sandbox.WriteIdentity(root, rec.Hostname, rec.MachineID) }); err != nil {
 		return sandbox.Init{}, err
 	}
+	images, closeImages, err := m.openImages(ck)
+	if err != nil {
+		return sandbox.Init{}, err
+	}
+	defer closeImages()
 	work := m.path("tmp", "restore-"+newID())
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return sandbox.Init{}, err
@@ -605,7 +621,7 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	}
 	defer done()
 	opts := criu.RestoreOptions{
-		ImagesDir: m.ckImages(ck.ID), WorkDir: work, Root: criuRoot,
+		ImagesDir: images, WorkDir: work, Root: criuRoot,
 		RstSibling: true, LeaveStopped: stopped, TCPEstablished: true, FileLocks: true, NetworkLock: networkLock,
 		// CRIU runs in the sandbox's cgroup and leaves cgroups alone:
 		// the tree it forks lands there, whatever cgroups it was dumped

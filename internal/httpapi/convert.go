@@ -120,7 +120,7 @@ func toCheckpoint(c meta.Checkpoint) v1.Checkpoint {
 		Capture: c.Capture, CaptureNote: c.CaptureNote,
 		StallParts:   (*v1.StallParts)(c.StallParts),
 		BytesWritten: c.BytesWritten, ImageBytes: c.ImageBytes, Keep: c.Keep,
-		Pending: c.Pending, Failed: c.Failed, FailedReason: c.FailedReason,
+		Pending: c.Pending, Failed: c.Failed, FailedReason: c.FailedReason, DataKey: c.DataKey,
 	}
 }
 

@@ -105,6 +105,8 @@ type CheckpointRecord struct {
 	LedgerHead string `json:"ledger_head,omitempty"`
 	// Turn is the turn whose end took the checkpoint (0: none did).
 	Turn int `json:"turn,omitempty"`
+	// KeyTenant is the tenant whose data key DataKey is ("" the host's).
+	KeyTenant string `json:"key_tenant,omitempty"`
 }
 
 // Outside returns the namespace types the checkpoint's images leave out.
@@ -298,6 +300,10 @@ type Checkpoint struct {
 	// (failed_precondition), and deleting it drops the record.
 	Failed       bool   `json:"failed,omitempty"`
 	FailedReason string `json:"failed_reason,omitempty"`
+	// DataKey is the ID of the tenant data key that sealed a full
+	// checkpoint's images (encryption at rest); "" if stored in
+	// plaintext. Shredding the key makes the checkpoint unreadable.
+	DataKey string `json:"data_key,omitempty"`
 }
 
 // StallParts are the parts of a full checkpoint's frozen window (ms).

@@ -114,6 +114,22 @@ type Result struct {
 	// Sum is the SHA-256 of the whole image, computed on the way.
 	Sum      [sha256.Size]byte
 	Reflinks int // FICLONERANGE calls
+	// Seals are the pages' seals, in order, when a Sealer encrypted
+	// them (SealSize bytes each).
+	Seals []byte
+}
+
+// SealSize is the size of one page's seal (internal/keys.SealSize).
+const SealSize = 28
+
+// Sealer encrypts the pages of one image in place, each to ciphertext of
+// its own length, and gives each page's seal (what decrypting it needs
+// besides the key). With a Sealer, the store works on ciphertext: its
+// hashes, its sharing and the image it writes are the ciphertext's, so
+// a deterministic Sealer (equal pages, equal ciphertext) keeps sharing
+// equal pages, and the index never holds a hash of plaintext.
+type Sealer interface {
+	Seal(page int64, b []byte, seal *[SealSize]byte) error
 }
 
 // Store copies the page image src to dst (a new file on the same btrfs
@@ -133,6 +149,12 @@ const yieldEvery = 256
 // scheduler can account the I/O and pause the copy there. An error from
 // yield ends the store (dst is removed).
 func StoreWith(src, dst string, x *Index, yield func(written int64) error) (Result, error) {
+	return StoreSealed(src, dst, x, yield, nil)
+}
+
+// StoreSealed is StoreWith, encrypting every page with s first (if not
+// nil): see Sealer.
+func StoreSealed(src, dst string, x *Index, yield func(written int64) error, s Sealer) (Result, error) {
 	in, err := os.Open(src)
 	if err != nil {
 		return Result{}, err
@@ -155,9 +177,13 @@ func StoreWith(src, dst string, x *Index, yield func(written int64) error) (Resu
 	}
 	size := st.Size()
 	if size < PageSize {
-		return storeSmall(in, out, dst, size, x, &ok)
+		return storeSmall(in, out, dst, size, x, s, &ok)
 	}
 	var res Result
+	var seal [SealSize]byte
+	if s != nil {
+		res.Seals = make([]byte, 0, (size+PageSize-1)/PageSize*SealSize)
+	}
 	res.Hashes = make([]byte, 0, (size+PageSize-1)/PageSize*HashSize)
 	r := newReflinker(x, out)
 	defer r.close()
@@ -181,6 +207,12 @@ func StoreWith(src, dst string, x *Index, yield func(written int64) error) (Resu
 		}
 		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
 			return Result{}, err
+		}
+		if s != nil {
+			if err := s.Seal(page, buf[:n], &seal); err != nil {
+				return Result{}, err
+			}
+			res.Seals = append(res.Seals, seal[:]...)
 		}
 		whole.Write(buf[:n])
 		h := sha256.Sum256(buf[:n])
@@ -309,12 +341,23 @@ func (r *reflinker) close() {
 
 // storeSmall stores a file shorter than a page: shared whole with an
 // indexed file of the same content, or written.
-func storeSmall(in, out *os.File, dst string, size int64, x *Index, ok *bool) (Result, error) {
+func storeSmall(in, out *os.File, dst string, size int64, x *Index, s Sealer, ok *bool) (Result, error) {
 	b, err := io.ReadAll(in)
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{Size: size, Pages: 1, Sum: sha256.Sum256(b)}
+	if int64(len(b)) != size {
+		return Result{}, fmt.Errorf("%s changed size while stored", dst)
+	}
+	var seals []byte
+	if s != nil && size > 0 {
+		var seal [SealSize]byte
+		if err := s.Seal(0, b, &seal); err != nil {
+			return Result{}, err
+		}
+		seals = seal[:]
+	}
+	res := Result{Size: size, Pages: 1, Sum: sha256.Sum256(b), Seals: seals}
 	res.Hashes = res.Sum[:]
 	shared := false
 	if src, found := x.small[res.Sum]; found && size > 0 {

@@ -128,7 +128,7 @@ func store(t *testing.T, s *ckstore.Store, id string) ([]ckstore.Object, []image
 		t.Fatalf("create %s: %v", id, err)
 	}
 	fsSnapshot(t, s.Backend(), id)
-	objs, _, err := w.StoreImages(context.Background(), stage(t, imgs), nil, nil)
+	objs, _, err := w.StoreImages(context.Background(), stage(t, imgs), nil, nil, nil)
 	if err != nil {
 		t.Fatalf("store images of %s: %v", id, err)
 	}
@@ -552,7 +552,7 @@ func concurrentWriters(t *testing.T, b ckstore.Backend) {
 					return
 				}
 			}
-			objs, _, err := w.StoreImages(context.Background(), stagings[i], nil, nil)
+			objs, _, err := w.StoreImages(context.Background(), stagings[i], nil, nil, nil)
 			if err == nil {
 				_, err = w.Commit(manifest(id, objs))
 			}

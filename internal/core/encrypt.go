@@ -1,0 +1,273 @@
+package core
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/keys"
+	"github.com/molt-sh/molt/internal/meta"
+	"golang.org/x/sys/unix"
+)
+
+// Encryption at rest of full checkpoints' images (docs/security.md,
+// "Encryption at rest").
+//
+// With a KEK (molt daemon --kek-file), persist stores a full
+// checkpoint's images sealed with its sandbox's tenant data key
+// (ckstore, encrypt.go). CRIU and molt's own image readers read
+// plaintext, so an encrypted checkpoint's images are decrypted into
+// views in memory (one tmpfs of the daemon's, never the pool):
+//
+//   - the small images (every image but pages-*.img: the tree, cores,
+//     memory maps, files) of a checkpoint, kept while the checkpoint is
+//     in use (ckImages; a bounded number of checkpoints, the least
+//     recently used dropped first);
+//   - its page images, only while a restore holds them (openImages):
+//     a warm or cold restore, a standby's preparation, a fork.
+//
+// The hot tier never decrypts on the critical path: a standby was
+// restored (and its pages decrypted) when it was prepared.
+
+// maxViews bounds the checkpoints whose small images are kept decrypted.
+const maxViews = 64
+
+type plainViews struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	dir string // the tmpfs, "" until first used
+	// +checklocks:mu
+	views map[string]*plainView
+	// +checklocks:mu
+	clock uint64
+}
+
+type plainView struct {
+	tenant string
+	mu     sync.Mutex
+	// +checklocks:mu
+	small bool // the small images are there
+	// +checklocks:mu
+	refs int // restores holding the page images
+	used uint64
+	dir  string
+}
+
+// encrypting reports whether new full checkpoints are stored sealed.
+func (m *Manager) encrypting() bool { return m.keys != nil && m.keys.Encrypting() }
+
+// dataKeyOf is the key a full checkpoint of the sandbox rec is sealed
+// with: its tenant's current one (nil when encryption is off).
+func (m *Manager) dataKeyOf(rec sandboxRec) (*keys.DataKey, error) {
+	if !m.encrypting() {
+		return nil, nil
+	}
+	k, err := m.keys.Current(rec.Tenant)
+	if err != nil {
+		return nil, fmt.Errorf("data key of tenant %q: %w", rec.Tenant, err)
+	}
+	return k, nil
+}
+
+// viewsDir returns the tmpfs the views live in, mounting it on first
+// use. Its name carries the root's staging prefix: a restarted daemon
+// removes what a crashed one left, as it does staging.
+// +checklocks:v.mu
+func (m *Manager) viewsDir(v *plainViews) (string, error) {
+	if v.dir != "" {
+		return v.dir, nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		return "", fmt.Errorf("decrypting checkpoint images needs a tmpfs at /dev/shm (they are never decrypted to disk): %w", errdefs.ErrNotSupported)
+	}
+	d, err := os.MkdirTemp("/dev/shm", m.stagingPrefix()+"plain-")
+	if err != nil {
+		return "", err
+	}
+	// Half the host's memory at most: pages are decrypted only for the
+	// restores under way, each bounded by its sandbox's memory.
+	var si unix.Sysinfo_t
+	size := int64(1) << 30
+	if unix.Sysinfo(&si) == nil {
+		size = max(size, int64(si.Totalram)*int64(si.Unit)/2)
+	}
+	if err := unix.Mount("molt-plain", d, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC,
+		fmt.Sprintf("size=%d,nr_inodes=1048576,mode=0700", size)); err != nil {
+		os.Remove(d)
+		return "", fmt.Errorf("mount a tmpfs for decrypted images: %w", err)
+	}
+	v.dir = d
+	return d, nil
+}
+
+// view returns checkpoint ck's view, with its small images decrypted.
+func (m *Manager) view(ck checkpointRec) (*plainView, error) {
+	m.plain.mu.Lock()
+	root, err := m.viewsDir(&m.plain)
+	if err != nil {
+		m.plain.mu.Unlock()
+		return nil, err
+	}
+	if m.plain.views == nil {
+		m.plain.views = map[string]*plainView{}
+	}
+	m.plain.clock++
+	pv, ok := m.plain.views[ck.ID]
+	if !ok {
+		pv = &plainView{tenant: ck.KeyTenant, dir: filepath.Join(root, ck.ID)}
+		m.plain.views[ck.ID] = pv
+		m.evictViews()
+	}
+	pv.used = m.plain.clock
+	m.plain.mu.Unlock()
+
+	pv.mu.Lock()
+	defer pv.mu.Unlock()
+	if pv.small {
+		return pv, nil
+	}
+	k, err := m.keys.Key(ck.KeyTenant, ck.DataKey)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
+	}
+	_ = os.RemoveAll(pv.dir)
+	if err := os.Mkdir(pv.dir, 0o700); err != nil {
+		return nil, err
+	}
+	if _, err := m.cks.Reader(ck.ID).Decrypt(ck.Objects, k, pv.dir, func(n string) bool { return !isPageImage(n) }); err != nil {
+		_ = os.RemoveAll(pv.dir)
+		return nil, err
+	}
+	pv.small = true
+	return pv, nil
+}
+
+// evictViews drops the least recently used views past maxViews that no
+// restore holds.
+// +checklocks:m.plain.mu
+func (m *Manager) evictViews() {
+	for len(m.plain.views) > maxViews {
+		var oldest string
+		var at uint64
+		for id, pv := range m.plain.views {
+			if pv.mu.TryLock() {
+				busy := pv.refs > 0
+				pv.mu.Unlock()
+				if !busy && (oldest == "" || pv.used < at) {
+					oldest, at = id, pv.used
+				}
+			}
+		}
+		if oldest == "" {
+			return
+		}
+		_ = os.RemoveAll(m.plain.views[oldest].dir)
+		delete(m.plain.views, oldest)
+	}
+}
+
+// dropViews removes the views of the checkpoints drop accepts (deleted
+// checkpoints, a shredded tenant's) that no restore holds.
+func (m *Manager) dropViews(drop func(id, tenant string) bool) {
+	m.plain.mu.Lock()
+	defer m.plain.mu.Unlock()
+	for id, pv := range m.plain.views {
+		if !drop(id, pv.tenant) {
+			continue
+		}
+		pv.mu.Lock()
+		if pv.refs == 0 {
+			_ = os.RemoveAll(pv.dir)
+			pv.small = false
+			delete(m.plain.views, id)
+		}
+		pv.mu.Unlock()
+	}
+}
+
+func isPageImage(name string) bool {
+	return strings.HasPrefix(name, "pages-") && strings.HasSuffix(name, ".img")
+}
+
+// ckImages is the directory of checkpoint ck's images to read: its own
+// in the pool, or for a sealed one its view (the small images only:
+// what molt's own readers need; openImages adds the pages for a
+// restore). A view that cannot be made (the key shredded) is logged and
+// its directory left empty: readers then find no images, and a restore
+// fails in openImages with the reason.
+func (m *Manager) ckImages(id string) string {
+	var ck checkpointRec
+	if m.db.Get(meta.Checkpoints, id, &ck) != nil || ck.DataKey == "" {
+		return m.cks.Images(id)
+	}
+	pv, err := m.view(ck)
+	if err != nil {
+		m.log.Warn("cannot decrypt a checkpoint's images", "checkpoint", id, "err", err)
+		return filepath.Join(m.path("tmp"), "no-images-"+id)
+	}
+	return pv.dir
+}
+
+// openImages returns the directory a restore of checkpoint ck reads
+// every image from, and the function that ends its use: the pool's, or
+// a sealed checkpoint's view with its pages decrypted until the last
+// restore holding them ends.
+func (m *Manager) openImages(ck checkpointRec) (string, func(), error) {
+	if ck.DataKey == "" {
+		return m.cks.Images(ck.ID), func() {}, nil
+	}
+	pv, err := m.view(ck)
+	if err != nil {
+		return "", nil, err
+	}
+	pv.mu.Lock()
+	defer pv.mu.Unlock()
+	if pv.refs == 0 {
+		k, err := m.keys.Key(ck.KeyTenant, ck.DataKey)
+		if err != nil {
+			return "", nil, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
+		}
+		removePages(pv.dir)
+		if _, err := m.cks.Reader(ck.ID).Decrypt(ck.Objects, k, pv.dir, isPageImage); err != nil {
+			removePages(pv.dir)
+			return "", nil, err
+		}
+	}
+	pv.refs++
+	var once sync.Once
+	return pv.dir, func() {
+		once.Do(func() {
+			pv.mu.Lock()
+			defer pv.mu.Unlock()
+			if pv.refs--; pv.refs == 0 {
+				removePages(pv.dir)
+			}
+		})
+	}, nil
+}
+
+func removePages(dir string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if isPageImage(e.Name()) {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// closeViews unmounts the views' tmpfs (the daemon stops).
+func (m *Manager) closeViews() {
+	m.plain.mu.Lock()
+	defer m.plain.mu.Unlock()
+	if m.plain.dir != "" {
+		removeStaging(m.plain.dir)
+		m.plain.dir, m.plain.views = "", nil
+	}
+}
