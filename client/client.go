@@ -493,6 +493,27 @@ func (c *Client) DeleteTenant(ctx context.Context, name string) error {
 	return c.do(ctx, "DELETE", "/v1/tenants/"+esc(name), nil, nil)
 }
 
+// DataKeys lists the tenants' data keys of encryption at rest (host
+// admin).
+func (c *Client) DataKeys(ctx context.Context) ([]v1.DataKey, error) {
+	var l []v1.DataKey
+	return l, c.do(ctx, "GET", "/v1/keys", nil, &l)
+}
+
+// RotateDataKey gives tenant a new current data key; data sealed before
+// stays readable with the old one (host admin).
+func (c *Client) RotateDataKey(ctx context.Context, tenant string) (v1.DataKey, error) {
+	var k v1.DataKey
+	return k, c.do(ctx, "POST", "/v1/keys/rotate", v1.DataKeyRequest{Tenant: tenant}, &k)
+}
+
+// ShredDataKeys deletes every data key of tenant: what they sealed can
+// never be read again (host admin).
+func (c *Client) ShredDataKeys(ctx context.Context, tenant string) (v1.ShredResult, error) {
+	var r v1.ShredResult
+	return r, c.do(ctx, "POST", "/v1/keys/shred", v1.DataKeyRequest{Tenant: tenant}, &r)
+}
+
 // CreateToken makes an API token of a tenant; the answer's Secret is the
 // token, shown only now.
 func (c *Client) CreateToken(ctx context.Context, req v1.TokenCreateRequest) (v1.Token, error) {

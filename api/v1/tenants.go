@@ -35,3 +35,26 @@ type Token struct {
 	Created   time.Time `json:"created"`
 	Secret    string    `json:"token,omitempty"`
 }
+
+// DataKey describes one tenant data key of encryption at rest (never
+// its material): Tenant "" is the host's own sandboxes.
+type DataKey struct {
+	Tenant string `json:"tenant"`
+	ID     string `json:"id"`
+	// KEK is the ID of the key-encryption key that wraps it.
+	KEK string `json:"kek"`
+	// Current: the key new data of the tenant is sealed with.
+	Current bool      `json:"current"`
+	Created time.Time `json:"created"`
+}
+
+// DataKeyRequest names the tenant of a key rotation or shredding.
+type DataKeyRequest struct {
+	Tenant string `json:"tenant"`
+}
+
+// ShredResult reports a shredding: how many keys were deleted.
+type ShredResult struct {
+	Tenant   string `json:"tenant"`
+	Shredded int    `json:"shredded"`
+}

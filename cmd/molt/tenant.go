@@ -99,3 +99,65 @@ func tokenCmd(g *globals) *cobra.Command {
 	})
 	return c
 }
+
+func keyCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "key", Short: "Manage the tenants' data keys of encryption at rest (the host admin; molt daemon --kek-file)"}
+	var tenant string
+	var yes bool
+	rotate := &cobra.Command{
+		Use: "rotate [--tenant NAME]", Short: "Give a tenant (default: the host's own sandboxes) a new data key; what older keys sealed stays readable", Args: cobra.NoArgs,
+		Example: "  molt key rotate --tenant acme",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			k, err := g.client().RotateDataKey(ctx, tenant)
+			if err != nil {
+				return err
+			}
+			return g.print(k, func() { fmt.Println(k.ID) })
+		},
+	}
+	rotate.Flags().StringVar(&tenant, "tenant", "", "tenant whose key to rotate (default: the host's own sandboxes)")
+	shred := &cobra.Command{
+		Use: "shred --tenant NAME --yes", Short: "Delete every data key of a tenant: its encrypted checkpoints, turn logs and ledgers become unreadable, for good", Args: cobra.NoArgs,
+		Example: "  molt key shred --tenant acme --yes",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !yes {
+				return fmt.Errorf("shredding cannot be undone: add --yes")
+			}
+			ctx, cancel := ctx()
+			defer cancel()
+			r, err := g.client().ShredDataKeys(ctx, tenant)
+			if err != nil {
+				return err
+			}
+			return g.print(r, func() { fmt.Printf("%d keys of tenant %q shredded\n", r.Shredded, r.Tenant) })
+		},
+	}
+	shred.Flags().StringVar(&tenant, "tenant", "", "tenant whose keys to shred (\"\" the host's own sandboxes)")
+	shred.Flags().BoolVar(&yes, "yes", false, "confirm: the data the keys sealed can never be read again")
+	c.AddCommand(&cobra.Command{
+		Use: "ls", Short: "List data keys (IDs, never the keys)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := ctx()
+			defer cancel()
+			l, err := g.client().DataKeys(ctx)
+			if err != nil {
+				return err
+			}
+			return g.print(l, func() {
+				for _, k := range l {
+					t, cur := k.Tenant, ""
+					if t == "" {
+						t = "(host)"
+					}
+					if k.Current {
+						cur = "current"
+					}
+					fmt.Printf("%s\t%s\t%s\t%s\t%s\n", t, k.ID, k.KEK, k.Created.Format("2006-01-02 15:04:05"), cur)
+				}
+			})
+		},
+	}, rotate, shred)
+	return c
+}

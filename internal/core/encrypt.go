@@ -271,3 +271,56 @@ func (m *Manager) closeViews() {
 		m.plain.dir, m.plain.views = "", nil
 	}
 }
+
+// DataKeys describes the host's data keys (never their material).
+func (m *Manager) DataKeys() ([]keys.KeyInfo, error) { return m.keys.List() }
+
+// RotateDataKey makes a new data key tenant's current one: its new
+// checkpoints are sealed with it, those before stay readable with the
+// old one (nothing is rewritten).
+func (m *Manager) RotateDataKey(tenant string) (keys.KeyInfo, error) {
+	if err := m.tenantExists(tenant); err != nil {
+		return keys.KeyInfo{}, err
+	}
+	k, err := m.keys.Rotate(tenant)
+	if err != nil {
+		return keys.KeyInfo{}, err
+	}
+	return keys.KeyInfo{Tenant: tenant, ID: k.ID, KEK: m.keys.KEKID(), Current: true}, nil
+}
+
+// ShredDataKeys deletes every data key of tenant: its sealed
+// checkpoints, turn logs and ledgers can never be read again (a deleted
+// tenant's are shredded so). Their
+// decrypted views and the standbys restored from them (live copies of
+// the shredded state) go too. It returns how many keys went.
+func (m *Manager) ShredDataKeys(tenant string) (int, error) {
+	n, err := m.keys.Shred(tenant)
+	if err != nil {
+		return n, err
+	}
+	m.dropViews(func(_, t string) bool { return t == tenant })
+	sbs, err := meta.SandboxRecords.List(m.db)
+	if err != nil {
+		return n, err
+	}
+	for _, sb := range sbs {
+		if sb.Tenant == tenant {
+			m.dropStandby(sb.ID, true)
+		}
+	}
+	return n, nil
+}
+
+// tenantExists refuses a tenant that is neither the host's ("") nor one
+// of its tenants.
+func (m *Manager) tenantExists(tenant string) error {
+	if tenant == "" {
+		return nil
+	}
+	var t meta.TenantRecord
+	if err := m.db.Get(meta.Tenants, tenant, &t); err != nil {
+		return fmt.Errorf("tenant %q: %w", tenant, errdefs.ErrNotFound)
+	}
+	return nil
+}

@@ -60,7 +60,9 @@ func Run(ctx context.Context, cfg Config) error {
 	co := coord.New(m, log)
 	defer co.Close()
 	tenants := tenant.New(m.DB())
-	api := auditedAPI(m, co, alog, log, httpapi.TenantRoutes(tenants, ownsSandboxes(m))...)
+	shred := func(name string) error { _, err := m.ShredDataKeys(name); return err }
+	admin := append(httpapi.TenantRoutes(tenants, ownsSandboxes(m), shred), httpapi.KeyRoutes(m)...)
+	api := auditedAPI(m, co, alog, log, admin...)
 	srv := &http.Server{Handler: api, ConnContext: peerContext, ReadHeaderTimeout: 10 * time.Second}
 	if cfg.Listen != "" {
 		stop, err := serveTCP(cfg.Listen, cfg.TLS, tenants, api, log)

@@ -10,8 +10,9 @@ import (
 
 // TenantRoutes are the host admin's endpoints for tenants and their
 // tokens (served beside the API, so the admin's only); owns says
-// whether a tenant still owns sandboxes.
-func TenantRoutes(st *tenant.Store, owns func(string) bool) []Route {
+// whether a tenant still owns sandboxes; deleted, if set, runs after a
+// tenant is deleted (the engine shreds its data keys).
+func TenantRoutes(st *tenant.Store, owns func(string) bool, deleted func(string) error) []Route {
 	toToken := func(r meta.TokenRecord) v1.Token {
 		return v1.Token{ID: r.ID, Tenant: r.Tenant, Scopes: r.Scopes, Sandboxes: r.Sandboxes, Note: r.Note, Created: r.Created}
 	}
@@ -30,7 +31,12 @@ func TenantRoutes(st *tenant.Store, owns func(string) bool) []Route {
 			reply(w, mapSlice(l, func(t meta.TenantRecord) v1.Tenant { return v1.Tenant(t) }), err)
 		})},
 		{"DELETE /v1/tenants/{name}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			reply(w, struct{}{}, st.DeleteTenant(r.PathValue("name"), owns))
+			name := r.PathValue("name")
+			err := st.DeleteTenant(name, owns)
+			if err == nil && deleted != nil {
+				err = deleted(name)
+			}
+			reply(w, struct{}{}, err)
 		})},
 		{"POST /v1/tokens", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			var req v1.TokenCreateRequest
