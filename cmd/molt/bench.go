@@ -26,7 +26,8 @@ func benchCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().StringVar(&benchSeccomp, "seccomp", v1.SeccompDefault, "the benchmark daemon's --seccomp-default: the system call filter of the sandboxes measured (default or unconfined)")
 	c.PersistentFlags().BoolVar(&benchHardening, "hardening", true, "false switches off the hardening that can be switched off, to measure its cost: no seccomp filter, no default memory, pids or CPU limits, no disk quotas (masks, dropped capabilities, the device filter and the cgroup namespace stay)")
 	c.PersistentFlags().BoolVar(&benchDynMods, "cgroup-favordynmods", true, "the benchmark daemon's --cgroup-favordynmods; false also clears the option on the host's cgroup2 mount first")
-	c.AddCommand(benchFSCmd(g), benchCRCmd(g), benchRollbackCmd(g), benchSearchCmd(g), benchForkCmd(g), turnsBenchCmd(g), benchEgressCmd(g), benchRecoveryCmd(g), recoveryAgentCmd())
+	c.PersistentFlags().BoolVar(&benchEncrypt, "encrypt", false, "give the benchmark daemon a random key-encryption key: encryption at rest on (bench encryption compares both side by side)")
+	c.AddCommand(benchEncryptionCmd(g), benchFSCmd(g), benchCRCmd(g), benchRollbackCmd(g), benchSearchCmd(g), benchForkCmd(g), turnsBenchCmd(g), benchEgressCmd(g), benchRecoveryCmd(g), recoveryAgentCmd())
 	return c
 }
 
@@ -288,6 +289,9 @@ func benchTweak(c *core.Config) {
 	c.UserNS = benchUserNS
 	c.PoolNodeSize = benchNodeSize
 	c.SeccompDefault = benchSeccomp
+	if benchEncrypt {
+		c.KEK = benchKEK()
+	}
 	if !benchHardening {
 		c.SeccompDefault = v1.SeccompUnconfined
 		c.DefaultResources.MemoryBytes, c.DefaultResources.Pids, c.DefaultResources.CPUMillis = -1, -1, -1
