@@ -33,6 +33,10 @@ var env struct {
 	lab    *netlab.Lab // the test internet sandboxes' egress leaves to
 	// The daemon's TLS listener for tenants' tokens (tenant_test.go).
 	listen, tlsDir string
+	// kek is the file of the daemon's key-encryption key: encryption at
+	// rest is on for every test; kekPrev the one being rotated out
+	// (encrypt_test.go).
+	kek, kekPrev string
 }
 
 // image is the Debian image every test uses.
@@ -80,6 +84,10 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer env.lab.Close()
+	if env.kek, err = writeKEK(tmp, "kek"); err != nil {
+		fmt.Fprintln(os.Stderr, "key-encryption key:", err)
+		return 1
+	}
 	if env.listen, err = tlsSetup(tmp); err != nil {
 		fmt.Fprintln(os.Stderr, "TLS listener:", err)
 		return 1
@@ -123,6 +131,12 @@ func startDaemon() error {
 		// would make the failure tests slow).
 		args = append(args, "--egress-uplink", env.lab.Name, "--egress-dns", env.lab.DNSAddr().String(), "--egress-ca", env.lab.CAFile,
 			"--compensate-backoff", "50ms", "--compensate-timeout", "10s")
+		if env.kek != "" {
+			args = append(args, "--kek-file", env.kek)
+		}
+		if env.kekPrev != "" {
+			args = append(args, "--kek-previous-file", env.kekPrev)
+		}
 		if env.listen != "" {
 			args = append(args, "--listen", "tcp://"+env.listen, "--tls-cert", filepath.Join(env.tlsDir, "cert.pem"), "--tls-key", filepath.Join(env.tlsDir, "key.pem"))
 		}

@@ -226,11 +226,13 @@ func (m *Manager) openImages(ck checkpointRec) (string, func(), error) {
 	}
 	pv.mu.Lock()
 	defer pv.mu.Unlock()
+	// The key is checked by every restore, even one that finds the pages
+	// decrypted by another: a shredded key ends them all.
+	k, err := m.keys.Key(ck.KeyTenant, ck.DataKey)
+	if err != nil {
+		return "", nil, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
+	}
 	if pv.refs == 0 {
-		k, err := m.keys.Key(ck.KeyTenant, ck.DataKey)
-		if err != nil {
-			return "", nil, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
-		}
 		removePages(pv.dir)
 		if _, err := m.cks.Reader(ck.ID).Decrypt(ck.Objects, k, pv.dir, isPageImage); err != nil {
 			removePages(pv.dir)
@@ -245,6 +247,11 @@ func (m *Manager) openImages(ck checkpointRec) (string, func(), error) {
 			defer pv.mu.Unlock()
 			if pv.refs--; pv.refs == 0 {
 				removePages(pv.dir)
+				if m.keyAlive(ck) != nil {
+					// Shredded meanwhile: nothing of it stays.
+					_ = os.RemoveAll(pv.dir)
+					pv.small = false
+				}
 			}
 		})
 	}, nil
@@ -300,6 +307,9 @@ func (m *Manager) ShredDataKeys(tenant string) (int, error) {
 		return n, err
 	}
 	m.dropViews(func(_, t string) bool { return t == tenant })
+	// Standbys being restored find the key gone before they are kept
+	// (prepare) and any kept is checked again when promoted; these go
+	// now.
 	sbs, err := meta.SandboxRecords.List(m.db)
 	if err != nil {
 		return n, err
@@ -310,6 +320,19 @@ func (m *Manager) ShredDataKeys(tenant string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// keyAlive checks that the data key of checkpoint ck (if sealed) is
+// still there: after a shredding nothing of the state it sealed is
+// restored, not even from a standby.
+func (m *Manager) keyAlive(ck checkpointRec) error {
+	if ck.DataKey == "" {
+		return nil
+	}
+	if _, err := m.keys.Key(ck.KeyTenant, ck.DataKey); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", ck.ID, err)
+	}
+	return nil
 }
 
 // tenantExists refuses a tenant that is neither the host's ("") nor one

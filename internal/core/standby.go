@@ -222,7 +222,10 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	// Only a memory limit makes the standby compete with the sandbox's
 	// own tasks for the OOM killer; the others pay nothing at promotion.
 	var victims []hot.Task
-	if rec.Resources.MemoryBytes > 0 {
+	// A key shredded while the standby was restored: it must not outlive
+	// the state it copies (ShredDataKeys).
+	err = m.keyAlive(ck)
+	if err == nil && rec.Resources.MemoryBytes > 0 {
 		var tree []int
 		if tree, _, err = treePids(id, init); err == nil {
 			victims, err = hot.FirstVictims(tree)
@@ -253,6 +256,10 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	if !s.Init.Alive() {
 		m.discard(s, false)
 		return meta.RollbackResult{}, fmt.Errorf("standby of %s is gone", ck.ID)
+	}
+	if err := m.keyAlive(ck); err != nil {
+		m.discard(s, true)
+		return meta.RollbackResult{}, err
 	}
 	// A task of it may have met the OOM killer (its first choice in the
 	// cgroup) since watchRooms last looked.
