@@ -90,6 +90,7 @@ func (w *Writer) StoreImages(ctx context.Context, staging string, x *pagestore.I
 			}
 			hname := PageHashDir + "/" + e.Name()
 			hres, err := w.s.b.Put(ctx, w.id, hname, tmp, opts)
+			os.Remove(tmp)
 			if err != nil {
 				return nil, 0, fmt.Errorf("store page hashes of %s: %w", e.Name(), err)
 			}
