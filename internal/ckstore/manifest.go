@@ -80,6 +80,8 @@ type Manifest struct {
 	// DataKey is the ID of the tenant data key that sealed the images
 	// (encrypt.go); "" if they are stored in plaintext.
 	DataKey string `json:"data_key,omitempty"`
+	// KeyTenant is the tenant whose key DataKey is ("" the host's).
+	KeyTenant string `json:"key_tenant,omitempty"`
 	// ParentDigest is the parent's content digest and Signature the
 	// host's signature (sign.go): the lineage is a hash chain.
 	ParentDigest string     `json:"parent_digest,omitempty"`

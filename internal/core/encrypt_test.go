@@ -163,3 +163,40 @@ func TestEncryptedCheckpoints(t *testing.T) {
 		t.Fatalf("the sandbox after the shred: X=%q", r.Stdout)
 	}
 }
+
+// TestEncryptedRebuild: metadata rebuilt from the pool after the
+// database was lost keeps what a sealed checkpoint needs (its data key
+// and the key's tenant come from the signed manifest), and the
+// checkpoint restores.
+func TestEncryptedRebuild(t *testing.T) {
+	m := openEncrypted(t)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	run(t, m, sb.ID, "export X=sealed")
+	a, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "export X=later")
+	var cur *Manager
+	closeLast(t, &cur)
+	m = restartDaemon(t, m, func(db string) {
+		if err := os.Remove(db); err != nil {
+			t.Fatal(err)
+		}
+	})
+	cur = m
+	ck, err := m.lookupCheckpoint(a.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.DataKey != a.DataKey || ck.DataKey == "" {
+		t.Fatalf("rebuilt record's data key %q, want %q", ck.DataKey, a.DataKey)
+	}
+	if _, err := m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: a.ID, Tier: v1.TierCold}); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, m, sb.ID, "echo $X"); r.Stdout != "sealed\n" {
+		t.Fatalf("after the rebuild and rollback: X=%q", r.Stdout)
+	}
+}
