@@ -49,7 +49,12 @@ func restartWith(t *testing.T, kek, prev string) {
 func TestEncryptionAtRest(t *testing.T) {
 	orig := env.kek
 	t.Cleanup(func() {
-		if env.kek != orig || env.kekPrev != "" {
+		// Back to the first KEK, re-wrapping what the test's KEK wraps
+		// (the keys made after the shredding), for the tests after.
+		if env.kek != orig {
+			restartWith(t, orig, env.kek)
+		}
+		if env.kekPrev != "" {
 			restartWith(t, orig, "")
 		}
 	})
@@ -86,7 +91,7 @@ func TestEncryptionAtRest(t *testing.T) {
 	kek1 := ks[0].KEK
 
 	// KEK rotation: the new KEK with the old one as previous.
-	newKEK, err := writeKEK(t.TempDir(), "kek2")
+	newKEK, err := writeKEK(filepath.Dir(orig), "kek2") // outlives the test: the clean-up needs it
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +108,7 @@ func TestEncryptionAtRest(t *testing.T) {
 	}
 
 	// The wrong KEK: started, but nothing sealed restores.
-	wrong, err := writeKEK(t.TempDir(), "wrong")
+	wrong, err := writeKEK(filepath.Dir(orig), "kek-wrong")
 	if err != nil {
 		t.Fatal(err)
 	}

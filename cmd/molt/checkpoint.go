@@ -80,6 +80,9 @@ func checkpointCmd(g *globals) *cobra.Command {
 				if p := ck.StallParts; p != nil {
 					fmt.Printf("frozen:   protection %.2f ms, CRIU %.2f ms, snapshot %.2f ms (next to CRIU)\n", p.ProtectMS, p.CRIUMS, p.SnapshotMS)
 				}
+				if ck.DataKey != "" {
+					fmt.Printf("sealed:   images encrypted with data key %s\n", ck.DataKey)
+				}
 				switch {
 				case ck.Pending:
 					fmt.Println("state:    pending (captured, being stored)")
