@@ -110,8 +110,13 @@ func TestTenantsOverTLS(t *testing.T) {
 	if r := as(t, tokRO, "inspect", sb); r.code != 0 {
 		t.Errorf("inspect with a read-only token: %s", r.stderr)
 	}
-	if r := as(t, "molt_0000000000000000_bogus", "ls"); r.code == 0 || !strings.Contains(r.stderr, "token") {
+	if r := as(t, "molt_00000000000000aa_bogus", "ls"); r.code == 0 || !strings.Contains(r.stderr, "token") {
 		t.Errorf("a bogus token: exit %d %q", r.code, r.stderr)
+	}
+	// The refusal is in the audit log, naming the token's ID, never its
+	// secret.
+	if out := must(t, "audit", "export"); !strings.Contains(out, "token 00000000000000aa") || strings.Contains(out, "bogus") {
+		t.Errorf("the audit log does not record the refused token (or holds its secret)")
 	}
 	if r := as(t, tokA, "tenant", "ls"); r.code == 0 || !strings.Contains(r.stderr, "admin") {
 		t.Errorf("a tenant's token listed tenants: exit %d %q", r.code, r.stderr)

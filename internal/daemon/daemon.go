@@ -65,7 +65,7 @@ func Run(ctx context.Context, cfg Config) error {
 	api := auditedAPI(m, co, alog, log, admin...)
 	srv := &http.Server{Handler: api, ConnContext: peerContext, ReadHeaderTimeout: 10 * time.Second}
 	if cfg.Listen != "" {
-		stop, err := serveTCP(cfg.Listen, cfg.TLS, tenants, api, log)
+		stop, err := serveTCP(cfg.Listen, cfg.TLS, tenants, api, alog, log)
 		if err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -32,7 +33,10 @@ type TLSFiles struct {
 }
 
 // serveTCP serves api on addr for tokens; stop closes the listener.
-func serveTCP(addr string, files TLSFiles, st *tenant.Store, api http.Handler, log *slog.Logger) (stop func(), err error) {
+// Requests refused for want of a valid token are recorded in the audit
+// log l (at most refusalsPerSecond a second: an unauthenticated client
+// cannot fill the disk with them; the next entry counts those left out).
+func serveTCP(addr string, files TLSFiles, st *tenant.Store, api http.Handler, l audit.Appender, log *slog.Logger) (stop func(), err error) {
 	hostport, ok := strings.CutPrefix(addr, "tcp://")
 	if !ok {
 		return nil, fmt.Errorf("--listen %q: want tcp://HOST:PORT", addr)
@@ -60,7 +64,7 @@ func serveTCP(addr string, files TLSFiles, st *tenant.Store, api http.Handler, l
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: tokenAuth(st, api, log), TLSConfig: cfg, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: tokenAuth(st, api, refusalLog(l, log), log), TLSConfig: cfg, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("API listener", "addr", hostport, "err", err)
@@ -76,13 +80,17 @@ func serveTCP(addr string, files TLSFiles, st *tenant.Store, api http.Handler, l
 	}, nil
 }
 
-// tokenAuth lets through requests with a valid token, as its principal.
-func tokenAuth(st *tenant.Store, h http.Handler, log *slog.Logger) http.Handler {
+// tokenAuth lets through requests with a valid token, as its principal;
+// refused ones are recorded by refused.
+func tokenAuth(st *tenant.Store, h http.Handler, refused func(r *http.Request), log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		pr, err := st.Authenticate(strings.TrimSpace(tok))
 		if !ok || err != nil {
 			log.Warn("API request without a valid token refused", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
+			if refused != nil {
+				refused(r)
+			}
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="molt"`)
 			w.WriteHeader(http.StatusUnauthorized)
@@ -108,5 +116,48 @@ func ownsSandboxes(m *core.Manager) func(string) bool {
 			}
 		}
 		return false
+	}
+}
+
+// refusalsPerSecond bounds the refused requests the audit log records.
+const refusalsPerSecond = 20
+
+// refusalLog returns the recorder of refused requests into l: the
+// route, the remote address and the token's ID if it names one (never
+// its secret), bounded to refusalsPerSecond.
+func refusalLog(l audit.Appender, log *slog.Logger) func(*http.Request) {
+	if l == nil {
+		return nil
+	}
+	var mu sync.Mutex
+	var second int64
+	var n, suppressed int
+	return func(r *http.Request) {
+		mu.Lock()
+		now := time.Now().Unix()
+		if now != second {
+			second, n = now, 0
+		}
+		n++
+		if n > refusalsPerSecond {
+			suppressed++
+			mu.Unlock()
+			return
+		}
+		left := suppressed
+		suppressed = 0
+		mu.Unlock()
+		e := audit.RequestEntry(r, http.StatusUnauthorized)
+		e.Error = v1.ErrKindUnauthenticated
+		e.Note = "refused: no valid token; remote " + r.RemoteAddr
+		if id, ok := tenant.TokenID(strings.TrimSpace(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))); ok {
+			e.Note += "; token " + id
+		}
+		if left > 0 {
+			e.Note += fmt.Sprintf("; %d refusals before this one not recorded (over %d a second)", left, refusalsPerSecond)
+		}
+		if _, err := l.Append(e); err != nil {
+			log.Error("audit log: cannot record a refused request", "err", err)
+		}
 	}
 }

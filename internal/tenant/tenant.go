@@ -207,16 +207,32 @@ func (s *Store) DeleteToken(id string) error {
 	return s.db.Delete(meta.Tokens, id)
 }
 
-// Authenticate returns the principal of token.
-func (s *Store) Authenticate(token string) (Principal, error) {
+// TokenID returns the ID a token of the form molt_<id>_<secret> names
+// (16 hex digits), whether or not such a token exists.
+func TokenID(token string) (string, bool) {
 	rest, ok := strings.CutPrefix(token, "molt_")
 	if !ok {
-		return Principal{}, ErrUnauthenticated
+		return "", false
 	}
 	id, sec, ok := strings.Cut(rest, "_")
 	if !ok || len(id) != 16 || sec == "" {
+		return "", false
+	}
+	for _, c := range id {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return "", false
+		}
+	}
+	return id, true
+}
+
+// Authenticate returns the principal of token.
+func (s *Store) Authenticate(token string) (Principal, error) {
+	id, ok := TokenID(token)
+	if !ok {
 		return Principal{}, ErrUnauthenticated
 	}
+	sec := strings.TrimPrefix(token, "molt_"+id+"_")
 	var rec meta.TokenRecord
 	if err := s.db.Get(meta.Tokens, id, &rec); err != nil {
 		return Principal{}, ErrUnauthenticated
