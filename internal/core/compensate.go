@@ -325,7 +325,8 @@ func (m *Manager) SetCompensator(ctx context.Context, id string, c v1.Compensato
 	if !ok {
 		return ledger.Record{}, fmt.Errorf("effect %s: %w", id, errdefs.ErrNotFound)
 	}
-	return m.ledger.SetCompensator(sb, id, toLedgerCompensator(c))
+	r, err := m.ledger.SetCompensator(sb, id, toLedgerCompensator(c))
+	return m.effectView(r), err
 }
 
 func toLedgerCompensator(c v1.Compensator) ledger.Compensator {

@@ -28,6 +28,7 @@ import (
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
 	"github.com/molt-sh/molt/internal/keys"
+	"github.com/molt-sh/molt/internal/secret"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/pool"
@@ -59,6 +60,9 @@ type Config struct {
 	// exchanges (the turn log a recovery replays) unless the sandbox
 	// sets its own; 0: turn.DefaultRecordLimit.
 	RecordLimit int64
+	// Redact are regular expressions of credentials redacted from the
+	// turn log and the ledgers, beyond secret.DefaultPatterns.
+	Redact []string
 	// StandbyBudget bounds the memory of pre-restored standbys (by the
 	// size of their checkpoints' images) across the host; 0 disables
 	// standbys, so every rollback restores with CRIU.
@@ -192,6 +196,10 @@ type Manager struct {
 	// keys are the tenants' data keys (Root/keys/data): encryption at
 	// rest when a KEK was given, sealed secrets always (internal/keys).
 	keys *keys.Ring
+	// vault redacts and seals the turn log and the ledgers (secrets.go);
+	// tenants remembers the tenant of sandboxes not yet recorded.
+	vault   *secret.Vault
+	tenants sync.Map
 
 	opts  options // the optimizations switched off (options.go)
 	hooks hooks   // set by tests only (hooks.go)
@@ -269,6 +277,10 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 	if m.keys, err = keys.OpenRing(filepath.Join(cfg.Root, "keys", "data"), cfg.KEK, cfg.PreviousKEK); err != nil {
 		return nil, fmt.Errorf("data keys: %w", err)
 	}
+	if m.vault, err = m.newVault(); err != nil {
+		return nil, err
+	}
+	m.turns.SetVault(m.vault)
 	m.openHot()
 	m.metrics = newMetrics(m)
 	if !m.opts.noScheduler {
