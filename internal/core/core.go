@@ -28,12 +28,12 @@ import (
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/hot"
 	"github.com/molt-sh/molt/internal/keys"
-	"github.com/molt-sh/molt/internal/secret"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/pool"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
+	"github.com/molt-sh/molt/internal/secret"
 	"github.com/molt-sh/molt/internal/turn"
 	"golang.org/x/sys/unix"
 )
