@@ -153,6 +153,18 @@ func TestSecretHygiene(t *testing.T) {
 		t.Errorf("files hold a secret in the clear:\n%s", strings.Join(found, "\n"))
 	}
 
+	// After a daemon restart the log reads as before (the values to
+	// redact are found again) and the sandbox keeps its environment.
+	stopDaemon()
+	if err := startDaemon(); err != nil {
+		t.Fatal(err)
+	}
+	if got := must(t, "--json", "turns", sb); got != turns {
+		t.Errorf("the turn log changed across a restart:\n%s\nwas\n%s", got, turns)
+	}
+	// LLM endpoints end with the daemon that served them.
+	mustJSON(t, &ep, "llm", sb, "--upstream", srv.URL+"/v1")
+
 	// Recovery replays the exact output.
 	var res v1.RecoverResult
 	mustJSON(t, &res, "recover", sb)
@@ -169,5 +181,19 @@ func TestSecretHygiene(t *testing.T) {
 	}
 	if replayed < 2 || !second[1].replayed || !strings.Contains(second[1].out, exportSecret) {
 		t.Errorf("recover %+v: replayed %d commands (%+v); want the export and the echo, exact", res, replayed, second)
+	}
+
+	// A fork of an fs checkpoint starts a fresh init: it gets the
+	// secrets, sealed again for its own record.
+	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "fs", "--wait"))
+	var fr v1.ForkResult
+	mustJSON(t, &fr, "fork", ck)
+	f := fr.Sandboxes[0]
+	t.Cleanup(func() { molt(t, "rm", f.ID) })
+	if got := strings.TrimSpace(must(t, "exec", f.ID, "--aside", "--", "sh", "-c", "echo $API_TOKEN")); got != refSecret || strings.Join(f.Secrets, ",") != "API_TOKEN" {
+		t.Errorf("fork: API_TOKEN=%q, secrets %q", got, f.Secrets)
+	}
+	if found := findSecrets(t, env.root, secrets...); len(found) > 0 {
+		t.Errorf("files hold a secret in the clear after the fork:\n%s", strings.Join(found, "\n"))
 	}
 }
