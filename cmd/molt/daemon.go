@@ -58,8 +58,7 @@ func parseReserve(s string) (bytes int64, percent float64, err error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve, defaultDisk string
-	var defMemory, defPids, defCPUs string
+	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve, defaultDisk, defMemory, defPids, defCPUs string
 	var defIOWeight int64
 	var workers, criuLog int
 	var dynMods, cow, tmpl, diskQuota, userns bool

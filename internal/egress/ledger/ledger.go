@@ -100,8 +100,9 @@ type Repair struct {
 }
 
 type sandbox struct {
-	c    codec // set at creation
-	mu   sync.Mutex
+	mu sync.Mutex
+	// c protects the lines of the file (seal.go); set at creation.
+	c    codec    // +checklocks:mu
 	st   *state   // +checklocks:mu
 	f    *os.File // +checklocks:mu
 	size int64    // +checklocks:mu
