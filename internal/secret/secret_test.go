@@ -33,7 +33,7 @@ func TestRedact(t *testing.T) {
 			t.Errorf("Redact(%q) = %q", c.in, got)
 		}
 	}
-	plain := "total 12\ndrwxr-xr-x 2 root root 4096 notes.txt\nhello world\n"
+	plain := "total 12\ndrwxr-xr-x 2 root root 4096 notes.txt\nhello world\n" + `{"max_tokens": 1024, "stream": true, "usage": {"input_tokens": 12}}`
 	if got := r.Redact(plain, nil); got != plain {
 		t.Errorf("ordinary text changed: %q", got)
 	}
@@ -83,5 +83,24 @@ func TestVault(t *testing.T) {
 	}
 	if _, err := v.Open("a", s, []byte("aad")); !errors.Is(err, keys.ErrShredded) {
 		t.Errorf("open after shredding: %v", err)
+	}
+}
+
+// BenchmarkRedact: redaction is on the path of every recorded LLM call
+// (the reply waits for its record): 1 MiB of an LLM request's JSON,
+// plain, and with an anchor ("max_tokens") every 90 bytes.
+func BenchmarkRedact(b *testing.B) {
+	r, _ := NewRedactor(nil)
+	for name, line := range map[string]string{
+		"plain":   `{"role":"user","content":"total 12 drwxr-xr-x 2 root root 4096 notes.txt and more"},`,
+		"anchors": `{"role":"user","content":"total 12 drwxr-xr-x 2 root root 4096 notes.txt","max_tokens":1024},`,
+	} {
+		s := strings.Repeat(line, (1<<20)/len(line))
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(s)))
+			for b.Loop() {
+				r.Redact(s, []string{"hunter2-secret", "another-value"})
+			}
+		})
 	}
 }
