@@ -629,6 +629,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 		return 0, nil, err
 	}
 	ident := turn.ExecIdent(req.Args, req.Env, req.Cwd, req.User, req.Detach, req.Stdin, req.TimeoutMS)
+	m.learnExecEnv(rec.ID, req.Env)
 	if req.Aside {
 		// Neither the agent's nor recorded.
 	} else if x, ok := m.turns.Replay(rec.ID, turn.Request{Kind: turn.ExchangeExec, Ident: ident, What: "exec " + strings.Join(req.Args, " ")}); ok {

@@ -76,6 +76,18 @@ func (m *Manager) initEnv(rec sandboxRec) (map[string]string, error) {
 	return env, nil
 }
 
+// learnExecEnv adds the values of an exec's secret-looking variables to
+// the sandbox's values to redact (its output may print them).
+func (m *Manager) learnExecEnv(id string, env map[string]string) {
+	var vs []string
+	for k, v := range env {
+		if secret.SecretName(k) {
+			vs = append(vs, v)
+		}
+	}
+	m.vault.Add(id, vs)
+}
+
 // forkSecrets gives the fork rec its source's secrets, sealed again for
 // its own ID (and learned values, for redaction).
 func (m *Manager) forkSecrets(rec *sandboxRec, src sandboxRec) error {

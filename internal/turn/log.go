@@ -142,13 +142,7 @@ func (t *Tracker) logBytes(id string) int64 {
 	var n int64
 	recs, _ := t.rawLog(id)
 	for _, tr := range recs {
-		n += sealedBytes(tr)
-		for _, c := range tr.Commands {
-			n += int64(len(c.Stdout) + len(c.Stderr))
-		}
-		for _, c := range tr.LLM {
-			n += int64(len(c.Request) + len(c.Response))
-		}
+		n += storedBytes(tr)
 	}
 	return n
 }

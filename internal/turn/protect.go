@@ -205,15 +205,25 @@ func (t *Tracker) learn(id string, c meta.TurnCommand) {
 	}
 }
 
-// sealedBytes is what tr's sealed items hold, against the sandbox's
-// recording limit (their clear fields may be empty).
-func sealedBytes(tr meta.TurnRecord) int64 {
+// storedBytes is what tr holds of outputs and LLM exchanges, against
+// the sandbox's recording limit: a sealed item counts its sealed size
+// (its exact text, and the redacted one with encryption at rest), the
+// others their clear text.
+func storedBytes(tr meta.TurnRecord) int64 {
 	var n int64
-	for _, s := range tr.SealedCommands {
-		n += int64(len(s))
+	for i, c := range tr.Commands {
+		if i < len(tr.SealedCommands) && len(tr.SealedCommands[i]) > 0 {
+			n += int64(len(tr.SealedCommands[i]))
+		} else {
+			n += int64(len(c.Stdout) + len(c.Stderr))
+		}
 	}
-	for _, s := range tr.SealedLLM {
-		n += int64(len(s))
+	for i, c := range tr.LLM {
+		if i < len(tr.SealedLLM) && len(tr.SealedLLM[i]) > 0 {
+			n += int64(len(tr.SealedLLM[i]))
+		} else {
+			n += int64(len(c.Request) + len(c.Response))
+		}
 	}
 	return n
 }
