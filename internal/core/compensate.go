@@ -109,7 +109,7 @@ func (m *Manager) compensate(ctx context.Context, id, ck, batch string) *meta.Co
 		case ledger.CompDone:
 			rep.Compensated = append(rep.Compensated, oc.ID)
 		case ledger.CompFailed:
-			rep.Failed = append(rep.Failed, meta.FailedCompensation{ID: oc.ID, Attempts: oc.Attempts, Error: oc.Error})
+			rep.Failed = append(rep.Failed, meta.FailedCompensation{ID: oc.ID, Attempts: oc.Attempts, Error: m.vault.Redact(id, oc.Error)})
 		}
 	}
 	if len(rep.Failed) > 0 {

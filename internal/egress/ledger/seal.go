@@ -89,6 +89,13 @@ func (c codec) encode(e entry) ([]byte, error) {
 	if c.v == nil {
 		return encodeLine(e)
 	}
+	if e.Op == opComp && e.Compensation != nil && e.Compensation.Error != "" {
+		// An attempt's error may quote the compensator's URL; it is only
+		// read, never replayed: kept redacted.
+		cp := *e.Compensation
+		cp.Error = c.v.Redact(c.sb, cp.Error)
+		e.Compensation = &cp
+	}
 	exact, ok := payloadOf(e)
 	if !ok {
 		return encodeLine(e)
@@ -238,5 +245,10 @@ func (l *Ledger) View(r Record) Record {
 	}
 	p := redactPayload(l.vault, r.Sandbox, payload{URL: r.Request.URL, Response: r.Response, Compensator: r.Compensator, Error: r.Error})
 	r.Request.URL, r.Response, r.Compensator, r.Error = p.URL, p.Response, p.Compensator, p.Error
+	if r.Compensation != nil && r.Compensation.Error != "" {
+		cp := *r.Compensation
+		cp.Error = l.vault.Redact(r.Sandbox, cp.Error)
+		r.Compensation = &cp
+	}
 	return r
 }
