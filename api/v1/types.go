@@ -164,11 +164,17 @@ type LimitsTampered struct {
 type SandboxCreateRequest struct {
 	// Tenant owns the new sandbox: the token's tenant for a tenant's
 	// token (whatever is sent); the host admin may name any tenant.
-	Tenant    string            `json:"tenant,omitempty"`
-	Image     string            `json:"image"`
-	Name      string            `json:"name,omitempty"`
-	Hostname  string            `json:"hostname,omitempty"`
-	Env       map[string]string `json:"env,omitempty"`
+	Tenant   string            `json:"tenant,omitempty"`
+	Image    string            `json:"image"`
+	Name     string            `json:"name,omitempty"`
+	Hostname string            `json:"hostname,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	// Secrets are environment variables passed by reference: every
+	// process of the sandbox gets them as Env's, but the daemon stores
+	// their values only sealed with the tenant's data key, never shows
+	// them, and redacts them from the turn log and the effect ledger.
+	// They are sent once, with this request.
+	Secrets   map[string]string `json:"secrets,omitempty"`
 	Resources Resources         `json:"resources,omitempty"`
 	// Seccomp selects the system call filter of every process of the
 	// sandbox: SeccompDefault (molt's profile, docs/security.md),
@@ -265,15 +271,19 @@ type Sandbox struct {
 	ID   string `json:"id"`
 	Name string `json:"name,omitempty"`
 	// Tenant owns the sandbox ("": the host's own).
-	Tenant    string            `json:"tenant,omitempty"`
-	Image     string            `json:"image"`
-	Hostname  string            `json:"hostname"`
-	State     string            `json:"state"`
-	Reason    string            `json:"reason,omitempty"`
-	Created   time.Time         `json:"created"`
-	Pid       int               `json:"pid,omitempty"`
-	Env       map[string]string `json:"env,omitempty"`
-	Resources Resources         `json:"resources,omitempty"`
+	Tenant   string    `json:"tenant,omitempty"`
+	Image    string    `json:"image"`
+	Hostname string    `json:"hostname"`
+	State    string    `json:"state"`
+	Reason   string    `json:"reason,omitempty"`
+	Created  time.Time `json:"created"`
+	Pid      int       `json:"pid,omitempty"`
+	// EnvNames are the names of the sandbox's environment variables;
+	// their values are never returned (they may be credentials). Secrets
+	// are the names of those passed by reference.
+	EnvNames  []string  `json:"env_names,omitempty"`
+	Secrets   []string  `json:"secrets,omitempty"`
+	Resources Resources `json:"resources,omitempty"`
 	// Seccomp is the sandbox's system call filter: SeccompDefault,
 	// SeccompUnconfined or SeccompCustom.
 	Seccomp string `json:"seccomp,omitempty"`

@@ -99,6 +99,9 @@ func (r SandboxCreateRequest) Validate() error {
 	if err := r.validSeccomp(); err != nil {
 		return err
 	}
+	if err := ValidEnv(r.Secrets); err != nil {
+		return fmt.Errorf("secrets: %w", err)
+	}
 	return ValidEnv(r.Env)
 }
 

@@ -58,8 +58,7 @@ func parseReserve(s string) (bytes int64, percent float64, err error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve, defaultDisk string
-	var defMemory, defPids, defCPUs string
+	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve, defaultDisk, defMemory, defPids, defCPUs string
 	var defIOWeight int64
 	var workers, criuLog int
 	var dynMods, cow, tmpl, diskQuota, userns bool
@@ -68,7 +67,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var sockGroup string
 	var sockUIDs []int
 	var seccompDefault string
-	var trustKeys []string
+	var trustKeys, redact []string
 	recLimit := sizeFlag(turn.DefaultRecordLimit)
 	var eg egressFlags
 	c := &cobra.Command{
@@ -137,7 +136,7 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{RecordLimit: int64(recLimit), TrustedKeys: trustKeys, KEK: kek, PreviousKEK: prevKEK, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+				Config: core.Config{RecordLimit: int64(recLimit), Redact: redact, TrustedKeys: trustKeys, KEK: kek, PreviousKEK: prevKEK, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
 					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault,
 					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile,
@@ -149,6 +148,7 @@ func daemonCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().StringArrayVar(&trustKeys, "trust-key", nil, "public key file (another host's ROOT/keys/host.pub) whose signed checkpoints this host accepts, besides its own and ROOT/keys/trusted/*.pub (repeatable)")
+	c.Flags().StringArrayVar(&redact, "redact", nil, "regular expression (Go syntax) of a credential to redact from turn logs and effect ledgers, besides the built-in ones (a group named v limits what is replaced; repeatable)")
 	c.Flags().Var(&recLimit, "record-limit", "default bound of each sandbox's turn log recording (command output, LLM exchanges) that a recovery replays; past it turns are kept cut and cannot be fast-forwarded")
 	eg.add(c)
 	c.Flags().StringVar(&poolSize, "pool-size", "32G", "size of the btrfs loop file when the root is not on btrfs")

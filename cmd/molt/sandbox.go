@@ -18,7 +18,7 @@ import (
 
 func createCmd(g *globals) *cobra.Command {
 	var name, hostname, memory, pids, cpus, standbyBudget, disk, filter string
-	var env []string
+	var env, secrets, secretEnv []string
 	var net netFlags
 	var ioWeight int64
 	var recordLimit string
@@ -61,7 +61,11 @@ func createCmd(g *globals) *cobra.Command {
 					diskBytes = -1
 				}
 			}
-			req := v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e,
+			sec, err := parseSecrets(secrets, secretEnv)
+			if err != nil {
+				return err
+			}
+			req := v1.SandboxCreateRequest{Image: args[0], Name: name, Hostname: hostname, Env: e, Secrets: sec,
 				Resources: v1.Resources{MemoryBytes: res.MemoryBytes, Pids: res.Pids, CPUMillis: res.CPUMillis, IOWeight: res.IOWeight, StandbyBudgetBytes: sby, DiskBytes: diskBytes}}
 			if req.Seccomp, req.SeccompProfile, err = seccompFlag(filter); err != nil {
 				return err
@@ -88,6 +92,8 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&recordLimit, "record-limit", "", "bound of the turn log's recording (command output, LLM exchanges) a recovery replays (e.g. 64M; default: the daemon's --record-limit)")
 	c.Flags().StringVar(&hostname, "hostname", "", "hostname (default: the name, or molt-ID)")
 	c.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE for every command (repeatable)")
+	c.Flags().StringArrayVar(&secrets, "secret", nil, "secret NAME=@FILE: an environment variable for every command whose value is read from FILE here, sent once, stored only sealed, never shown and redacted from turn logs and ledgers (repeatable)")
+	c.Flags().StringArrayVar(&secretEnv, "secret-env", nil, "secret NAME taken from this command's own environment variable NAME, as --secret (repeatable)")
 	c.Flags().StringVar(&memory, "memory", "", "memory limit (e.g. 2G; 0 or unlimited for none; default: the daemon's --default-memory)")
 	c.Flags().StringVar(&pids, "pids", "", "process (task) limit (0 or unlimited for none; default: the daemon's --default-pids)")
 	c.Flags().StringVar(&cpus, "cpus", "", "CPU limit in CPUs, as 1.5 (0 or unlimited for none; default: the daemon's --default-cpus)")
@@ -97,6 +103,41 @@ func createCmd(g *globals) *cobra.Command {
 	net.add(c)
 	c.Flags().StringVar(&filter, "seccomp", "", "system call filter: default (molt's profile, docs/security.md), unconfined, or the path of a Docker/OCI-format JSON profile, read here and sent to the daemon (default: the daemon's --seccomp-default)")
 	return c
+}
+
+// maxSecretBytes bounds one secret read from a file.
+const maxSecretBytes = 1 << 20
+
+// parseSecrets reads --secret NAME=@FILE and --secret-env NAME. A value
+// is never taken from the command line itself: argv is readable by every
+// user of the host.
+func parseSecrets(files, envs []string) (map[string]string, error) {
+	if len(files)+len(envs) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range files {
+		k, f, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || !strings.HasPrefix(f, "@") || len(f) < 2 {
+			return nil, fmt.Errorf("bad --secret %q: want NAME=@FILE (the value is read from FILE, never given on the command line)", k)
+		}
+		b, err := os.ReadFile(f[1:])
+		if err != nil {
+			return nil, fmt.Errorf("--secret %s: %w", k, err)
+		}
+		if len(b) > maxSecretBytes {
+			return nil, fmt.Errorf("--secret %s: %s holds more than %d bytes", k, f[1:], maxSecretBytes)
+		}
+		out[k] = strings.TrimRight(string(b), "\r\n")
+	}
+	for _, k := range envs {
+		v, ok := os.LookupEnv(k)
+		if k == "" || !ok {
+			return nil, fmt.Errorf("--secret-env %s: not in the environment", k)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 // seccompFlag turns --seccomp into the request's fields: a mode, or a
@@ -186,6 +227,12 @@ func inspectCmd(g *globals) *cobra.Command {
 					fmt.Printf("disk:      %s of %s\n", human(sb.DiskUsedBytes), human(sb.Resources.DiskBytes))
 				} else if sb.DiskUsedBytes > 0 {
 					fmt.Printf("disk:      %s (no quota)\n", human(sb.DiskUsedBytes))
+				}
+				if len(sb.EnvNames) > 0 {
+					fmt.Printf("env:       %s\n", strings.Join(sb.EnvNames, ", "))
+				}
+				if len(sb.Secrets) > 0 {
+					fmt.Printf("secrets:   %s\n", strings.Join(sb.Secrets, ", "))
 				}
 				for _, s := range sb.Sessions {
 					fmt.Printf("session:   %s (pid %d)\n", s.Name, s.Pid)

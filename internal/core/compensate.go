@@ -109,7 +109,7 @@ func (m *Manager) compensate(ctx context.Context, id, ck, batch string) *meta.Co
 		case ledger.CompDone:
 			rep.Compensated = append(rep.Compensated, oc.ID)
 		case ledger.CompFailed:
-			rep.Failed = append(rep.Failed, meta.FailedCompensation{ID: oc.ID, Attempts: oc.Attempts, Error: oc.Error})
+			rep.Failed = append(rep.Failed, meta.FailedCompensation{ID: oc.ID, Attempts: oc.Attempts, Error: m.vault.Redact(id, oc.Error)})
 		}
 	}
 	if len(rep.Failed) > 0 {
@@ -325,7 +325,8 @@ func (m *Manager) SetCompensator(ctx context.Context, id string, c v1.Compensato
 	if !ok {
 		return ledger.Record{}, fmt.Errorf("effect %s: %w", id, errdefs.ErrNotFound)
 	}
-	return m.ledger.SetCompensator(sb, id, toLedgerCompensator(c))
+	r, err := m.ledger.SetCompensator(sb, id, toLedgerCompensator(c))
+	return m.effectView(r), err
 }
 
 func toLedgerCompensator(c v1.Compensator) ledger.Compensator {

@@ -33,6 +33,7 @@ import (
 	"github.com/molt-sh/molt/internal/pool"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
+	"github.com/molt-sh/molt/internal/secret"
 	"github.com/molt-sh/molt/internal/turn"
 	"golang.org/x/sys/unix"
 )
@@ -59,6 +60,9 @@ type Config struct {
 	// exchanges (the turn log a recovery replays) unless the sandbox
 	// sets its own; 0: turn.DefaultRecordLimit.
 	RecordLimit int64
+	// Redact are regular expressions of credentials redacted from the
+	// turn log and the ledgers, beyond secret.DefaultPatterns.
+	Redact []string
 	// StandbyBudget bounds the memory of pre-restored standbys (by the
 	// size of their checkpoints' images) across the host; 0 disables
 	// standbys, so every rollback restores with CRIU.
@@ -195,6 +199,10 @@ type Manager struct {
 	// plain are the decrypted views of sealed checkpoints' images
 	// (encrypt.go).
 	plain plainViews
+	// vault redacts and seals the turn log and the ledgers (secrets.go);
+	// tenants remembers the tenant of sandboxes not yet recorded.
+	vault   *secret.Vault
+	tenants sync.Map
 
 	opts  options // the optimizations switched off (options.go)
 	hooks hooks   // set by tests only (hooks.go)
@@ -272,6 +280,10 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 	if m.keys, err = keys.OpenRing(filepath.Join(cfg.Root, "keys", "data"), cfg.KEK, cfg.PreviousKEK); err != nil {
 		return nil, fmt.Errorf("data keys: %w", err)
 	}
+	if m.vault, err = m.newVault(); err != nil {
+		return nil, err
+	}
+	m.turns.SetVault(m.vault)
 	m.openHot()
 	m.metrics = newMetrics(m)
 	if !m.opts.noScheduler {

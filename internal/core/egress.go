@@ -51,7 +51,7 @@ type EgressConfig struct {
 // openEgress opens the ledger and prepares the host's egress; nothing
 // changes on the host until a sandbox with egress runs.
 func (m *Manager) openEgress() error {
-	l, err := ledger.Open(m.path("ledger"))
+	l, err := ledger.OpenSealed(m.path("ledger"), m.vault)
 	if err != nil {
 		return fmt.Errorf("effect ledger: %w", err)
 	}
@@ -488,7 +488,8 @@ func (m *Manager) ConsumeEffect(ctx context.Context, id string, req v1.EffectCon
 	if !ok {
 		return ledger.Record{}, fmt.Errorf("effect %s: %w", id, errdefs.ErrNotFound)
 	}
-	return m.ledger.Consume(sb, id, ledger.Consumer{By: req.By, Note: req.Note})
+	r, err := m.ledger.Consume(sb, id, ledger.Consumer{By: req.By, Note: req.Note})
+	return m.effectView(r), err
 }
 
 // ledgerFork gives the fork rec a ledger branched from its checkpoint's
@@ -527,7 +528,7 @@ func (m *Manager) Effects(ctx context.Context, ref, since string) ([]ledger.Reco
 	for _, o := range m.ledger.Orphans(rec.ID) {
 		orphans[o.ID] = true
 	}
-	return rs, orphans, nil
+	return m.effectViews(rs), orphans, nil
 }
 
 // DeclareEffect records an effect that did not cross molt's proxy.
@@ -580,5 +581,6 @@ func (m *Manager) DeclareEffect(ctx context.Context, ref string, req v1.EffectDe
 	if req.Status != 0 || len(req.ResponseBody) > 0 {
 		r.Response = &ledger.Response{Status: req.Status, Body: req.ResponseBody, BodySize: int64(len(req.ResponseBody))}
 	}
-	return m.ledger.Begin(rec.ID, r)
+	r, err = m.ledger.Begin(rec.ID, r)
+	return m.effectView(r), err
 }

@@ -157,6 +157,10 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 				Head: ck.ID, ForkedFrom: ck.ID, Seccomp: src.Seccomp,
 				Network: src.Network, Egress: src.Egress, EffectPolicy: src.EffectPolicy,
 			}, MachineID: newMachineID(), SeccompProfile: src.SeccompProfile, RecordLimit: src.RecordLimit}
+			if err := m.forkSecrets(&rec, src); err != nil {
+				made.errs[i] = err
+				return
+			}
 			var taken *standby
 			if i == 0 {
 				taken = sby

@@ -68,7 +68,7 @@ func (m *Manager) Recover(ctx context.Context, ref string, req v1.RecoverRequest
 // back from the sandbox's head to the first committed checkpoint that
 // ends a turn whose chain is wholly recorded.
 func (m *Manager) recoveryPoint(rec sandboxRec, to string) (checkpointRec, []meta.TurnRecord, error) {
-	log, err := m.turns.Log(rec.ID)
+	log, err := m.turns.ExactLog(rec.ID)
 	if err != nil {
 		return checkpointRec{}, nil, err
 	}
@@ -194,7 +194,7 @@ func (m *Manager) turnOf(id, ck string) int {
 // recording goes with the checkpoint lineage it belongs to. Caller holds
 // the sandbox lock.
 func (m *Manager) pruneTurns(id string) {
-	log, err := m.turns.Log(id)
+	log, err := m.turns.Stored(id)
 	if err != nil || len(log) == 0 {
 		return
 	}

@@ -76,6 +76,10 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (meta
 	if err := setNetwork(&rec, req); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
+	if err := m.sealSecrets(&rec, req.Secrets); err != nil {
+		return meta.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	m.noteTenant(rec.ID, rec.Tenant)
 	sb, err := m.createFrom(ctx, rec, m.imageDir(req.Image), nil, nil)
 	if err != nil {
 		return meta.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
@@ -247,6 +251,10 @@ func (m *Manager) startInit(ctx context.Context, rec *sandboxRec, cg *cgroup.Cgr
 	if err != nil {
 		return sandbox.Init{}, err
 	}
+	env, err := m.initEnv(*rec)
+	if err != nil {
+		return sandbox.Init{}, err
+	}
 	var init sandbox.Init
 	err = m.withHeadroom(*rec, func() error {
 		if err := sandbox.InstallInit(root, m.initBin); err != nil {
@@ -260,7 +268,7 @@ func (m *Manager) startInit(ctx context.Context, rec *sandboxRec, cg *cgroup.Cgr
 		}
 		var err error
 		init, err = m.launcher.StartIn(ctx, root, sbinit.Config{
-			Hostname: rec.Hostname, MachineID: rec.MachineID, Env: rec.Env,
+			Hostname: rec.Hostname, MachineID: rec.MachineID, Env: env,
 			Seccomp: prog.Bytes(),
 		}, cg.Add, rec.IDs)
 		return err
@@ -592,6 +600,8 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	if err := m.ledger.Remove(rec.ID); err != nil {
 		m.log.Warn("effect ledger: cannot remove the sandbox's", "sandbox", rec.ID, "err", err)
 	}
+	m.vault.Forget(rec.ID)
+	m.tenants.Delete(rec.ID)
 	return nil
 }
 
@@ -619,6 +629,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int
 		return 0, nil, err
 	}
 	ident := turn.ExecIdent(req.Args, req.Env, req.Cwd, req.User, req.Detach, req.Stdin, req.TimeoutMS)
+	m.learnExecEnv(rec.ID, req.Env)
 	if req.Aside {
 		// Neither the agent's nor recorded.
 	} else if x, ok := m.turns.Replay(rec.ID, turn.Request{Kind: turn.ExchangeExec, Ident: ident, What: "exec " + strings.Join(req.Args, " ")}); ok {

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"net/netip"
+	"sort"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/egress/ledger"
@@ -41,7 +42,8 @@ func toSandbox(s meta.Sandbox) v1.Sandbox {
 	return v1.Sandbox{
 		ID: s.ID, Name: s.Name, Tenant: s.Tenant, Image: s.Image, Hostname: s.Hostname,
 		State: s.State, Reason: s.Reason, Created: s.Created, Pid: s.Pid,
-		Env:       s.Env,
+		EnvNames:  envNames(s.Env),
+		Secrets:   s.Secrets,
 		Resources: v1.Resources(s.Resources),
 		Seccomp:   s.Seccomp, Head: s.Head, ForkedFrom: s.ForkedFrom,
 		Standby: s.Standby, Standbys: s.Standbys, StandbyBytes: s.StandbyBytes,
@@ -55,6 +57,20 @@ func toSandbox(s meta.Sandbox) v1.Sandbox {
 		EffectPolicy:   s.EffectPolicy,
 		Compensation:   toCompensationReport(s.Compensation),
 	}
+}
+
+// envNames are the names of env, sorted: the values never leave the
+// daemon (they may be credentials).
+func envNames(env map[string]string) []string {
+	if len(env) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(env))
+	for k := range env {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func toCompensationReport(c *meta.CompensationReport) *v1.CompensationReport {

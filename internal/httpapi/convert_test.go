@@ -53,7 +53,21 @@ func TestConvertCoversEveryField(t *testing.T) {
 
 // derived are wire fields made from differently shaped domain fields;
 // each has a test of its own (TestConvertEgress).
-var derived = map[reflect.Type]map[string]bool{reflect.TypeOf(v1.Sandbox{}): {"Address": true, "Egress": true}}
+var derived = map[reflect.Type]map[string]bool{reflect.TypeOf(v1.Sandbox{}): {"Address": true, "Egress": true, "EnvNames": true}}
+
+// TestConvertEnvNamesOnly: a sandbox's environment reaches the wire as
+// names, never values, and its secrets as names.
+func TestConvertEnvNamesOnly(t *testing.T) {
+	sb := meta.Sandbox{Env: map[string]string{"B_TOKEN": "tok-value-1", "A": "plain-value-2"}, Secrets: []string{"DB_PASSWORD"}}
+	w := toSandbox(sb)
+	if !reflect.DeepEqual(w.EnvNames, []string{"A", "B_TOKEN"}) || !reflect.DeepEqual(w.Secrets, []string{"DB_PASSWORD"}) {
+		t.Errorf("env names %q secrets %q", w.EnvNames, w.Secrets)
+	}
+	b, _ := json.Marshal(w)
+	if bytes.Contains(b, []byte("tok-value-1")) || bytes.Contains(b, []byte("plain-value-2")) {
+		t.Errorf("an env value is on the wire: %s", b)
+	}
+}
 
 // TestConvertEgress: a sandbox's egress (an address and a policy in the
 // record) reaches the wire whole.

@@ -76,6 +76,11 @@ type SandboxRecord struct {
 	// RecordLimit is the sandbox's own bound of its turn log's recorded
 	// outputs and LLM exchanges (0: the daemon's).
 	RecordLimit int64 `json:"record_limit,omitempty"`
+	// SealedSecrets holds the values of the secrets passed by reference
+	// (Sandbox.Secrets names them): a JSON object sealed with the
+	// tenant's data key, bound to the sandbox's ID (internal/secret).
+	// They are never stored in the clear.
+	SealedSecrets []byte `json:"sealed_secrets,omitempty"`
 }
 
 // CheckpointRecord is a checkpoint as buckets Checkpoints and
@@ -126,16 +131,20 @@ func (ck CheckpointRecord) Outside() int {
 
 // Sandbox is a sandbox as the engine reports it.
 type Sandbox struct {
-	ID        string            `json:"id"`
-	Name      string            `json:"name,omitempty"`
-	Image     string            `json:"image"`
-	Hostname  string            `json:"hostname"`
-	State     string            `json:"state"`
-	Reason    string            `json:"reason,omitempty"`
-	Created   time.Time         `json:"created"`
-	Pid       int               `json:"pid,omitempty"`
-	Env       map[string]string `json:"env,omitempty"`
-	Resources Resources         `json:"resources,omitempty"`
+	ID       string            `json:"id"`
+	Name     string            `json:"name,omitempty"`
+	Image    string            `json:"image"`
+	Hostname string            `json:"hostname"`
+	State    string            `json:"state"`
+	Reason   string            `json:"reason,omitempty"`
+	Created  time.Time         `json:"created"`
+	Pid      int               `json:"pid,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	// Secrets names the secrets passed by reference: given to every
+	// process as environment variables, their values only sealed
+	// (SandboxRecord.SealedSecrets).
+	Secrets   []string  `json:"secrets,omitempty"`
+	Resources Resources `json:"resources,omitempty"`
 	// Tenant owns the sandbox ("": the host's own).
 	Tenant string `json:"tenant,omitempty"`
 	// Seccomp is the sandbox's system call filter: SeccompDefault,

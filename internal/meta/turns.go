@@ -20,6 +20,13 @@ type TurnRecord struct {
 	Ended      time.Time     `json:"ended"`
 	Commands   []TurnCommand `json:"commands,omitempty"`
 	LLM        []LLMCall     `json:"llm,omitempty"`
+	// SealedCommands[i] and SealedLLM[i], when not empty, hold the exact
+	// text of Commands[i] (Command, Args, Stdout, Stderr) and LLM[i]
+	// (Request, Response) sealed with the tenant's data key: written when
+	// the clear fields were redacted, or always with encryption at rest
+	// (the clear fields then empty). internal/turn, protect.go.
+	SealedCommands [][]byte `json:"sealed_commands,omitempty"`
+	SealedLLM      [][]byte `json:"sealed_llm,omitempty"`
 }
 
 // TurnResult is what ending a turn decided and did.

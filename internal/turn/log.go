@@ -36,13 +36,39 @@ func (t *Tracker) lastTurn(id string) int {
 // record writes an ended turn to the log; a failure is logged, not
 // returned: the turn's checkpoint is taken either way.
 func (t *Tracker) record(tr meta.TurnRecord) {
+	if err := t.protectCommands(&tr); err != nil {
+		// The exact text is never stored in the clear: keep the
+		// redacted text only, and the turn cannot be replayed.
+		v := t.vaultOf()
+		for i := range tr.Commands {
+			c := &tr.Commands[i]
+			x := commandText{Command: c.Command, Args: c.Args, Stdout: c.Stdout, Stderr: c.Stderr}.redact(v, tr.Sandbox)
+			c.Command, c.Args, c.Stdout, c.Stderr = x.Command, x.Args, x.Stdout, x.Stderr
+		}
+		tr.SealedCommands = nil
+		tr.Incomplete = "its commands' exact text could not be sealed: " + err.Error()
+		t.cfg.Log.Warn("turn's commands not sealed; kept redacted only", "sandbox", tr.Sandbox, "turn", tr.Turn, "err", err)
+	}
 	if err := t.cfg.DB.Put(meta.Turns, turnKey(tr.Sandbox, tr.Turn), tr); err != nil {
 		t.cfg.Log.Warn("turn not recorded", "sandbox", tr.Sandbox, "turn", tr.Turn, "err", err)
 	}
 }
 
-// Log lists sandbox id's turn log, oldest first.
-func (t *Tracker) Log(id string) ([]meta.TurnRecord, error) {
+// Log lists sandbox id's turn log, oldest first, as it is shown:
+// redacted. A record whose sealed text cannot be opened (its tenant's key
+// was shredded) is an error.
+func (t *Tracker) Log(id string) ([]meta.TurnRecord, error) { return t.log(id, false) }
+
+// ExactLog is Log with the exact text a recovery replays.
+func (t *Tracker) ExactLog(id string) ([]meta.TurnRecord, error) { return t.log(id, true) }
+
+// Stored lists the records as stored (sealed items unopened, the clear
+// fields redacted or empty): for what needs only their numbers, heads
+// and links.
+func (t *Tracker) Stored(id string) ([]meta.TurnRecord, error) { return t.rawLog(id) }
+
+// rawLog lists the records as stored (sealed items unopened).
+func (t *Tracker) rawLog(id string) ([]meta.TurnRecord, error) {
 	var out []meta.TurnRecord
 	err := t.cfg.DB.ForEachPrefix(meta.Turns, id+"/", func(_ string, b []byte) error {
 		var tr meta.TurnRecord
@@ -53,6 +79,19 @@ func (t *Tracker) Log(id string) ([]meta.TurnRecord, error) {
 		return nil
 	})
 	return out, err
+}
+
+func (t *Tracker) log(id string, exact bool) ([]meta.TurnRecord, error) {
+	out, err := t.rawLog(id)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		if err := t.reveal(&out[i], exact); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // limit is sandbox id's recording limit.
@@ -101,14 +140,9 @@ func (t *Tracker) refund(id string, n int64) {
 // exchanges.
 func (t *Tracker) logBytes(id string) int64 {
 	var n int64
-	recs, _ := t.Log(id)
+	recs, _ := t.rawLog(id)
 	for _, tr := range recs {
-		for _, c := range tr.Commands {
-			n += int64(len(c.Stdout) + len(c.Stderr))
-		}
-		for _, c := range tr.LLM {
-			n += int64(len(c.Request) + len(c.Response))
-		}
+		n += storedBytes(tr)
 	}
 	return n
 }
@@ -133,6 +167,13 @@ func (t *Tracker) RecordLLM(id string, turn int, c meta.LLMCall) error {
 		c.Response, c.ResponseTruncated = clipString(c.Response, keepOutput)
 		incomplete = fmt.Sprintf("LLM call %d's response was cut: the sandbox's recording limit of %d bytes was reached", c.ID, t.limit(id))
 	}
+	sealed, err := t.protectLLM(id, turn, &c)
+	if err != nil {
+		// Never the exact bodies in the clear: keep them redacted only.
+		x := llmText{Request: c.Request, Response: c.Response}.redact(t.vaultOf(), id)
+		c.Request, c.Response, sealed = x.Request, x.Response, nil
+		incomplete = fmt.Sprintf("LLM call %d's exact bodies could not be sealed: %v", c.ID, err)
+	}
 	if ts := t.of(id); ts != nil {
 		// Waits for a turn end in progress to have written its record.
 		ts.mu.Lock()
@@ -142,6 +183,12 @@ func (t *Tracker) RecordLLM(id string, turn int, c meta.LLMCall) error {
 		var tr meta.TurnRecord
 		if err := tx.Get(meta.Turns, turnKey(id, turn), &tr); err != nil {
 			return err
+		}
+		if sealed != nil || tr.SealedLLM != nil {
+			for len(tr.SealedLLM) < len(tr.LLM) {
+				tr.SealedLLM = append(tr.SealedLLM, nil)
+			}
+			tr.SealedLLM = append(tr.SealedLLM, sealed)
 		}
 		tr.LLM = append(tr.LLM, c)
 		if incomplete != "" && tr.Incomplete == "" {
@@ -184,6 +231,7 @@ func (t *Tracker) record1(id string, c meta.TurnCommand, charged bool) {
 		c.Stdout, _ = clipString(c.Stdout, keepOutput)
 		c.Stderr, _ = clipString(c.Stderr, keepOutput)
 	}
+	t.learn(id, c)
 	t.mu.Lock()
 	ts.commands = append(ts.commands, c)
 	t.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"github.com/molt-sh/molt/internal/inspect"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/secret"
 )
 
 // Config is what a Tracker needs of the engine.
@@ -49,7 +50,8 @@ const DefaultRecordLimit int64 = 64 << 20
 // Tracker keeps the turns of a Manager's sandboxes.
 type Tracker struct {
 	cfg       Config
-	noInspect atomic.Bool // see SetInspector
+	noInspect atomic.Bool                  // see SetInspector
+	vault     atomic.Pointer[secret.Vault] // see SetVault
 
 	ctx    context.Context // canceled by Close
 	cancel context.CancelFunc

@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,6 +48,9 @@ type entry struct {
 	// new state of its compensation (op comp).
 	Compensator  *Compensator  `json:"compensator,omitempty"`
 	Compensation *Compensation `json:"compensation,omitempty"`
+	// Sealed is the entry's exact payload, sealed (seal.go); the clear
+	// fields then hold it redacted.
+	Sealed []byte `json:"sealed,omitempty"`
 }
 
 const (
@@ -105,7 +107,7 @@ type loadResult struct {
 // is left out of valid; a bad line before the last one, or a line that
 // parses but does not fit the records before it, is an error naming the
 // file and line: records are never dropped silently.
-func load(path string, r io.Reader) (loadResult, error) {
+func load(path string, r io.Reader, c codec) (loadResult, error) {
 	st := newState()
 	br := bufio.NewReaderSize(r, 64<<10)
 	var off int64
@@ -135,6 +137,11 @@ func load(path string, r io.Reader) (loadResult, error) {
 				return loadResult{}, fmt.Errorf("read %s: %w", path, err)
 			}
 			return loadResult{}, fmt.Errorf("ledger %s line %d: %v (not the last line: the file is corrupt)", path, n, perr)
+		}
+		// A line that does not open is whole (its checksum held): an
+		// error, never a torn line to cut.
+		if err := c.open(&e); err != nil {
+			return loadResult{}, fmt.Errorf("ledger %s line %d: %w", path, n, err)
 		}
 		if err := st.apply(e); err != nil {
 			return loadResult{}, fmt.Errorf("ledger %s line %d: %w", path, n, err)
@@ -212,24 +219,4 @@ func writeAll(f *os.File, size int64, lines []byte) (torn bool, err error) {
 		return true, fmt.Errorf("%w (and cutting back the partial line: %v)", err, terr)
 	}
 	return false, err
-}
-
-// encodeState writes st as the lines of a new file: every record in its
-// latest state, then the head.
-func encodeState(st *state) ([]byte, error) {
-	var buf bytes.Buffer
-	for _, r := range st.recs {
-		line, err := encodeLine(entry{Op: opRec, Rec: r})
-		if err != nil {
-			return nil, err
-		}
-		buf.Write(line)
-	}
-	head := st.head
-	line, err := encodeLine(entry{Op: opHead, Head: &head})
-	if err != nil {
-		return nil, err
-	}
-	buf.Write(line)
-	return buf.Bytes(), nil
 }

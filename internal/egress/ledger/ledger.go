@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/secret"
 )
 
 // ErrClosed is returned by a Ledger's methods after Close.
@@ -40,7 +41,8 @@ var ErrClosed = errors.New("ledger closed")
 // takes the parent's: children are always newer, so no cycle forms.
 type Ledger struct {
 	dir     string
-	repairs []Repair // set by Open, read-only after
+	repairs []Repair      // set by Open, read-only after
+	vault   *secret.Vault // redacts and seals payloads (seal.go); nil: none
 
 	mu     sync.Mutex
 	sbs    map[string]*sandbox // +checklocks:mu
@@ -70,7 +72,7 @@ func (l *Ledger) OnAppend(fn func(Record)) {
 
 func (l *Ledger) appended(r Record) {
 	if fn := l.onAppend.Load(); fn != nil {
-		(*fn)(r)
+		(*fn)(l.View(r))
 	}
 }
 
@@ -98,7 +100,9 @@ type Repair struct {
 }
 
 type sandbox struct {
-	mu   sync.Mutex
+	mu sync.Mutex
+	// c protects the lines of the file (seal.go); set at creation.
+	c    codec    // +checklocks:mu
 	st   *state   // +checklocks:mu
 	f    *os.File // +checklocks:mu
 	size int64    // +checklocks:mu
@@ -145,7 +149,11 @@ func tmpName(sb string) string { return "." + sb + suffix + ".tmp" }
 // every sandbox's file. A torn last line is cut away (Repairs lists
 // them); any other damage leaves that file as it is and its sandbox
 // refusing every call (Broken lists them, with the file and line).
-func Open(dir string) (*Ledger, error) {
+func Open(dir string) (*Ledger, error) { return OpenSealed(dir, nil) }
+
+// OpenSealed is Open with v redacting and sealing the records' payloads
+// in the files (seal.go), and View redacting them.
+func OpenSealed(dir string, v *secret.Vault) (*Ledger, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
@@ -153,7 +161,7 @@ func Open(dir string) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	l := &Ledger{dir: dir, sbs: map[string]*sandbox{}, broken: map[string]error{}, dirty: map[*sandbox]struct{}{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	l := &Ledger{dir: dir, vault: v, sbs: map[string]*sandbox{}, broken: map[string]error{}, dirty: map[*sandbox]struct{}{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
 	var errs []error
 	for _, e := range ents {
 		name := e.Name()
@@ -168,7 +176,7 @@ func Open(dir string) (*Ledger, error) {
 		if !ok || !validName(sb) || !e.Type().IsRegular() {
 			continue
 		}
-		s, rep, err := openSandbox(dir, sb)
+		s, rep, err := openSandbox(dir, sb, codec{sb: sb, v: v})
 		if err != nil {
 			// One damaged ledger does not take the others down: it is
 			// left as it is, and its sandbox records nothing (so its
@@ -194,13 +202,13 @@ func Open(dir string) (*Ledger, error) {
 	return l, nil
 }
 
-func openSandbox(dir, sb string) (*sandbox, *Repair, error) {
+func openSandbox(dir, sb string, c codec) (*sandbox, *Repair, error) {
 	path := filepath.Join(dir, sb+suffix)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ledger: %w", err)
 	}
-	res, err := load(path, f)
+	res, err := load(path, f, c)
 	if err != nil {
 		f.Close()
 		return nil, nil, err
@@ -217,7 +225,7 @@ func openSandbox(dir, sb string) (*sandbox, *Repair, error) {
 		}
 		rep = &Repair{Sandbox: sb, Path: path, Offset: res.valid, Bytes: res.size - res.valid}
 	}
-	s := &sandbox{st: res.state, f: f, size: res.valid, sf: f}
+	s := &sandbox{c: c, st: res.state, f: f, size: res.valid, sf: f}
 	return s, rep, nil
 }
 
@@ -284,7 +292,7 @@ func (l *Ledger) get(sb string, create bool) (*sandbox, error) {
 	}
 	s := l.sbs[sb]
 	if s == nil && create {
-		s = &sandbox{st: newState()}
+		s = &sandbox{c: codec{sb: sb, v: l.vault}, st: newState()}
 		l.sbs[sb] = s
 	}
 	return s, nil
@@ -541,7 +549,7 @@ func (l *Ledger) Fork(parent, child, head string) error {
 	if parent == child {
 		return fmt.Errorf("ledger: fork %s from itself: %w", child, errdefs.ErrInvalidArgument)
 	}
-	c := &sandbox{}
+	c := &sandbox{c: codec{sb: child, v: l.vault}}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l.mu.Lock()
@@ -584,7 +592,7 @@ func (l *Ledger) fork(c *sandbox, parent, child, head string) error {
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	data, err := encodeState(st)
+	data, err := c.c.encodeState(st)
 	if err != nil {
 		return fmt.Errorf("ledger: fork %s: %w", child, err)
 	}

@@ -16,7 +16,7 @@ func (s *sandbox) append(path string, e entry) (uint64, error) {
 	if s.err != nil {
 		return 0, fmt.Errorf("an earlier write failed: %w", s.err)
 	}
-	line, err := encodeLine(e)
+	line, err := s.c.encode(e)
 	if err != nil {
 		return 0, err
 	}
