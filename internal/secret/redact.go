@@ -317,6 +317,10 @@ func SensitiveHeader(name string) bool {
 	case "authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key",
 		"x-auth-token", "x-amz-security-token", "x-goog-api-key":
 		return true
+	case "idempotency-key", "x-idempotency-key":
+		// An identifier of the request, which the ledger shows to match
+		// an effect with its retries: not a credential.
+		return false
 	}
 	return SecretName(name)
 }
