@@ -12,6 +12,7 @@ import (
 	ghost_file "github.com/checkpoint-restore/go-criu/v7/crit/images/ghost-file"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/inventory"
 	ipc_var "github.com/checkpoint-restore/go-criu/v7/crit/images/ipc-var"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/memfd"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mnt"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/netdev"
@@ -77,6 +78,7 @@ var validKinds = []imageKind{
 	{kind: "NETDEV", name: regexp.MustCompile(`^netdev-(\d+)\.img$`), msg: msgOf[netdev.NetDeviceEntry]()},
 	{kind: "USERNS", name: regexp.MustCompile(`^userns-(\d+)\.img$`), msg: msgOf[userns.UsernsEntry](), one: true},
 	{kind: "PIDNS", name: regexp.MustCompile(`^pidns-(\d+)\.img$`), msg: msgOf[pidns.PidnsEntry]()},
+	{kind: "MEMFD_INODE", name: regexp.MustCompile(`^memfd\.img$`), msg: msgOf[memfd.MemfdInodeEntry]()},
 	{kind: "IRMAP_CACHE", name: regexp.MustCompile(`^irmap-cache\.img$`), msg: msgOf[fh.IrmapCacheEntry]()},
 }
 

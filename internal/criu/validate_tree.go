@@ -2,6 +2,7 @@ package criu
 
 import (
 	"fmt"
+	"sort"
 
 	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/inventory"
@@ -55,7 +56,6 @@ func (s *imageSet) checkTree() error {
 		return refuse(name, "no tasks")
 	}
 	tasks := map[uint32]*task{}
-	tids := map[uint32]bool{}
 	nthreads := 0
 	var root *task
 	for i, e := range im.entries {
@@ -76,21 +76,6 @@ func (s *imageSet) checkTree() error {
 		if nthreads > s.lim.Tasks {
 			return refuse(name, "more than %d tasks", s.lim.Tasks)
 		}
-		if len(t.threads) > 0 && t.threads[0] != pid {
-			return refuse(name, "pid %d: its first thread is %d", pid, t.threads[0])
-		}
-		for _, tid := range t.threads {
-			if tid == 0 || tid > 1<<22 || tids[tid] {
-				return refuse(name, "pid %d: thread %d out of range or listed twice", pid, tid)
-			}
-			tids[tid] = true
-		}
-		if len(t.threads) == 0 {
-			if tids[pid] {
-				return refuse(name, "pid %d is also a thread of another task", pid)
-			}
-			tids[pid] = true
-		}
 		tasks[pid] = t
 		if p.GetPpid() == 0 {
 			root = t
@@ -99,33 +84,52 @@ func (s *imageSet) checkTree() error {
 	if root == nil {
 		return refuse(name, "no root task (one whose ppid is 0)")
 	}
-	for pid, t := range tasks {
-		// Every task reaches the root through parents in the tree:
-		// none is missing and there is no loop.
-		cur, steps := t, 0
-		for cur != root {
+	// Every task reaches the root through parents in the tree: none is
+	// missing and there is no loop. Tasks found to reach it are marked,
+	// so the walk is linear in the tree's size.
+	reaches := map[*task]bool{root: true}
+	for _, e := range im.entries {
+		t := tasks[e.msg.(*pstree.PstreeEntry).GetPid()]
+		var path []*task
+		onPath := map[*task]bool{}
+		for cur := t; !reaches[cur]; {
+			if onPath[cur] {
+				return refuse(name, "pid %d: its parents form a loop", cur.e.GetPid())
+			}
+			onPath[cur] = true
+			path = append(path, cur)
 			par := tasks[cur.e.GetPpid()]
 			if par == nil {
 				return refuse(name, "pid %d: parent %d is not in the tree", cur.e.GetPid(), cur.e.GetPpid())
 			}
-			if steps++; steps > len(tasks) {
-				return refuse(name, "pid %d: its parents form a loop", pid)
-			}
 			cur = par
 		}
+		for _, x := range path {
+			reaches[x] = true
+		}
 	}
-	return s.checkTaskImages(tasks, tids)
+	return s.checkTaskImages(tasks)
 }
 
-// checkTaskImages: each task has the images a restore reads for it, and
-// no per-task image names a task or thread the tree does not have.
-func (s *imageSet) checkTaskImages(tasks map[uint32]*task, tids map[uint32]bool) error {
+// checkTaskImages: each task has the images a restore reads for it, its
+// threads are its own, and no per-task image names a task or thread the
+// tree does not have. A dead task (a zombie) or a helper has no memory,
+// files or threads (CRIU leaves its thread list unset).
+func (s *imageSet) checkTaskImages(tasks map[uint32]*task) error {
+	tids := map[uint32]bool{}
 	for pid := range tasks {
+		tids[pid] = true
+	}
+	pids := make([]uint32, 0, len(tasks))
+	for pid := range tasks {
+		pids = append(pids, pid)
+	}
+	sort.Slice(pids, func(i, j int) bool { return pids[i] < pids[j] })
+	for _, pid := range pids {
 		core := s.one(fmt.Sprintf("core-%d.img", pid))
 		if core == nil {
 			return refuse(fmt.Sprintf("core-%d.img", pid), "missing: pid %d is in pstree.img", pid)
 		}
-		// A dead task (zombie) or a helper has no memory or files.
 		st := core.entries[0].msg.(*criu_core.CoreEntry).GetTc().GetTaskState()
 		if st != taskAlive && st != taskStopped {
 			continue
@@ -135,7 +139,17 @@ func (s *imageSet) checkTaskImages(tasks map[uint32]*task, tids map[uint32]bool)
 				return refuse(n, "missing: pid %d is in pstree.img", pid)
 			}
 		}
-		for _, tid := range tasks[pid].threads {
+		th := tasks[pid].threads
+		if len(th) == 0 || th[0] != pid {
+			return refuse("pstree.img", "pid %d: its threads %.8v do not start with it", pid, th)
+		}
+		for _, tid := range th[1:] {
+			if tid == 0 || tid > 1<<22 || tids[tid] {
+				return refuse("pstree.img", "pid %d: thread %d out of range or listed twice", pid, tid)
+			}
+			tids[tid] = true
+		}
+		for _, tid := range th {
 			if n := fmt.Sprintf("core-%d.img", tid); s.one(n) == nil {
 				return refuse(n, "missing: thread %d of pid %d is in pstree.img", tid, pid)
 			}
