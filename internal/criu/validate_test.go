@@ -408,4 +408,3 @@ func TestValidateImagesLimits(t *testing.T) {
 		}
 	}
 }
-
