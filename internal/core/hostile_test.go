@@ -9,12 +9,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
 )
@@ -58,6 +60,21 @@ func TestForeignImagesValidated(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, m, sb.ID, "echo after > /tmp/mark")
+
+	// What validation costs on a real checkpoint's images.
+	var size int64
+	for _, o := range mustCheckpoint(t, m, ck.ID).Objects {
+		size += o.Size
+	}
+	const reps = 50
+	t0 := time.Now()
+	for range reps {
+		if err := criu.ValidateImages(m.ckImages(ck.ID), criu.DefaultLimits()); err != nil {
+			t.Fatalf("the intact checkpoint: %v", err)
+		}
+	}
+	per := time.Since(t0) / reps
+	t.Logf("criu.ValidateImages: %v per checkpoint of %d bytes of images (%.0f MB/s)", per, size, float64(size)/per.Seconds()/1e6)
 
 	// Intact, signed by the other host: validated, and restored.
 	resign(t, m, ck.ID, foreign)

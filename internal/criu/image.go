@@ -101,14 +101,14 @@ func decodeFrames(path string, b []byte, max int, lim entryBounds, newEntry func
 			return nil, nil, fmt.Errorf("%s: more than %d entries", path, lim.count)
 		}
 		if len(b) < 4 {
-			return nil, nil, fmt.Errorf("%s: short file", path)
+			return nil, nil, fmt.Errorf("%s: short file: %d trailing bytes after entry %d, too few for a size", path, len(b), len(out)-1)
 		}
 		n := int(binary.LittleEndian.Uint32(b))
 		if lim.size > 0 && n > lim.size {
 			return nil, nil, fmt.Errorf("%s: entry %d: %d bytes, over the limit of %d", path, len(out), n, lim.size)
 		}
 		if n > len(b)-4 {
-			return nil, nil, fmt.Errorf("%s: short file", path)
+			return nil, nil, fmt.Errorf("%s: short file: entry %d of %d bytes runs past the end (%d left)", path, len(out), n, len(b)-4)
 		}
 		m := newEntry(len(out))
 		if err := proto.Unmarshal(b[4:4+n], m); err != nil {
@@ -119,7 +119,7 @@ func decodeFrames(path string, b []byte, max int, lim entryBounds, newEntry func
 		if extraLen != nil {
 			k := extraLen(m)
 			if k < 0 || k > len(b) {
-				return nil, nil, fmt.Errorf("%s: short file", path)
+				return nil, nil, fmt.Errorf("%s: short file: entry %d says %d bytes of data follow it, %d do", path, len(out), k, len(b))
 			}
 			e.extra, b = b[:k], b[k:]
 		}

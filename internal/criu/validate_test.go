@@ -408,3 +408,22 @@ func TestValidateImagesLimits(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkValidateImages validates a sandbox's dump (testdata): the
+// bytes are those of the images decoded (pages images are only
+// measured, never read).
+func BenchmarkValidateImages(b *testing.B) {
+	var n int64
+	ents, _ := os.ReadDir(sandboxDump)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && !strings.HasPrefix(e.Name(), "pages-") {
+			n += fi.Size()
+		}
+	}
+	b.SetBytes(n)
+	for b.Loop() {
+		if err := ValidateImages(sandboxDump, DefaultLimits()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
