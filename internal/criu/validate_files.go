@@ -172,7 +172,8 @@ func (s *imageSet) checkRemaps(files map[uint32]*fdinfo.FileEntry) error {
 }
 
 // checkRaw: each raw image other than pages belongs to what names it: a
-// tmpfs archive to a tmpfs mount of that ID, a network dump to a network
+// tmpfs archive to a tmpfs mount of that device (CRIU names it by
+// the superblock's device), a network dump to a network
 // namespace image. Network devices are loopback only (a sandbox's
 // namespace has nothing else when its images carry it; CRIU would make
 // a veth's or a tunnel's other end on the host).
@@ -181,14 +182,14 @@ func (s *imageSet) checkRaw() error {
 	for _, im := range s.byKind["MNTS"] {
 		for _, e := range im.entries {
 			if m := e.msg.(*mnt.MntEntry); m.GetFstype() == uint32(mnt.Fstype_TMPFS) {
-				tmpfs[uint64(m.GetMntId())] = true
+				tmpfs[uint64(m.GetRootDev())] = true
 			}
 		}
 	}
 	for name := range s.raw {
 		if m := rawKinds["tmpfs-dev"].FindStringSubmatch(name); m != nil {
 			if n, err := parseNum(m[1]); err != nil || !tmpfs[n] {
-				return refuse(name, "no tmpfs mount %s in the mountpoints images", m[1])
+				return refuse(name, "no tmpfs mount of device %s in the mountpoints images", m[1])
 			}
 		}
 		if m := rawKinds["net"].FindStringSubmatch(name); m != nil {
