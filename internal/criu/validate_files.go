@@ -9,6 +9,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fs"
 	ghost_file "github.com/checkpoint-restore/go-criu/v7/crit/images/ghost-file"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/inventory"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mnt"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/netdev"
@@ -47,8 +48,8 @@ func (s *imageSet) checkFiles() error {
 		return nil
 	}
 	filesIDs := map[uint64]bool{}
-	for _, im := range s.byKind["IDS"] {
-		filesIDs[uint64(im.entries[0].msg.(*criu_core.TaskKobjIdsEntry).GetFilesId())] = true
+	if err := s.checkIDs(filesIDs); err != nil {
+		return err
 	}
 	for _, im := range s.byKind["FDINFO"] {
 		if !filesIDs[im.num] {
@@ -87,6 +88,33 @@ func (s *imageSet) checkFiles() error {
 		}
 	}
 	return s.checkRemaps(files)
+}
+
+// checkIDs collects the tasks' files IDs, and checks that each task
+// lives in the dump's root mount namespace (the inventory's root_ids)
+// or in one the images hold, and that each mount namespace image is
+// some task's.
+func (s *imageSet) checkIDs(filesIDs map[uint64]bool) error {
+	rootNS := uint32(0)
+	if inv := s.one("inventory.img"); inv != nil {
+		rootNS = inv.entries[0].msg.(*inventory.InventoryEntry).GetRootIds().GetMntNsId()
+	}
+	used := map[uint64]bool{}
+	for _, im := range s.names("IDS") {
+		ids := im.entries[0].msg.(*criu_core.TaskKobjIdsEntry)
+		filesIDs[uint64(ids.GetFilesId())] = true
+		ns := ids.GetMntNsId()
+		if ns != rootNS && s.one(fmt.Sprintf("mountpoints-%d.img", ns)) == nil {
+			return refuse(im.name, "mount namespace %d: neither the dump's root namespace (inventory) nor in the images", ns)
+		}
+		used[uint64(ns)] = true
+	}
+	for _, im := range s.byKind["MNTS"] {
+		if !used[im.num] {
+			return refuse(im.name, "no task's ids image names mount namespace %d", im.num)
+		}
+	}
+	return nil
 }
 
 // checkFile checks one entry of files.img.

@@ -212,6 +212,13 @@ var tamperings = []tampering{
 		})
 		return mp, "devpts other than a new instance"
 	}},
+	{name: "mount namespace of no image", mounts: true, do: func(t *testing.T, dir string) (string, string) {
+		mp := firstOf(t, dir, "mountpoints-*.img")
+		if err := os.Rename(filepath.Join(dir, mp), filepath.Join(dir, "mountpoints-4000.img")); err != nil {
+			t.Fatal(err)
+		}
+		return "ids-", "neither the dump's root namespace"
+	}},
 	{name: "pstree loop", do: func(t *testing.T, dir string) (string, string) {
 		editImage(t, dir, "pstree.img", func(e []imageEntry) []imageEntry {
 			// Two tasks, each the other's parent.
