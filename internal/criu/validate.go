@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -310,6 +309,3 @@ func (s *imageSet) names(k string) []*image {
 	sort.Slice(l, func(i, j int) bool { return l[i].name < l[j].name })
 	return l
 }
-
-// base is a file name for messages (the set's files are named by it).
-func base(p string) string { return filepath.Base(p) }
