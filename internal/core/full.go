@@ -397,8 +397,30 @@ func (m *Manager) verify(ck checkpointRec, thorough bool) error {
 	// Through the store's Reader: the artifact must be complete (its
 	// own manifest written) as well as intact, and a backend that
 	// decrypts or fetches does it here.
-	_, err := m.cks.Reader(ck.ID).Open(ck.Objects, thorough)
-	return err
+	if _, err := m.cks.Reader(ck.ID).Open(ck.Objects, thorough); err != nil {
+		return err
+	}
+	return m.validateImages(ck, thorough)
+}
+
+// validateImages checks a full checkpoint's CRIU images as hostile input
+// (criu.ValidateImages) unless this host's key signed its manifest and
+// the check is not thorough (`--tier cold`, `molt checkpoint verify`):
+// images another host made, or that predate signing, are refused before
+// CRIU reads them if anything in them is out of bounds.
+func (m *Manager) validateImages(ck checkpointRec, thorough bool) error {
+	if ck.Kind != v1.KindFull {
+		return nil
+	}
+	if !thorough {
+		if mf, err := m.cks.ReadManifest(ck.ID); err == nil && m.cks.Keyring().HostSigned(mf) {
+			return nil
+		}
+	}
+	if err := criu.ValidateImages(m.ckImages(ck.ID), criu.DefaultLimits()); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", ck.ID, err)
+	}
+	return nil
 }
 
 // VerifyCheckpoint runs the verification a restore runs.

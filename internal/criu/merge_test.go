@@ -25,7 +25,6 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/prototext"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -539,39 +538,6 @@ func flatten(v imageView, path string, m protoreflect.Message) {
 		}
 		return true
 	})
-}
-
-const (
-	pageSize    = 4096
-	pagePresent = 4 // PE_PRESENT
-)
-
-// nrPages is a pagemap entry's page count: CRIU 4 writes it in a 64-bit
-// field (5) that go-criu's types do not know yet, the old 32-bit one (2)
-// left 0.
-func nrPages(e *pagemap.PagemapEntry) uint64 {
-	n := uint64(e.GetNrPages())
-	for u := e.ProtoReflect().GetUnknown(); len(u) > 0; {
-		num, typ, l := protowire.ConsumeTag(u)
-		if l < 0 {
-			break
-		}
-		u = u[l:]
-		if num == 5 && typ == protowire.VarintType {
-			v, l := protowire.ConsumeVarint(u)
-			if l < 0 {
-				break
-			}
-			n, u = v, u[l:]
-			continue
-		}
-		l = protowire.ConsumeFieldValue(num, typ, u)
-		if l < 0 {
-			break
-		}
-		u = u[l:]
-	}
-	return n
 }
 
 // mergeDifferences are the only differences a merge may leave from a
