@@ -397,27 +397,35 @@ func (m *Manager) verify(ck checkpointRec, thorough bool) error {
 	// Through the store's Reader: the artifact must be complete (its
 	// own manifest written) as well as intact, and a backend that
 	// decrypts or fetches does it here.
-	if _, err := m.cks.Reader(ck.ID).Open(ck.Objects, thorough); err != nil {
+	rs, err := m.cks.Reader(ck.ID).Open(ck.Objects, thorough)
+	if err != nil {
 		return err
 	}
-	return m.validateImages(ck, thorough)
+	if rs.HostSigned && !thorough {
+		// This host's own images (checked when the manifest was last
+		// read, not again on a hot rollback's path).
+		return nil
+	}
+	return m.validateImages(ck)
 }
 
 // validateImages checks a full checkpoint's CRIU images as hostile input
-// (criu.ValidateImages) unless this host's key signed its manifest and
-// the check is not thorough (`--tier cold`, `molt checkpoint verify`):
-// images another host made, or that predate signing, are refused before
-// CRIU reads them if anything in them is out of bounds.
-func (m *Manager) validateImages(ck checkpointRec, thorough bool) error {
+// (criu.ValidateImages): verify runs it unless this host's key signed
+// the manifest and the check is not thorough (`--tier cold`, `molt
+// checkpoint verify`), so images another host made, or that predate
+// signing, are refused before CRIU reads them if anything in them is
+// out of bounds. A sealed checkpoint's images are validated decrypted
+// (openImages), as CRIU reads them.
+func (m *Manager) validateImages(ck checkpointRec) error {
 	if ck.Kind != v1.KindFull {
 		return nil
 	}
-	if !thorough {
-		if mf, err := m.cks.ReadManifest(ck.ID); err == nil && m.cks.Keyring().HostSigned(mf) {
-			return nil
-		}
+	dir, done, err := m.openImages(ck)
+	if err != nil {
+		return err
 	}
-	if err := criu.ValidateImages(m.ckImages(ck.ID), criu.DefaultLimits()); err != nil {
+	defer done()
+	if err := criu.ValidateImages(dir, criu.DefaultLimits()); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", ck.ID, err)
 	}
 	return nil
