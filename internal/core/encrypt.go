@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/keys"
@@ -50,8 +51,10 @@ type plainView struct {
 	mu     sync.Mutex
 	// +checklocks:mu
 	small bool // the small images are there
-	// +checklocks:mu
-	refs int // restores holding the page images
+	// refs counts the restores holding the page images: changed under
+	// mu, read without it by eviction (which must not wait for a
+	// decryption under way).
+	refs atomic.Int32
 	used uint64
 	dir  string
 }
@@ -154,12 +157,8 @@ func (m *Manager) evictViews() {
 		var oldest string
 		var at uint64
 		for id, pv := range m.plain.views {
-			if pv.mu.TryLock() {
-				busy := pv.refs > 0
-				pv.mu.Unlock()
-				if !busy && (oldest == "" || pv.used < at) {
-					oldest, at = id, pv.used
-				}
+			if pv.refs.Load() == 0 && (oldest == "" || pv.used < at) {
+				oldest, at = id, pv.used
 			}
 		}
 		if oldest == "" {
@@ -180,7 +179,7 @@ func (m *Manager) dropViews(drop func(id, tenant string) bool) {
 			continue
 		}
 		pv.mu.Lock()
-		if pv.refs == 0 {
+		if pv.refs.Load() == 0 {
 			_ = os.RemoveAll(pv.dir)
 			pv.small = false
 			delete(m.plain.views, id)
@@ -232,20 +231,20 @@ func (m *Manager) openImages(ck checkpointRec) (string, func(), error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
 	}
-	if pv.refs == 0 {
+	if pv.refs.Load() == 0 {
 		removePages(pv.dir)
 		if _, err := m.cks.Reader(ck.ID).Decrypt(ck.Objects, k, pv.dir, isPageImage); err != nil {
 			removePages(pv.dir)
 			return "", nil, err
 		}
 	}
-	pv.refs++
+	pv.refs.Add(1)
 	var once sync.Once
 	return pv.dir, func() {
 		once.Do(func() {
 			pv.mu.Lock()
 			defer pv.mu.Unlock()
-			if pv.refs--; pv.refs == 0 {
+			if pv.refs.Add(-1) == 0 {
 				removePages(pv.dir)
 				if m.keyAlive(ck) != nil {
 					// Shredded meanwhile: nothing of it stays.
