@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/keys"
@@ -55,8 +56,29 @@ type plainView struct {
 	// mu, read without it by eviction (which must not wait for a
 	// decryption under way).
 	refs atomic.Int32
-	used uint64
-	dir  string
+	// +checklocks:mu
+	pages bool // the page images are there
+	// +checklocks:mu
+	linger *time.Timer // removes the pages once no restore came back for them
+	used   uint64
+	dir    string
+}
+
+// pagesLinger is how long decrypted page images outlive the last restore
+// that held them: the next one often follows at once (a cold rollback's
+// validation, then its restore; a rollback, then its standby), and
+// decrypts nothing then.
+const pagesLinger = 2 * time.Second
+
+// dropPages removes the view's page images.
+// +checklocks:pv.mu
+func (pv *plainView) dropPages() {
+	if pv.linger != nil {
+		pv.linger.Stop()
+		pv.linger = nil
+	}
+	removePages(pv.dir)
+	pv.pages = false
 }
 
 // encrypting reports whether new full checkpoints are stored sealed.
@@ -164,6 +186,7 @@ func (m *Manager) evictViews() {
 		if oldest == "" {
 			return
 		}
+		// A linger timer of it finds the directory gone.
 		_ = os.RemoveAll(m.plain.views[oldest].dir)
 		delete(m.plain.views, oldest)
 	}
@@ -180,6 +203,7 @@ func (m *Manager) dropViews(drop func(id, tenant string) bool) {
 		}
 		pv.mu.Lock()
 		if pv.refs.Load() == 0 {
+			pv.dropPages()
 			_ = os.RemoveAll(pv.dir)
 			pv.small = false
 			delete(m.plain.views, id)
@@ -231,12 +255,17 @@ func (m *Manager) openImages(ck checkpointRec) (string, func(), error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
 	}
-	if pv.refs.Load() == 0 {
+	if pv.linger != nil {
+		pv.linger.Stop()
+		pv.linger = nil
+	}
+	if !pv.pages {
 		removePages(pv.dir)
 		if _, err := m.cks.Reader(ck.ID).Decrypt(ck.Objects, k, pv.dir, isPageImage); err != nil {
 			removePages(pv.dir)
 			return "", nil, err
 		}
+		pv.pages = true
 	}
 	pv.refs.Add(1)
 	var once sync.Once
@@ -244,14 +273,23 @@ func (m *Manager) openImages(ck checkpointRec) (string, func(), error) {
 		once.Do(func() {
 			pv.mu.Lock()
 			defer pv.mu.Unlock()
-			if pv.refs.Add(-1) == 0 {
-				removePages(pv.dir)
-				if m.keyAlive(ck) != nil {
-					// Shredded meanwhile: nothing of it stays.
-					_ = os.RemoveAll(pv.dir)
-					pv.small = false
-				}
+			if pv.refs.Add(-1) != 0 {
+				return
 			}
+			if m.keyAlive(ck) != nil {
+				// Shredded meanwhile: nothing of it stays.
+				pv.dropPages()
+				_ = os.RemoveAll(pv.dir)
+				pv.small = false
+				return
+			}
+			pv.linger = time.AfterFunc(pagesLinger, func() {
+				pv.mu.Lock()
+				defer pv.mu.Unlock()
+				if pv.refs.Load() == 0 {
+					pv.dropPages()
+				}
+			})
 		})
 	}, nil
 }
