@@ -43,6 +43,8 @@ type Ring struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	keys map[string]*DataKey // by ID, unwrapped
+	// +checklocks:mu
+	current map[string]*DataKey // by tenant: what Current returned last
 }
 
 // tenantKeys is the file of one tenant's wrapped keys.
@@ -79,7 +81,7 @@ func OpenRing(dir string, kek, previous KEK) (*Ring, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	r := &Ring{dir: dir, kek: kek, external: kek != nil, keys: map[string]*DataKey{}}
+	r := &Ring{dir: dir, kek: kek, external: kek != nil, keys: map[string]*DataKey{}, current: map[string]*DataKey{}}
 	local, err := r.localKEK(kek == nil)
 	if err != nil {
 		return nil, err
@@ -204,14 +206,25 @@ func (r *Ring) unwrap(tenant string, w wrappedKey) (*DataKey, error) {
 func (r *Ring) Current(tenant string) (*DataKey, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// Every sealed record asks: the key file is read once, then again
+	// only after a rotation or a shredding (both go through this ring).
+	if k, ok := r.current[tenant]; ok && k.usable() == nil {
+		return k, nil
+	}
 	tk, err := r.load(tenant)
 	if err != nil {
 		return nil, err
 	}
+	var k *DataKey
 	if len(tk.Keys) == 0 {
-		return r.addKey(tk)
+		k, err = r.addKey(tk)
+	} else {
+		k, err = r.unwrap(tenant, tk.Keys[len(tk.Keys)-1])
 	}
-	return r.unwrap(tenant, tk.Keys[len(tk.Keys)-1])
+	if err == nil {
+		r.current[tenant] = k
+	}
+	return k, err
 }
 
 // Rotate makes a new DEK tenant's current one. Earlier DEKs stay, to
@@ -250,6 +263,7 @@ func (r *Ring) addKey(tk tenantKeys) (*DataKey, error) {
 		return nil, err
 	}
 	r.keys[id] = k
+	r.current[tk.Tenant] = k
 	return k, nil
 }
 
@@ -295,6 +309,7 @@ func (r *Ring) Shred(tenant string) (int, error) {
 			delete(r.keys, w.ID)
 		}
 	}
+	delete(r.current, tenant)
 	return len(tk.Keys), nil
 }
 
