@@ -39,6 +39,11 @@ type EncryptionResult struct {
 	Rows []EncryptionRow `json:"rows"`
 }
 
+// RestoreSettle is the pause before each warm and cold rollback of
+// bench encryption: past the 2 s decrypted page images outlive a
+// restore (core's pagesLinger).
+const RestoreSettle = 3 * time.Second
+
 // encSide is one daemon's samples of one workload.
 type encSide struct {
 	e                   *daemon.Ephemeral
@@ -127,6 +132,12 @@ func (s *encSide) round(ctx context.Context, r int) error {
 		req := v1.RollbackRequest{Checkpoint: ck.ID, Tier: tier}
 		if tier == v1.TierHot {
 			req.Tier = ""
+		} else {
+			// Longer than decrypted page images linger after a restore
+			// (the standby's, the previous tier's): each warm and cold
+			// restore here decrypts what it reads, as one that follows
+			// no other does. Both daemons wait the same.
+			time.Sleep(RestoreSettle)
 		}
 		t0 := time.Now()
 		got, err := c.RollbackWith(ctx, s.sb, req)
