@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/molt-sh/molt/internal/atomicfile"
 	"github.com/molt-sh/molt/internal/errdefs"
 )
 
@@ -113,7 +114,7 @@ func LoadKeyring(dir string, extra []string) (*Keyring, error) {
 			return nil, gerr
 		}
 		b = pem.EncodeToMemory(&pem.Block{Type: privPEM, Bytes: priv.Seed()})
-		if err := writeFileSync(keyFile, b, 0o600); err != nil {
+		if err := atomicfile.Write(keyFile, b, 0o600); err != nil {
 			return nil, fmt.Errorf("host key: %w", err)
 		}
 	} else if err != nil {
@@ -126,7 +127,7 @@ func LoadKeyring(dir string, extra []string) (*Keyring, error) {
 	priv := ed25519.NewKeyFromSeed(blk.Bytes)
 	pub := priv.Public().(ed25519.PublicKey)
 	k := &Keyring{priv: priv, id: KeyID(pub), trusted: map[string]ed25519.PublicKey{KeyID(pub): pub}}
-	if err := writeFileSync(filepath.Join(dir, "host.pub"), EncodePublicKey(pub), 0o644); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, "host.pub"), EncodePublicKey(pub), 0o644); err != nil {
 		return nil, fmt.Errorf("host public key: %w", err)
 	}
 	files, _ := filepath.Glob(filepath.Join(dir, "trusted", "*.pub"))
@@ -156,26 +157,6 @@ func DecodePublicKey(b []byte) (ed25519.PublicKey, error) {
 		return nil, fmt.Errorf("not a %s PEM block of a %d-byte key", pubPEM, ed25519.PublicKeySize)
 	}
 	return ed25519.PublicKey(blk.Bytes), nil
-}
-
-func writeFileSync(path string, b []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // KeyID is the host key's name.

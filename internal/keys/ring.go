@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/molt-sh/molt/internal/atomicfile"
 	"github.com/molt-sh/molt/internal/errdefs"
 )
 
@@ -118,7 +119,7 @@ func (r *Ring) localKEK(create bool) (KEK, error) {
 		if _, err := rand.Read(k); err != nil {
 			return nil, err
 		}
-		if err := writeFileSync(p, []byte(hex.EncodeToString(k)+"\n")); err != nil {
+		if err := atomicfile.Write(p, []byte(hex.EncodeToString(k)+"\n"), 0o600); err != nil {
 			return nil, err
 		}
 	}
@@ -173,7 +174,7 @@ func (r *Ring) store(tk tenantKeys) error {
 	if err != nil {
 		return err
 	}
-	return writeFileSync(p, b)
+	return atomicfile.Write(p, b, 0o600)
 }
 
 // wrapAAD binds a wrapped key to its tenant and ID.
@@ -300,7 +301,7 @@ func (r *Ring) Shred(tenant string) (int, error) {
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return 0, err
 	}
-	if err := syncDir(r.dir); err != nil {
+	if err := atomicfile.SyncDir(r.dir); err != nil {
 		return 0, err
 	}
 	for _, w := range tk.Keys {
@@ -403,38 +404,4 @@ func (r *Ring) rewrap(olds map[string]KEK) (int, error) {
 // rotation of a KEK, which rewrites no data.
 func (r *Ring) Rewrap(old KEK) (int, error) {
 	return r.rewrap(map[string]KEK{old.ID(): old})
-}
-
-// writeFileSync writes b to path atomically (a temporary file renamed)
-// and durably, mode 0600.
-func writeFileSync(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
