@@ -202,7 +202,17 @@ func (a *Agent) newProc(pid int, pidfd *os.File) (*proc, error) {
 		defer cancel()
 		var st pid1.State
 		var ws unix.WaitStatus
-		err := a.call(func() (err error) { st, ws, err = a.init.Status(ctx, pid); return err })
+		var err error
+		// The pidfd is readable once the process is a zombie, which can
+		// be before pid1 has reaped it: until then pid1 says running
+		// (the status was "unknown", 255, under load).
+		for wait := 100 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
+			err = a.call(func() (err error) { st, ws, err = a.init.Status(ctx, pid); return err })
+			if err != nil || st != pid1.Running || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(wait)
+		}
 		if err == nil && st == pid1.Exited {
 			p.status = ws
 		} else {
