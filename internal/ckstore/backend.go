@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
@@ -68,6 +69,22 @@ type ObjectInfo struct {
 	// it. Empty when the backend cannot tell, and then the object is
 	// hashed on every verification.
 	Version string
+	// Changed is when the object last changed (its ctime), zero if the
+	// backend cannot tell.
+	Changed time.Time
+}
+
+// racyWindow is how recent a change must be for a stamp not to be
+// trusted: the kernel stamps ctime from a clock that moves a tick (up to
+// 10 ms) at a time, so a write in the same tick as the hashing leaves
+// the stamp as it was. An object or manifest that changed this recently
+// is not remembered as checked (as git treats "racily clean" entries).
+const racyWindow = 50 * time.Millisecond
+
+// stable reports whether fi changed long enough ago for its version to
+// stand for its content.
+func stable(fi ObjectInfo) bool {
+	return fi.Changed.IsZero() || time.Since(fi.Changed) > racyWindow
 }
 
 // LocalBackend is a Backend whose artifacts are directories on this
@@ -174,7 +191,7 @@ func (l *Local) Stat(id, name string) (ObjectInfo, error) {
 	v = strconv.AppendInt(v, st.Ctim.Sec, 10)
 	v = append(v, '.')
 	v = strconv.AppendInt(v, st.Ctim.Nsec, 10)
-	return ObjectInfo{Size: st.Size, Version: string(v)}, nil
+	return ObjectInfo{Size: st.Size, Version: string(v), Changed: time.Unix(st.Ctim.Sec, st.Ctim.Nsec)}, nil
 }
 
 func (l *Local) Remove(id, name string) error {

@@ -213,7 +213,7 @@ func (r Reader) Verify(objs []Object, thorough bool) error {
 			good = append(good, o)
 		}
 	}
-	s.Remember(id, good)
+	s.remember(id, good, true)
 	if len(bad) > 0 {
 		if len(bad) > 5 {
 			bad = append(bad[:5], fmt.Sprintf("and %d more", len(bad)-5))
@@ -305,7 +305,7 @@ func (r Reader) checkManifest(objs []Object, thorough bool) error {
 	}
 	r.s.stampsMu.Lock()
 	r.s.hostSigned[r.id] = r.s.keys.HostSigned(mf)
-	if serr == nil && fi.Version != "" {
+	if serr == nil && fi.Version != "" && stable(fi) {
 		r.s.stamps[key] = fi.Version
 	}
 	r.s.stampsMu.Unlock()
@@ -333,10 +333,16 @@ func sameObjects(a, b []Object) bool {
 
 // Remember records that the objects of checkpoint id were hashed (as
 // written, or verified) in their current state.
-func (s *Store) Remember(id string, objs []Object) {
+func (s *Store) Remember(id string, objs []Object) { s.remember(id, objs, false) }
+
+// remember is Remember; hashed says the objects were read back (not
+// just written by this process), and then one changed within the racy
+// window is not remembered: a write in the same clock tick as the
+// hashing would leave its stamp unchanged.
+func (s *Store) remember(id string, objs []Object, hashed bool) {
 	for _, o := range objs {
 		fi, err := s.b.Stat(id, o.Path)
-		if err != nil || fi.Version == "" {
+		if err != nil || fi.Version == "" || (hashed && !stable(fi)) {
 			continue
 		}
 		s.stampsMu.Lock()
