@@ -17,6 +17,7 @@ import compileall
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -63,12 +64,30 @@ class Daemon:
         self.socket = os.path.join(tmp, "molt.sock")
         self.log = os.path.join(tmp, "daemon.log")
         self.proc = None
+        self.tmp = tmp
+        self.endpoint = self.tls_ca = ""
+
+    def tls(self):
+        """A self-signed certificate for 127.0.0.1 and a free port: the
+        daemon's TLS listener for tenants' tokens (the remote client)."""
+        cert, key = os.path.join(self.tmp, "cert.pem"), os.path.join(self.tmp, "key.pem")
+        r = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                            "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=molt test",
+                            "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("openssl: " + r.stderr)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.endpoint, self.tls_ca = f"https://127.0.0.1:{port}", cert
+        return ["--listen", f"tcp://127.0.0.1:{port}", "--tls-cert", cert, "--tls-key", key]
 
     def start(self, molt):
+        args = [self.bin, "daemon", "--root", self.root, "--socket", self.socket, "--pool-size", "16G"]
+        args += self.tls()
         with open(self.log, "ab") as logf:
-            self.proc = subprocess.Popen(
-                [self.bin, "daemon", "--root", self.root, "--socket", self.socket, "--pool-size", "16G"],
-                stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
         c = molt.Client(self.socket, timeout=10)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -174,7 +193,8 @@ def main():
         img = c.build_image(args.image, progress=lines.append)
         log(f"image {img.name} ready ({len(lines)} progress lines, {time.monotonic() - started:.1f} s)")
         env = dict(os.environ, MOLT_SOCKET=daemon.socket, PYTHONPATH=site, MOLT_TEST_IMAGE=args.image,
-                   MOLT_TEST_BUILD_PROGRESS=str(len(lines)))
+                   MOLT_TEST_BUILD_PROGRESS=str(len(lines)), MOLT_TEST_ENDPOINT=daemon.endpoint,
+                   MOLT_TEST_TLS_CA=daemon.tls_ca)
         cmd = [sys.executable, "-m", "unittest", "-v"]
         cmd += args.unittest_args or ["discover", "-s", HERE, "-t", HERE, "-p", "test_*.py"]
         # From tests/, so that the source tree's molt/ is not on the path.

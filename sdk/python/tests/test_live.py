@@ -210,6 +210,7 @@ class Checkpoints(LiveTest):
         self.assertEqual(res.tier, "warm")
         plan = sb.rollback(ck, dry_run=True)
         self.assertEqual(plan.checkpoint, ck.id)
+        self.assertTrue(plan.plan.dry_run)
 
     def test_fs_checkpoints_tree_and_delete(self):
         sb = self.sandbox()
@@ -231,9 +232,10 @@ class Checkpoints(LiveTest):
         self.assertEqual(sorted(x.id for x in node.children), sorted([b.id, c.id]))
         sb.rollback(b)
         self.assertEqual(sb.exec(["cat", "/f"]).stdout, b"b\n")
-        self.client.delete_checkpoint(b.id)
+        self.client.delete_checkpoint(c.id)
         with self.assertRaises(molt.NotFound):
-            self.client.inspect_checkpoint(b.id)
+            self.client.inspect_checkpoint(c.id)
+        self.assertNotIn(c.id, [x.id for x in sb.checkpoints()])
         with self.assertRaises(molt.NotFound):
             sb.rollback("no-such-label")
 
@@ -288,7 +290,7 @@ class Turns(LiveTest):
         turns = sb.turns()
         self.assertGreaterEqual(len(turns), 1)
         self.assertEqual(turns[-1].turn, t.turn)
-        self.assertTrue(any("turnfile" in (c.command or "") for c in turns[-1].commands or []))
+        self.assertTrue(any("turnfile" in c.get("command", "") for c in turns[-1].commands or []))
 
         e = sb.declare_effect(method="POST", url="https://pay.example/charge", type="payment",
                               body=b"{}", depends_on=[])
@@ -349,6 +351,37 @@ class Readme(LiveTest):
         self.assertTrue(lines[0].startswith("exit 2"), lines)
         self.assertEqual(lines[1:3], ["1", "clean"])
         self.assertEqual([ln.split()[1:] for ln in lines[-2:]], [["0", "0"], ["1", "0"]])
+
+
+ENDPOINT = os.environ.get("MOLT_TEST_ENDPOINT", "")
+TLS_CA = os.environ.get("MOLT_TEST_TLS_CA", "")
+
+
+class Remote(LiveTest):
+    def test_tenant_token_over_tls(self):
+        if not ENDPOINT:
+            self.fail("the harness gave no TLS endpoint (MOLT_TEST_ENDPOINT)")
+        tenant = uniq("t")
+        self.client.create_tenant(tenant)
+        self.addCleanup(self.client.delete_tenant, tenant)
+        tok = self.client.create_token(tenant, note="python sdk test")
+        self.assertTrue(tok.token)
+        remote = molt.Client(endpoint=ENDPOINT, token=tok.token, tls_ca=TLS_CA)
+        sb = remote.sandbox(image=IMAGE)
+        self.addCleanup(sb.remove)
+        self.assertEqual(sb.info.tenant, tenant)
+        # The exec stream's upgrade over TLS.
+        r = sb.exec(["sh", "-c", "echo over tls; exit 4"])
+        self.assertEqual((r.exit_code, r.stdout), (4, b"over tls\n"))
+        self.assertEqual(sb.run("echo hi").stdout, "hi\n")
+        self.assertEqual([s.id for s in remote.sandboxes()], [sb.id])
+        with self.assertRaises(molt.Unauthenticated):
+            molt.Client(endpoint=ENDPOINT, token="not-a-token", tls_ca=TLS_CA).sandboxes()
+        with self.assertRaises(molt.PermissionDenied):
+            remote.tenants()
+        with self.assertRaises(molt.ConnectionFailed):
+            # The system's roots do not trust the test's certificate.
+            molt.Client(endpoint=ENDPOINT, token=tok.token).sandboxes()
 
 
 if __name__ == "__main__":
