@@ -1,6 +1,7 @@
 """Tests of the SDK against a live daemon (run by tests/live.py, which
 starts one and sets MOLT_SOCKET; `make test-python`)."""
 
+import json
 import os
 import threading
 import time
@@ -45,6 +46,15 @@ class Host(LiveTest):
         self.assertEqual(self.client.image(IMAGE).name, IMAGE)
         # The harness built the image through the NDJSON progress stream.
         self.assertGreater(int(os.environ.get("MOLT_TEST_BUILD_PROGRESS", "0")), 0)
+        self.assertIn("molt_sandboxes", self.client.metrics())
+
+    def test_audit(self):
+        self.client.host()
+        entries = [json.loads(ln) for ln in self.client.audit_export().splitlines()]
+        self.assertTrue(any("/v1/host" in (e.get("path") or e.get("route") or "") for e in entries), entries[-3:])
+        res = self.client.audit_verify()
+        self.assertTrue(res.ok, res)
+        self.assertGreaterEqual(res.entries, len(entries))
 
 
 class Sandboxes(LiveTest):
@@ -206,6 +216,9 @@ class Checkpoints(LiveTest):
 
         self.assertEqual(self.client.inspect_checkpoint(ck.id).label, "one")
         self.assertEqual(self.client.verify_checkpoint(ck.id).id, ck.id)
+        chain = self.client.verify_chain(ck.id)
+        self.assertTrue(chain.ok, chain)
+        self.assertEqual(chain.links[0].id, ck.id)
         res = sb.rollback("one", tier="warm")
         self.assertEqual(res.tier, "warm")
         plan = sb.rollback(ck, dry_run=True)
@@ -291,6 +304,12 @@ class Turns(LiveTest):
         self.assertGreaterEqual(len(turns), 1)
         self.assertEqual(turns[-1].turn, t.turn)
         self.assertTrue(any("turnfile" in c.get("command", "") for c in turns[-1].commands or []))
+        auto = sb.checkpoint(kind="auto", label="t2")
+        self.assertIsInstance(auto, molt.TurnResult)
+        self.assertEqual(auto.turn, t.turn + 1)
+        rec = sb.recover(dry_run=True)
+        self.assertTrue(rec.dry_run)
+        self.assertIn(rec.checkpoint, (t.checkpoint, auto.checkpoint))
 
         e = sb.declare_effect(method="POST", url="https://pay.example/charge", type="payment",
                               body=b"{}", depends_on=[])
