@@ -195,8 +195,9 @@ def main():
         env = dict(os.environ, MOLT_SOCKET=daemon.socket, PYTHONPATH=site, MOLT_TEST_IMAGE=args.image,
                    MOLT_TEST_BUILD_PROGRESS=str(len(lines)), MOLT_TEST_ENDPOINT=daemon.endpoint,
                    MOLT_TEST_TLS_CA=daemon.tls_ca)
-        cmd = [sys.executable, "-m", "unittest", "-v"]
-        cmd += args.unittest_args or ["discover", "-s", HERE, "-t", HERE, "-p", "test_*.py"]
+        cmd = [sys.executable, "-m", "unittest"]
+        cmd += ["-v"] + args.unittest_args if args.unittest_args else \
+            ["discover", "-v", "-s", HERE, "-t", HERE, "-p", "test_*.py"]
         # From tests/, so that the source tree's molt/ is not on the path.
         code = subprocess.call(cmd, cwd=HERE, env=env)
     except Exception as e:  # the harness reports, then cleans up

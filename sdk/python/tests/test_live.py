@@ -386,8 +386,13 @@ class Remote(LiveTest):
         tok = self.client.create_token(tenant, note="python sdk test")
         self.assertTrue(tok.token)
         remote = molt.Client(endpoint=ENDPOINT, token=tok.token, tls_ca=TLS_CA)
-        sb = remote.sandbox(image=IMAGE)
-        self.addCleanup(sb.remove)
+        # Creating a sandbox is the host admin's (the admin scope); the
+        # tenant's token works in it.
+        with self.assertRaises(molt.PermissionDenied):
+            remote.sandbox(image=IMAGE)
+        made = self.client.sandbox(image=IMAGE, tenant=tenant)
+        self.addCleanup(made.remove)
+        sb = remote.attach(made.id)
         self.assertEqual(sb.info.tenant, tenant)
         # The exec stream's upgrade over TLS.
         r = sb.exec(["sh", "-c", "echo over tls; exit 4"])
