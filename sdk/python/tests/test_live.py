@@ -317,6 +317,13 @@ class Turns(LiveTest):
         self.assertEqual(e.type, "payment")
         self.assertIn(e.id, [x.id for x in sb.effects()])
         self.assertEqual(self.client.consume_effect(e.id, "billing").consumers[0].by, "billing")
+        comp = self.client.set_compensator(e.id, {"method": "POST", "url": "https://pay.example/refund",
+                                                  "body": b'{"charge": 1}'})
+        self.assertEqual(comp.compensator.url, "https://pay.example/refund")
+        # With a compensator, a rollback past the consumed effect plans to
+        # compensate it (a dry run: nothing is sent).
+        plan = sb.rollback(t.checkpoint, dry_run=True).plan
+        self.assertIn(e.id, plan.compensate or [])
 
         ep = sb.set_llm("http://127.0.0.1:9", gate="exec")
         self.assertTrue(ep.token)
