@@ -437,16 +437,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		}
 		m.removeOrSetAside(m.path("tmp", e.Name()), "staging-"+e.Name(), "staging a previous daemon left")
 	}
-	// Dump staging a crashed daemon left: this root's at once (this
-	// daemon holds the root), other roots' once stale (a live dump never
-	// takes minutes).
-	stale, _ := filepath.Glob("/dev/shm/molt-dump-*")
-	for _, d := range stale {
-		own := strings.HasPrefix(filepath.Base(d), m.stagingPrefix())
-		if fi, err := os.Stat(d); err == nil && (own || time.Since(fi.ModTime()) > 10*time.Minute) {
-			removeStaging(d)
-		}
-	}
+	m.removeStaleStaging()
 	// A database that was lost, emptied or set aside as corrupt is
 	// rebuilt from the records on disk first (meta.DB.Rebuild).
 	if m.db.Fresh() {
@@ -541,6 +532,28 @@ func (m *Manager) reconcile(ctx context.Context) error {
 	m.sweepQgroups(sbs)
 	m.reconcileEgress(sbs)
 	return nil
+}
+
+// removeStaleStaging removes the dump staging and the decrypted views in
+// /dev/shm that a crashed daemon left.
+func (m *Manager) removeStaleStaging() {
+	// Dump staging a crashed daemon left: this root's at once (this
+	// daemon holds the root), other roots' once stale (a live dump never
+	// takes minutes).
+	stale, _ := filepath.Glob("/dev/shm/molt-dump-*")
+	for _, d := range stale {
+		own := strings.HasPrefix(filepath.Base(d), m.stagingPrefix())
+		if fi, err := os.Stat(d); err == nil && (own || time.Since(fi.ModTime()) > 10*time.Minute) {
+			removeStaging(d)
+		}
+	}
+	// Decrypted views a crashed daemon of this root left (encrypt.go);
+	// only this root's: another root's daemon keeps its own for as long
+	// as it runs.
+	views, _ := filepath.Glob("/dev/shm/" + m.viewsPrefix() + "*")
+	for _, d := range views {
+		removeStaging(d)
+	}
 }
 
 // Host reports the host, the pool and the features molt has here.

@@ -97,9 +97,14 @@ func (m *Manager) dataKeyOf(rec sandboxRec) (*keys.DataKey, error) {
 	return k, nil
 }
 
+// viewsPrefix names this root's views tmpfs in /dev/shm: a restarted
+// daemon removes what a crashed one left (reconcile).
+func (m *Manager) viewsPrefix() string {
+	return "molt-plain-" + strings.TrimPrefix(m.stagingPrefix(), "molt-dump-")
+}
+
 // viewsDir returns the tmpfs the views live in, mounting it on first
-// use. Its name carries the root's staging prefix: a restarted daemon
-// removes what a crashed one left, as it does staging.
+// use.
 // +checklocks:v.mu
 func (m *Manager) viewsDir(v *plainViews) (string, error) {
 	if v.dir != "" {
@@ -109,7 +114,7 @@ func (m *Manager) viewsDir(v *plainViews) (string, error) {
 	if err := unix.Statfs("/dev/shm", &st); err != nil || st.Type != unix.TMPFS_MAGIC {
 		return "", fmt.Errorf("decrypting checkpoint images needs a tmpfs at /dev/shm (they are never decrypted to disk): %w", errdefs.ErrNotSupported)
 	}
-	d, err := os.MkdirTemp("/dev/shm", m.stagingPrefix()+"plain-")
+	d, err := os.MkdirTemp("/dev/shm", m.viewsPrefix())
 	if err != nil {
 		return "", err
 	}
