@@ -172,14 +172,6 @@ func (k *Keyring) Trusted() []string {
 	return out
 }
 
-// HostSigned reports whether mf names this host's own key as its signer
-// (Check verifies the signature): a checkpoint this host wrote, whose
-// images its own CRIU made. Anything else (unsigned, or signed by
-// another trusted host) may hold images someone else made.
-func (k *Keyring) HostSigned(mf Manifest) bool {
-	return k != nil && mf.Signature != nil && mf.Signature.Key == k.id
-}
-
 // Sign signs mf with the host key.
 func (k *Keyring) Sign(mf *Manifest) {
 	mf.Signature = &Signature{Key: k.id, Sig: base64.StdEncoding.EncodeToString(ed25519.Sign(k.priv, mf.SignedBytes()))}

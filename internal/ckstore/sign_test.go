@@ -239,36 +239,3 @@ func TestRestoreChecksTheSignature(t *testing.T) {
 		t.Fatal("public key encoding")
 	}
 }
-
-// TestHostSigned: only a manifest naming this host's key is the host's;
-// one signed by another trusted host, or unsigned, is not.
-func TestHostSigned(t *testing.T) {
-	dir := t.TempDir()
-	other, err := LoadKeyring(filepath.Join(dir, "other"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, err := LoadKeyring(filepath.Join(dir, "host"), []string{filepath.Join(dir, "other", "host.pub")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mf := Manifest{ID: "a"}
-	if host.HostSigned(mf) {
-		t.Error("an unsigned manifest is the host's")
-	}
-	other.Sign(&mf)
-	if err := host.Check(mf); err != nil {
-		t.Fatalf("the other host's key is trusted: %v", err)
-	}
-	if host.HostSigned(mf) {
-		t.Error("a manifest signed by another trusted host is the host's")
-	}
-	host.Sign(&mf)
-	if !host.HostSigned(mf) {
-		t.Error("a manifest the host signed is not the host's")
-	}
-	var none *Keyring
-	if none.HostSigned(mf) {
-		t.Error("a nil keyring owns a manifest")
-	}
-}

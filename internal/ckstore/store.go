@@ -45,13 +45,11 @@ type Store struct {
 	stampsMu sync.Mutex
 	// +checklocks:stampsMu
 	stamps map[string]string // id/object -> version hashed by this process
-	// +checklocks:stampsMu
-	hostSigned map[string]bool // id -> its manifest, as last checked, is signed by the host key
 }
 
 // New returns the store of backend b.
 func New(b Backend) *Store {
-	s := &Store{b: b, stamps: map[string]string{}, hostSigned: map[string]bool{}}
+	s := &Store{b: b, stamps: map[string]string{}}
 	s.local, _ = b.(LocalBackend)
 	return s
 }
@@ -102,7 +100,6 @@ func (s *Store) Delete(id string) error {
 			delete(s.stamps, k)
 		}
 	}
-	delete(s.hostSigned, id)
 	s.stampsMu.Unlock()
 	return err
 }
@@ -244,9 +241,6 @@ type Restore struct {
 	Images string
 	// FS is the read-only snapshot of the files.
 	FS string
-	// HostSigned: the manifest is signed by this host's key (as checked
-	// when it was last read): the images are this host's own.
-	HostSigned bool
 }
 
 // Open checks that the artifact is complete (its manifest, of this
@@ -263,10 +257,7 @@ func (r Reader) Open(objs []Object, thorough bool) (Restore, error) {
 	if err := r.Verify(objs, thorough); err != nil {
 		return Restore{}, err
 	}
-	r.s.stampsMu.Lock()
-	host := r.s.hostSigned[r.id]
-	r.s.stampsMu.Unlock()
-	return Restore{Images: r.s.Images(r.id), FS: r.s.FS(r.id), HostSigned: host}, nil
+	return Restore{Images: r.s.Images(r.id), FS: r.s.FS(r.id)}, nil
 }
 
 // checkManifest checks that the artifact's manifest is there and is its
@@ -303,12 +294,11 @@ func (r Reader) checkManifest(objs []Object, thorough bool) error {
 			return fmt.Errorf("checkpoint %s: its signed manifest and the engine's record list different objects: %w", r.id, errdefs.ErrFailedPrecondition)
 		}
 	}
-	r.s.stampsMu.Lock()
-	r.s.hostSigned[r.id] = r.s.keys.HostSigned(mf)
 	if serr == nil && fi.Version != "" && stable(fi) {
+		r.s.stampsMu.Lock()
 		r.s.stamps[key] = fi.Version
+		r.s.stampsMu.Unlock()
 	}
-	r.s.stampsMu.Unlock()
 	return nil
 }
 

@@ -397,25 +397,21 @@ func (m *Manager) verify(ck checkpointRec, thorough bool) error {
 	// Through the store's Reader: the artifact must be complete (its
 	// own manifest written) as well as intact, and a backend that
 	// decrypts or fetches does it here.
-	rs, err := m.cks.Reader(ck.ID).Open(ck.Objects, thorough)
-	if err != nil {
+	if _, err := m.cks.Reader(ck.ID).Open(ck.Objects, thorough); err != nil {
 		return err
 	}
-	if rs.HostSigned && !thorough {
-		// This host's own images (checked when the manifest was last
-		// read, not again on a hot rollback's path).
-		return nil
+	if thorough {
+		// Every restore of processes validates the images it hands to
+		// CRIU (restoreTree); `--tier cold` and `molt checkpoint
+		// verify` do it here too, before anything else of the restore.
+		return m.validateImages(ck)
 	}
-	return m.validateImages(ck)
+	return nil
 }
 
 // validateImages checks a full checkpoint's CRIU images as hostile input
-// (criu.ValidateImages): verify runs it unless this host's key signed
-// the manifest and the check is not thorough (`--tier cold`, `molt
-// checkpoint verify`), so images another host made, or that predate
-// signing, are refused before CRIU reads them if anything in them is
-// out of bounds. A sealed checkpoint's images are validated decrypted
-// (openImages), as CRIU reads them.
+// (criu.ValidateImages). A sealed checkpoint's images are validated
+// decrypted (openImages), as CRIU reads them.
 func (m *Manager) validateImages(ck checkpointRec) error {
 	if ck.Kind != v1.KindFull {
 		return nil
@@ -425,6 +421,11 @@ func (m *Manager) validateImages(ck checkpointRec) error {
 		return err
 	}
 	defer done()
+	return checkImages(ck, dir)
+}
+
+// checkImages runs criu.ValidateImages on dir, checkpoint ck's images.
+func checkImages(ck checkpointRec, dir string) error {
 	if err := criu.ValidateImages(dir, criu.DefaultLimits()); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", ck.ID, err)
 	}
@@ -638,6 +639,13 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 		return sandbox.Init{}, err
 	}
 	defer closeImages()
+	// CRIU, root on the host, acts on what the images say: every
+	// restore checks them, whoever signed them (about 1 ms for a small
+	// tree's images: pages images are only sized), on the very files
+	// CRIU is given (docs/security.md, "Hostile checkpoint input").
+	if err := checkImages(ck, images); err != nil {
+		return sandbox.Init{}, err
+	}
 	work := m.path("tmp", "restore-"+newID())
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return sandbox.Init{}, err

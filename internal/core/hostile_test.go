@@ -28,8 +28,8 @@ import (
 // every hash and the signature pass), is refused by the image
 // validation, naming the file, before CRIU runs: no restore work
 // directory (where CRIU's restore.log goes) is made. A checkpoint this
-// host signed is validated too on `--tier cold` and by `molt checkpoint
-// verify`.
+// host signed is validated too: on a warm rollback, on `--tier cold`
+// and by `molt checkpoint verify`.
 func TestForeignImagesValidated(t *testing.T) {
 	m := openManager(t)
 	requireCRIU(t, m)
@@ -121,9 +121,12 @@ func TestForeignImagesValidated(t *testing.T) {
 		t.Fatalf("after the refused rollback the sandbox reads %q", got)
 	}
 
-	// Signed by this host: a warm restore trusts its own images, a cold
-	// one and verify do not.
+	// Signed by this host: validated all the same.
 	resign(t, m, ck.ID, k)
+	_, err = m.RollbackWith(ctx, sb.ID, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("warm rollback to the tampered checkpoint this host signed: %v", err)
+	}
 	if _, err := m.VerifyCheckpoint(ck.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("verify of the tampered checkpoint: %v", err)
 	}

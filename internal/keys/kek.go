@@ -8,7 +8,7 @@
 // provides, an environment variable, or a KMS behind the KEK interface).
 //
 //   - Rotating the KEK re-wraps the DEKs (a few hundred bytes per
-//     tenant) and rewrites no data: Ring.Rewrap, run by a daemon started
+//     tenant) and rewrites no data: OpenRing does it for a daemon started
 //     with the new KEK and the previous one.
 //   - Rotating a tenant's DEK (Ring.Rotate) makes a new DEK the one new
 //     data is sealed with; the old ones stay, to read what they sealed.

@@ -399,9 +399,3 @@ func (r *Ring) rewrap(olds map[string]KEK) (int, error) {
 	}
 	return n, nil
 }
-
-// Rewrap re-wraps under the ring's KEK every key wrapped by old: the
-// rotation of a KEK, which rewrites no data.
-func (r *Ring) Rewrap(old KEK) (int, error) {
-	return r.rewrap(map[string]KEK{old.ID(): old})
-}
