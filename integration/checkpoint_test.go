@@ -112,6 +112,14 @@ func TestCheckpointRollbackFiles(t *testing.T) {
 	if len(tree) != 2 || tree[0].ID != ck.ID || tree[1].Parent != ck.ID || tree[1].Label != "mutated" {
 		t.Fatalf("tree: %+v", tree)
 	}
+	// Shell completion lists the sandbox's checkpoints, by ID and label,
+	// for rollback's second argument, and sandboxes for its first.
+	if got := must(t, "__complete", "rollback", sb, ""); !strings.Contains(got, ck.ID+"\t") || !strings.Contains(got, "mutated\t") {
+		t.Fatalf("completion of rollback's checkpoint:\n%s", got)
+	}
+	if got := must(t, "__complete", "rollback", ""); !strings.Contains(got, sb+"\t") || strings.Contains(got, ck.ID) {
+		t.Fatalf("completion of rollback's sandbox:\n%s", got)
+	}
 	human := must(t, "checkpoints", sb)
 	if !strings.Contains(human, "└── "+second) || !strings.Contains(human, "<- head") {
 		t.Fatalf("human tree:\n%s", human)

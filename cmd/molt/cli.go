@@ -55,6 +55,17 @@ func newRootCmd() *cobra.Command {
 		stopCmd(g), startCmd(g), execCmd(g), checkpointCmd(g), checkpointsCmd(g), rollbackCmd(g), recoverCmd(g),
 		forkCmd(g), hibernateCmd(g), resumeCmd(g), turnCmd(g), turnsCmd(g), effectsCmd(g), consumeCmd(g), compensatorCmd(g), llmCmd(g), auditCmd(g), tenantCmd(g), tokenCmd(g), keyCmd(g), benchCmd(g), demoCmd(g),
 	)
+	// cobra's completion command, made now so that it takes examples
+	// too; sandbox, checkpoint, image and effect names complete from
+	// the daemon.
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			c.Example = completionExamples
+		}
+	}
+	applyExamples(root)
+	completeArgs(g, root)
 	return root
 }
 
