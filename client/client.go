@@ -137,6 +137,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		return err
 	}
 	defer resp.Body.Close()
+	if streamed(resp) {
+		return readStream(resp, method, path, progressOf(ctx), out)
+	}
 	if out == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
@@ -163,6 +166,9 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if method == http.MethodPost && progressOf(ctx) != nil {
+		req.Header.Set("Accept", "application/x-ndjson, application/json")
 	}
 	c.authorize(req)
 	resp, err := c.http().Do(req)
@@ -225,8 +231,13 @@ func (c *Client) BuildImage(ctx context.Context, req v1.ImageBuildRequest, progr
 			return v1.Image{}, &APIError{Status: 200, Kind: p.Error.Kind, Message: p.Error.Message}
 		case p.Image != nil:
 			return *p.Image, nil
-		case progress != nil:
-			progress(p.Message)
+		default:
+			if progress != nil {
+				progress(p.Message)
+			}
+			if f := progressOf(ctx); f != nil {
+				f(p)
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {

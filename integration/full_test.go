@@ -185,7 +185,12 @@ func TestHibernateResume(t *testing.T) {
 	must(t, "exec", sb, "--session", "main", "--", "export X=42; cd /tmp; mkdir -p /work; echo keep > /work/f")
 	must(t, "exec", "--detach", sb, "--", "python3", "-c", counterScript)
 	time.Sleep(500 * time.Millisecond)
-	must(t, "hibernate", sb)
+	// The CLI shows the hibernation's stages on stderr (not a terminal
+	// here: plain lines) and prints its answer as ever.
+	if r := molt(t, "hibernate", sb); r.code != 0 || !strings.Contains(r.stderr, "hibernate "+sb+": capturing processes and files") ||
+		!strings.Contains(r.stderr, "(new pages only)") || !strings.Contains(r.stderr, "stopping the processes") || !strings.Contains(r.stdout, "hibernated") {
+		t.Fatalf("hibernate: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
 	s := inspect(t, sb)
 	if s.State != "hibernated" || s.Pid != 0 {
 		t.Fatalf("after hibernate: %+v", s)

@@ -34,7 +34,9 @@ func checkpointCmd(g *globals) *cobra.Command {
 				}
 				return g.print(res, func() { printTurn(res) })
 			}
+			ctx, stop := withProgress(ctx, "checkpoint "+args[0])
 			ck, err := g.client().Checkpoint(ctx, args[0], req)
+			stop()
 			if err != nil {
 				return err
 			}
@@ -241,7 +243,9 @@ func forkCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
+			ctx, stop := withProgress(ctx, "fork "+args[0])
 			res, err := g.client().ForkWith(ctx, args[0], v1.ForkRequest{N: n, Reseed: reseed})
+			stop()
 			if err != nil {
 				return err
 			}

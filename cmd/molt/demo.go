@@ -139,7 +139,11 @@ type demoAction struct {
 func (d *demo) filesScript() []demoAction {
 	return []demoAction{
 		{"image build default (debootstrap, cached)", func() (string, error) {
-			img, err := d.c.BuildImage(d.ctx, v1.ImageBuildRequest{Name: "default"}, func(l string) {})
+			// debootstrap's minutes are shown as they go, not sat
+			// through in silence.
+			ctx, stop := withProgress(d.ctx, "  image build default")
+			img, err := d.c.BuildImage(ctx, v1.ImageBuildRequest{Name: "default"}, nil)
+			stop()
 			return img.Source, err
 		}},
 		{"create sandbox", func() (string, error) {

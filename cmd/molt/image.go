@@ -24,8 +24,9 @@ func imageCmd(g *globals) *cobra.Command {
 			ctx, cancel := ctx()
 			defer cancel()
 			start := time.Now()
-			img, err := g.client().BuildImage(ctx, v1.ImageBuildRequest{Name: args[0], Suite: suite, Packages: packages, Mirror: mirror, Force: force},
-				func(line string) { fmt.Fprintln(os.Stderr, line) })
+			ctx, stop := withProgress(ctx, "image build "+args[0])
+			img, err := g.client().BuildImage(ctx, v1.ImageBuildRequest{Name: args[0], Suite: suite, Packages: packages, Mirror: mirror, Force: force}, nil)
+			stop()
 			if err != nil {
 				return err
 			}
@@ -47,7 +48,9 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			ctx, stop := withProgress(ctx, "image import "+args[0])
 			img, err := g.client().ImportImage(ctx, v1.ImageImportRequest{Name: args[0], Path: p})
+			stop()
 			if err != nil {
 				return err
 			}

@@ -300,7 +300,9 @@ func hibernateCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
+			ctx, stop := withProgress(ctx, "hibernate "+args[0])
 			sb, err := g.client().Hibernate(ctx, args[0])
+			stop()
 			if err != nil {
 				return err
 			}
@@ -315,7 +317,9 @@ func resumeCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
+			ctx, stop := withProgress(ctx, "resume "+args[0])
 			sb, err := g.client().Resume(ctx, args[0])
+			stop()
 			if err != nil {
 				return err
 			}

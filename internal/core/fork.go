@@ -12,6 +12,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/progress"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sbinit"
 )
@@ -143,7 +144,8 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 			defer m.scheduleStandby(ck.Sandbox)
 		}
 	}
-	var reseeded atomic.Int64
+	var reseeded, finished atomic.Int64
+	progress.Report(ctx, progress.Step{Message: "forking " + ck.ID, Total: int64(n)})
 	sem := make(chan struct{}, forkParallelism())
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
@@ -177,6 +179,7 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 				r.Add(func() error { m.turnForget(id); return nil })
 			}
 			made.recs[i], made.reverts[i], made.errs[i] = rec, r, err
+			progress.Report(ctx, progress.Step{Message: "forking " + ck.ID, Done: finished.Add(1), Total: int64(n)})
 		}()
 	}
 	wg.Wait()

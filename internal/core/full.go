@@ -256,7 +256,13 @@ func (m *Manager) persistImages(ctx context.Context, t *sched.Task, ck *checkpoi
 	// writing only the pages no earlier checkpoint of this lineage holds.
 	// Every MiB is accounted to the host's I/O budget, and a rollback
 	// or a capture elsewhere pauses the copy there.
-	yield := func(n int64) error { return charge(ctx, t, n) }
+	j := m.pipe.job(ck.ID)
+	yield := func(n int64) error {
+		if j != nil {
+			j.written.Add(n)
+		}
+		return charge(ctx, t, n)
+	}
 	k, err := m.dataKeyOf(rec)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/progress"
 )
 
 // Hibernate takes a full checkpoint of a running sandbox, then stops its
@@ -31,6 +32,7 @@ func (m *Manager) Hibernate(ctx context.Context, ref string) (meta.Sandbox, erro
 	// Capture, then wait for the commit with the sandbox unlocked (a
 	// failed commit needs the lock to unlink the checkpoint), and stop
 	// the processes only once the checkpoint is durable.
+	progress.Report(ctx, progress.Step{Message: "capturing processes and files"})
 	ck, err := m.checkpoint(ctx, ref, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}, true)
 	if err != nil {
 		if r, lerr := m.lookupSandbox(ref); lerr == nil {
@@ -47,6 +49,7 @@ func (m *Manager) Hibernate(ctx context.Context, ref string) (meta.Sandbox, erro
 		return meta.Sandbox{}, errors.Join(fmt.Errorf("hibernate %s: the sandbox moved to %s while checkpoint %s was stored; not stopped: %w", rec.ID, rec.Head, ck.ID, errdefs.ErrUnavailable), m.thawSandbox(rec.ID))
 	}
 	m.crashpoint("hibernate:committed")
+	progress.Report(ctx, progress.Step{Message: "stopping the processes"})
 	next, err := m.stopTree(ctx, rec, v1.StateHibernated, "hibernated at checkpoint "+ck.ID)
 	if err != nil {
 		return meta.Sandbox{}, errors.Join(fmt.Errorf("hibernate %s: checkpoint %s taken, but stopping failed: %w", rec.ID, ck.ID, err), m.thawSandbox(rec.ID))
@@ -93,6 +96,7 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 		return meta.Sandbox{}, fmt.Errorf("resume %s: its checkpoint %s is gone: %w", rec.ID, rec.Head, errdefs.ErrFailedPrecondition)
 	}
 	m.enforceLimits(&rec, "restore")
+	progress.Report(ctx, progress.Step{Message: "restoring from checkpoint " + ck.ID})
 	if _, err := m.rollbackProcesses(ctx, &rec, ck, ck); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
 	}

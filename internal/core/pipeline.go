@@ -4,6 +4,10 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/molt-sh/molt/internal/progress"
 )
 
 // The checkpoint pipeline: a full checkpoint returns once its consistent
@@ -21,6 +25,9 @@ type pendingJob struct {
 	prev *pendingJob // the sandbox's previous pending job, or nil
 	done chan struct{}
 	err  error
+	// written counts the bytes its images have written to the pool so
+	// far (progress of a waiter).
+	written atomic.Int64
 }
 
 func (j *pendingJob) waitPrevious() {
@@ -98,14 +105,43 @@ func (p *pipeline) matching(ref, sandbox string) []*pendingJob {
 
 // wait waits for the jobs ref or sandbox names to end.
 func (p *pipeline) wait(ctx context.Context, ref, sandbox string) error {
+	var tick <-chan time.Time
+	if progress.Enabled(ctx) {
+		t := time.NewTicker(progressTick)
+		defer t.Stop()
+		tick = t.C
+	}
 	for _, j := range p.matching(ref, sandbox) {
-		select {
-		case <-j.done:
-		case <-ctx.Done():
-			return ctx.Err()
+		report := func() {
+			progress.Report(ctx, progress.Step{Message: "storing checkpoint " + j.ck.ID + " (new pages only)", Done: j.written.Load(), Unit: "bytes"})
+		}
+	wait:
+		for {
+			select {
+			case <-j.done:
+				if tick != nil {
+					report()
+				}
+				break wait
+			case <-tick:
+				report()
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 	}
 	return nil
+}
+
+// progressTick is how often a waiter reports a pending checkpoint's
+// storage.
+const progressTick = 250 * time.Millisecond
+
+// job returns the pending job of checkpoint id, or nil.
+func (p *pipeline) job(id string) *pendingJob {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.jobs[id]
 }
 
 // ckOf returns a copy of a job's checkpoint record.

@@ -15,6 +15,7 @@ import (
 	"github.com/molt-sh/molt/internal/egress/ledger"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/progress"
 )
 
 // fakeEngine is an engine with nothing in it: every call that can fail
@@ -85,6 +86,11 @@ func (f *fakeEngine) Start(ctx context.Context, ref string) (meta.Sandbox, error
 	return meta.Sandbox{}, f.call("Start", ref)
 }
 func (f *fakeEngine) Hibernate(ctx context.Context, ref string) (meta.Sandbox, error) {
+	if ref == "reports" { // a hibernation that succeeds, with progress
+		progress.Report(ctx, progress.Step{Message: "capturing"})
+		progress.Report(ctx, progress.Step{Message: "storing", Done: 10, Total: 10, Unit: "bytes"})
+		return meta.Sandbox{ID: ref, State: v1.StateHibernated}, nil
+	}
 	return meta.Sandbox{}, f.call("Hibernate", ref)
 }
 func (f *fakeEngine) Resume(ctx context.Context, ref string) (meta.Sandbox, error) {

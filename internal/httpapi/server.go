@@ -70,7 +70,11 @@ func newServer(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) (*se
 		{"POST /v1/checkpoints/{id}/fork", ck(tenant.ScopeRollback), http.HandlerFunc(s.forkCheckpoint)},
 	}
 	for _, rt := range s.routes {
-		mux.Handle(rt.pattern, s.guard(rt.policy, rt.h))
+		h := rt.h
+		if strings.HasPrefix(rt.pattern, "POST ") && !unstreamed[rt.pattern] {
+			h = streamable(h)
+		}
+		mux.Handle(rt.pattern, s.guard(rt.policy, h))
 	}
 	for _, rt := range extra {
 		// Served beside the API (the audit log's, the tenants'): the
@@ -79,6 +83,14 @@ func newServer(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) (*se
 		mux.Handle(rt.Pattern, s.guard(pAdmin, rt.Handler))
 	}
 	return s, apiMux{mux}
+}
+
+// unstreamed are the POST routes that never stream a v1.Progress answer
+// on request: exec is upgraded to its own protocol, and the image build
+// always streams.
+var unstreamed = map[string]bool{
+	"POST /v1/sandboxes/{id}/exec": true,
+	"POST /v1/images/build":        true,
 }
 
 // apiMux gives the mux's own answers (no such path, or a path that
