@@ -117,10 +117,8 @@ func (m *Manager) awaitCheckpoint(ctx context.Context, id string) (meta.Checkpoi
 		if m.pipe.ckOf(j).ID != id {
 			continue
 		}
-		select {
-		case <-j.done:
-		case <-ctx.Done():
-			return meta.Checkpoint{}, ctx.Err()
+		if err := m.pipe.waitJob(ctx, j); err != nil {
+			return meta.Checkpoint{}, err
 		}
 		if j.err != nil {
 			return meta.Checkpoint{}, fmt.Errorf("checkpoint %s was captured but not committed: %w", id, j.err)

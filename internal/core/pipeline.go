@@ -105,32 +105,43 @@ func (p *pipeline) matching(ref, sandbox string) []*pendingJob {
 
 // wait waits for the jobs ref or sandbox names to end.
 func (p *pipeline) wait(ctx context.Context, ref, sandbox string) error {
-	var tick <-chan time.Time
-	if progress.Enabled(ctx) {
-		t := time.NewTicker(progressTick)
-		defer t.Stop()
-		tick = t.C
-	}
 	for _, j := range p.matching(ref, sandbox) {
-		report := func() {
-			progress.Report(ctx, progress.Step{Message: "storing checkpoint " + j.ck.ID + " (new pages only)", Done: j.written.Load(), Unit: "bytes"})
-		}
-	wait:
-		for {
-			select {
-			case <-j.done:
-				if tick != nil {
-					report()
-				}
-				break wait
-			case <-tick:
-				report()
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		if err := p.waitJob(ctx, j); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// waitJob waits for job j to end, reporting the bytes it has written
+// to ctx's progress receiver as it goes.
+func (p *pipeline) waitJob(ctx context.Context, j *pendingJob) error {
+	if !progress.Enabled(ctx) {
+		select {
+		case <-j.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	id := p.ckOf(j).ID
+	report := func() {
+		progress.Report(ctx, progress.Step{Message: "storing checkpoint " + id + " (new pages only)", Done: j.written.Load(), Unit: "bytes"})
+	}
+	report()
+	t := time.NewTicker(progressTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-j.done:
+			report()
+			return nil
+		case <-t.C:
+			report()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // progressTick is how often a waiter reports a pending checkpoint's

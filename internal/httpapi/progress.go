@@ -3,6 +3,8 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/progress"
 )
 
@@ -41,6 +44,15 @@ func streamable(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
+		// The body is read before the stream starts: the server closes
+		// it once the answer has begun. One byte past the bound is kept,
+		// so that the handler refuses a body too large as ever.
+		body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+		if err != nil {
+			writeError(w, fmt.Errorf("read request body: %w: %w", err, errdefs.ErrInvalidArgument))
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		w.Header().Set("Content-Type", ndjson)
 		w.WriteHeader(http.StatusOK)
 		f, _ := w.(http.Flusher)

@@ -14,7 +14,12 @@ import (
 // post sends a POST with accept as its Accept header.
 func post(t *testing.T, url, accept string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequest("POST", url, strings.NewReader("{}"))
+	return postBody(t, url, accept, "{}")
+}
+
+func postBody(t *testing.T, url, accept, body string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest("POST", url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +75,17 @@ func TestStreamedProgress(t *testing.T) {
 	lines = progressLines(t, post(t, srv.URL+"/v1/sandboxes/nope/hibernate", "application/x-ndjson"))
 	if last := lines[len(lines)-1]; last.Status != 404 || last.Error == nil || last.Error.Kind != v1.ErrKindNotFound || last.Result != nil {
 		t.Errorf("refused, streamed: %+v", lines)
+	}
+
+	// The body is read as without streaming: its checks apply.
+	for body, want := range map[string]string{
+		`{"image":"x","bogus":1}`:                           "bogus",
+		`{"image":"` + strings.Repeat("x", MaxBody) + `"}`: "too large",
+	} {
+		lines = progressLines(t, postBody(t, srv.URL+"/v1/sandboxes", ndjson, body))
+		if last := lines[len(lines)-1]; last.Status != 400 || last.Error == nil || last.Error.Kind != v1.ErrKindInvalidArgument || !strings.Contains(last.Error.Message, want) {
+			t.Errorf("streamed create with a bad body: %+v", last)
+		}
 	}
 
 	resp := post(t, srv.URL+"/v1/sandboxes/reports/hibernate", "")
