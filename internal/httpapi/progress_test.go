@@ -79,7 +79,7 @@ func TestStreamedProgress(t *testing.T) {
 
 	// The body is read as without streaming: its checks apply.
 	for body, want := range map[string]string{
-		`{"image":"x","bogus":1}`:                           "bogus",
+		`{"image":"x","bogus":1}`:                          "bogus",
 		`{"image":"` + strings.Repeat("x", MaxBody) + `"}`: "too large",
 	} {
 		lines = progressLines(t, postBody(t, srv.URL+"/v1/sandboxes", ndjson, body))
