@@ -27,11 +27,11 @@ const (
 
 // progressDisplay shows one operation's progress on stderr.
 type progressDisplay struct {
-	title string
 	out   io.Writer
 	tty   bool
-	width int
-	start time.Time
+	title string    // +checklocks:mu
+	width int       // +checklocks:mu
+	start time.Time // +checklocks:mu
 
 	mu      sync.Mutex
 	cur     v1.Progress // +checklocks:mu
@@ -119,7 +119,7 @@ func (d *progressDisplay) loop() {
 	}
 }
 
-var spinner = []rune{'|', '/', '-', '\\'}
+const spinner = `|/-\`
 
 // line renders the state: title, stage, a bar when measured, and the
 // time so far.

@@ -61,10 +61,10 @@ func Lines(ctx context.Context, prefix string) io.Writer {
 }
 
 type lineWriter struct {
-	ctx    context.Context
-	prefix string
 	mu     sync.Mutex
-	buf    []byte // +checklocks:mu
+	ctx    context.Context // +checklocks:mu
+	prefix string          // +checklocks:mu
+	buf    []byte          // +checklocks:mu
 }
 
 // maxLine bounds a line kept while its end has not come.
