@@ -47,7 +47,8 @@ test-python: build
 
 # The TypeScript SDK (sdk/ts): JavaScript modules with hand-written
 # declarations, no runtime dependencies, tested with `node --test`
-# against a daemon of its own on a temporary root (sdk/ts/test/live.mjs;
+# against a daemon of its own on a temporary root, with its LangGraph.js
+# saver (sdk/ts/langgraph, `npm ci` first) (sdk/ts/test/live.mjs;
 # docs/testing.md, "TypeScript SDK"). Only the unit tests without root,
 # except under `make test`.
 test-ts: build
@@ -95,6 +96,7 @@ lint: lint-bpf
 	@# declarations, and test/types.ts against the declarations (TypeScript
 	@# from sdk/ts/package-lock.json; its tests run in `make test`).
 	cd sdk/ts && npm ci --no-audit --no-fund --loglevel=error && node_modules/.bin/tsc -p tsconfig.json
+	cd sdk/ts/langgraph && npm ci --no-audit --no-fund --loglevel=error && node_modules/.bin/tsc -p tsconfig.json
 	$(GO) run $(STATICCHECK) ./...
 	@# -wrappers=false: the analyzer reports the compiler's wrapper
 	@# functions at no position, where no annotation can answer it.

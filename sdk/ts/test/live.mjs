@@ -24,6 +24,9 @@ import { Client, MoltError } from "../src/index.js";
 const HERE = dirname(fileURLToPath(import.meta.url));
 const UNIT = join(HERE, "unit.test.mjs");
 const LIVE = join(HERE, "live.test.mjs");
+// The LangGraph.js saver (sdk/ts/langgraph), with its npm dependencies.
+const LANGGRAPH = join(HERE, "..", "langgraph");
+const SAVER = join(LANGGRAPH, "test", "saver.test.mjs");
 
 /** @param {string} msg */
 const log = (msg) => process.stderr.write(`test-ts: ${msg}\n`);
@@ -236,6 +239,14 @@ async function main() {
   }
   const started = Date.now();
   const secs = () => ((Date.now() - started) / 1000).toFixed(1);
+  // The saver's dependencies, as its package-lock.json pins them.
+  const ci = spawnSync("npm", ["ci", "--no-audit", "--no-fund", "--loglevel=error"],
+    { cwd: LANGGRAPH, stdio: ["ignore", "inherit", "inherit"] });
+  if (ci.status !== 0) {
+    log(`npm ci in ${LANGGRAPH} failed`);
+    return 1;
+  }
+  log(`npm ci in ${LANGGRAPH} (${secs()} s)`);
   const tmp = mkdtempSync(join(tmpdir(), "molt-ts-"));
   const daemon = new Daemon(bin, tmp);
   let code = 1;
@@ -252,7 +263,7 @@ async function main() {
       MOLT_TEST_BUILD_PROGRESS: String(lines.length), MOLT_TEST_ENDPOINT: daemon.endpoint,
       MOLT_TEST_TLS_CA: daemon.tlsCA, MOLT_ENDPOINT: "", MOLT_TOKEN: "",
     };
-    code = await nodeTest([UNIT, LIVE], env, args.testArgs);
+    code = await nodeTest([UNIT, LIVE, SAVER], env, args.testArgs);
   } catch (err) {
     log(`${err instanceof Error ? err.stack : err}`);
     log("daemon log:\n" + tail(daemon.log));
