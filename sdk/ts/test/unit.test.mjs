@@ -200,6 +200,15 @@ describe("against a scripted daemon", () => {
         return;
       }
       socket.write("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: molt-exec/1\r\n\r\n");
+      if (req.url?.startsWith("/v1/sandboxes/cut/")) {
+        // Output, then the connection ends without an exit status.
+        socket.end(molt.encodeFrame("o", "partial"));
+        return;
+      }
+      if (req.url?.startsWith("/v1/sandboxes/broken/")) {
+        socket.end(Buffer.concat([molt.encodeFrame("o", "x"), molt.encodeFrame("E", "exec: the init went away")]));
+        return;
+      }
       const frames = [molt.encodeFrame("p", "7"), molt.encodeFrame("o", Buffer.alloc(100000, "a"))];
       if (body.stdin) {
         const r = new molt.FrameReader({ [Symbol.asyncIterator]: () => it }, buf.subarray(want));
@@ -253,5 +262,19 @@ describe("against a scripted daemon", () => {
     assert.equal(last.headers.upgrade, "molt-exec/1");
     assert.deepEqual(JSON.parse(last.body), { args: ["cat"], env: { A: "1" }, timeout_ms: 1500, stdin: true });
     await assert.rejects(client.exec("missing", ["true"]), molt.NotFound);
+  });
+
+  test("a stream that ends or fails before the exit status", async () => {
+    const p = await client.execStream("cut", ["sh"]);
+    const got = [];
+    await assert.rejects((async () => {
+      for await (const c of p) got.push(c.text);
+    })(), (e) => e instanceof molt.StreamError && /ended before the command's exit status/.test(e.message));
+    assert.deepEqual(got, ["partial"]);
+    assert.equal(p.result, undefined);
+    await assert.rejects(client.exec("broken", ["sh"]),
+      (e) => e instanceof molt.StreamError && /the init went away/.test(e.message));
+    await assert.rejects(p.write("late"), molt.StreamError);
+    assert.throws(() => p.signal(0), RangeError);
   });
 });
