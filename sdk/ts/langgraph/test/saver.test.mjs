@@ -5,7 +5,8 @@
 // tool node runs them in the thread's molt sandbox (a persistent session,
 // so shell variables and background processes count), and the model
 // answers once its script is done. Time travel and a forked thread must
-// find the sandbox as it was at that step: files, session state, processes.
+// find the sandbox as it was at that step: files, session state, processes;
+// so must a branch made with updateState.
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
@@ -140,6 +141,18 @@ describe("MoltSaver", { skip }, () => {
     assert.equal(await observe(sb1), "one | n=1 | alive");
     const head = await graph.getState(t1);
     assert.equal(head.next.length, 0);
+    assert.equal(await observe(sb1), "one two three | n=3 | dead");
+
+    // A branch inside the thread: updating the state at that checkpoint
+    // loads it (the sandbox goes back there) and stores the branch's
+    // checkpoint with a molt checkpoint of that state; the run goes on
+    // from it.
+    const branch = await graph.updateState(at, { messages: [new HumanMessage("go on")] });
+    assert.equal(await observe(sb1), "one | n=1 | alive");
+    await graph.getState(t1); // the head, which is now the branch
+    assert.equal(await observe(sb1), "one | n=1 | alive");
+    const done = await graph.invoke(null, branch);
+    assert.equal(done.messages[done.messages.length - 1].content, "done");
     assert.equal(await observe(sb1), "one two three | n=3 | dead");
   });
 });
