@@ -3,13 +3,14 @@ SHELL := /bin/bash
 export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 PYTHON ?= python3
+NODE ?= node
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # gVisor's lock analyzer: fields annotated +checklocks:MU are only
 # touched with MU held (internal/core/doc.go, "Locks").
 CHECKLOCKS := gvisor.dev/gvisor/tools/checklocks/cmd/checklocks@v0.0.0-20260905035102-160fafc42237
 
-.PHONY: all deps build demo test test-python lint lint-bpf fuzz race-core bench-fs clean
+.PHONY: all deps build demo test test-python test-ts lint lint-bpf fuzz race-core bench-fs clean
 
 all: build
 
@@ -35,6 +36,7 @@ test: build lint
 	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
 	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 30m ./api/... ./client ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/turn ./internal/ns ./internal/pid1 ./internal/template
 	MOLT_REQUIRE_PRIVILEGED=1 $(PYTHON) sdk/python/tests/live.py --molt bin/molt
+	MOLT_REQUIRE_PRIVILEGED=1 $(NODE) sdk/ts/test/live.mjs --molt bin/molt
 
 # The Python SDK (sdk/python): compiled, installed with pip from the
 # directory (no index), and tested with unittest against a daemon of its
@@ -42,6 +44,15 @@ test: build lint
 # "Python SDK"). Skipped without root, except under `make test`.
 test-python: build
 	$(PYTHON) sdk/python/tests/live.py --molt bin/molt
+
+# The TypeScript SDK (sdk/ts): JavaScript modules with hand-written
+# declarations, no runtime dependencies, tested with `node --test`
+# against a daemon of its own on a temporary root, with its LangGraph.js
+# saver (sdk/ts/langgraph, `npm ci` first) (sdk/ts/test/live.mjs;
+# docs/testing.md, "TypeScript SDK"). Only the unit tests without root,
+# except under `make test`.
+test-ts: build
+	$(NODE) sdk/ts/test/live.mjs --molt bin/molt
 
 # The seed corpora (testdata/fuzz, every input that ever failed among
 # them) run in `make test` with the other tests. The exploration below is
@@ -81,6 +92,11 @@ lint: lint-bpf
 	$(GO) vet ./...
 	@# The Python SDK compiles (its tests run in `make test`).
 	$(PYTHON) sdk/python/tests/live.py --compile-only
+	@# The TypeScript SDK type-checks: its JavaScript against its JSDoc and
+	@# declarations, and test/types.ts against the declarations (TypeScript
+	@# from sdk/ts/package-lock.json; its tests run in `make test`).
+	cd sdk/ts && npm ci --no-audit --no-fund --loglevel=error && node_modules/.bin/tsc -p tsconfig.json
+	cd sdk/ts/langgraph && npm ci --no-audit --no-fund --loglevel=error && node_modules/.bin/tsc -p tsconfig.json
 	$(GO) run $(STATICCHECK) ./...
 	@# -wrappers=false: the analyzer reports the compiler's wrapper
 	@# functions at no position, where no annotation can answer it.
