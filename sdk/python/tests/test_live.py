@@ -378,6 +378,22 @@ class Readme(LiveTest):
         self.assertEqual(lines[1:3], ["1", "clean"])
         self.assertEqual([ln.split()[1:] for ln in lines[-2:]], [["0", "0"], ["1", "0"]])
 
+    def test_root_readme_quick_start_runs(self):
+        """The project README's Python quick start runs as written."""
+        import contextlib
+        import io
+        import re
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        with open(os.path.join(root, "README.md")) as f:
+            text = f.read()
+        code = re.search(r"```python\n(.*?)```", text[text.index("## From code"):], re.S).group(1)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+        self.assertEqual(out.getvalue().split("\n\n")[0], "1\nclean", out.getvalue())
+        self.assertEqual(out.getvalue().split(), ["1", "clean", "0", "1"])
+
 
 ENDPOINT = os.environ.get("MOLT_TEST_ENDPOINT", "")
 TLS_CA = os.environ.get("MOLT_TEST_TLS_CA", "")
