@@ -13,7 +13,7 @@ import os
 import socket
 import ssl
 import urllib.parse
-from typing import Any, BinaryIO, Dict, Iterator, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 
 from .errors import ConnectionFailed, Internal, MoltError, error_from_body
 
@@ -74,8 +74,8 @@ class Transport:
             return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._ssl)
         return _UnixConnection(self.socket_path, timeout)
 
-    def _headers(self, has_body: bool) -> Dict[str, str]:
-        h = {"Accept": "application/json"}
+    def _headers(self, has_body: bool, stream: bool = False) -> Dict[str, str]:
+        h = {"Accept": "application/x-ndjson, application/json" if stream else "application/json"}
         if has_body:
             h["Content-Type"] = "application/json"
         if self.token:
@@ -87,7 +87,8 @@ class Transport:
         return ConnectionFailed(f"connect to molt daemon at {self.where()}{hint}: {err}")
 
     def open(self, method: str, path: str, body: Any = None,
-             timeout: Optional[float] = None) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+             timeout: Optional[float] = None,
+             stream: bool = False) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Sends a request; returns the connection and its 2xx response
         (the caller reads and closes both), or raises the typed error."""
         data = None if body is None else json.dumps(body).encode()
@@ -98,7 +99,7 @@ class Transport:
             conn.close()
             raise self._connect_error(e) from e
         try:
-            conn.request(method, path, body=data, headers=self._headers(data is not None))
+            conn.request(method, path, body=data, headers=self._headers(data is not None, stream))
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as e:
             conn.close()
@@ -113,9 +114,17 @@ class Transport:
             raise error_from_body(resp.status, raw, resp.reason)
         return conn, resp
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
+    def call(self, method: str, path: str, body: Any = None,
+             progress: Optional[Callable[[Dict[str, Any]], Any]] = None) -> Any:
         """Sends a request and returns its decoded JSON answer (None for an
-        empty body)."""
+        empty body).
+
+        With ``progress``, the daemon is asked to stream the answer
+        (docs/api.md, "Progress"): each report (``message``, and ``done``,
+        ``total``, ``unit`` when measured) goes to ``progress`` as it
+        comes, and the answer or the error is as without it."""
+        if progress is not None:
+            return self._streamed(method, path, body, progress)
         conn, resp = self.open(method, path, body)
         try:
             raw = resp.read()
@@ -129,6 +138,38 @@ class Transport:
             return json.loads(raw)
         except ValueError as e:
             raise Internal(f"{method} {path}: decode response: {e}") from e
+
+    def _streamed(self, method: str, path: str, body: Any,
+                  progress: Callable[[Dict[str, Any]], Any]) -> Any:
+        conn, resp = self.open(method, path, body, timeout=None, stream=True)
+        try:
+            if "application/x-ndjson" not in (resp.getheader("Content-Type") or ""):
+                raw = resp.read()  # a route that does not stream: its plain answer
+                try:
+                    return json.loads(raw) if raw.strip() else None
+                except ValueError as e:
+                    raise Internal(f"{method} {path}: decode response: {e}") from e
+            while True:
+                line = resp.readline(_MAX_LINE + 1)
+                if not line:
+                    raise ConnectionFailed(f"{method} {path}: the daemon closed the stream without an answer")
+                if len(line) > _MAX_LINE:
+                    raise Internal(f"{method} {path}: a line over {_MAX_LINE} bytes")
+                if not line.strip():
+                    continue
+                try:
+                    p = json.loads(line)
+                except ValueError as e:
+                    raise Internal(f"{method} {path}: decode progress: {e}") from e
+                if p.get("error"):
+                    raise error_from_body(p.get("status") or 200, json.dumps(p["error"]).encode())
+                if "result" in p:
+                    return p["result"]
+                progress(p)
+        except (OSError, http.client.HTTPException) as e:
+            raise ConnectionFailed(f"{method} {path}: {e}") from e
+        finally:
+            conn.close()
 
     def raw(self, method: str, path: str) -> bytes:
         """Sends a request and returns its body as bytes."""

@@ -17,6 +17,12 @@ __all__ = ["Client", "DEFAULT_SOCKET"]
 
 Ref = Union[str, Mapping[str, Any], Any]
 
+#: A receiver of a long call's progress (``progress=``): called with each
+#: report as a dict, ``message`` and, when the stage is measured, ``done``,
+#: ``total`` (absent when unknown) and ``unit`` (``"bytes"``, or absent for
+#: a count). Reports are advisory; the call returns or raises as without.
+Progress = Callable[[Dict[str, Any]], Any]
+
 
 def _esc(s: str) -> str:
     return urllib.parse.quote(s, safe="")
@@ -205,14 +211,17 @@ class Client:
         """Starts a stopped or lost sandbox."""
         return m.SandboxInfo(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/start"))
 
-    def hibernate(self, ref: Ref) -> m.SandboxInfo:
+    def hibernate(self, ref: Ref, *, progress: Optional[Progress] = None) -> m.SandboxInfo:
         """Takes a full checkpoint of a sandbox and stops it (state
-        ``hibernated``); :meth:`resume` restores it."""
-        return m.SandboxInfo(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/hibernate"))
+        ``hibernated``); :meth:`resume` restores it. ``progress`` receives
+        the daemon's reports as they come (see :data:`Progress`)."""
+        return m.SandboxInfo(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/hibernate",
+                                          progress=progress))
 
-    def resume(self, ref: Ref) -> m.SandboxInfo:
+    def resume(self, ref: Ref, *, progress: Optional[Progress] = None) -> m.SandboxInfo:
         """Restores a hibernated sandbox from its hibernation checkpoint."""
-        return m.SandboxInfo(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/resume"))
+        return m.SandboxInfo(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/resume",
+                                          progress=progress))
 
     # -- exec and sessions ----------------------------------------------------
 
@@ -285,7 +294,8 @@ class Client:
     # -- checkpoints, rollback, fork -----------------------------------------
 
     def checkpoint(self, ref: Ref, *, kind: Optional[str] = None, label: Optional[str] = None,
-                   wait: bool = False, keep: bool = False) -> Union[m.Checkpoint, m.TurnResult]:
+                   wait: bool = False, keep: bool = False,
+                   progress: Optional[Progress] = None) -> Union[m.Checkpoint, m.TurnResult]:
         """Takes a checkpoint of a sandbox.
 
         ``kind``: ``"fs"`` (files only; the default), ``"full"`` (files,
@@ -293,10 +303,11 @@ class Client:
         the checkpoint its effects need: returns a :class:`TurnResult`).
         A full checkpoint returns ``pending`` right after its instant is
         captured unless ``wait``; ``keep`` keeps a standby of it for a hot
-        rollback.
+        rollback. ``progress`` receives the daemon's reports (the bytes a
+        waited-for full checkpoint stores).
         """
         req = _body(kind=kind, label=label, wait=wait or None, keep=keep or None)
-        data = self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/checkpoints", req)
+        data = self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/checkpoints", req, progress=progress)
         return m.TurnResult(data) if kind == "auto" else m.Checkpoint(data)
 
     def checkpoints(self, ref: Ref) -> List[m.Checkpoint]:
@@ -350,18 +361,21 @@ class Client:
         return res
 
     def fork(self, ref: Ref, n: int = 1, *, checkpoint: Optional[Ref] = None,
-             reseed: bool = False) -> m.ForkResult:
+             reseed: bool = False, progress: Optional[Progress] = None) -> m.ForkResult:
         """Makes ``n`` sandboxes (1..1000) from a sandbox: from
         ``checkpoint``, or from a new fs checkpoint of it. ``reseed`` gives
-        the forks' sessions fresh ``$RANDOM`` seeds."""
+        the forks' sessions fresh ``$RANDOM`` seeds; ``progress`` receives
+        how many are made so far."""
         req = _body(n=int(n), checkpoint=_ref(checkpoint) if checkpoint is not None else None,
                     reseed=reseed or None)
-        return m.ForkResult(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/fork", req))
+        return m.ForkResult(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/fork", req, progress=progress))
 
-    def fork_checkpoint(self, checkpoint: Ref, n: int = 1, *, reseed: bool = False) -> m.ForkResult:
+    def fork_checkpoint(self, checkpoint: Ref, n: int = 1, *, reseed: bool = False,
+                        progress: Optional[Progress] = None) -> m.ForkResult:
         """Makes ``n`` sandboxes from a checkpoint."""
         req = _body(n=int(n), reseed=reseed or None)
-        return m.ForkResult(self._t.call("POST", f"/v1/checkpoints/{_esc(_ref(checkpoint))}/fork", req))
+        return m.ForkResult(self._t.call("POST", f"/v1/checkpoints/{_esc(_ref(checkpoint))}/fork", req,
+                                         progress=progress))
 
     # -- turns, recovery, LLM endpoint ---------------------------------------
 

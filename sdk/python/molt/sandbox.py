@@ -104,15 +104,15 @@ class Sandbox:
         self.info = self.client.start(self.id)
         return self.info
 
-    def hibernate(self) -> m.SandboxInfo:
+    def hibernate(self, *, progress: Any = None) -> m.SandboxInfo:
         """Full checkpoint, then stop: the sandbox costs no memory until
         :meth:`resume`."""
-        self.info = self.client.hibernate(self.id)
+        self.info = self.client.hibernate(self.id, progress=progress)
         return self.info
 
-    def resume(self) -> m.SandboxInfo:
+    def resume(self, *, progress: Any = None) -> m.SandboxInfo:
         """Restores the hibernated sandbox, processes and all."""
-        self.info = self.client.resume(self.id)
+        self.info = self.client.resume(self.id, progress=progress)
         return self.info
 
     # -- commands -------------------------------------------------------------
@@ -148,10 +148,11 @@ class Sandbox:
     # -- checkpoints ----------------------------------------------------------
 
     def checkpoint(self, label: Optional[str] = None, *, kind: Optional[str] = None,
-                   wait: bool = False, keep: bool = False) -> Union[m.Checkpoint, m.TurnResult]:
+                   wait: bool = False, keep: bool = False,
+                   progress: Any = None) -> Union[m.Checkpoint, m.TurnResult]:
         """Takes a checkpoint (``kind`` ``fs``, the default, ``full`` or
         ``auto``); see :meth:`Client.checkpoint`."""
-        return self.client.checkpoint(self.id, kind=kind, label=label, wait=wait, keep=keep)
+        return self.client.checkpoint(self.id, kind=kind, label=label, wait=wait, keep=keep, progress=progress)
 
     def checkpoints(self) -> List[m.Checkpoint]:
         """The sandbox's checkpoints, oldest first."""
@@ -167,11 +168,12 @@ class Sandbox:
         see :meth:`Client.rollback`."""
         return self.client.rollback(self.id, checkpoint, tier=tier, force=force, dry_run=dry_run)
 
-    def fork(self, n: int = 1, *, checkpoint: Optional[Ref] = None, reseed: bool = False) -> "Forks":
+    def fork(self, n: int = 1, *, checkpoint: Optional[Ref] = None, reseed: bool = False,
+             progress: Any = None) -> "Forks":
         """Makes ``n`` copies of the sandbox (from ``checkpoint``, or a new
         fs checkpoint) and returns them as :class:`Forks`, a list of
         Sandbox handles that removes them all at the end of a ``with``."""
-        res = self.client.fork(self.id, n, checkpoint=checkpoint, reseed=reseed)
+        res = self.client.fork(self.id, n, checkpoint=checkpoint, reseed=reseed, progress=progress)
         return Forks(self.client, res)
 
     # -- turns, recovery, LLM, effects ---------------------------------------

@@ -288,9 +288,23 @@ class Hibernate(LiveTest):
     def test_hibernate_resume(self):
         sb = self.sandbox()
         sb.run("kept=yes")
-        self.assertEqual(sb.hibernate().state, "hibernated")
-        self.assertEqual(sb.resume().state, "running")
+        seen = []
+        self.assertEqual(sb.hibernate(progress=seen.append).state, "hibernated")
+        msgs = [p.get("message", "") for p in seen]
+        self.assertIn("capturing processes and files", msgs)
+        self.assertTrue(any("(new pages only)" in m and p.get("unit") == "bytes" for m, p in zip(msgs, seen)), seen)
+        self.assertEqual(sb.resume(progress=seen.append).state, "running")
+        self.assertTrue(any(p.get("message", "").startswith("restoring from checkpoint") for p in seen), seen)
         self.assertEqual(sb.run("echo $kept").stdout, "yes\n")
+        # A fork of many reports how many are made; an error ends the
+        # stream as the typed error.
+        made = []
+        with sb.fork(n=3, progress=made.append) as forks:
+            self.assertEqual(len(forks), 3)
+        self.assertEqual(made[-1].get("done"), 3)
+        self.assertEqual(made[-1].get("total"), 3)
+        with self.assertRaises(molt.NotFound):
+            self.client.hibernate("no-such-sandbox", progress=seen.append)
 
 
 class Turns(LiveTest):
