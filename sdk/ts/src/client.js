@@ -244,9 +244,10 @@ export class Client {
   /**
    * @param {Ref} r
    * @param {string} verb
+   * @param {((p: import("./index.js").Progress) => void) | undefined} [progress]
    */
-  lifecycle(r, verb) {
-    return this.t.call("POST", `/v1/sandboxes/${esc(ref(r))}/${verb}`);
+  lifecycle(r, verb, progress = undefined) {
+    return this.t.call("POST", `/v1/sandboxes/${esc(ref(r))}/${verb}`, undefined, progress);
   }
 
   /** @param {Ref} r */
@@ -259,14 +260,20 @@ export class Client {
     return this.lifecycle(r, "start");
   }
 
-  /** @param {Ref} r */
-  hibernate(r) {
-    return this.lifecycle(r, "hibernate");
+  /**
+   * @param {Ref} r
+   * @param {import("./index.js").ProgressOptions} [o]
+   */
+  hibernate(r, o = {}) {
+    return this.lifecycle(r, "hibernate", o.progress);
   }
 
-  /** @param {Ref} r */
-  resume(r) {
-    return this.lifecycle(r, "resume");
+  /**
+   * @param {Ref} r
+   * @param {import("./index.js").ProgressOptions} [o]
+   */
+  resume(r, o = {}) {
+    return this.lifecycle(r, "resume", o.progress);
   }
 
   // -- exec and sessions -----------------------------------------------
@@ -356,7 +363,7 @@ export class Client {
    */
   checkpoint(r, o = {}) {
     const req = body({ kind: o.kind, label: o.label, wait: o.wait, keep: o.keep });
-    return this.t.call("POST", `/v1/sandboxes/${esc(ref(r))}/checkpoints`, req);
+    return this.t.call("POST", `/v1/sandboxes/${esc(ref(r))}/checkpoints`, req, o.progress);
   }
 
   /** @param {Ref} r */
@@ -411,16 +418,16 @@ export class Client {
    */
   fork(r, n = 1, o = {}) {
     const req = body({ n, checkpoint: o.checkpoint !== undefined ? ref(o.checkpoint) : undefined, reseed: o.reseed });
-    return this.t.call("POST", `/v1/sandboxes/${esc(ref(r))}/fork`, req);
+    return this.t.call("POST", `/v1/sandboxes/${esc(ref(r))}/fork`, req, o.progress);
   }
 
   /**
    * @param {Ref} checkpoint
    * @param {number} [n]
-   * @param {{reseed?: boolean}} [o]
+   * @param {{reseed?: boolean} & import("./index.js").ProgressOptions} [o]
    */
   forkCheckpoint(checkpoint, n = 1, o = {}) {
-    return this.t.call("POST", `/v1/checkpoints/${esc(ref(checkpoint))}/fork`, body({ n, reseed: o.reseed }));
+    return this.t.call("POST", `/v1/checkpoints/${esc(ref(checkpoint))}/fork`, body({ n, reseed: o.reseed }), o.progress);
   }
 
   /**

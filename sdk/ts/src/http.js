@@ -125,11 +125,15 @@ export class Transport {
    * @param {string} path
    * @param {unknown} [body]
    * @param {number | undefined} [timeoutMs]
+   * @param {string | undefined} [accept]
    * @returns {Promise<http.IncomingMessage>}
    */
-  open(method, path, body, timeoutMs = this.timeoutMs) {
+  open(method, path, body, timeoutMs = this.timeoutMs, accept = undefined) {
     const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
     const headers = this.headers(data !== undefined);
+    if (accept !== undefined) {
+      headers.Accept = accept;
+    }
     if (data !== undefined) {
       headers["Content-Length"] = String(data.length);
     }
@@ -166,9 +170,13 @@ export class Transport {
    * @param {string} method
    * @param {string} path
    * @param {unknown} [body]
+   * @param {((p: any) => void) | undefined} [progress]
    * @returns {Promise<any>}
    */
-  async call(method, path, body) {
+  async call(method, path, body, progress = undefined) {
+    if (progress !== undefined) {
+      return this.streamed(method, path, body, progress);
+    }
     const res = await this.open(method, path, body);
     let raw;
     try {
@@ -185,6 +193,60 @@ export class Transport {
     } catch (err) {
       throw new Internal(`${method} ${path}: decode response: ${/** @type {Error} */ (err).message}`);
     }
+  }
+
+  /**
+   * Sends a request asking the daemon to stream its answer (docs/api.md,
+   * "Progress"): each report goes to `progress` as it comes; resolves to
+   * the answer, or rejects with the error, as without.
+   *
+   * @param {string} method
+   * @param {string} path
+   * @param {unknown} body
+   * @param {(p: any) => void} progress
+   * @returns {Promise<any>}
+   */
+  async streamed(method, path, body, progress) {
+    const res = await this.open(method, path, body, 0, "application/x-ndjson, application/json");
+    if (!String(res.headers["content-type"] ?? "").startsWith("application/x-ndjson")) {
+      let raw;
+      try {
+        raw = await readBody(res, MAX_BODY, false);
+      } catch (err) {
+        throw asMoltError(err, `${method} ${path}`);
+      }
+      const text = raw.toString("utf8");
+      return text.trim() ? JSON.parse(text) : undefined;
+    }
+    let buf = Buffer.alloc(0);
+    try {
+      for await (const chunk of res) {
+        buf = Buffer.concat([buf, chunk]);
+        let nl;
+        while ((nl = buf.indexOf(10)) >= 0) {
+          const v = decodeLine(buf.subarray(0, nl), method, path);
+          buf = buf.subarray(nl + 1);
+          if (v === undefined) {
+            continue;
+          }
+          if (v.error) {
+            throw errorFromBody(v.status || 200, Buffer.from(JSON.stringify(v.error)));
+          }
+          if ("result" in v) {
+            return v.result;
+          }
+          progress(v);
+        }
+        if (buf.length > MAX_LINE) {
+          throw new Internal(`${method} ${path}: a line over ${MAX_LINE} bytes`);
+        }
+      }
+    } catch (err) {
+      throw asMoltError(err, `${method} ${path}`);
+    } finally {
+      res.destroy();
+    }
+    throw new ConnectionFailed(`${method} ${path}: the daemon closed the stream without an answer`);
   }
 
   /**

@@ -433,7 +433,23 @@ export interface RunOptions {
   check?: boolean;
 }
 
-export interface CheckpointOptions {
+/** One report of a long call's progress (docs/api.md, "Progress"). */
+export interface Progress {
+  /** The stage the operation is in. */
+  message?: string;
+  /** How far the stage is, in unit ("bytes", or a count when absent). */
+  done?: number;
+  /** The stage's size, when known. */
+  total?: number;
+  unit?: string;
+}
+
+export interface ProgressOptions {
+  /** Receives the daemon's reports as they come; the call answers as without. */
+  progress?: (p: Progress) => void;
+}
+
+export interface CheckpointOptions extends ProgressOptions {
   /** fs (the default), full (with CRIU) or auto (ends the turn: answers a TurnResult). */
   kind?: "fs" | "full" | "auto";
   label?: string;
@@ -452,7 +468,7 @@ export interface RollbackOptions {
   dryRun?: boolean;
 }
 
-export interface ForkOptions {
+export interface ForkOptions extends ProgressOptions {
   /** Fork from this checkpoint instead of a new fs checkpoint. */
   checkpoint?: Ref;
   /** Fresh $RANDOM seeds for the forks' sessions. */
@@ -584,8 +600,8 @@ export class Client {
   removeSandbox(ref: Ref): Promise<void>;
   stop(ref: Ref): Promise<SandboxInfo>;
   start(ref: Ref): Promise<SandboxInfo>;
-  hibernate(ref: Ref): Promise<SandboxInfo>;
-  resume(ref: Ref): Promise<SandboxInfo>;
+  hibernate(ref: Ref, opts?: ProgressOptions): Promise<SandboxInfo>;
+  resume(ref: Ref, opts?: ProgressOptions): Promise<SandboxInfo>;
 
   execStream(ref: Ref, args: readonly string[], opts?: ExecStreamOptions): Promise<ExecStream>;
   exec(ref: Ref, args: readonly string[], opts?: ExecOptions): Promise<ExecResult>;
@@ -603,7 +619,7 @@ export class Client {
   verifyChain(checkpoint: Ref): Promise<ChainVerification>;
   rollback(ref: Ref, checkpoint: Ref, opts?: RollbackOptions): Promise<RollbackResult>;
   fork(ref: Ref, n?: number, opts?: ForkOptions): Promise<ForkResult>;
-  forkCheckpoint(checkpoint: Ref, n?: number, opts?: { reseed?: boolean }): Promise<ForkResult>;
+  forkCheckpoint(checkpoint: Ref, n?: number, opts?: { reseed?: boolean } & ProgressOptions): Promise<ForkResult>;
   forks(ref: Ref, n?: number, opts?: ForkOptions): Promise<Forks>;
 
   endTurn(ref: Ref, opts?: EndTurnOptions): Promise<TurnResult>;
@@ -652,8 +668,8 @@ export class Sandbox {
   use<T>(fn: (sb: Sandbox) => Promise<T> | T): Promise<T>;
   stop(): Promise<SandboxInfo>;
   start(): Promise<SandboxInfo>;
-  hibernate(): Promise<SandboxInfo>;
-  resume(): Promise<SandboxInfo>;
+  hibernate(opts?: ProgressOptions): Promise<SandboxInfo>;
+  resume(opts?: ProgressOptions): Promise<SandboxInfo>;
 
   exec(args: readonly string[], opts?: ExecOptions): Promise<ExecResult>;
   execStream(args: readonly string[], opts?: ExecStreamOptions): Promise<ExecStream>;

@@ -104,14 +104,16 @@ export class Sandbox {
   }
 
   /** Full checkpoint, then stop: the sandbox costs no memory until resume(). */
-  async hibernate() {
-    this.info = await this.client.hibernate(this.id);
+  /** @param {import("./index.js").ProgressOptions} [o] */
+  async hibernate(o) {
+    this.info = await this.client.hibernate(this.id, o);
     return this.info;
   }
 
   /** Restores the hibernated sandbox, processes and all. */
-  async resume() {
-    this.info = await this.client.resume(this.id);
+  /** @param {import("./index.js").ProgressOptions} [o] */
+  async resume(o) {
+    this.info = await this.client.resume(this.id, o);
     return this.info;
   }
 

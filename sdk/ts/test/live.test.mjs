@@ -307,9 +307,25 @@ describe("hibernate", { skip }, () => {
   test("hibernate, resume", async (t) => {
     const sb = await sandbox(t);
     await sb.run("kept=yes");
-    assert.equal((await sb.hibernate()).state, "hibernated");
-    assert.equal((await sb.resume()).state, "running");
+    /** @type {any[]} */
+    const seen = [];
+    const progress = (/** @type {any} */ p) => { seen.push(p); };
+    assert.equal((await sb.hibernate({ progress })).state, "hibernated");
+    assert.ok(seen.some((p) => p.message === "capturing processes and files"), JSON.stringify(seen));
+    assert.ok(seen.some((p) => String(p.message).endsWith("(new pages only)") && p.unit === "bytes"), JSON.stringify(seen));
+    assert.equal((await sb.resume({ progress })).state, "running");
+    assert.ok(seen.some((p) => String(p.message).startsWith("restoring from checkpoint")), JSON.stringify(seen));
     assert.equal((await sb.run("echo $kept")).stdout, "yes\n");
+    // A fork of many reports how many are made; an error ends the
+    // stream as the typed error.
+    /** @type {any[]} */
+    const made = [];
+    const res = await client.fork(sb.id, 2, { progress: (p) => { made.push(p); } });
+    for (const f of res.sandboxes) {
+      await client.removeSandbox(f.id);
+    }
+    assert.deepEqual([made.at(-1)?.done, made.at(-1)?.total], [2, 2], JSON.stringify(made));
+    await assert.rejects(client.hibernate("no-such-sandbox", { progress }), molt.NotFound);
   });
 });
 
