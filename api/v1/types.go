@@ -597,6 +597,26 @@ type Checkpoint struct {
 	// checkpoint's images (encryption at rest); "" if stored in
 	// plaintext. Shredding the key makes the checkpoint unreadable.
 	DataKey string `json:"data_key,omitempty"`
+	// ImportedFrom is the ID an imported checkpoint had on the host that
+	// exported it, and ImportSigner that host's key (molt checkpoint
+	// import; docs/bundles.md). An imported checkpoint belongs to no
+	// sandbox of this host: its Sandbox names none.
+	ImportedFrom string `json:"imported_from,omitempty"`
+	ImportSigner string `json:"import_signer,omitempty"`
+}
+
+// CheckpointImport is the result of a checkpoint import.
+type CheckpointImport struct {
+	Checkpoint Checkpoint `json:"checkpoint"`
+	// What the bundle held.
+	Objects     int   `json:"objects"`
+	ObjectBytes int64 `json:"object_bytes"`
+	FSEntries   int64 `json:"fs_entries"`
+	FSBytes     int64 `json:"fs_bytes"`
+	// Molt and CRIU are the versions that wrote the bundle.
+	Molt       string  `json:"molt,omitempty"`
+	CRIU       string  `json:"criu,omitempty"`
+	DurationMS float64 `json:"duration_ms"`
 }
 
 // RollbackRequest moves a sandbox to a checkpoint.

@@ -217,3 +217,40 @@ func objectName(o ckstore.Object) (string, error) {
 	}
 	return base, nil
 }
+
+// versionCode is a CRIU version "X.Y[.Z]" as major*10000 + minor*100 +
+// sublevel, or -1 if it is not one.
+func versionCode(v string) int {
+	parts := strings.Split(v, ".")
+	if len(parts) < 2 || len(parts) > 3 {
+		return -1
+	}
+	code := 0
+	for i, mul := range []int{10000, 100, 1} {
+		if i >= len(parts) {
+			break
+		}
+		n, err := strconv.Atoi(parts[i])
+		if err != nil || n < 0 || n > 99 {
+			return -1
+		}
+		code += n * mul
+	}
+	return code
+}
+
+// CheckCRIU says why images written by CRIU version wrote cannot be
+// restored by CRIU version have: an unknown version, or a newer CRIU
+// (whose images an older one may misread).
+func CheckCRIU(wrote, have string) error {
+	w, h := versionCode(wrote), versionCode(have)
+	switch {
+	case h < 0:
+		return fmt.Errorf("this host's CRIU version %q is unknown", have)
+	case w < 0:
+		return fmt.Errorf("CRIU version %q is not a version", wrote)
+	case w > h:
+		return fmt.Errorf("the images were written by CRIU %s, newer than this host's %s", wrote, have)
+	}
+	return nil
+}

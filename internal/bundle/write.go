@@ -80,6 +80,9 @@ func Write(ctx context.Context, w io.Writer, k *ckstore.Keyring, src Source) (St
 	}
 	th := newTreeHash()
 	err = image.WalkTree(ctx, "bundle: file tree", src.FS, func(h *tar.Header, r io.Reader) error {
+		if h.Typeflag == tar.TypeChar || h.Typeflag == tar.TypeBlock {
+			return nil // never carried: the importing host makes its own (see Read)
+		}
 		content := th.entry(h.Name, h.Linkname, h.Typeflag, h.Mode, h.Uid, h.Gid, h.Size, h.ModTime, h.PAXRecords)
 		if h.Name == "./" {
 			h.Name = fsDir
