@@ -208,6 +208,8 @@ func (rd *reader) manifest(b []byte, hdr Header, k *ckstore.Keyring) (ckstore.Ma
 		return mf, refuse("a full checkpoint without images")
 	case len(mf.Objects) > rd.lim.Objects:
 		return mf, refuse("%d objects, at most %d allowed", len(mf.Objects), rd.lim.Objects)
+	case !ckstore.IsName(mf.Image):
+		return mf, refuse("image %q is not a name", mf.Image)
 	case mf.Signature == nil:
 		return mf, refuse("the manifest is not signed")
 	}
