@@ -2,6 +2,8 @@ package core
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -81,6 +83,14 @@ func (m *Manager) ExportCheckpoint(ctx context.Context, ref string, w io.Writer)
 		}
 		defer done()
 		src.Images = dir
+		if ck.DataKey != "" {
+			// A sealed checkpoint's objects are hashed as stored; the
+			// bundle carries the plaintext, each page of which the
+			// decryption checked against its seal.
+			if mf.Objects, err = plainObjects(dir, mf.Objects); err != nil {
+				return bundle.Stats{}, fmt.Errorf("export %s: %w", ck.ID, err)
+			}
+		}
 	}
 	src.Manifest = mf
 	st, err := bundle.Write(ctx, w, m.cks.Keyring(), src)
@@ -88,6 +98,26 @@ func (m *Manager) ExportCheckpoint(ctx context.Context, ref string, w io.Writer)
 		return st, fmt.Errorf("export %s: %w", ck.ID, err)
 	}
 	return st, nil
+}
+
+// plainObjects returns objs (images) with the sizes and hashes of their
+// plaintext in dir.
+func plainObjects(dir string, objs []ckstore.Object) ([]ckstore.Object, error) {
+	out := make([]ckstore.Object, 0, len(objs))
+	for _, o := range objs {
+		f, err := os.Open(filepath.Join(dir, filepath.Base(o.Path)))
+		if err != nil {
+			return nil, err
+		}
+		h := sha256.New()
+		n, err := io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ckstore.Object{Path: o.Path, Size: n, SHA256: hex.EncodeToString(h.Sum(nil))})
+	}
+	return out, nil
 }
 
 // acceptBundle says whether this host can restore what a bundle's
@@ -198,7 +228,7 @@ func (m *Manager) storeImport(ctx context.Context, rv *revert.Reverter, ck *chec
 		if err != nil {
 			return err
 		}
-		if !sameImages(stored, objs) {
+		if !sameImages(stored, objs, k != nil) {
 			return errors.New("the stored images are not the bundle's")
 		}
 		if k != nil {
@@ -222,15 +252,17 @@ func (m *Manager) storeImport(ctx context.Context, rv *revert.Reverter, ck *chec
 	return nil
 }
 
-// sameImages reports whether stored holds the images of want, with the
-// same sizes and hashes.
-func sameImages(stored, want []ckstore.Object) bool {
+// sameImages reports whether stored holds the images of want, of the
+// same sizes and, unless sealed (stored objects are hashed as stored),
+// the same hashes.
+func sameImages(stored, want []ckstore.Object, sealed bool) bool {
 	got := map[string]ckstore.Object{}
 	for _, o := range stored {
 		got[o.Path] = o
 	}
 	for _, o := range want {
-		if got[o.Path] != o {
+		g, ok := got[o.Path]
+		if !ok || g.Size != o.Size || (!sealed && g.SHA256 != o.SHA256) {
 			return false
 		}
 	}

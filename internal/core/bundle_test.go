@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/testutil"
 )
 
@@ -50,13 +52,15 @@ func exportTo(t *testing.T, m *Manager, ck string) string {
 	return file
 }
 
-func importFile(m *Manager, file string) (string, error) {
+func importFile(m *Manager, file string) (string, error) { return importFileFor(m, file, "") }
+
+func importFileFor(m *Manager, file, tenant string) (string, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
-	res, err := m.ImportCheckpoint(context.Background(), bufio.NewReader(f), "")
+	res, err := m.ImportCheckpoint(context.Background(), bufio.NewReader(f), tenant)
 	return res.Checkpoint.ID, err
 }
 
@@ -159,9 +163,18 @@ func TestCheckpointBundle(t *testing.T) {
 		t.Fatalf("import of a truncated bundle: %v", err)
 	}
 
-	id, err := importFile(b, file)
+	if _, err := importFileFor(b, file, "nosuch"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("import for a tenant that does not exist: %v", err)
+	}
+	if err := b.db.Put(meta.Tenants, "acme", meta.TenantRecord{Name: "acme", Created: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	id, err := importFileFor(b, file, "acme")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if imp, err := b.ImportedCheckpoints("acme"); err != nil || len(imp) != 1 || imp[0].ID != id {
+		t.Fatalf("acme's imported checkpoints: %v %+v", err, imp)
 	}
 	info, err := b.CheckpointInfo(id)
 	if err != nil {
@@ -178,6 +191,9 @@ func TestCheckpointBundle(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := fr.Sandboxes[0].ID
+	if fr.Sandboxes[0].Tenant != "acme" {
+		t.Fatalf("fork of acme's imported checkpoint: tenant %q", fr.Sandboxes[0].Tenant)
+	}
 	if r := run(t, b, f, `echo $X; pwd; cat /root/f; kill -0 "$(cat /tmp/pid)" && echo alive`); r.Stdout != "42\n/tmp\nhello\nalive\n" {
 		t.Fatalf("fork of the imported checkpoint: %+v", r)
 	}
