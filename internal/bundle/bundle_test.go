@@ -63,7 +63,7 @@ func newFixture(t testing.TB, imageBytes int) fixture {
 		t.Fatal(err)
 	}
 	mf := ckstore.Manifest{Format: ckstore.Format, ID: "ck1", Sandbox: "sb1", Parent: "ck0", ParentDigest: strings.Repeat("a", 64),
-		Kind: v1.KindFull, Image: "bookworm", Created: time.Now().UTC(), Objects: objs}
+		Kind: v1.KindFull, Image: "bookworm", CRIU: "4.2.1", Created: time.Now().UTC(), Objects: objs}
 	return fixture{
 		src: Source{Header: Header{Checkpoint: "ck1", Kind: v1.KindFull, CRIU: "4.2.1", Host: LocalHost(), Image: Image{Name: "bookworm"}},
 			Manifest: mf, Images: images, FS: fs},

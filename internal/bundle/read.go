@@ -202,6 +202,8 @@ func (rd *reader) manifest(b []byte, hdr Header, k *ckstore.Keyring) (ckstore.Ma
 	switch {
 	case mf.ID != hdr.Checkpoint || mf.Kind != hdr.Kind:
 		return mf, refuse("the manifest is checkpoint %s (%s), the header names %s (%s)", mf.ID, mf.Kind, hdr.Checkpoint, hdr.Kind)
+	case mf.CRIU != hdr.CRIU:
+		return mf, refuse("the manifest's images are CRIU %q's, the header says %q", mf.CRIU, hdr.CRIU)
 	case mf.Parent != "" || mf.ParentDigest != "":
 		return mf, refuse("the manifest names a parent: a bundle's checkpoint stands alone")
 	case mf.Kind == v1.KindFull && len(mf.Objects) == 0:
