@@ -619,6 +619,12 @@ type Checkpoint struct {
 	// checkpoint's images (encryption at rest); "" if stored in
 	// plaintext. Shredding the key makes the checkpoint unreadable.
 	DataKey string `json:"data_key,omitempty"`
+	// ImportedFrom is the ID an imported checkpoint had on the host that
+	// exported it, and ImportSigner that host's key (molt checkpoint
+	// import; docs/bundles.md). An imported checkpoint belongs to no
+	// sandbox of this host: its Sandbox names none.
+	ImportedFrom string `json:"imported_from,omitempty"`
+	ImportSigner string `json:"import_signer,omitempty"`
 }
 
 // RollbackRequest moves a sandbox to a checkpoint.

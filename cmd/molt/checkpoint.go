@@ -121,7 +121,7 @@ func checkpointCmd(g *globals) *cobra.Command {
 		},
 	}
 	verify.Flags().BoolVar(&chain, "chain", false, "also verify the lineage up to its root: each manifest signed by a trusted key, naming its parent and the parent's digest")
-	c.AddCommand(rm, inspect, verify)
+	c.AddCommand(rm, inspect, verify, checkpointExportCmd(g), checkpointImportCmd(g))
 	return c
 }
 

@@ -82,6 +82,12 @@ type Manifest struct {
 	DataKey string `json:"data_key,omitempty"`
 	// KeyTenant is the tenant whose key DataKey is ("" the host's).
 	KeyTenant string `json:"key_tenant,omitempty"`
+	// Tenant owns an imported checkpoint (no sandbox of this host's
+	// does); ImportedFrom and ImportSigner are its ID on the exporting
+	// host and that host's key.
+	Tenant       string `json:"tenant,omitempty"`
+	ImportedFrom string `json:"imported_from,omitempty"`
+	ImportSigner string `json:"import_signer,omitempty"`
 	// ParentDigest is the parent's content digest and Signature the
 	// host's signature (sign.go): the lineage is a hash chain.
 	ParentDigest string     `json:"parent_digest,omitempty"`

@@ -259,3 +259,28 @@ func (s *Store) VerifyChain(k *Keyring, id string, parentOf func(id string) (str
 	}
 	return links, nil
 }
+
+// ErrUntrusted is returned for a signature by a key this host does not
+// trust (its error names the key).
+var ErrUntrusted = errors.New("untrusted key")
+
+// SignBytes signs b, which names what it is (a domain prefix of its
+// own, so that no signature of one kind verifies as another), with the
+// host key.
+func (k *Keyring) SignBytes(b []byte) Signature {
+	return Signature{Key: k.id, Sig: base64.StdEncoding.EncodeToString(ed25519.Sign(k.priv, b))}
+}
+
+// CheckBytes verifies s over b with a key k trusts. A key k does not
+// trust is refused with ErrUntrusted, "untrusted key NAME".
+func (k *Keyring) CheckBytes(s Signature, b []byte) error {
+	pub, ok := k.trusted[s.Key]
+	if !ok {
+		return fmt.Errorf("%w %s (this host trusts %s; trust another host by copying its keys/host.pub into ROOT/keys/trusted/): %w", ErrUntrusted, s.Key, strings.Join(k.Trusted(), ", "), errdefs.ErrFailedPrecondition)
+	}
+	sig, err := base64.StdEncoding.DecodeString(s.Sig)
+	if err != nil || !ed25519.Verify(pub, b, sig) {
+		return fmt.Errorf("the signature by %s does not verify (edited after it was signed): %w", s.Key, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}

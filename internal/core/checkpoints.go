@@ -271,6 +271,7 @@ func (m *Manager) manifestOf(ck checkpointRec, committed bool) ckstore.Manifest 
 		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
 		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
 		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects, LedgerHead: ck.LedgerHead, Turn: ck.Turn, DataKey: ck.DataKey, KeyTenant: ck.KeyTenant,
+		Tenant: ck.Tenant, ImportedFrom: ck.ImportedFrom, ImportSigner: ck.ImportSigner,
 		ParentDigest: m.digestOf(ck.Parent),
 		Committed:    committed, Keep: ck.Keep, Capture: ck.Capture, CaptureNote: ck.CaptureNote,
 		StallMS: ck.StallMS, StallParts: (*v1.StallParts)(ck.StallParts), DurationMS: ck.DurationMS, BytesWritten: ck.BytesWritten,

@@ -105,7 +105,12 @@ func (m *Manager) forkSource(ctx context.Context, ref, ckRef string) (forkFrom, 
 		return fs, fmt.Errorf("fork: %w", err)
 	}
 	fs.ck = ck
-	_ = m.db.Get(meta.Sandboxes, ck.Sandbox, &fs.src)
+	if err := m.db.Get(meta.Sandboxes, ck.Sandbox, &fs.src); err != nil && ck.ImportedFrom != "" {
+		// An imported checkpoint's sandbox is not here (bundle.go): its
+		// forks are its tenant's, with the daemon's defaults.
+		fs.src = sandboxRec{Sandbox: meta.Sandbox{Tenant: ck.Tenant, Seccomp: m.seccompDefault(),
+			Resources: m.resolveResources(meta.Resources{})}}
+	}
 	// An fs checkpoint's forks take its full ancestor's processes when
 	// CRIU can restore them, and start afresh otherwise.
 	if p, ok := m.processSource(ck); ok && (ck.Kind == v1.KindFull || m.criu != nil) {

@@ -104,7 +104,8 @@ func (m *Manager) checkpointOnDisk(id string) (checkpointRec, string) {
 		Created: mf.Created, StallMS: mf.StallMS, DurationMS: mf.DurationMS,
 		Capture: mf.Capture, CaptureNote: mf.CaptureNote, StallParts: (*meta.StallParts)(mf.StallParts),
 		BytesWritten: mf.BytesWritten, ImageBytes: ckstore.ImageBytes(mf.Objects), Keep: mf.Keep, DataKey: mf.DataKey,
-	}, Image: mf.Image, KeyTenant: mf.KeyTenant, Objects: mf.Objects, CRIU: mf.CRIU,
+		ImportedFrom: mf.ImportedFrom, ImportSigner: mf.ImportSigner,
+	}, Image: mf.Image, KeyTenant: mf.KeyTenant, Tenant: mf.Tenant, Objects: mf.Objects, CRIU: mf.CRIU,
 		ExternalNet: mf.ExternalNet, ExternalUTS: mf.ExternalUTS, ExternalIPC: mf.ExternalIPC, IDs: mf.IDs, LedgerHead: mf.LedgerHead, Turn: mf.Turn}
 	if !mf.Committed {
 		m.log.Warn("rebuilding a complete checkpoint whose manifest was not marked committed", "checkpoint", id)

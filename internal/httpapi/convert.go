@@ -137,6 +137,7 @@ func toCheckpoint(c meta.Checkpoint) v1.Checkpoint {
 		StallParts:   (*v1.StallParts)(c.StallParts),
 		BytesWritten: c.BytesWritten, ImageBytes: c.ImageBytes, Keep: c.Keep,
 		Pending: c.Pending, Failed: c.Failed, FailedReason: c.FailedReason, DataKey: c.DataKey,
+		ImportedFrom: c.ImportedFrom, ImportSigner: c.ImportSigner,
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/bundle"
 	"github.com/molt-sh/molt/internal/egress/ledger"
 	"github.com/molt-sh/molt/internal/meta"
 )
@@ -56,6 +57,12 @@ type Engine interface {
 	Recovery(ref string) (meta.RecoveryStatus, error)
 	// Fork forks the sandbox ref, or req.Checkpoint when ref is "".
 	Fork(ctx context.Context, ref string, req v1.ForkRequest) (meta.ForkResult, error)
+	// ExportCheckpoint writes checkpoint ref as a bundle to w;
+	// ImportCheckpoint reads one and makes its checkpoint tenant's
+	// (docs/bundles.md). ImportedCheckpoints lists tenant's imports.
+	ExportCheckpoint(ctx context.Context, ref string, w io.Writer) (bundle.Stats, error)
+	ImportCheckpoint(ctx context.Context, r io.Reader, tenant string) (meta.CheckpointImport, error)
+	ImportedCheckpoints(tenant string) ([]meta.Checkpoint, error)
 
 	EndTurn(ctx context.Context, ref string, req v1.TurnRequest) (meta.TurnResult, error)
 	Turns(ref string) ([]meta.TurnRecord, error)

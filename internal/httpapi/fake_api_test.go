@@ -63,6 +63,8 @@ var routes = []route{
 	{"DELETE", "/v1/checkpoints/ck", "", "DeleteCheckpoint"},
 	{"POST", "/v1/checkpoints/ck/verify", "", "VerifyCheckpoint"},
 	{"POST", "/v1/checkpoints/ck/fork", ``, "Fork"},
+	{"GET", "/v1/checkpoints/ck/export", "", "ExportCheckpoint"},
+	{"POST", "/v1/checkpoints/import", "", "ImportCheckpoint"},
 }
 
 // TestErrorKindStatus: every endpoint answers an engine error of each kind

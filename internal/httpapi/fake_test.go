@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/bundle"
 	"github.com/molt-sh/molt/internal/egress/ledger"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
@@ -184,3 +185,11 @@ func fakeServer(t *testing.T) (*httptest.Server, *fakeEngine) {
 	t.Cleanup(srv.Close)
 	return srv, f
 }
+
+func (f *fakeEngine) ExportCheckpoint(ctx context.Context, ref string, w io.Writer) (bundle.Stats, error) {
+	return bundle.Stats{}, f.call("ExportCheckpoint", ref)
+}
+func (f *fakeEngine) ImportCheckpoint(ctx context.Context, r io.Reader, tenant string) (meta.CheckpointImport, error) {
+	return meta.CheckpointImport{}, f.call("ImportCheckpoint", tenant)
+}
+func (f *fakeEngine) ImportedCheckpoints(tenant string) ([]meta.Checkpoint, error) { return nil, nil }

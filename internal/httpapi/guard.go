@@ -174,6 +174,18 @@ func (s *server) ownCheckpoint(pr tenant.Principal, ref string) (string, error) 
 			}
 		}
 	}
+	// Imported checkpoints belong to no sandbox: the tenant's own.
+	if imp, err := s.m.ImportedCheckpoints(pr.Tenant); err == nil && !scoped {
+		for _, c := range imp {
+			switch {
+			case !pr.Reaches(c.Sandbox, pr.Tenant):
+			case c.ID == ref:
+				byID = append(byID, c.ID)
+			case strings.HasPrefix(c.ID, ref):
+				byPrefix = append(byPrefix, c.ID)
+			}
+		}
+	}
 	for _, l := range [][]string{byID, byLabel, byPrefix} {
 		if l = slices.Compact(l); len(l) == 1 {
 			return l[0], nil

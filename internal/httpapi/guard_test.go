@@ -240,3 +240,56 @@ func TestTenantCompensators(t *testing.T) {
 		}
 	}
 }
+
+// importEngine adds imported checkpoints: ckimpa of tenant a, ckimpb of
+// b, belonging to no sandbox; it records the tenant an import is for.
+type importEngine struct {
+	*tenantEngine
+	importedFor chan string
+}
+
+func (e *importEngine) ImportedCheckpoints(tenant string) ([]meta.Checkpoint, error) {
+	return []meta.Checkpoint{{ID: "ckimp" + tenant, Sandbox: "sbimp" + tenant}}, nil
+}
+
+func (e *importEngine) ImportCheckpoint(ctx context.Context, r io.Reader, tenant string) (meta.CheckpointImport, error) {
+	e.importedFor <- tenant
+	return meta.CheckpointImport{Checkpoint: meta.Checkpoint{ID: "new"}}, nil
+}
+
+// An imported checkpoint is its tenant's: a's token reaches a's by ID or
+// prefix, never b's, nor a's when limited to some sandboxes; an import
+// by a's token is a's whatever the query asks.
+func TestTenantImportedCheckpoints(t *testing.T) {
+	for _, c := range []struct {
+		pr   tenant.Principal
+		ref  string
+		want int
+	}{
+		{tenant.Principal{Tenant: "a", Scopes: tenant.AllScopes}, "ckimpa", http.StatusOK},
+		{tenant.Principal{Tenant: "a", Scopes: tenant.AllScopes}, "ckimpa"[:5], http.StatusOK},
+		{tenant.Principal{Tenant: "a", Scopes: tenant.AllScopes}, "ckimpb", http.StatusNotFound},
+		{tenant.Principal{Tenant: "a", Scopes: tenant.AllScopes, Sandboxes: []string{"sbaaa"}}, "ckimpa", http.StatusNotFound},
+	} {
+		e := &importEngine{tenantEngine: &tenantEngine{fakeEngine: &fakeEngine{}}, importedFor: make(chan string, 1)}
+		_, h := newServer(e, fakeLLM{e.fakeEngine}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h.ServeHTTP(w, r.WithContext(tenant.With(r.Context(), c.pr)))
+		}))
+		ans := call(t, srv, "POST", "/v1/checkpoints/"+c.ref+"/verify", "")
+		// Reached: the engine was called with the full ID (the fake
+		// answers not found itself).
+		reached := slices.Equal(e.fakeEngine.called(), []string{"VerifyCheckpoint"}) && strings.Contains(ans.body, `"ckimpa\"`)
+		if reached != (c.want == http.StatusOK) || (!reached && ans.status != http.StatusNotFound) {
+			t.Errorf("%+v verify %s: %d %s, reached the engine %v, want %d", c.pr, c.ref, ans.status, ans.body, reached, c.want)
+		}
+		if len(c.pr.Sandboxes) == 0 {
+			if ans := call(t, srv, "POST", "/v1/checkpoints/import?tenant=b", ""); ans.status != 200 {
+				t.Errorf("import: %d %s", ans.status, ans.body)
+			} else if who := <-e.importedFor; who != "a" {
+				t.Errorf("a's token imported for %q", who)
+			}
+		}
+		srv.Close()
+	}
+}

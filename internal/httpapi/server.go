@@ -68,6 +68,8 @@ func newServer(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) (*se
 		{"POST /v1/checkpoints/{id}/verify", ck(tenant.ScopeRead), http.HandlerFunc(s.checkpointVerify)},
 		{"GET /v1/checkpoints/{id}/chain", ck(tenant.ScopeRead), http.HandlerFunc(s.checkpointChain)},
 		{"POST /v1/checkpoints/{id}/fork", ck(tenant.ScopeRollback), http.HandlerFunc(s.forkCheckpoint)},
+		{"GET /v1/checkpoints/{id}/export", ck(tenant.ScopeAdmin), http.HandlerFunc(s.checkpointExport)},
+		{"POST /v1/checkpoints/import", pCreate, http.HandlerFunc(s.checkpointImport)},
 	}
 	for _, rt := range s.routes {
 		h := rt.h

@@ -112,6 +112,10 @@ type CheckpointRecord struct {
 	Turn int `json:"turn,omitempty"`
 	// KeyTenant is the tenant whose data key DataKey is ("" the host's).
 	KeyTenant string `json:"key_tenant,omitempty"`
+	// Tenant owns an imported checkpoint, which belongs to no sandbox of
+	// this host ("" the host admin). A checkpoint taken here is its
+	// sandbox's tenant's.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // Outside returns the namespace types the checkpoint's images leave out.
@@ -313,6 +317,10 @@ type Checkpoint struct {
 	// checkpoint's images (encryption at rest); "" if stored in
 	// plaintext. Shredding the key makes the checkpoint unreadable.
 	DataKey string `json:"data_key,omitempty"`
+	// ImportedFrom is the ID an imported checkpoint had on the host that
+	// exported it, and ImportSigner that host's key (docs/bundles.md).
+	ImportedFrom string `json:"imported_from,omitempty"`
+	ImportSigner string `json:"import_signer,omitempty"`
 }
 
 // StallParts are the parts of a full checkpoint's frozen window (ms).
@@ -338,4 +346,17 @@ type Image struct {
 	Source    string    `json:"source"`
 	Created   time.Time `json:"created"`
 	SizeBytes int64     `json:"size_bytes,omitempty"`
+}
+
+// CheckpointImport is what a checkpoint import made, and what the
+// bundle held.
+type CheckpointImport struct {
+	Checkpoint  Checkpoint `json:"checkpoint"`
+	Objects     int        `json:"objects"`
+	ObjectBytes int64      `json:"object_bytes"`
+	FSEntries   int64      `json:"fs_entries"`
+	FSBytes     int64      `json:"fs_bytes"`
+	Molt        string     `json:"molt,omitempty"`
+	CRIU        string     `json:"criu,omitempty"`
+	DurationMS  float64    `json:"duration_ms"`
 }
