@@ -47,6 +47,9 @@ func (c *Client) ImportCheckpoint(ctx context.Context, r io.Reader, tenant strin
 		return v1.CheckpointImport{}, err
 	}
 	req.Header.Set("Content-Type", "application/x-tar")
+	if progressOf(ctx) != nil {
+		req.Header.Set("Accept", "application/x-ndjson, application/json")
+	}
 	c.authorize(req)
 	resp, err := c.http().Do(req)
 	if err != nil {
@@ -57,6 +60,9 @@ func (c *Client) ImportCheckpoint(ctx context.Context, r io.Reader, tenant strin
 		return v1.CheckpointImport{}, decodeError(resp)
 	}
 	var out v1.CheckpointImport
+	if streamed(resp) {
+		return out, readStream(resp, "POST", p, progressOf(ctx), &out)
+	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		return out, fmt.Errorf("import: decode response: %w", err)
 	}

@@ -43,7 +43,16 @@ func TestCheckpointExportImport(t *testing.T) {
 	}
 
 	var res v1.CheckpointImport
-	mustJSON(t, &res, "checkpoint", "import", file)
+	r := molt(t, "--json", "checkpoint", "import", file)
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &res) != nil {
+		t.Fatalf("import: exit %d, %s%s", r.code, r.stdout, r.stderr)
+	}
+	// Its stages on stderr as it goes (plain lines: no terminal here).
+	for _, stage := range []string{"checkpoint import: reading and verifying the bundle", "validating the CRIU images", "storing the checkpoint"} {
+		if !strings.Contains(r.stderr, stage) {
+			t.Errorf("import's progress lacks %q: %s", stage, r.stderr)
+		}
+	}
 	if res.Checkpoint.ImportedFrom != ck || res.Checkpoint.Kind != v1.KindFull || res.Objects == 0 {
 		t.Fatalf("import: %+v", res)
 	}
@@ -56,7 +65,7 @@ func TestCheckpointExportImport(t *testing.T) {
 		t.Fatalf("fork of the imported checkpoint: %q", out)
 	}
 	var info v1.Checkpoint
-	r := molt(t, "--json", "checkpoint", "inspect", res.Checkpoint.ID)
+	r = molt(t, "--json", "checkpoint", "inspect", res.Checkpoint.ID)
 	if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.ImportSigner == "" {
 		t.Fatalf("inspect: %v %+v", err, info)
 	}

@@ -81,7 +81,9 @@ func checkpointImportCmd(g *globals) *cobra.Command {
 				defer f.Close()
 				in = f
 			}
+			ctx, stop := withProgress(ctx, "checkpoint import")
 			res, err := g.client().ImportCheckpoint(ctx, bufio.NewReaderSize(in, 1<<20), tenant)
+			stop()
 			if err != nil {
 				return err
 			}

@@ -19,6 +19,7 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/progress"
 	"github.com/molt-sh/molt/internal/revert"
 	"github.com/molt-sh/molt/internal/sandbox"
 )
@@ -177,6 +178,7 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, r io.Reader, tenant stri
 	if err := fsnap.CreateSubvolume(tree); err != nil {
 		return meta.CheckpointImport{}, err
 	}
+	r = progress.Reader(ctx, r, "reading and verifying the bundle", 0)
 	b, err := bundle.Read(ctx, r, images, tree, bundle.Options{Keys: m.cks.Keyring(), Limits: lim,
 		Accept: func(h bundle.Header) error { return m.acceptBundle(ctx, h) }})
 	if err != nil {
@@ -189,6 +191,7 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, r io.Reader, tenant stri
 	}
 	mf := b.Manifest
 	if mf.Kind == v1.KindFull {
+		progress.Report(ctx, progress.Step{Message: "validating the CRIU images"})
 		if err := criu.ValidateImages(images, criu.DefaultLimits()); err != nil {
 			return meta.CheckpointImport{}, fmt.Errorf("import: bundle refused: %w", err)
 		}
@@ -201,6 +204,7 @@ func (m *Manager) ImportCheckpoint(ctx context.Context, r io.Reader, tenant stri
 		ImportedFrom: mf.ID, ImportSigner: b.Signer,
 	}, Image: mf.Image, CRIU: mf.CRIU, ExternalNet: mf.ExternalNet, ExternalUTS: mf.ExternalUTS,
 		ExternalIPC: mf.ExternalIPC, IDs: mf.IDs, Tenant: tenant}
+	progress.Report(ctx, progress.Step{Message: "storing the checkpoint"})
 	if err := m.storeImport(ctx, rv, &ck, images, tree, mf.Objects); err != nil {
 		return meta.CheckpointImport{}, fmt.Errorf("import: %w", m.exhausted(err))
 	}

@@ -44,15 +44,22 @@ func streamable(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		// The body is read before the stream starts: the server closes
-		// it once the answer has begun. One byte past the bound is kept,
-		// so that the handler refuses a body too large as ever.
-		body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
-		if err != nil {
-			writeError(w, fmt.Errorf("read request body: %w: %w", err, errdefs.ErrInvalidArgument))
+		// The server closes the body once the answer has begun. A JSON
+		// body is read first (one byte past the bound is kept, so that the
+		// handler refuses a body too large as ever); any other (a bundle's
+		// tar stream) stays readable with the connection full duplex, or
+		// the answer is not streamed.
+		if t, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); t == "" || t == "application/json" {
+			body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+			if err != nil {
+				writeError(w, fmt.Errorf("read request body: %w: %w", err, errdefs.ErrInvalidArgument))
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		} else if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+			h.ServeHTTP(w, r)
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
 		w.Header().Set("Content-Type", ndjson)
 		w.WriteHeader(http.StatusOK)
 		f, _ := w.(http.Flusher)

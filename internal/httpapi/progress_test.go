@@ -88,7 +88,26 @@ func TestStreamedProgress(t *testing.T) {
 		}
 	}
 
-	resp := post(t, srv.URL+"/v1/sandboxes/reports/hibernate", "")
+	// A body that is not JSON (a bundle's tar stream, larger than any
+	// JSON body) is read whole, while the answer streams.
+	req, err := http.NewRequest("POST", srv.URL+"/v1/checkpoints/import?tenant=count", strings.NewReader(strings.Repeat("x", 3*MaxBody)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	req.Header.Set("Accept", ndjson)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines = progressLines(t, resp)
+	var imp v1.CheckpointImport
+	if last := lines[len(lines)-1]; last.Error != nil || json.Unmarshal(last.Result, &imp) != nil || imp.ObjectBytes != 3*MaxBody || len(lines) < 2 {
+		t.Errorf("streamed import: %+v (%+v)", lines, imp)
+	}
+
+	resp = post(t, srv.URL+"/v1/sandboxes/reports/hibernate", "")
 	if err := json.NewDecoder(resp.Body).Decode(&sb); err != nil || resp.Header.Get("Content-Type") != "application/json" || sb.ID != "reports" {
 		t.Errorf("unstreamed: %s %+v %v", resp.Header.Get("Content-Type"), sb, err)
 	}
