@@ -230,11 +230,11 @@ func (i *Image) configFile() (*gv1.ConfigFile, error) {
 type Format int
 
 const (
-	FormatDir       Format = iota // a root filesystem tree
-	FormatTar                     // a tar (or tar.gz, tar.zst) of a root filesystem
-	FormatDocker                  // a docker-save archive
-	FormatOCILayout               // an OCI image layout directory
-	FormatOCIArchive              // a tar of an OCI image layout
+	FormatDir        Format = iota // a root filesystem tree
+	FormatTar                      // a tar (or tar.gz, tar.zst) of a root filesystem
+	FormatDocker                   // a docker-save archive
+	FormatOCILayout                // an OCI image layout directory
+	FormatOCIArchive               // a tar of an OCI image layout
 )
 
 func (f Format) String() string {
@@ -488,4 +488,17 @@ func scanTar(p string, keep func(string) bool) (map[string]int64, error) {
 		}
 		out[n] = h.Size
 	}
+}
+
+// Digest is the image's manifest digest, or "" for a docker-save archive
+// (which has no manifest of its own).
+func (i *Image) Digest() string {
+	if !i.bound {
+		return ""
+	}
+	d, err := i.img.Digest()
+	if err != nil {
+		return ""
+	}
+	return d.String()
 }
