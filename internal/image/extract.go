@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 
+	kgzip "github.com/klauspost/compress/gzip"
 	"golang.org/x/sys/unix"
 
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -43,7 +44,8 @@ func entryError(op, name string, err error) error {
 func badArchive(err error) bool {
 	var corrupt flate.CorruptInputError
 	return errors.As(err, new(malformed)) || errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.As(err, &corrupt)
+		errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.As(err, &corrupt) ||
+		errors.Is(err, kgzip.ErrHeader) || errors.Is(err, kgzip.ErrChecksum)
 }
 
 // cleanName returns name relative to the root ("." for the root itself), or

@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -60,15 +60,27 @@ func decompress(r io.Reader) (io.Reader, func(), error) {
 		if err != nil {
 			return nil, nil, archiveError(err)
 		}
-		return zr, func() { zr.Close() }, nil
+		return decoded{zr}, func() { zr.Close() }, nil
 	case bytes.Equal(magic, zstdMagic):
 		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(zstdMaxWindow))
 		if err != nil {
 			return nil, nil, archiveError(err)
 		}
-		return zr, zr.Close, nil
+		return decoded{zr}, zr.Close, nil
 	}
 	return br, func() {}, nil
+}
+
+// decoded marks what a decompressor fails with, other than its source's
+// errors, as a malformed archive, whatever words it uses.
+type decoded struct{ r io.Reader }
+
+func (d decoded) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	if err != nil && err != io.EOF && !errors.As(err, new(sourceError)) && !errors.As(err, new(malformed)) {
+		err = malformed{err}
+	}
+	return n, err
 }
 
 // readTar writes the entries of the tar stream src, which must end with

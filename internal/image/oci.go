@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -125,7 +126,8 @@ func humanBytes(n int64) string {
 }
 
 // applyLayer writes the layer with diff ID id over what x holds and
-// returns its uncompressed size.
+// returns its uncompressed size. The layer is fetched, decompressed and
+// hashed by a goroutine of its own, ahead of the extractor.
 func (i *Image) applyLayer(ctx context.Context, x *extractor, id gv1.Hash) (int64, error) {
 	if id.Algorithm != "sha256" {
 		return 0, fmt.Errorf("diff ID algorithm %q: only sha256 is supported: %w", id.Algorithm, errdefs.ErrInvalidArgument)
@@ -134,20 +136,21 @@ func (i *Image) applyLayer(ctx context.Context, x *extractor, id gv1.Hash) (int6
 	if err != nil {
 		return 0, fmt.Errorf("find layer: %w", err)
 	}
-	rc, err := l.Uncompressed()
+	rc, err := i.uncompressed(l)
 	if err != nil {
 		return 0, layerReadError(err)
 	}
-	defer rc.Close()
 	h := sha256.New()
 	counted := &countReader{r: io.TeeReader(rc, h)}
+	ahead := readAhead(counted, rc)
 	x.beginLayer()
-	err = x.readTar(ctx, sourceReader{counted})
+	err = x.readTar(ctx, sourceReader{ahead})
 	if err == nil {
 		// The digest covers the whole stream, padding after the
 		// end-of-archive marker too.
-		_, err = io.Copy(io.Discard, ctxReader{ctx, sourceReader{counted}})
+		_, err = io.Copy(io.Discard, ctxReader{ctx, sourceReader{ahead}})
 	}
+	ahead.Close()
 	if err != nil {
 		return 0, layerReadError(err)
 	}
@@ -158,6 +161,102 @@ func (i *Image) applyLayer(ctx context.Context, x *extractor, id gv1.Hash) (int6
 		return 0, err
 	}
 	return counted.n, nil
+}
+
+// uncompressed opens the layer's tar stream. A registry's or a layout's
+// layer is read as stored (go-containerregistry checks a registry's blob
+// against its digest) and decompressed here, by its magic bytes; a
+// docker-save archive's through go-containerregistry, which would
+// otherwise compress it to find its digest.
+func (i *Image) uncompressed(l gv1.Layer) (io.ReadCloser, error) {
+	if !i.bound {
+		return l.Uncompressed()
+	}
+	rc, err := l.Compressed()
+	if err != nil {
+		return nil, err
+	}
+	r, done, err := decompress(sourceReader{rc})
+	if err != nil {
+		rc.Close()
+		return nil, err
+	}
+	return &closeFuncs{Reader: r, close: func() error { done(); return rc.Close() }}, nil
+}
+
+type closeFuncs struct {
+	io.Reader
+	close func() error
+}
+
+func (c *closeFuncs) Close() error { return c.close() }
+
+// aheadReader reads its source in a goroutine of its own, a few chunks
+// ahead of its reader, so that fetching, decompressing and hashing a
+// layer run beside the extraction.
+type aheadReader struct {
+	ch    chan []byte
+	cur   []byte
+	err   error // the source's last error, set before ch is closed
+	stop  chan struct{}
+	done  chan struct{}
+	src   io.Closer
+	close sync.Once
+}
+
+const aheadChunk = 256 << 10
+
+// readAhead starts reading r; Close stops it, closing src (which
+// unblocks a read under way), and waits for the goroutine to end.
+func readAhead(r io.Reader, src io.Closer) *aheadReader {
+	a := &aheadReader{ch: make(chan []byte, 8), stop: make(chan struct{}), done: make(chan struct{}), src: src}
+	go func() {
+		defer close(a.done)
+		defer close(a.ch)
+		for {
+			buf := make([]byte, aheadChunk)
+			n, err := io.ReadFull(r, buf)
+			if n > 0 {
+				select {
+				case a.ch <- buf[:n]:
+				case <-a.stop:
+					a.err = errors.New("read ahead: stopped")
+					return
+				}
+			}
+			if err == io.ErrUnexpectedEOF {
+				err = io.EOF
+			}
+			if err != nil {
+				a.err = err
+				return
+			}
+		}
+	}()
+	return a
+}
+
+func (a *aheadReader) Read(p []byte) (int, error) {
+	for len(a.cur) == 0 {
+		b, ok := <-a.ch
+		if !ok {
+			return 0, a.err
+		}
+		a.cur = b
+	}
+	n := copy(p, a.cur)
+	a.cur = a.cur[n:]
+	return n, nil
+}
+
+// Close stops the goroutine and waits for it: what it wrote (a hash, a
+// count) may be read afterwards.
+func (a *aheadReader) Close() {
+	a.close.Do(func() {
+		close(a.stop)
+		a.src.Close()
+		<-a.done
+	})
 }
 
 // layerReadError marks go-containerregistry's refusal of a blob whose
