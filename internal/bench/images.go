@@ -271,9 +271,11 @@ func serveImage(ctx context.Context, work string, files []string) (string, strin
 func PrintImages(w io.Writer, r ImagesResult) {
 	fmt.Fprintf(w, "image: %s\n", r.Description)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "method\tp50 s\tmin s\tmax s\tn")
+	fmt.Fprintln(tw, "method\tp50 s\tmin s\tmax s\tn\tp50 / tar+syncfs p50")
+	base := r.Rows[len(r.Rows)-1].Stats.P50
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%d\n", row.Method, row.Stats.P50/1000, row.Stats.Min/1000, row.Stats.Max/1000, row.Stats.N)
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%d\t%s\n", row.Method, row.Stats.P50/1000, row.Stats.Min/1000, row.Stats.Max/1000, row.Stats.N,
+			RatioString(row.Stats.P50, base))
 	}
 	tw.Flush()
 }
