@@ -415,12 +415,6 @@ func OpenArchive(ctx context.Context, p string, f Format, tmp string) (*Image, e
 	return nil, fmt.Errorf("image import: %s is a %s, not an image archive: %w", p, f, errdefs.ErrInvalidArgument)
 }
 
-// dockerManifest is one image of a docker-save archive's manifest.json.
-type dockerManifest struct {
-	Config string
-	Layers []string
-}
-
 func openDocker(p string) (*Image, error) {
 	sizes, err := tarSizes(p)
 	if err != nil {
@@ -501,23 +495,16 @@ func pickImage(idx gv1.ImageIndex, depth int) (gv1.Image, error) {
 	if pick.Size > MaxManifestBytes || pick.Size < 0 {
 		return nil, fmt.Errorf("image import: manifest of %d bytes (at most %d): %w", pick.Size, MaxManifestBytes, errdefs.ErrInvalidArgument)
 	}
-	var raw []byte
-	var next any
+	var next interface{ RawManifest() ([]byte, error) }
 	if pick.MediaType.IsIndex() {
-		sub, err := idx.ImageIndex(pick.Digest)
-		if err != nil {
-			return nil, fmt.Errorf("image import: %w: %w", err, errdefs.ErrInvalidArgument)
-		}
-		raw, err = sub.RawManifest()
-		next = sub
+		next, err = idx.ImageIndex(pick.Digest)
 	} else {
-		img, err := idx.Image(pick.Digest)
-		if err != nil {
-			return nil, fmt.Errorf("image import: %w: %w", err, errdefs.ErrInvalidArgument)
-		}
-		raw, err = img.RawManifest()
-		next = img
+		next, err = idx.Image(pick.Digest)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("image import: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	raw, err := next.RawManifest()
 	if err != nil {
 		return nil, fmt.Errorf("image import: read manifest: %w", err)
 	}
