@@ -4,9 +4,11 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/base64"
 	"errors"
 	"io"
+	"io/fs"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -15,7 +17,9 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -469,4 +473,68 @@ func layerDigest(t *testing.T, ref string) gv1.Hash {
 		t.Fatal(err)
 	}
 	return m.Layers[0].Digest
+}
+
+// FuzzUnpackLayers: two layers of arbitrary bytes, applied one over the
+// other (whiteouts, opaque directories, replaced directories), never
+// write outside the destination, and fail only as invalid_argument.
+func FuzzUnpackLayers(f *testing.F) {
+	seed := func(ents ...ent) []byte {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, e := range ents {
+			h := e.h
+			h.Size = int64(len(e.body))
+			tw.WriteHeader(&h)
+			tw.Write([]byte(e.body))
+		}
+		tw.Close()
+		return buf.Bytes()
+	}
+	f.Add(seed(dir("a/", 0o755), file("a/f", 0o644, "x"), symlink("l", "a")),
+		seed(whiteout("a/.wh.f"), whiteout("l/.wh..wh..opq"), file("a", 0o644, "file now")))
+	f.Add(seed(dir("d/", 0o555), file("d/x", 0o644, "x"), hardlink("h", "d/x")),
+		seed(whiteout("d/.wh..wh..opq"), hardlink("d/y", "h"), whiteout(".wh...")))
+	f.Fuzz(func(t *testing.T, l1, l2 []byte) {
+		parent := t.TempDir()
+		dst, outside := filepath.Join(parent, "dst"), filepath.Join(parent, "outside")
+		for _, d := range []string{dst, outside} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var layers []gv1.Layer
+		for _, b := range [][]byte{l1, l2} {
+			l, err := ggtar.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+			if err != nil {
+				t.Skip(err)
+			}
+			layers = append(layers, l)
+		}
+		img, err := mutate.AppendLayers(empty.Image, layers...)
+		if err != nil {
+			t.Skip(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+		defer cancel()
+		_, err = (&Image{img: img, bound: true}).Unpack(ctx, dst, nil)
+		if err != nil && ctx.Err() == nil && !errors.Is(err, errdefs.ErrInvalidArgument) {
+			var errno syscall.Errno
+			if !errors.As(err, &errno) {
+				t.Fatalf("refused as %v, not invalid_argument", err)
+			}
+		}
+		if names := dirNames(t, outside); len(names) != 0 {
+			t.Fatalf("written outside the destination: %v", names)
+		}
+		if names := dirNames(t, parent); !slices.Equal(names, []string{"dst", "outside"}) {
+			t.Fatalf("written next to the destination: %v", names)
+		}
+		filepath.WalkDir(dst, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				os.Chmod(p, 0o700)
+			}
+			return nil
+		})
+	})
 }
