@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -30,6 +31,7 @@ import (
 	ggtar "github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
 )
 
@@ -167,6 +169,12 @@ func TestOCIImages(t *testing.T) {
 		if out, code := execOutput(t, m, sb.ID, c.req); out != c.want || code != 0 {
 			t.Errorf("exec %q: %q (exit %d), want %q", c.req.Args, out, code, c.want)
 		}
+	}
+
+	// An image without a config has no default command.
+	plain := newSandbox(t, m)
+	if _, _, err := m.Exec(ctx, plain.ID, v1.ExecRequest{}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("exec without a command in a sandbox of an image without one: %v, want invalid_argument", err)
 	}
 
 	// Commit, push, pull: the pulled tree is the committed one.
