@@ -101,6 +101,8 @@ type extractor struct {
 	// (layers.go): whiteouts delete, and entries replace what lower
 	// layers left.
 	layer *layerState
+	// deleted maps a name deleted by a layer to len(dirs) then.
+	deleted map[string]int
 }
 
 type dirEntry struct {
@@ -193,7 +195,7 @@ func (x *extractor) finish() error {
 	done := make(map[string]bool, len(x.dirs))
 	for i := len(x.dirs) - 1; i >= 0; i-- {
 		d := x.dirs[i]
-		if done[d.name] {
+		if done[d.name] || x.deletedSince(d.name, i) {
 			continue
 		}
 		done[d.name] = true

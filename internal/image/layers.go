@@ -139,18 +139,29 @@ func (x *extractor) prune(fd int, name string) error {
 	return nil
 }
 
-// forget drops the pending directory modes of name and what is below it:
-// it is being deleted.
+// forget notes that name and what is below it are being deleted: the
+// directory modes recorded for them so far are not applied (finish).
+// Noted, not filtered here, so that many whiteouts over many directories
+// cost no more than their number.
 func (x *extractor) forget(name string) {
-	keep := x.dirs[:0]
-	for _, d := range x.dirs {
-		if d.name != name && !strings.HasPrefix(d.name, name+"/") {
-			keep = append(keep, d)
+	if x.deleted == nil {
+		x.deleted = map[string]int{}
+	}
+	x.deleted[name] = len(x.dirs)
+	delete(x.seen, name)
+}
+
+// deletedSince reports whether the directory recorded as x.dirs[i], name,
+// or one of its parents was deleted after it was recorded.
+func (x *extractor) deletedSince(name string, i int) bool {
+	for p := name; ; p = path.Dir(p) {
+		if n, ok := x.deleted[p]; ok && n > i {
+			return true
+		}
+		if p == "." || p == "/" {
+			return false
 		}
 	}
-	clear(x.dirs[len(keep):])
-	x.dirs = keep
-	delete(x.seen, name)
 }
 
 // lower returns the type of t, a file a layer below left, for a hard link

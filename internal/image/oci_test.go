@@ -31,6 +31,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	ggtar "github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/molt-sh/molt/internal/errdefs"
 )
 
@@ -537,4 +539,23 @@ func FuzzUnpackLayers(f *testing.F) {
 			return nil
 		})
 	})
+}
+
+// A directory whited out and made again as something else: its recorded
+// mode is not applied to what took its place.
+func TestUnpackDirectoryReplacedLater(t *testing.T) {
+	img := imageOf(t, gv1.Config{},
+		layerOf(t, dir("x/", 0o555), file("x/f", 0o644, "f"), dir("y/", 0o700), dir("y/sub/", 0o500)),
+		layerOf(t, whiteout(".wh.x"), symlink("x", "y"), whiteout("y/.wh.sub"), file("y/sub", 0o644, "now a file")),
+	)
+	dst, _ := sandbox(t)
+	if _, err := (&Image{img: img, bound: true}).Unpack(t.Context(), dst, nil); err != nil {
+		t.Fatal(err)
+	}
+	if target, err := os.Readlink(filepath.Join(dst, "x")); err != nil || target != "y" {
+		t.Errorf("x: %q %v, want a symlink to y", target, err)
+	}
+	if st := lstat(t, filepath.Join(dst, "y/sub")); st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o7777 != 0o644 {
+		t.Errorf("y/sub: mode %o, want a regular file 644", st.Mode)
+	}
 }
