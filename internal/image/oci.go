@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -446,6 +447,9 @@ func openDocker(p string) (*Image, error) {
 // openLayout opens the image of the OCI layout at dir: the index's only
 // image, or the one for this machine's platform.
 func openLayout(dir, desc string) (*Image, error) {
+	if err := plainFiles(dir); err != nil {
+		return nil, err
+	}
 	st, err := os.Stat(filepath.Join(dir, "index.json"))
 	if err != nil {
 		return nil, importPathError(err)
@@ -462,6 +466,23 @@ func openLayout(dir, desc string) (*Image, error) {
 		return nil, err
 	}
 	return &Image{img: img, bound: true, desc: desc}, nil
+}
+
+// plainFiles refuses a layout holding anything but directories and
+// regular files: go-containerregistry opens blobs by path, and a blob
+// that is a symlink (an archive may hold one pointing anywhere) would
+// make it read a file of the host's.
+func plainFiles(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return importPathError(err)
+		}
+		if p == dir || d.IsDir() || d.Type().IsRegular() {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, p)
+		return fmt.Errorf("image import: OCI layout entry %q is not a regular file or a directory: %w", rel, errdefs.ErrInvalidArgument)
+	})
 }
 
 // pickImage returns the image of idx for this platform, following nested

@@ -335,6 +335,35 @@ func TestUnpackRefusesHostileLayers(t *testing.T) {
 	}
 }
 
+// A layout whose blob is a symlink (to a file of the host's) is refused
+// before anything is read through it.
+func TestImportOCILayoutRefusesSymlinks(t *testing.T) {
+	img := imageOf(t, gv1.Config{}, layerOf(t, file("f", 0o644, "x")))
+	dir := ociLayout(t, img)
+	l, _ := img.Layers()
+	d, _ := l[0].Digest()
+	blob := filepath.Join(dir, "blobs", "sha256", d.Hex)
+	host := filepath.Join(t.TempDir(), "host-file")
+	b, _ := os.ReadFile(blob)
+	if err := os.WriteFile(host, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(blob)
+	if err := os.Symlink(host, blob); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, tarDir(t, dir)} {
+		f, err := Detect(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = OpenArchive(t.Context(), p, f, t.TempDir())
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("%s: got %v, want a refusal of the symlink", f, err)
+		}
+	}
+}
+
 // A layer whose contents do not match its digest is refused: in a layout
 // (read from disk as is) and from a registry (go-containerregistry
 // checks the blob).
