@@ -72,7 +72,7 @@ test-ts: build
 FUZZTIME ?=
 FUZZ_ALL := ./api/v1:FuzzReadFrame:20000x ./api/v1:FuzzValidEnv:100000x \
 	./internal/httpapi:FuzzDecodeBody:20000x ./internal/criu:FuzzMergeImages:3000x \
-	./internal/image:FuzzImportTar:300x ./internal/ckstore:FuzzDecodeManifest:20000x \
+	./internal/image:FuzzImportTar:300x ./internal/image:FuzzUnpackLayers:300x ./internal/ckstore:FuzzDecodeManifest:20000x \
 	./internal/seccomp:FuzzParseOCI:100000x ./internal/egress:FuzzClientHello:100000x \
 	./internal/egress/ledger:FuzzLedgerFile:3000x ./internal/audit:FuzzVerify:5000x \
 	./internal/criu:FuzzValidateImages:3000x ./internal/bundle:FuzzRead:2000x

@@ -13,7 +13,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -151,7 +150,8 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 }
 
 // send performs a request and returns the response if its status is 2xx.
-func (c *Client) send(ctx context.Context, method, path string, in any) (*http.Response, error) {
+// Each of opts may change the request first.
+func (c *Client) send(ctx context.Context, method, path string, in any, opts ...func(*http.Request)) (*http.Response, error) {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -169,6 +169,9 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 	}
 	if method == http.MethodPost && progressOf(ctx) != nil {
 		req.Header.Set("Accept", "application/x-ndjson, application/json")
+	}
+	for _, o := range opts {
+		o(req)
 	}
 	c.authorize(req)
 	resp, err := c.http().Do(req)
@@ -214,7 +217,13 @@ func (c *Client) Images(ctx context.Context) ([]v1.Image, error) {
 
 // BuildImage builds a Debian image; progress lines go to progress (may be nil).
 func (c *Client) BuildImage(ctx context.Context, req v1.ImageBuildRequest, progress func(string)) (v1.Image, error) {
-	resp, err := c.send(ctx, "POST", "/v1/images/build", req)
+	return c.imageStream(ctx, "image build", "/v1/images/build", req, progress)
+}
+
+// imageStream sends a request answered by a stream of progress lines
+// ending with an image or an error.
+func (c *Client) imageStream(ctx context.Context, op, path string, req any, progress func(string), opts ...func(*http.Request)) (v1.Image, error) {
+	resp, err := c.send(ctx, "POST", path, req, opts...)
 	if err != nil {
 		return v1.Image{}, err
 	}
@@ -224,7 +233,7 @@ func (c *Client) BuildImage(ctx context.Context, req v1.ImageBuildRequest, progr
 	for sc.Scan() {
 		var p v1.Progress
 		if err := json.Unmarshal(sc.Bytes(), &p); err != nil {
-			return v1.Image{}, fmt.Errorf("image build: decode progress: %w", err)
+			return v1.Image{}, fmt.Errorf("%s: decode progress: %w", op, err)
 		}
 		switch {
 		case p.Error != nil:
@@ -241,15 +250,41 @@ func (c *Client) BuildImage(ctx context.Context, req v1.ImageBuildRequest, progr
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return v1.Image{}, fmt.Errorf("image build: %w", err)
+		return v1.Image{}, fmt.Errorf("%s: %w", op, err)
 	}
-	return v1.Image{}, errors.New("image build: the daemon closed the stream without a result")
+	return v1.Image{}, fmt.Errorf("%s: the daemon closed the stream without a result", op)
 }
 
-// ImportImage imports a directory or tarball readable by the daemon.
+// ImportImage imports a root filesystem (directory or tarball), a
+// docker-save archive or an OCI image layout readable by the daemon.
 func (c *Client) ImportImage(ctx context.Context, req v1.ImageImportRequest) (v1.Image, error) {
 	var img v1.Image
 	return img, c.do(ctx, "POST", "/v1/images/import", req, &img)
+}
+
+// ImportImageProgress is ImportImage with progress lines (one per layer
+// of an OCI or Docker image) going to progress.
+func (c *Client) ImportImageProgress(ctx context.Context, req v1.ImageImportRequest, progress func(string)) (v1.Image, error) {
+	return c.imageStream(ctx, "image import", "/v1/images/import", req, progress,
+		func(r *http.Request) { r.Header.Set("Accept", "application/x-ndjson") })
+}
+
+// PullImage pulls an image from a registry; progress lines go to
+// progress (may be nil).
+func (c *Client) PullImage(ctx context.Context, req v1.ImagePullRequest, progress func(string)) (v1.Image, error) {
+	return c.imageStream(ctx, "image pull", "/v1/images/pull", req, progress)
+}
+
+// PushImage pushes the image name to a registry; the result carries the
+// pushed manifest's digest.
+func (c *Client) PushImage(ctx context.Context, name string, req v1.ImagePushRequest, progress func(string)) (v1.Image, error) {
+	return c.imageStream(ctx, "image push", "/v1/images/"+esc(name)+"/push", req, progress)
+}
+
+// Commit makes an image of a sandbox's files.
+func (c *Client) Commit(ctx context.Context, sandbox string, req v1.CommitRequest) (v1.Image, error) {
+	var img v1.Image
+	return img, c.do(ctx, "POST", "/v1/sandboxes/"+esc(sandbox)+"/commit", req, &img)
 }
 
 // RemoveImage deletes an image.

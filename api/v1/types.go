@@ -83,31 +83,6 @@ type Feature struct {
 	Reason    string `json:"reason,omitempty"`
 }
 
-// Image is a read-only root filesystem.
-type Image struct {
-	Name      string    `json:"name"`
-	Source    string    `json:"source"`
-	Created   time.Time `json:"created"`
-	SizeBytes int64     `json:"size_bytes,omitempty"`
-}
-
-// ImageBuildRequest asks for a Debian image made with debootstrap.
-type ImageBuildRequest struct {
-	Name     string   `json:"name"`
-	Suite    string   `json:"suite,omitempty"`
-	Packages []string `json:"packages,omitempty"`
-	Mirror   string   `json:"mirror,omitempty"`
-	// Force rebuilds even if the image exists (it is replaced).
-	Force bool `json:"force,omitempty"`
-}
-
-// ImageImportRequest imports a directory or tarball that is readable by
-// the daemon at Path.
-type ImageImportRequest struct {
-	Name string `json:"name"`
-	Path string `json:"path"`
-}
-
 // Resources limits a sandbox.
 //
 // In a request, 0 (or an omitted field) takes the daemon's default

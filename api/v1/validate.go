@@ -147,11 +147,9 @@ func (r SandboxCreateRequest) validSeccomp() error {
 	return nil
 }
 
-// Validate checks what can be checked without the daemon's state.
+// Validate checks what can be checked without the daemon's state. No
+// Args runs the image's default command.
 func (r ExecRequest) Validate() error {
-	if len(r.Args) == 0 {
-		return errors.New("exec: no command")
-	}
 	for _, a := range r.Args {
 		if err := noNUL("exec: argument", a); err != nil {
 			return err
@@ -201,6 +199,25 @@ func (r ImageBuildRequest) Validate() error {
 }
 
 // Validate checks the image's name and that a path is given.
+func (r ImagePullRequest) Validate() error {
+	if err := ValidName("image", r.Name); err != nil {
+		return err
+	}
+	if r.Ref == "" {
+		return errors.New("image pull: no reference")
+	}
+	return noNUL("image pull: reference", r.Ref)
+}
+
+func (r ImagePushRequest) Validate() error {
+	if r.Ref == "" {
+		return errors.New("image push: no reference")
+	}
+	return noNUL("image push: reference", r.Ref)
+}
+
+func (r CommitRequest) Validate() error { return ValidName("image", r.Name) }
+
 func (r ImageImportRequest) Validate() error {
 	if err := ValidName("image", r.Name); err != nil {
 		return err

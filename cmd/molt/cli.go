@@ -52,7 +52,7 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.tlsCA, "tls-ca", os.Getenv("MOLT_TLS_CA"), "PEM file of the CA that signed --endpoint's certificate (env MOLT_TLS_CA; default the system's roots)")
 	root.AddCommand(
 		daemonCmd(g), hostCmd(g), imageCmd(g), createCmd(g), lsCmd(g), inspectCmd(g), rmCmd(g),
-		stopCmd(g), startCmd(g), execCmd(g), checkpointCmd(g), checkpointsCmd(g), rollbackCmd(g), recoverCmd(g),
+		stopCmd(g), startCmd(g), execCmd(g), commitCmd(g), checkpointCmd(g), checkpointsCmd(g), rollbackCmd(g), recoverCmd(g),
 		forkCmd(g), hibernateCmd(g), resumeCmd(g), turnCmd(g), turnsCmd(g), effectsCmd(g), consumeCmd(g), compensatorCmd(g), llmCmd(g), auditCmd(g), tenantCmd(g), tokenCmd(g), keyCmd(g), benchCmd(g), demoCmd(g),
 	)
 	// cobra's completion command, made now so that it takes examples

@@ -23,12 +23,14 @@ func execCmd(g *globals) *cobra.Command {
 	var detach, noStdin, aside bool
 	var timeout time.Duration
 	c := &cobra.Command{
-		Use:   "exec SANDBOX [--session S] [--detach] -- CMD...",
+		Use:   "exec SANDBOX [--session S] [--detach] [-- CMD...]",
 		Short: "Run a command in a sandbox (exit code = the command's)",
 		Long: "Run a command in a sandbox. Output is streamed, stdin is passed (unless --no-stdin), and molt exits with the command's exit code.\n" +
 			"With --session S the arguments are shell text run in the persistent bash session S (created on first use): cwd, variables and functions persist between calls.\n" +
-			"A command killed at --timeout exits with 124.",
-		Args: cobra.MinimumNArgs(2),
+			"A command killed at --timeout exits with 124.\n" +
+			"Without CMD, the sandbox's image's default command runs (an OCI image's Entrypoint and Cmd); its WorkingDir and User are the defaults of --cwd and --user.",
+		Example: "  molt exec sb1 -- ls /\n  molt exec sb1          # the image's Entrypoint + Cmd",
+		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -39,6 +41,9 @@ func execCmd(g *globals) *cobra.Command {
 			cl := g.client()
 			ref, argv := args[0], args[1:]
 			if session != "" {
+				if len(argv) == 0 {
+					return fmt.Errorf("--session needs shell text to run")
+				}
 				if detach || len(env) > 0 || cwd != "" || user != "" {
 					return fmt.Errorf("--session cannot be combined with --detach, --env, --cwd or --user (use shell text: cd, export)")
 				}
@@ -105,8 +110,8 @@ func execCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&session, "session", "", "run the text in this persistent bash session")
 	c.Flags().BoolVarP(&detach, "detach", "d", false, "leave the command running in the background; prints its PID")
 	c.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
-	c.Flags().StringVarP(&cwd, "cwd", "w", "", "working directory inside the sandbox")
-	c.Flags().StringVarP(&user, "user", "u", "", "user name or uid[:gid] inside the sandbox (default root)")
+	c.Flags().StringVarP(&cwd, "cwd", "w", "", "working directory inside the sandbox (default: the image's WorkingDir, else /)")
+	c.Flags().StringVarP(&user, "user", "u", "", "user name or uid[:gid] inside the sandbox (default: the image's User, else root)")
 	c.Flags().DurationVar(&timeout, "timeout", 0, "kill the command after this long (exit code 124)")
 	c.Flags().BoolVarP(&noStdin, "no-stdin", "n", false, "give the command /dev/null as stdin")
 	c.Flags().BoolVar(&aside, "aside", false, "run beside the agent (an operator's look): not recorded in the turn log, not answered or matched by a recovery's fast-forward")

@@ -163,7 +163,8 @@ func (m *Manager) makeForks(ctx context.Context, fs forkFrom, n int, reseed bool
 				ID: newID(), Tenant: src.Tenant, Image: ck.Image, Env: src.Env, Resources: src.Resources,
 				Head: ck.ID, ForkedFrom: ck.ID, Seccomp: src.Seccomp,
 				Network: src.Network, Egress: src.Egress, EffectPolicy: src.EffectPolicy,
-			}, MachineID: newMachineID(), SeccompProfile: src.SeccompProfile, RecordLimit: src.RecordLimit}
+			}, MachineID: newMachineID(), SeccompProfile: src.SeccompProfile, RecordLimit: src.RecordLimit,
+				ImageConfig: cloneImageConfig(src.ImageConfig)}
 			if err := m.forkSecrets(&rec, src); err != nil {
 				made.errs[i] = err
 				return

@@ -37,7 +37,8 @@ func newMachineID() string { return newID() + newID() + newID()[:8] }
 
 // Create makes a sandbox from an image and starts it.
 func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (meta.Sandbox, error) {
-	if _, err := m.Image(req.Image); err != nil {
+	img, err := m.Image(req.Image)
+	if err != nil {
 		return meta.Sandbox{}, err
 	}
 	if b := req.Resources.StandbyBudgetBytes; b < -1 {
@@ -53,8 +54,9 @@ func (m *Manager) Create(ctx context.Context, req v1.SandboxCreateRequest) (meta
 	req.Resources.DiskBytes = disk
 	rec := sandboxRec{Sandbox: meta.Sandbox{
 		ID: newID(), Name: req.Name, Tenant: req.Tenant, Image: req.Image, Hostname: req.Hostname,
-		Env: req.Env, Resources: m.resolveResources(meta.Resources(req.Resources)), Seccomp: req.Seccomp,
-	}, MachineID: newMachineID(), SeccompProfile: req.SeccompProfile, RecordLimit: req.RecordLimit}
+		Env: imageEnv(img.Config, req.Env), Resources: m.resolveResources(meta.Resources(req.Resources)), Seccomp: req.Seccomp,
+	}, MachineID: newMachineID(), SeccompProfile: req.SeccompProfile, RecordLimit: req.RecordLimit,
+		ImageConfig: cloneImageConfig(img.Config)}
 	if req.Tenant != "" {
 		var t meta.TenantRecord
 		if err := m.db.Get(meta.Tenants, req.Tenant, &t); err != nil {
@@ -621,12 +623,13 @@ func (m *Manager) running(ref string) (sandboxRec, error) {
 // nil connection; otherwise it returns the connection to init, on which
 // the exec stream (see api/v1 stream framing) follows.
 func (m *Manager) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int, net.Conn, error) {
-	if len(req.Args) == 0 {
-		return 0, nil, fmt.Errorf("exec: no command: %w", errdefs.ErrInvalidArgument)
-	}
 	rec, err := m.running(ref)
 	if err != nil {
 		return 0, nil, err
+	}
+	execDefaults(rec, &req)
+	if len(req.Args) == 0 {
+		return 0, nil, fmt.Errorf("exec: no command, and the sandbox's image has no default command: %w", errdefs.ErrInvalidArgument)
 	}
 	ident := turn.ExecIdent(req.Args, req.Env, req.Cwd, req.User, req.Detach, req.Stdin, req.TimeoutMS)
 	m.learnExecEnv(rec.ID, req.Env)

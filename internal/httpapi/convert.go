@@ -34,7 +34,19 @@ func mapSlice[A, B any](l []A, f func(A) B) []B {
 	return out
 }
 
-func toImage(i meta.Image) v1.Image { return v1.Image(i) }
+func toImage(i meta.Image) v1.Image {
+	return v1.Image{
+		Name: i.Name, Source: i.Source, Created: i.Created, SizeBytes: i.SizeBytes,
+		Config: toImageConfig(i.Config), Parent: i.Parent, Digest: i.Digest,
+	}
+}
+
+func toImageConfig(c *meta.ImageConfig) *v1.ImageConfig {
+	if c == nil {
+		return nil
+	}
+	return &v1.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd}
+}
 
 func toImages(l []meta.Image) []v1.Image { return mapSlice(l, toImage) }
 

@@ -26,7 +26,12 @@ type Engine interface {
 	Image(name string) (meta.Image, error)
 	// BuildImage writes progress text to log as it goes.
 	BuildImage(ctx context.Context, req v1.ImageBuildRequest, log io.Writer) (meta.Image, error)
-	ImportImage(ctx context.Context, req v1.ImageImportRequest) (meta.Image, error)
+	// ImportImage, PullImage and PushImage write progress lines to log.
+	ImportImage(ctx context.Context, req v1.ImageImportRequest, log io.Writer) (meta.Image, error)
+	PullImage(ctx context.Context, req v1.ImagePullRequest, log io.Writer) (meta.Image, error)
+	PushImage(ctx context.Context, name string, req v1.ImagePushRequest, log io.Writer) (meta.Image, error)
+	// CommitSandbox makes an image of a sandbox's files.
+	CommitSandbox(ctx context.Context, ref string, req v1.CommitRequest) (meta.Image, error)
 	RemoveImage(ctx context.Context, name string) error
 
 	Sandboxes() ([]meta.Sandbox, error)

@@ -33,6 +33,9 @@ var routes = []route{
 	{"GET", "/v1/images", "", "Images"},
 	{"POST", "/v1/images/build", `{"name":"img"}`, "BuildImage"},
 	{"POST", "/v1/images/import", `{"name":"img","path":"/x"}`, "ImportImage"},
+	{"POST", "/v1/images/pull", `{"name":"img","ref":"127.0.0.1:1/a:b"}`, "PullImage"},
+	{"POST", "/v1/images/img/push", `{"ref":"127.0.0.1:1/a:b"}`, "PushImage"},
+	{"POST", "/v1/sandboxes/sb/commit", `{"name":"img"}`, "CommitSandbox"},
 	{"GET", "/v1/images/img", "", "Image"},
 	{"DELETE", "/v1/images/img", "", "RemoveImage"},
 	{"GET", "/v1/sandboxes", "", "Sandboxes"},
@@ -99,8 +102,8 @@ func TestErrorKindStatus(t *testing.T) {
 			if got := strings.Join(f.called(), " "); got != r.calls {
 				t.Errorf("%s %s: engine calls %q, want %q", r.method, r.path, got, r.calls)
 			}
-			if r.path == "/v1/images/build" {
-				// The build answers 200 at once and ends its progress
+			if r.path == "/v1/images/build" || r.path == "/v1/images/pull" || r.path == "/v1/images/img/push" {
+				// These answer 200 at once and end their progress
 				// stream with the error.
 				lines := strings.Split(strings.TrimSpace(a.body), "\n")
 				var p v1.Progress

@@ -66,8 +66,18 @@ func (f *fakeEngine) BuildImage(ctx context.Context, req v1.ImageBuildRequest, l
 	fmt.Fprintf(log, "building %s\n", req.Name)
 	return meta.Image{}, f.call("BuildImage", req.Name)
 }
-func (f *fakeEngine) ImportImage(ctx context.Context, req v1.ImageImportRequest) (meta.Image, error) {
+func (f *fakeEngine) ImportImage(ctx context.Context, req v1.ImageImportRequest, log io.Writer) (meta.Image, error) {
 	return meta.Image{}, f.call("ImportImage", req.Name)
+}
+func (f *fakeEngine) PullImage(ctx context.Context, req v1.ImagePullRequest, log io.Writer) (meta.Image, error) {
+	fmt.Fprintln(log, "pulling")
+	return meta.Image{}, f.call("PullImage", req.Name)
+}
+func (f *fakeEngine) PushImage(ctx context.Context, name string, req v1.ImagePushRequest, log io.Writer) (meta.Image, error) {
+	return meta.Image{}, f.call("PushImage", name)
+}
+func (f *fakeEngine) CommitSandbox(ctx context.Context, ref string, req v1.CommitRequest) (meta.Image, error) {
+	return meta.Image{}, f.call("CommitSandbox", ref)
 }
 func (f *fakeEngine) RemoveImage(ctx context.Context, name string) error {
 	return f.call("RemoveImage", name)

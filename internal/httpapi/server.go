@@ -15,6 +15,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/tenant"
 )
 
@@ -35,6 +36,8 @@ func newServer(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) (*se
 		{"GET /v1/images", pHost, http.HandlerFunc(s.images)},
 		{"POST /v1/images/build", pAdmin, http.HandlerFunc(s.imageBuild)},
 		{"POST /v1/images/import", pAdmin, http.HandlerFunc(s.imageImport)},
+		{"POST /v1/images/pull", pAdmin, http.HandlerFunc(s.imagePull)},
+		{"POST /v1/images/{name}/push", pAdmin, http.HandlerFunc(s.imagePush)},
 		{"GET /v1/images/{name}", pHost, http.HandlerFunc(s.image)},
 		{"DELETE /v1/images/{name}", pAdmin, http.HandlerFunc(s.imageRemove)},
 		{"GET /v1/sandboxes", pList, http.HandlerFunc(s.sandboxes)},
@@ -57,6 +60,8 @@ func newServer(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) (*se
 		{"GET /v1/sandboxes/{id}/llm", sb(tenant.ScopeRead), http.HandlerFunc(s.llmGet)},
 		{"DELETE /v1/sandboxes/{id}/llm", sb(tenant.ScopeAdmin), http.HandlerFunc(s.llmRemove)},
 		{"POST /v1/sandboxes/{id}/fork", sb(tenant.ScopeRollback), http.HandlerFunc(s.forkSandbox)},
+		// Images are the host's: only its admin makes one of a sandbox.
+		{"POST /v1/sandboxes/{id}/commit", pAdmin, http.HandlerFunc(s.commit)},
 		{"GET /v1/sandboxes/{id}/effects", sb(tenant.ScopeRead), http.HandlerFunc(s.effects)},
 		{"POST /v1/sandboxes/{id}/effects", sb(tenant.ScopeAdmin), http.HandlerFunc(s.declareEffect)},
 		{"POST /v1/effects/{id}/consumers", eff(tenant.ScopeAdmin), http.HandlerFunc(s.consumeEffect)},
@@ -87,12 +92,16 @@ func newServer(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) (*se
 	return s, apiMux{mux}
 }
 
-// unstreamed are the POST routes that never stream a v1.Progress answer
-// on request: exec is upgraded to its own protocol, and the image build
-// always streams.
+// unstreamed are the POST routes that the generic wrapper (streamable)
+// leaves alone: exec is upgraded to its own protocol, and the image
+// routes stream their own progress lines (build, pull and push always,
+// import on request), ending with the image.
 var unstreamed = map[string]bool{
 	"POST /v1/sandboxes/{id}/exec": true,
 	"POST /v1/images/build":        true,
+	"POST /v1/images/pull":         true,
+	"POST /v1/images/{name}/push":  true,
+	"POST /v1/images/import":       true, // streams on request on its own
 }
 
 // apiMux gives the mux's own answers (no such path, or a path that
@@ -298,11 +307,17 @@ func (s *server) imageBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	streamImage(w, func(log io.Writer) (meta.Image, error) { return s.m.BuildImage(r.Context(), req, log) })
+}
+
+// streamImage answers with NDJSON progress lines written by op, ending
+// with its image or its error.
+func streamImage(w http.ResponseWriter, op func(log io.Writer) (meta.Image, error)) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	f, _ := w.(http.Flusher)
 	pw := &progressWriter{enc: json.NewEncoder(w), f: f}
-	img, err := s.m.BuildImage(r.Context(), req, pw)
+	img, err := op(pw)
 	if err != nil {
 		_, kind := Status(err)
 		pw.final(v1.Progress{Error: &v1.Error{Kind: kind, Message: err.Error()}})
@@ -318,7 +333,41 @@ func (s *server) imageImport(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	img, err := s.m.ImportImage(r.Context(), req)
+	if wantsProgress(r) {
+		streamImage(w, func(log io.Writer) (meta.Image, error) { return s.m.ImportImage(r.Context(), req, log) })
+		return
+	}
+	img, err := s.m.ImportImage(r.Context(), req, io.Discard)
+	reply(w, toImage(img), err)
+}
+
+func (s *server) imagePull(w http.ResponseWriter, r *http.Request) {
+	var req v1.ImagePullRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	streamImage(w, func(log io.Writer) (meta.Image, error) { return s.m.PullImage(r.Context(), req, log) })
+}
+
+func (s *server) imagePush(w http.ResponseWriter, r *http.Request) {
+	var req v1.ImagePushRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	streamImage(w, func(log io.Writer) (meta.Image, error) {
+		return s.m.PushImage(r.Context(), r.PathValue("name"), req, log)
+	})
+}
+
+func (s *server) commit(w http.ResponseWriter, r *http.Request) {
+	var req v1.CommitRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	img, err := s.m.CommitSandbox(r.Context(), r.PathValue("id"), req)
 	reply(w, toImage(img), err)
 }
 

@@ -41,6 +41,26 @@
 // the import is done, so later entries neither change a directory's mtime
 // nor meet a read-only directory.
 //
+// # OCI and Docker images
+//
+// An Image (OpenRegistry, OpenArchive: a docker-save archive, an OCI
+// layout or a tar of one, told apart by Detect) is unpacked by applying
+// its layers in order with the same extractor, so every rule above holds
+// for every layer. On top of them (layers.go): ".wh.NAME" deletes NAME
+// from the layers below, walking directory descriptors without following
+// symlinks, and NAME may not be empty, "." or ".."; ".wh..wh..opq"
+// empties its directory of what lower layers put there, once the whole
+// layer is written; an entry may replace a directory a lower layer left
+// (not one of its own layer); a hard link may name a lower layer's file;
+// directory modes and times are applied after the last layer. Each
+// layer's uncompressed stream must hash to its diff ID in the config,
+// the config to the manifest's digest of it (a registry's or a layout's
+// image), and sizes are bounded before they are read (MaxManifestBytes,
+// MaxConfigBytes, MaxLayers); a mismatch or an excess wraps
+// errdefs.ErrInvalidArgument. Push writes a tree as one deterministic
+// layer (walk order, mtimes kept) with a config. docs/images.md has the
+// whole story.
+//
 // # Build
 //
 // Build runs debootstrap in a private mount namespace, so whatever it

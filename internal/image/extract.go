@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 
+	kgzip "github.com/klauspost/compress/gzip"
 	"golang.org/x/sys/unix"
 
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -43,7 +44,8 @@ func entryError(op, name string, err error) error {
 func badArchive(err error) bool {
 	var corrupt flate.CorruptInputError
 	return errors.As(err, new(malformed)) || errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.As(err, &corrupt)
+		errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.As(err, &corrupt) ||
+		errors.Is(err, kgzip.ErrHeader) || errors.Is(err, kgzip.ErrChecksum)
 }
 
 // cleanName returns name relative to the root ("." for the root itself), or
@@ -95,6 +97,12 @@ type extractor struct {
 	chown bool            // preserve uid/gid; needs CAP_CHOWN
 	seen  map[string]byte // entry name -> type, for hard link targets
 	dirs  []dirEntry      // modes and times to apply after the contents
+	// layer is set while image layers are applied one over the other
+	// (layers.go): whiteouts delete, and entries replace what lower
+	// layers left.
+	layer *layerState
+	// deleted maps a name deleted by a layer to len(dirs) then.
+	deleted map[string]int
 }
 
 type dirEntry struct {
@@ -130,6 +138,11 @@ func (x *extractor) write(h *tar.Header, r io.Reader) error {
 	if err != nil {
 		return err
 	}
+	if x.layer != nil {
+		if done, err := x.whiteout(name); done || err != nil {
+			return err
+		}
+	}
 	kind := h.Typeflag
 	switch kind {
 	case tar.TypeChar, tar.TypeBlock:
@@ -161,9 +174,9 @@ func (x *extractor) write(h *tar.Header, r io.Reader) error {
 	case tar.TypeSymlink:
 		err = x.symlink(pfd, base, name, h)
 	case tar.TypeFifo:
-		err = x.mkfifo(pfd, base, h)
+		err = x.mkfifo(pfd, base, name, h)
 	default:
-		err = x.create(pfd, base, h, r)
+		err = x.create(pfd, base, name, h, r)
 	}
 	if err == nil && kind != tar.TypeDir && h.Typeflag != tar.TypeLink {
 		err = setTimes(pfd, base, h, unix.AT_SYMLINK_NOFOLLOW)
@@ -172,6 +185,7 @@ func (x *extractor) write(h *tar.Header, r io.Reader) error {
 		return err
 	}
 	x.seen[name] = kind
+	x.written(name)
 	return nil
 }
 
@@ -181,7 +195,7 @@ func (x *extractor) finish() error {
 	done := make(map[string]bool, len(x.dirs))
 	for i := len(x.dirs) - 1; i >= 0; i-- {
 		d := x.dirs[i]
-		if done[d.name] {
+		if done[d.name] || x.deletedSince(d.name, i) {
 			continue
 		}
 		done[d.name] = true
@@ -258,12 +272,16 @@ func openBeneath(dirfd int, p string) (int, error) {
 }
 
 // replaceable removes a non-directory at base, so the entry can be created
-// with O_EXCL semantics; a directory stays and refuses the entry.
-func replaceable(pfd int, base string) error {
+// with O_EXCL semantics; a directory stays and refuses the entry, unless
+// a lower layer left it (then it goes, with what it holds).
+func (x *extractor) replaceable(pfd int, base, name string) error {
 	err := unix.Unlinkat(pfd, base, 0)
 	switch {
 	case err == nil, errors.Is(err, unix.ENOENT):
 		return nil
+	case errors.Is(err, unix.EISDIR) && x.layer != nil && x.seen[name] == 0:
+		x.forget(name)
+		return removeAt(pfd, base)
 	case errors.Is(err, unix.EISDIR):
 		return refusal("would replace a directory")
 	}
@@ -293,8 +311,8 @@ func (x *extractor) mkdir(pfd int, base, name string, h *tar.Header) error {
 	return x.own(fd, "", fd, h)
 }
 
-func (x *extractor) create(pfd int, base string, h *tar.Header, r io.Reader) error {
-	if err := replaceable(pfd, base); err != nil {
+func (x *extractor) create(pfd int, base, name string, h *tar.Header, r io.Reader) error {
+	if err := x.replaceable(pfd, base, name); err != nil {
 		return err
 	}
 	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -373,8 +391,8 @@ func copySparse(f *os.File, r io.Reader) error {
 	}
 }
 
-func (x *extractor) mkfifo(pfd int, base string, h *tar.Header) error {
-	if err := replaceable(pfd, base); err != nil {
+func (x *extractor) mkfifo(pfd int, base, name string, h *tar.Header) error {
+	if err := x.replaceable(pfd, base, name); err != nil {
 		return err
 	}
 	if err := unix.Mknodat(pfd, base, unix.S_IFIFO|0o600, 0); err != nil {
@@ -402,7 +420,7 @@ func (x *extractor) symlink(pfd int, base, name string, h *tar.Header) error {
 			return refusal(fmt.Sprintf("symlink target %q escapes the root", t))
 		}
 	}
-	if err := replaceable(pfd, base); err != nil {
+	if err := x.replaceable(pfd, base, name); err != nil {
 		return err
 	}
 	if err := unix.Symlinkat(t, pfd, base); err != nil {
@@ -419,6 +437,9 @@ func (x *extractor) link(pfd int, base, name, target string) (byte, error) {
 		return 0, refusal(fmt.Sprintf("hard link target %q: %s", target, err))
 	}
 	kind, ok := x.seen[t]
+	if !ok && x.layer != nil {
+		kind, ok = x.lower(t)
+	}
 	switch {
 	case !ok:
 		return 0, refusal(fmt.Sprintf("hard link target %q does not name an earlier entry", target))
@@ -432,7 +453,7 @@ func (x *extractor) link(pfd int, base, name, target string) (byte, error) {
 		return 0, err
 	}
 	defer unix.Close(tfd)
-	if err := replaceable(pfd, base); err != nil {
+	if err := x.replaceable(pfd, base, name); err != nil {
 		return 0, err
 	}
 	// Without AT_SYMLINK_FOLLOW, linkat links a symlink itself.

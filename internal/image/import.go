@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -14,13 +13,23 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+
 	"github.com/molt-sh/molt/internal/errdefs"
 )
 
-var gzipMagic = []byte{0x1f, 0x8b}
+var (
+	gzipMagic = []byte{0x1f, 0x8b}
+	zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+)
 
-// ImportTar extracts a tar stream (plain, or gzip-compressed: detected by
-// its magic bytes) into dst, an existing empty directory. See the package
+// zstdMaxWindow bounds the memory a zstd stream can make the decoder
+// take (the format lets a frame ask for up to 3.75 TiB).
+const zstdMaxWindow = 128 << 20
+
+// ImportTar extracts a tar stream (plain, or gzip or zstd-compressed:
+// detected by their magic bytes) into dst, an existing empty directory. See the package
 // documentation for what is refused.
 func ImportTar(ctx context.Context, r io.Reader, dst string) error {
 	x, err := newExtractor(dst)
@@ -28,16 +37,55 @@ func ImportTar(ctx context.Context, r io.Reader, dst string) error {
 		return err
 	}
 	defer x.close()
-	br := bufio.NewReaderSize(sourceReader{r}, 1<<20)
-	var src io.Reader = br
-	if magic, _ := br.Peek(len(gzipMagic)); bytes.Equal(magic, gzipMagic) {
+	src, done, err := decompress(sourceReader{r})
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := x.readTar(ctx, src); err != nil {
+		return err
+	}
+	return x.finish()
+}
+
+// decompress returns r uncompressed: gzip and zstd are told by their
+// magic bytes, anything else is read as it is. done releases the
+// decompressor.
+func decompress(r io.Reader) (io.Reader, func(), error) {
+	br := bufio.NewReaderSize(r, 1<<20)
+	magic, _ := br.Peek(len(zstdMagic))
+	switch {
+	case bytes.HasPrefix(magic, gzipMagic):
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			return archiveError(err)
+			return nil, nil, archiveError(err)
 		}
-		defer zr.Close()
-		src = zr
+		return decoded{zr}, func() { zr.Close() }, nil
+	case bytes.Equal(magic, zstdMagic):
+		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(zstdMaxWindow))
+		if err != nil {
+			return nil, nil, archiveError(err)
+		}
+		return decoded{zr}, zr.Close, nil
 	}
+	return br, func() {}, nil
+}
+
+// decoded marks what a decompressor fails with, other than its source's
+// errors, as a malformed archive, whatever words it uses.
+type decoded struct{ r io.Reader }
+
+func (d decoded) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	if err != nil && err != io.EOF && !errors.As(err, new(sourceError)) && !errors.As(err, new(malformed)) {
+		err = malformed{err}
+	}
+	return n, err
+}
+
+// readTar writes the entries of the tar stream src, which must end with
+// its end-of-archive marker.
+func (x *extractor) readTar(ctx context.Context, src io.Reader) error {
 	end := &endReader{r: src}
 	tr := tar.NewReader(end)
 	for {
@@ -49,7 +97,7 @@ func ImportTar(ctx context.Context, r io.Reader, dst string) error {
 			if end.zeros < 2*512 {
 				return fmt.Errorf("image import: read archive: truncated (no end-of-archive marker): %w", errdefs.ErrInvalidArgument)
 			}
-			break
+			return nil
 		}
 		// With GODEBUG=tarinsecurepath=0 the reader flags names that the
 		// rules in put refuse anyway, with a better message.
@@ -63,7 +111,6 @@ func ImportTar(ctx context.Context, r io.Reader, dst string) error {
 			return err
 		}
 	}
-	return x.finish()
 }
 
 // ctxReader ends a read when ctx ends: an entry's contents (a sparse

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/klauspost/compress/zstd"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,6 +53,19 @@ func TestImportTarGzip(t *testing.T) {
 	zw.Close()
 	dst, _ := sandbox(t)
 	if err := ImportTar(t.Context(), &buf, dst); err != nil {
+		t.Fatal(err)
+	}
+	checkGoodTree(t, dst)
+}
+
+func TestImportTarZstd(t *testing.T) {
+	zw, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := zw.EncodeAll(goodArchive(t), nil)
+	dst, _ := sandbox(t)
+	if err := ImportTar(t.Context(), bytes.NewReader(b), dst); err != nil {
 		t.Fatal(err)
 	}
 	checkGoodTree(t, dst)
@@ -178,7 +192,15 @@ func TestImportTarBadInput(t *testing.T) {
 		"empty":    nil,
 		"garbage":  bytes.Repeat([]byte("not a tar file "), 100),
 		"bad gzip": append([]byte{0x1f, 0x8b}, good...),
+		"bad zstd": append([]byte{0x28, 0xb5, 0x2f, 0xfd}, good...),
 	}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(good)
+	zw.Close()
+	corrupt := bytes.Clone(gz.Bytes())
+	corrupt[len(corrupt)/2] ^= 0xff
+	inputs["corrupt gzip"] = corrupt
 	// Cut at every block boundary and inside every block, up to just
 	// before the end-of-archive marker is complete.
 	for n := 0; n < len(good); n += 256 {

@@ -81,6 +81,9 @@ type SandboxRecord struct {
 	// tenant's data key, bound to the sandbox's ID (internal/secret).
 	// They are never stored in the clear.
 	SealedSecrets []byte `json:"sealed_secrets,omitempty"`
+	// ImageConfig is the config of the image the sandbox was made from,
+	// as it was then: exec's defaults, and what a commit records.
+	ImageConfig *ImageConfig `json:"image_config,omitempty"`
 }
 
 // CheckpointRecord is a checkpoint as buckets Checkpoints and
@@ -346,6 +349,26 @@ type Image struct {
 	Source    string    `json:"source"`
 	Created   time.Time `json:"created"`
 	SizeBytes int64     `json:"size_bytes,omitempty"`
+	// Config is what an OCI or Docker image (pulled, imported, or
+	// committed from a sandbox made from one) says of its processes;
+	// sandboxes made from the image get it (SandboxRecord.ImageConfig).
+	Config *ImageConfig `json:"config,omitempty"`
+	// Parent is the image of the sandbox a committed image came from.
+	Parent string `json:"parent,omitempty"`
+	// Digest is the manifest digest of a pulled or pushed image.
+	Digest string `json:"digest,omitempty"`
+}
+
+// ImageConfig is the part of an OCI image's config molt applies: Env
+// under a new sandbox's own environment, and WorkingDir, User and
+// Entrypoint followed by Cmd as the defaults of an exec that names no
+// cwd, user or command.
+type ImageConfig struct {
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
 }
 
 // CheckpointImport is what a checkpoint import made, and what the

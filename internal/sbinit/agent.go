@@ -464,14 +464,19 @@ func (a *Agent) lookupUser(spec string) (user, error) {
 		}
 		u = user{name: name, uid: uint32(uid), gid: uint32(uid), home: "/"}
 	}
+	groups, _ := a.readFile("/etc/group")
 	if hasGrp {
 		gid, err := strconv.ParseUint(grp, 10, 32)
 		if err != nil {
-			return user{}, fmt.Errorf("bad group %q: want a number", grp)
+			// A group name, as an OCI image's User may give.
+			gid, err = groupID(groups, grp)
+			if err != nil {
+				return user{}, err
+			}
 		}
 		u.gid = uint32(gid)
 	}
-	if b, err := a.readFile("/etc/group"); err == nil {
+	if b := groups; b != nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			f := strings.Split(l, ":")
 			if len(f) < 4 {
@@ -490,6 +495,19 @@ func (a *Agent) lookupUser(spec string) (user, error) {
 		u.groups = []uint32{}
 	}
 	return u, nil
+}
+
+// groupID finds the group name in the contents of /etc/group.
+func groupID(groups []byte, name string) (uint64, error) {
+	for _, l := range strings.Split(string(groups), "\n") {
+		f := strings.Split(l, ":")
+		if len(f) >= 3 && f[0] == name {
+			if g, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+				return g, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("unknown group %q", name)
 }
 
 func (a *Agent) startDetached(req Request) (int, error) {
