@@ -5,12 +5,13 @@
 # llvm-14, libbpf-dev and linux-libc-dev (to check that internal/inspect's
 # BPF object is generated from its source; clang 14 because another
 # version emits other bytes), python3 (the test processes of
-# internal/template) and python3-pip (a real pip install from the test
-# internet, internal/egress/netlab). Needs root.
+# internal/template), python3-pip (a real pip install from the test
+# internet, internal/egress/netlab) and chromium (internal/webui's test
+# drives the web view in headless Chromium). Needs root.
 set -euo pipefail
 
 need=()
-for pkg in btrfs-progs debootstrap ca-certificates musl-tools clang-14 llvm-14 libbpf-dev linux-libc-dev python3 python3-pip; do
+for pkg in btrfs-progs debootstrap ca-certificates musl-tools clang-14 llvm-14 libbpf-dev linux-libc-dev python3 python3-pip chromium; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then
