@@ -143,8 +143,7 @@ func daemonCmd(g *globals) *cobra.Command {
 						CompensateAttempts: eg.comp.attempts, CompensateBackoff: eg.comp.backoff, CompensateTimeout: eg.comp.timeout}},
 				Options: slices.Concat(without(dynMods, core.WithoutFavorDynMods()), without(cow, core.WithoutCOWCapture()),
 					without(tmpl, core.WithoutTemplateCapture()), without(diskQuota, core.WithoutDiskQuota())),
-				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs}, Listen: eg.listen, TLS: eg.tls,
-				UI: eg.ui.addr, UIExpose: eg.ui.expose, UITokenFile: eg.ui.tokenFile,
+				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs}, Listen: eg.listen, TLS: eg.tls, UI: eg.ui.addr, UIExpose: eg.ui.expose, UITokenFile: eg.ui.tokenFile,
 			})
 		},
 	}
