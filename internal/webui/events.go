@@ -83,10 +83,12 @@ func (h *hub) run(ctx context.Context) {
 			h.log.Debug("web view: poll", "err", err)
 			continue
 		}
-		if last != nil {
-			if c := diff(last, cur); c.List || len(c.Sandboxes) > 0 {
-				h.broadcast(c)
-			}
+		if last == nil {
+			// A first page: it may have read before this poll, so
+			// whatever changed in between it fetches again.
+			h.broadcast(Change{All: true})
+		} else if c := diff(last, cur); c.List || len(c.Sandboxes) > 0 {
+			h.broadcast(c)
 		}
 		last = cur
 	}

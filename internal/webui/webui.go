@@ -128,6 +128,9 @@ func (s *Server) URL() string {
 	return "http://" + s.ln.Addr().String() + "/?token=" + s.token
 }
 
+// Token is the server's token (the URL carries it).
+func (s *Server) Token() string { return s.token }
+
 // Addr is the address the server listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
@@ -240,7 +243,8 @@ func sameOrigin(r *http.Request) string {
 	}
 	o := r.Header.Get("Origin")
 	u, err := url.Parse(o)
-	if o == "" || err != nil || u.Scheme != "http" || u.Host != r.Host {
+	// https: an exposed view behind a TLS proxy.
+	if o == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host != r.Host {
 		return fmt.Sprintf("cross-origin request refused (Origin %q, Host %q)", o, r.Host)
 	}
 	return ""

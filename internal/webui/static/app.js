@@ -161,7 +161,7 @@ function legend() {
   const l = el("div", { class: "legend muted" });
   for (const k of KINDS) l.append(el("span", {}, el("span", { class: "dot k-" + k }), k));
   l.append(el("span", {}, el("span", { class: "dot ring" }), "head"));
-  l.append(el("span", {}, "− / + fold a subtree"));
+  l.append(el("span", {}, "− / + at a branch folds its subtree"));
   return l;
 }
 
@@ -230,7 +230,7 @@ function treeNode(r, i, head, byTurn, textX) {
   g.append(svg("title", {}, nodeTitle(c, t)));
   g.append(svg("circle", { class: "k-" + (KINDS.includes(c.kind) ? c.kind : "other"), cx: r.x, cy: r.y, r: 5 }));
   let x = textX;
-  if (r.n > 0) {
+  if (r.n > 1 || ui.collapsed.has(c.id)) {
     const tog = svg("text", { class: "toggle", x: x - 2, y: r.y, "text-anchor": "end" }, ui.collapsed.has(c.id) ? "+" + r.hidden : "−");
     tog.addEventListener("click", (e) => {
       e.stopPropagation();
