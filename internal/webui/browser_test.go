@@ -77,11 +77,19 @@ func tree(t *testing.T, ctx context.Context, m *core.Manager) (string, map[strin
 			t.Fatalf("rollback %s: %v", label, err)
 		}
 	}
+	effect := func(method, url string, status int) {
+		t.Helper()
+		if _, err := m.DeclareEffect(ctx, sb.ID, v1.EffectDeclareRequest{Method: method, URL: url, Status: status}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	step("base", false)
 	step("deps", false)
+	effect("POST", "https://api.example/issues", 201)
 	step("a1", true)
 	step("a2", true)
 	back("deps")
+	effect("PUT", "https://api.example/issues/7/labels", 200)
 	step("b1", true)
 	step("b2", false)
 	back("base")
@@ -199,6 +207,10 @@ func TestBrowser(t *testing.T) {
 	}
 	if len(shown) != len(ids) {
 		t.Errorf("tree has %d nodes, want %d", len(shown), len(ids))
+	}
+	ledger, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#effects tbody tr")].map(r => r.textContent)`))
+	if err != nil || len(ledger) != 2 || !strings.Contains(ledger[0], "issues/7/labels") || !strings.Contains(ledger[1], "api.example/issues") {
+		t.Errorf("effect ledger shown: %q %v, want the 2 effects, newest first", ledger, err)
 	}
 	if err := chromedp.Do(bctx,
 		chromedp.WaitVisible(node("c1")+".head"),
