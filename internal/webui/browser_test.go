@@ -196,6 +196,9 @@ func TestBrowser(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
+	if href, err := chromedp.Run(bctx, chromedp.Evaluate[string](`location.href`)); err != nil || href != "http://"+s.Addr()+"/" {
+		t.Errorf("address bar %q (%v): the token must leave it", href, err)
+	}
 	shown, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("svg.tree .node")].map(n => n.dataset.id + " " + n.textContent)`))
 	if err != nil {
 		t.Fatal(err)
@@ -306,7 +309,7 @@ func refusals(t *testing.T, s *Server, sb, ck string) {
 		t.Errorf("no token: %d, want 401", resp.StatusCode)
 	}
 	req, _ := http.NewRequest("POST", base+"/api/v1/sandboxes/"+sb+"/rollback", strings.NewReader(`{"checkpoint":"`+ck+`"}`))
-	req.AddCookie(&http.Cookie{Name: CookieName, Value: s.token})
+	req.Header.Set(Header, s.token)
 	req.Header.Set("Origin", "http://attacker.example")
 	req.Header.Set("Content-Type", "text/plain")
 	resp, err = http.DefaultClient.Do(req)

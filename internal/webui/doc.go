@@ -10,12 +10,14 @@
 //
 // It must not become a way around the daemon socket's permissions (root
 // only, or the socket's group): the listener is loopback only unless
-// Expose, and every request needs the random token made at Start. The
-// URL the daemon prints (?token=...) trades the token for an HttpOnly,
-// SameSite=Strict cookie; a request without the token or the cookie is
-// answered 401. A state-changing call also needs POST or DELETE, the
-// X-Molt-UI header (which no cross-origin page can send without a
-// preflight this server never grants) and an Origin equal to the
-// server's own (403 otherwise). The Host header is checked too (a DNS
-// rebinding attack's name is refused), and the page may not be framed.
+// Expose, and every call of the page (/events, /api/) needs the random
+// token made at Start, in the X-Molt-UI-Token header (401 otherwise).
+// The URL the daemon prints (/?token=...) is redirected to /#token=...:
+// the page keeps the token in its tab's session storage, scoped to the
+// view's origin, port included. No cookie carries it, since a browser
+// sends a cookie for 127.0.0.1 to every port of the host, another local
+// user's web server included. A state-changing call also needs an
+// Origin equal to the view's own (403 otherwise). The Host header is
+// checked too (a DNS rebinding attack's name is refused), and the page
+// may not be framed.
 package webui

@@ -42,13 +42,14 @@ type hub struct {
 	src      Source
 	interval time.Duration
 	log      *slog.Logger
+	done     <-chan struct{} // the server stops: pages are let go
 
 	mu   sync.Mutex
 	subs map[chan Change]struct{} // +checklocks:mu
 }
 
-func newHub(src Source, interval time.Duration, log *slog.Logger) *hub {
-	return &hub{src: src, interval: interval, log: log, subs: map[chan Change]struct{}{}}
+func newHub(src Source, interval time.Duration, log *slog.Logger, done <-chan struct{}) *hub {
+	return &hub{src: src, interval: interval, log: log, done: done, subs: map[chan Change]struct{}{}}
 }
 
 // state is one poll's fingerprints: of the list, and of each sandbox's
@@ -174,6 +175,8 @@ func (h *hub) serve(w http.ResponseWriter, r *http.Request) {
 	for {
 		select {
 		case <-r.Context().Done():
+			return
+		case <-h.done:
 			return
 		case <-keep.C:
 			fmt.Fprint(w, ": keep-alive\n\n")

@@ -26,11 +26,9 @@ import (
 //go:embed static
 var static embed.FS
 
-// CookieName is the cookie the token is traded for.
-const CookieName = "molt_ui"
-
-// Header is the header every state-changing call carries.
-const Header = "X-Molt-UI"
+// Header is the header that carries the token on every call of the page
+// (/events and /api/).
+const Header = "X-Molt-UI-Token"
 
 // Config configures the web view's server.
 type Config struct {
@@ -86,7 +84,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{cfg: cfg, token: hex.EncodeToString(b[:]), ln: ln, cancel: cancel}
-	s.hub = newHub(cfg.Source, cfg.Interval, cfg.Log)
+	s.hub = newHub(cfg.Source, cfg.Interval, cfg.Log, ctx.Done())
 	go s.hub.run(ctx)
 	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	if cfg.TokenFile != "" {
@@ -155,7 +153,7 @@ func (s *Server) Handler() http.Handler {
 	sub, _ := fs.Sub(static, "static")
 	files := http.FileServerFS(sub)
 	mux.HandleFunc("GET /{$}", s.index)
-	mux.Handle("GET /static/", s.authed(http.StripPrefix("/static", files)))
+	mux.Handle("GET /static/", http.StripPrefix("/static", files))
 	mux.Handle("GET /events", s.authed(http.HandlerFunc(s.hub.serve)))
 	mux.Handle("/api/", s.authed(s.proxy()))
 	return s.headers(mux)
@@ -193,12 +191,16 @@ func (s *Server) valid(tok string) bool {
 	return tok != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) == 1
 }
 
-func (s *Server) cookieOK(r *http.Request) bool {
-	c, err := r.Cookie(CookieName)
-	return err == nil && s.valid(c.Value)
+// tokenOK reports whether r carries the token.
+func (s *Server) tokenOK(r *http.Request) bool {
+	return s.valid(r.Header.Get(Header))
 }
 
-// index trades ?token= for the cookie, then serves the page.
+// index serves the page, which holds no data (it reads the API with the
+// token). The URL the daemon prints, /?token=TOKEN, is redirected to
+// /#token=TOKEN: the page keeps the token from the fragment, which no
+// request carries, in the tab's session storage (its origin's, port
+// included) and takes it out of the address bar.
 func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 	if tok := r.URL.Query().Get("token"); tok != "" {
 		if !s.valid(tok) {
@@ -206,22 +208,17 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 			deny(w, http.StatusUnauthorized, "wrong token: open the URL the daemon printed")
 			return
 		}
-		http.SetCookie(w, &http.Cookie{Name: CookieName, Value: s.token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-		http.Redirect(w, r, "/", http.StatusSeeOther)
-		return
-	}
-	if !s.cookieOK(r) {
-		deny(w, http.StatusUnauthorized, "no token: open the URL the daemon printed (http://HOST:PORT/?token=...)")
+		http.Redirect(w, r, "/#token="+s.token, http.StatusSeeOther)
 		return
 	}
 	http.ServeFileFS(w, r, static, "static/index.html")
 }
 
-// authed lets through requests with the cookie; state-changing ones
-// also need the header and a same-origin Origin.
+// authed lets through requests with the token; state-changing ones also
+// need an Origin equal to the view's own.
 func (s *Server) authed(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.cookieOK(r) {
+		if !s.tokenOK(r) {
 			deny(w, http.StatusUnauthorized, "no token: open the URL the daemon printed")
 			return
 		}
@@ -238,9 +235,6 @@ func (s *Server) authed(h http.Handler) http.Handler {
 
 // sameOrigin says why a state-changing request is refused ("": it is not).
 func sameOrigin(r *http.Request) string {
-	if r.Header.Get(Header) != "1" {
-		return "a state-changing call needs the " + Header + " header"
-	}
 	o := r.Header.Get("Origin")
 	u, err := url.Parse(o)
 	// https: an exposed view behind a TLS proxy.
@@ -274,7 +268,7 @@ func (s *Server) proxy() http.Handler {
 		ctx := tenant.With(r.Context(), tenant.Principal{Admin: true})
 		ctx = audit.WithActor(ctx, audit.Actor{UID: uint32(os.Geteuid()), GID: uint32(os.Getegid()), PID: int32(os.Getpid()), Token: "webui"})
 		r2 := r.Clone(ctx)
-		r2.Header.Del("Cookie")
+		r2.Header.Del(Header)
 		r2.Header.Del("Accept") // the page wants plain JSON, never a progress stream
 		s.cfg.API.ServeHTTP(w, r2)
 	})

@@ -9,6 +9,20 @@ const KINDS = ["full", "fs"];
 
 const ui = { sandboxes: [], selected: null, detail: null, node: null, collapsed: new Set() };
 
+// The token: from the URL's fragment (/#token=...), which no request
+// carries, kept in this tab's session storage and sent in a header on
+// every call. No cookie: a browser sends 127.0.0.1's cookies to every
+// port of the host.
+const TOKEN_HEADER = "X-Molt-UI-Token";
+const token = (() => {
+  const m = location.hash.match(/token=([0-9a-f]+)/);
+  if (m) {
+    sessionStorage.setItem("molt-ui-token", m[1]);
+    history.replaceState(null, "", location.pathname);
+  }
+  return sessionStorage.getItem("molt-ui-token") || "";
+})();
+
 function el(tag, attrs, ...kids) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -28,7 +42,7 @@ function svg(tag, attrs, text) {
 }
 
 async function api(method, path, body) {
-  const opt = { method, headers: { "X-Molt-UI": "1" }, credentials: "same-origin" };
+  const opt = { method, headers: { [TOKEN_HEADER]: token }, credentials: "omit" };
   if (body !== undefined) {
     opt.headers["Content-Type"] = "application/json";
     opt.body = JSON.stringify(body);
@@ -326,23 +340,59 @@ async function refresh(all) {
   }
 }
 
-function listen() {
+function setLive(on, text) {
   const live = document.getElementById("live");
-  const es = new EventSource("/events");
-  es.addEventListener("hello", () => { live.className = "live on"; live.textContent = "live"; });
-  es.onerror = () => { live.className = "live off"; live.textContent = "reconnecting"; };
-  es.addEventListener("change", async (ev) => {
-    const c = JSON.parse(ev.data);
+  live.className = "live " + (on ? "on" : "off");
+  live.textContent = text;
+}
+
+async function onChange(c) {
+  try {
+    if (c.all || c.list) await loadList();
+    if (c.all || c.list || (c.sandboxes || []).includes(ui.selected)) await loadDetail();
+  } catch (e) {
+    toast(e.message, true);
+  }
+}
+
+// listen reads /events (server-sent events) with fetch, since an
+// EventSource cannot send the token's header; it reconnects after 2 s.
+async function listen() {
+  for (;;) {
     try {
-      if (c.all || c.list) await loadList();
-      if (c.all || c.list || (c.sandboxes || []).includes(ui.selected)) await loadDetail();
-    } catch (e) {
-      toast(e.message, true);
-    }
-  });
+      const r = await fetch("/events", { headers: { [TOKEN_HEADER]: token }, credentials: "omit" });
+      if (!r.ok) throw new Error(r.status + " " + r.statusText);
+      const rd = r.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await rd.read();
+        if (done) break;
+        buf += value;
+        let i;
+        while ((i = buf.indexOf("\n\n")) >= 0) {
+          const block = buf.slice(0, i);
+          buf = buf.slice(i + 2);
+          let ev = "message", data = "";
+          for (const line of block.split("\n")) {
+            if (line.startsWith("event: ")) ev = line.slice(7);
+            else if (line.startsWith("data: ")) data += line.slice(6);
+          }
+          if (ev === "hello") setLive(true, "live");
+          else if (ev === "change") await onChange(JSON.parse(data));
+        }
+      }
+    } catch (e) { /* reconnect below */ }
+    setLive(false, "reconnecting");
+    await new Promise((res) => setTimeout(res, 2000));
+  }
 }
 
 async function main() {
+  if (!token) {
+    document.getElementById("detail").replaceChildren(el("p", {}, "No token: open the URL the daemon logged (http://HOST:PORT/?token=...)."));
+    document.getElementById("sandboxes").replaceChildren();
+    return;
+  }
   try {
     const h = await api("GET", "/v1/host");
     document.getElementById("host").textContent = [h.version && "molt " + h.version, h.kernel && "Linux " + h.kernel, h.root].filter(Boolean).join(" · ");
