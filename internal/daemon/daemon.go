@@ -47,6 +47,11 @@ func Run(ctx context.Context, cfg Config) error {
 		log = slog.Default()
 		cfg.Logger = log
 	}
+	if cfg.UI != "" {
+		if err := webui.CheckAddr(cfg.UI, cfg.UIExpose); err != nil {
+			return err // before anything is opened
+		}
+	}
 	setProcs()
 	raiseKernelLimits(log)
 	alog, err := openAudit(cfg.Root, log)

@@ -25,11 +25,11 @@ func (emptySource) Effects(context.Context, string, string) ([]ledger.Record, ma
 
 func TestAddrLoopbackOnly(t *testing.T) {
 	for addr, ok := range map[string]bool{"127.0.0.1:0": true, "[::1]:0": true, "localhost:0": true, "0.0.0.0:0": false, ":0": false, "10.1.2.3:80": false, "nope": false} {
-		if err := checkAddr(addr, false); (err == nil) != ok {
-			t.Errorf("checkAddr(%q) = %v", addr, err)
+		if err := CheckAddr(addr, false); (err == nil) != ok {
+			t.Errorf("CheckAddr(%q) = %v", addr, err)
 		}
 	}
-	if err := checkAddr("0.0.0.0:0", true); err != nil {
+	if err := CheckAddr("0.0.0.0:0", true); err != nil {
 		t.Errorf("--ui-expose: %v", err)
 	}
 	if _, err := Start(Config{Addr: "0.0.0.0:0", API: http.NotFoundHandler(), Source: emptySource{}}); err == nil {

@@ -71,7 +71,7 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.API == nil || cfg.Source == nil {
 		return nil, fmt.Errorf("web view: no API to serve: %w", errdefs.ErrInvalidArgument)
 	}
-	if err := checkAddr(cfg.Addr, cfg.Expose); err != nil {
+	if err := CheckAddr(cfg.Addr, cfg.Expose); err != nil {
 		return nil, err
 	}
 	var b [32]byte
@@ -101,8 +101,9 @@ func Start(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// checkAddr refuses an address that is not loopback, unless expose.
-func checkAddr(addr string, expose bool) error {
+// CheckAddr refuses an address that is not HOST:PORT, or not loopback
+// unless expose.
+func CheckAddr(addr string, expose bool) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("web view address %q: want HOST:PORT: %w", addr, errdefs.ErrInvalidArgument)
