@@ -19,6 +19,7 @@ import (
 	"github.com/molt-sh/molt/internal/coord"
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/httpapi"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/testutil"
 )
@@ -231,6 +232,7 @@ func TestBrowser(t *testing.T) {
 	if err := chromedp.Do(bctx, chromedp.WaitVisible(node("a1")+".head"), shot("webui-rolled-back.png")); err != nil {
 		t.Fatalf("the page does not show the new head: %v", err)
 	}
+	forkDelete(t, bctx, m, node("c1"), shot)
 	searchView(t, bctx, searchID, searchIDs, shot)
 	// Back to the agent: a checkpoint taken elsewhere shows up by itself.
 	if err := chromedp.Do(bctx, chromedp.Click(chromedp.CSS(fmt.Sprintf(`nav .sb[data-id=%q]`, sbID))), chromedp.WaitVisible(node("a1")+".head")); err != nil {
@@ -244,6 +246,46 @@ func TestBrowser(t *testing.T) {
 	defer cancel()
 	if err := chromedp.Do(wctx, chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`svg.tree .node.head[data-id=%q]`, ck.ID))), shot("webui-live.png")); err != nil {
 		t.Fatalf("the page did not show checkpoint live by itself: %v", err)
+	}
+}
+
+// forkDelete forks checkpoint node through the page, then deletes the
+// new sandbox through the page, each confirmed, each checked in m.
+func forkDelete(t *testing.T, bctx context.Context, m *core.Manager, node chromedp.CSS, shot func(string) chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	before, _ := m.Sandboxes()
+	if err := chromedp.Do(bctx,
+		chromedp.Click(node),
+		chromedp.Click(chromedp.CSS(`#act-fork`)),
+		chromedp.WaitVisible(chromedp.CSS(`#modal-ok`)),
+		chromedp.Click(chromedp.CSS(`#modal-ok`)),
+		chromedp.WaitReady(chromedp.CSS(fmt.Sprintf(`nav .sb:nth-child(%d)`, len(before)+1))),
+	); err != nil {
+		t.Fatalf("fork through the page: %v", err)
+	}
+	after, _ := m.Sandboxes()
+	var forked string
+	for _, sb := range after {
+		if !slices.ContainsFunc(before, func(b meta.Sandbox) bool { return b.ID == sb.ID }) {
+			forked = sb.ID
+		}
+	}
+	if len(after) != len(before)+1 || forked == "" {
+		t.Fatalf("sandboxes after the page's fork: %d, want %d", len(after), len(before)+1)
+	}
+	if err := chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS(fmt.Sprintf(`nav .sb[data-id=%q]`, forked))),
+		chromedp.WaitVisible(chromedp.CSS(`#act-delete`)),
+		chromedp.Click(chromedp.CSS(`#act-delete`)),
+		chromedp.WaitVisible(chromedp.CSS(`#modal-ok`)),
+		shot("webui-delete.png"),
+		chromedp.Click(chromedp.CSS(`#modal-ok`)),
+		chromedp.WaitNotPresent(chromedp.CSS(fmt.Sprintf(`nav .sb[data-id=%q]`, forked))),
+	); err != nil {
+		t.Fatalf("delete through the page: %v", err)
+	}
+	if _, err := m.Sandbox(context.Background(), forked); err == nil {
+		t.Errorf("sandbox %s still there after the page deleted it", forked)
 	}
 }
 

@@ -106,7 +106,14 @@ async function loadList() {
   drawList();
 }
 
+// drawn keeps what each part was last drawn from: a part is redrawn only
+// when that changed (a redraw under the pointer would lose a click).
+const drawn = { list: "", detail: "" };
+
 function drawList() {
+  const sig = JSON.stringify([ui.selected, ui.sandboxes.map((s) => [s.id, s.name, s.state, s.image])]);
+  if (sig === drawn.list) return;
+  drawn.list = sig;
   const nav = document.getElementById("sandboxes");
   nav.replaceChildren();
   if (!ui.sandboxes.length) nav.append(el("p", { class: "muted pad" }, "No sandboxes."));
@@ -134,6 +141,12 @@ async function loadDetail() {
 }
 
 function drawDetail() {
+  const d0 = ui.detail, sb0 = d0 && d0.sb;
+  // The sandbox's live figures (memory, processes) are not drawn: they
+  // alone do not redraw.
+  const sig = JSON.stringify([sb0 && [sb0.id, sb0.name, sb0.state, sb0.reason, sb0.head], d0 && [d0.cks, d0.turns, d0.effects], ui.node, [...ui.collapsed]]);
+  if (sig === drawn.detail) return;
+  drawn.detail = sig;
   const d = document.getElementById("detail");
   const keepScroll = document.getElementById("tree");
   const top = keepScroll ? keepScroll.scrollTop : 0;
