@@ -5,15 +5,16 @@
 # llvm-14, libbpf-dev and linux-libc-dev (to check that internal/inspect's
 # BPF object is generated from its source; clang 14 because another
 # version emits other bytes), python3 (the test processes of
-# internal/template) and python3-pip (a real pip install from the test
-# internet, internal/egress/netlab), and Node.js 18 or newer with npm (the
-# TypeScript SDK, sdk/ts: its tests run on node, `make lint` type-checks
-# it with TypeScript from npm; a node already on PATH, Debian's or
-# another, is kept). Needs root.
+# internal/template), python3-pip (a real pip install from the test
+# internet, internal/egress/netlab), chromium (internal/webui's test
+# drives the web view in headless Chromium), and Node.js 18 or newer with
+# npm (the TypeScript SDK, sdk/ts: its tests run on node, `make lint`
+# type-checks it with TypeScript from npm; a node already on PATH,
+# Debian's or another, is kept). Needs root.
 set -euo pipefail
 
 need=()
-for pkg in btrfs-progs debootstrap ca-certificates musl-tools clang-14 llvm-14 libbpf-dev linux-libc-dev python3 python3-pip; do
+for pkg in btrfs-progs debootstrap ca-certificates musl-tools clang-14 llvm-14 libbpf-dev linux-libc-dev python3 python3-pip chromium; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 # Node.js: Debian 12's nodejs is 18; npm is its own package there (a

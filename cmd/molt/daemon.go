@@ -143,7 +143,7 @@ func daemonCmd(g *globals) *cobra.Command {
 						CompensateAttempts: eg.comp.attempts, CompensateBackoff: eg.comp.backoff, CompensateTimeout: eg.comp.timeout}},
 				Options: slices.Concat(without(dynMods, core.WithoutFavorDynMods()), without(cow, core.WithoutCOWCapture()),
 					without(tmpl, core.WithoutTemplateCapture()), without(diskQuota, core.WithoutDiskQuota())),
-				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs}, Listen: eg.listen, TLS: eg.tls,
+				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs}, Listen: eg.listen, TLS: eg.tls, UI: eg.ui.addr, UIExpose: eg.ui.expose, UITokenFile: eg.ui.tokenFile,
 			})
 		},
 	}
@@ -236,6 +236,19 @@ type egressFlags struct {
 	listen string
 	tls    daemon.TLSFiles
 	kek    kekFlags
+	ui     uiFlags
+}
+
+// uiFlags are the web view's (docs/webui.md).
+type uiFlags struct {
+	addr, tokenFile string
+	expose          bool
+}
+
+func (f *uiFlags) add(c *cobra.Command) {
+	c.Flags().StringVar(&f.addr, "ui", "", "serve the web view on HOST:PORT (off by default; loopback only unless --ui-expose): sandboxes, checkpoint trees, turn logs, effect ledgers, rollback/fork/delete/hibernate; the daemon logs its URL, which carries a random token (docs/webui.md)")
+	c.Flags().BoolVar(&f.expose, "ui-expose", false, "allow a --ui address that is not loopback (the token then crosses the network in clear: put TLS in front)")
+	c.Flags().StringVar(&f.tokenFile, "ui-token-file", "", "write the web view's URL, token included, to this file (mode 0600)")
 }
 
 func (eg *egressFlags) add(c *cobra.Command) {
@@ -249,6 +262,7 @@ func (eg *egressFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&eg.tls.Key, "tls-key", "", "PEM private key of --listen")
 	c.Flags().StringVar(&eg.tls.ClientCA, "tls-client-ca", "", "PEM CA whose client certificates --listen requires (mutual TLS; default none)")
 	eg.kek.add(c)
+	eg.ui.add(c)
 }
 
 // kekFlags give the key-encryption key that turns encryption at rest on

@@ -15,6 +15,7 @@ import (
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/httpapi"
 	"github.com/molt-sh/molt/internal/tenant"
+	"github.com/molt-sh/molt/internal/webui"
 )
 
 // Config configures the daemon.
@@ -31,6 +32,12 @@ type Config struct {
 	// is also served, over TLS, to tenants' tokens (listen.go).
 	Listen string
 	TLS    TLSFiles
+	// UI, if set, is HOST:PORT where the web view is served (loopback
+	// unless UIExpose; internal/webui). UITokenFile, if set, receives
+	// its URL, token included (mode 0600).
+	UI          string
+	UIExpose    bool
+	UITokenFile string
 }
 
 // Run serves until ctx is done. Sandboxes keep running after it returns.
@@ -39,6 +46,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if log == nil {
 		log = slog.Default()
 		cfg.Logger = log
+	}
+	if cfg.UI != "" {
+		if err := webui.CheckAddr(cfg.UI, cfg.UIExpose); err != nil {
+			return err // before anything is opened
+		}
 	}
 	setProcs()
 	raiseKernelLimits(log)
@@ -70,6 +82,14 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 		defer stop()
+	}
+	if cfg.UI != "" {
+		ui, err := webui.Start(webui.Config{Addr: cfg.UI, Expose: cfg.UIExpose, TokenFile: cfg.UITokenFile, API: api, Source: m, Log: log})
+		if err != nil {
+			return err
+		}
+		defer ui.Close()
+		log.Info("web view: open this URL (it carries the view's token)", "url", ui.URL())
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
