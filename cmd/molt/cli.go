@@ -126,18 +126,6 @@ func parseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
-func human(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
-}
-
 func parseEnv(kvs []string) (map[string]string, error) {
 	if len(kvs) == 0 {
 		return nil, nil

@@ -21,6 +21,7 @@ import (
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/sched"
 	"github.com/molt-sh/molt/internal/turn"
+	"github.com/molt-sh/molt/internal/units"
 	"github.com/spf13/cobra"
 )
 
@@ -190,7 +191,7 @@ func hostCmd(g *globals) *cobra.Command {
 			}
 			return g.print(h, func() {
 				fmt.Printf("molt %s on Linux %s, cgroup %s\n", h.Version, h.Kernel, h.Cgroup)
-				fmt.Printf("root %s, pool %s (%s free of %s, %s nodes)", h.Root, h.Pool.Dir, human(int64(h.Pool.FreeBytes)), human(int64(h.Pool.SizeBytes)), human(int64(h.Pool.NodeSize)))
+				fmt.Printf("root %s, pool %s (%s free of %s, %s nodes)", h.Root, h.Pool.Dir, units.Bytes(int64(h.Pool.FreeBytes)), units.Bytes(int64(h.Pool.SizeBytes)), units.Bytes(int64(h.Pool.NodeSize)))
 				if h.Pool.Loop {
 					fmt.Printf(", loop file %s on %s", h.Pool.Backing, h.Pool.Device)
 				}

@@ -11,6 +11,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/client"
 	"github.com/molt-sh/molt/internal/daemon"
+	"github.com/molt-sh/molt/internal/units"
 	"github.com/spf13/cobra"
 )
 
@@ -242,7 +243,7 @@ func (d *demo) processesScript() []demoAction {
 				return "", err
 			}
 			d.ckFull = ck.ID
-			return fmt.Sprintf("%s, stall %.1f ms, %s written", ck.ID, ck.StallMS, human(ck.BytesWritten)), nil
+			return fmt.Sprintf("%s, stall %.1f ms, %s written", ck.ID, ck.StallMS, units.Bytes(ck.BytesWritten)), nil
 		}},
 		{"agent: 1 s later, kill the counter, change the shell", func() (string, error) {
 			time.Sleep(time.Second)

@@ -13,6 +13,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/client"
+	"github.com/molt-sh/molt/internal/units"
 )
 
 // How progress is shown: a terminal's line is redrawn every redraw; plain
@@ -149,15 +150,7 @@ func amount(n int64, unit string) string {
 	if unit != "bytes" {
 		return fmt.Sprint(n)
 	}
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
+	return units.Bytes(n)
 }
 
 func clip(s string, width int) string {

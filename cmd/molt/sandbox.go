@@ -13,6 +13,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/units"
 	"github.com/spf13/cobra"
 )
 
@@ -205,7 +206,7 @@ func inspectCmd(g *globals) *cobra.Command {
 				}
 				fmt.Printf("head:      %s\ncreated:   %s\n", dash(sb.Head), sb.Created.Local().Format(time.RFC3339))
 				r := sb.Resources
-				fmt.Printf("limits:    memory %s, pids %s, cpus %s", showLimit(r.MemoryBytes, human), showLimit(r.Pids, func(v int64) string { return strconv.FormatInt(v, 10) }),
+				fmt.Printf("limits:    memory %s, pids %s, cpus %s", showLimit(r.MemoryBytes, units.Bytes), showLimit(r.Pids, func(v int64) string { return strconv.FormatInt(v, 10) }),
 					showLimit(r.CPUMillis, func(v int64) string { return strconv.FormatFloat(float64(v)/1000, 'f', -1, 64) }))
 				if r.IOWeight > 0 {
 					fmt.Printf(", io weight %d", r.IOWeight)
@@ -218,15 +219,15 @@ func inspectCmd(g *globals) *cobra.Command {
 					fmt.Printf("forked:    from checkpoint %s\n", sb.ForkedFrom)
 				}
 				if sb.State == v1.StateRunning {
-					fmt.Printf("init pid:  %d\nprocesses: %d\nmemory:    %s\n", sb.Pid, sb.Processes, human(sb.MemoryBytes))
+					fmt.Printf("init pid:  %d\nprocesses: %d\nmemory:    %s\n", sb.Pid, sb.Processes, units.Bytes(sb.MemoryBytes))
 					if len(sb.Standbys) > 0 {
-						fmt.Printf("standbys:  %s (%s)\n", strings.Join(sb.Standbys, ", "), human(sb.StandbyBytes))
+						fmt.Printf("standbys:  %s (%s)\n", strings.Join(sb.Standbys, ", "), units.Bytes(sb.StandbyBytes))
 					}
 				}
 				if sb.Resources.DiskBytes > 0 {
-					fmt.Printf("disk:      %s of %s\n", human(sb.DiskUsedBytes), human(sb.Resources.DiskBytes))
+					fmt.Printf("disk:      %s of %s\n", units.Bytes(sb.DiskUsedBytes), units.Bytes(sb.Resources.DiskBytes))
 				} else if sb.DiskUsedBytes > 0 {
-					fmt.Printf("disk:      %s (no quota)\n", human(sb.DiskUsedBytes))
+					fmt.Printf("disk:      %s (no quota)\n", units.Bytes(sb.DiskUsedBytes))
 				}
 				if len(sb.EnvNames) > 0 {
 					fmt.Printf("env:       %s\n", strings.Join(sb.EnvNames, ", "))

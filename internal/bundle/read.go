@@ -80,7 +80,7 @@ func Read(ctx context.Context, r io.Reader, images, fs string, o Options) (Bundl
 	if lim.Entries <= 0 {
 		lim.Entries = def.Entries
 	}
-	end := &endReader{r: bufio.NewReaderSize(r, 1<<20)}
+	end := image.NewEndReader(bufio.NewReaderSize(r, 1<<20))
 	tr := tar.NewReader(end)
 	rd := reader{ctx: ctx, tr: tr, lim: lim}
 	hb, err := rd.small(headerName, maxHeader)
@@ -131,7 +131,7 @@ func Read(ctx context.Context, r io.Reader, images, fs string, o Options) (Bundl
 	if _, err := tr.Next(); err != io.EOF {
 		return b, refuse("data after the seal")
 	}
-	if end.zeros < 2*512 {
+	if !end.Ended() {
 		return b, refuse("truncated (no end-of-archive marker)")
 	}
 	return b, nil
@@ -372,26 +372,4 @@ func strictJSON(b []byte, v any) error {
 		return errors.New("data after the JSON value")
 	}
 	return nil
-}
-
-// endReader counts the zero bytes that end what has been read: a tar
-// stream ends with two zero blocks, and archive/tar reports io.EOF for
-// a stream cut between entries too.
-type endReader struct {
-	r     io.Reader
-	zeros int
-}
-
-func (e *endReader) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
-	i := n - 1
-	for i >= 0 && p[i] == 0 {
-		i--
-	}
-	if i < 0 {
-		e.zeros += n
-	} else {
-		e.zeros = n - 1 - i
-	}
-	return n, err
 }

@@ -86,7 +86,7 @@ func (d decoded) Read(p []byte) (int, error) {
 // readTar writes the entries of the tar stream src, which must end with
 // its end-of-archive marker.
 func (x *extractor) readTar(ctx context.Context, src io.Reader) error {
-	end := &endReader{r: src}
+	end := NewEndReader(src)
 	tr := tar.NewReader(end)
 	for {
 		if err := ctx.Err(); err != nil {
@@ -94,7 +94,7 @@ func (x *extractor) readTar(ctx context.Context, src io.Reader) error {
 		}
 		h, err := tr.Next()
 		if err == io.EOF {
-			if end.zeros < 2*512 {
+			if !end.Ended() {
 				return fmt.Errorf("image import: read archive: truncated (no end-of-archive marker): %w", errdefs.ErrInvalidArgument)
 			}
 			return nil
@@ -157,16 +157,19 @@ type malformed struct{ err error }
 func (e malformed) Error() string { return e.err.Error() }
 func (e malformed) Unwrap() error { return e.err }
 
-// endReader counts the zero bytes that end what has been read. An archive
-// ends with two zero blocks; archive/tar also reports io.EOF for a stream
-// cut before a header or in a file's padding, which would import a
-// truncated archive as a smaller tree.
-type endReader struct {
+// EndReader counts the zero bytes that end what has been read. An
+// archive ends with two zero blocks; archive/tar also reports io.EOF for
+// a stream cut before a header or in a file's padding, which would read a
+// truncated archive as a smaller one: Ended tells the two apart.
+type EndReader struct {
 	r     io.Reader
 	zeros int
 }
 
-func (e *endReader) Read(p []byte) (int, error) {
+// NewEndReader reads r, counting its trailing zero bytes.
+func NewEndReader(r io.Reader) *EndReader { return &EndReader{r: r} }
+
+func (e *EndReader) Read(p []byte) (int, error) {
 	n, err := e.r.Read(p)
 	i := n - 1
 	for i >= 0 && p[i] == 0 {
@@ -179,6 +182,10 @@ func (e *endReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// Ended reports whether what was read so far ends with a tar archive's
+// end marker (two zero blocks).
+func (e *EndReader) Ended() bool { return e.zeros >= 2*512 }
 
 func archiveError(err error) error {
 	if badArchive(err) {

@@ -24,6 +24,7 @@ import (
 	ggtar "github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/units"
 )
 
 // Bounds on what an image's metadata may make molt read, checked before
@@ -98,7 +99,7 @@ func (i *Image) Unpack(ctx context.Context, dst string, log io.Writer) (Config, 
 		if err != nil {
 			return Config{}, fmt.Errorf("image import: layer %d of %d (%s): %w", n+1, len(ids), id, err)
 		}
-		fmt.Fprintf(log, "layer %d/%d %s: %s in %.1fs\n", n+1, len(ids), short(id), humanBytes(size), time.Since(start).Seconds())
+		fmt.Fprintf(log, "layer %d/%d %s: %s in %.1fs\n", n+1, len(ids), short(id), units.Bytes(size), time.Since(start).Seconds())
 	}
 	if err := x.finish(); err != nil {
 		return Config{}, err
@@ -112,18 +113,6 @@ func short(h gv1.Hash) string {
 		return h.Algorithm + ":" + h.Hex[:12]
 	}
 	return h.String()
-}
-
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
 
 // applyLayer writes the layer with diff ID id over what x holds and

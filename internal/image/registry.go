@@ -22,6 +22,7 @@ import (
 	"github.com/klauspost/compress/gzip"
 
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/units"
 )
 
 // RegistryOptions says how to reach a registry.
@@ -130,7 +131,7 @@ func Push(ctx context.Context, src string, cfg Config, ref string, o RegistryOpt
 	if err != nil {
 		return "", fmt.Errorf("image push: %w", err)
 	}
-	fmt.Fprintf(log, "layer: %s compressed in %.1fs\n", humanBytes(st.Size()), time.Since(start).Seconds())
+	fmt.Fprintf(log, "layer: %s compressed in %.1fs\n", units.Bytes(st.Size()), time.Since(start).Seconds())
 	layer, err := ggtar.LayerFromOpener(func() (io.ReadCloser, error) { return os.Open(f.Name()) },
 		ggtar.WithMediaType(types.OCILayer))
 	if err != nil {
