@@ -87,11 +87,14 @@ class Transport:
         return ConnectionFailed(f"connect to molt daemon at {self.where()}{hint}: {err}")
 
     def open(self, method: str, path: str, body: Any = None,
-             timeout: Optional[float] = None,
-             stream: bool = False) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+             timeout: Optional[float] = None, stream: bool = False,
+             upload: Optional[BinaryIO] = None,
+             content_type: str = "") -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Sends a request; returns the connection and its 2xx response
-        (the caller reads and closes both), or raises the typed error."""
-        data = None if body is None else json.dumps(body).encode()
+        (the caller reads and closes both), or raises the typed error.
+        ``upload``, a binary file, is sent as the body (chunked) with
+        ``content_type`` instead of ``body`` as JSON."""
+        data: Any = None if body is None else json.dumps(body).encode()
         conn = self._connection(self.timeout if timeout is None else timeout)
         try:
             conn.connect()
@@ -99,7 +102,12 @@ class Transport:
             conn.close()
             raise self._connect_error(e) from e
         try:
-            conn.request(method, path, body=data, headers=self._headers(data is not None, stream))
+            headers = self._headers(data is not None, stream)
+            if upload is not None:
+                data = upload
+                headers["Content-Type"] = content_type
+                headers["Transfer-Encoding"] = "chunked"
+            conn.request(method, path, body=data, headers=headers, encode_chunked=upload is not None)
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as e:
             conn.close()
@@ -115,7 +123,8 @@ class Transport:
         return conn, resp
 
     def call(self, method: str, path: str, body: Any = None,
-             progress: Optional[Callable[[Dict[str, Any]], Any]] = None) -> Any:
+             progress: Optional[Callable[[Dict[str, Any]], Any]] = None,
+             upload: Optional[BinaryIO] = None, content_type: str = "") -> Any:
         """Sends a request and returns its decoded JSON answer (None for an
         empty body).
 
@@ -124,8 +133,9 @@ class Transport:
         ``total``, ``unit`` when measured) goes to ``progress`` as it
         comes, and the answer or the error is as without it."""
         if progress is not None:
-            return self._streamed(method, path, body, progress)
-        conn, resp = self.open(method, path, body)
+            return self._streamed(method, path, body, progress, upload, content_type)
+        conn, resp = self.open(method, path, body, timeout=None,
+                               upload=upload, content_type=content_type)
         try:
             raw = resp.read()
         except (OSError, http.client.HTTPException) as e:
@@ -140,8 +150,10 @@ class Transport:
             raise Internal(f"{method} {path}: decode response: {e}") from e
 
     def _streamed(self, method: str, path: str, body: Any,
-                  progress: Callable[[Dict[str, Any]], Any]) -> Any:
-        conn, resp = self.open(method, path, body, timeout=None, stream=True)
+                  progress: Callable[[Dict[str, Any]], Any],
+                  upload: Optional[BinaryIO] = None, content_type: str = "") -> Any:
+        conn, resp = self.open(method, path, body, timeout=None, stream=True,
+                               upload=upload, content_type=content_type)
         try:
             if "application/x-ndjson" not in (resp.getheader("Content-Type") or ""):
                 raw = resp.read()  # a route that does not stream: its plain answer

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from . import models as m
 from ._http import DEFAULT_SOCKET, Transport
-from .errors import CommandFailed, CompensationFailed, Internal, error_from_body
+from .errors import CommandFailed, CompensationFailed, Internal, StreamError, error_from_body
 from .exec import UPGRADE_PROTOCOL, ExecResult, ExecStream, OutputChunk, Stdin
 
 if TYPE_CHECKING:
@@ -130,15 +131,42 @@ class Client:
         """
         req = _body(name=name, suite=suite, packages=list(packages) if packages else None,
                     mirror=mirror, force=force or None)
-        for p in self._t.lines("POST", "/v1/images/build", req):
+        return self._image_stream("image build", "/v1/images/build", req, progress)
+
+    def _image_stream(self, op: str, path: str, req: Any,
+                      progress: Optional[Callable[[str], Any]]) -> m.Image:
+        for p in self._t.lines("POST", path, req):
             if p.get("error"):
                 e = p["error"]
-                raise error_from_body(200, _json(e))
+                raise error_from_body(p.get("status") or 200, _json(e))
             if p.get("image"):
                 return m.Image(p["image"])
             if progress is not None and p.get("message"):
                 progress(p["message"])
-        raise Internal("image build: the daemon closed the stream without a result")
+        raise Internal(f"{op}: the daemon closed the stream without a result")
+
+    def pull_image(self, ref: str, name: Optional[str] = None, *, insecure: bool = False,
+                   force: bool = False, progress: Optional[Callable[[str], Any]] = None) -> m.Image:
+        """Pulls an OCI or Docker image from a registry as ``name`` (by
+        default the reference's last path part); the daemon reads the
+        registry's credentials from its docker config file. ``insecure``
+        talks plain HTTP. Progress lines go to ``progress``."""
+        if name is None:
+            name = ref.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
+        req = _body(name=name, ref=ref, insecure=insecure or None, force=force or None)
+        return self._image_stream("image pull", "/v1/images/pull", req, progress)
+
+    def push_image(self, name: str, ref: str, *, insecure: bool = False,
+                   progress: Optional[Callable[[str], Any]] = None) -> m.Image:
+        """Pushes image ``name`` to a registry as ``ref`` (one layer of its
+        tree, and its config); the answer carries the pushed digest."""
+        req = _body(ref=ref, insecure=insecure or None)
+        return self._image_stream("image push", f"/v1/images/{_esc(name)}/push", req, progress)
+
+    def commit(self, ref: Ref, name: str) -> m.Image:
+        """Makes image ``name`` of a sandbox's files (snapshotted with the
+        sandbox frozen), keeping its image's config."""
+        return m.Image(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/commit", {"name": name}))
 
     def import_image(self, name: str, path: str) -> m.Image:
         """Imports a directory or tarball at ``path`` on the daemon's host."""
@@ -315,6 +343,53 @@ class Client:
         form the tree)."""
         return [m.Checkpoint(x) for x in
                 self._t.call("GET", f"/v1/sandboxes/{_esc(_ref(ref))}/checkpoints") or []]
+
+    def export_checkpoint(self, ref: Ref, dest: Union[str, BinaryIO]) -> int:
+        """Writes checkpoint ``ref`` as a portable bundle (docs/bundles.md)
+        to ``dest``, a path or a binary file; returns the bytes written.
+        An export cut short raises :class:`StreamError` (what was written
+        is no bundle any import accepts)."""
+        path = f"/v1/checkpoints/{_esc(_ref(ref))}/export"
+        f = open(dest, "wb") if isinstance(dest, str) else dest
+        n, tail = 0, b""
+        try:
+            conn, resp = self._t.open("GET", path, timeout=None)
+            try:
+                while True:
+                    chunk = resp.read(1 << 20)
+                    if not chunk:
+                        break
+                    f.write(chunk)
+                    n += len(chunk)
+                    tail = (tail + chunk)[-1024:]
+            except (OSError, http.client.HTTPException) as e:
+                raise StreamError(f"export {_ref(ref)}: {e}") from e
+            finally:
+                conn.close()
+        finally:
+            if isinstance(dest, str):
+                f.close()
+        if len(tail) < 1024 or tail.strip(b"\0"):
+            # A tar stream ends with two zero blocks; the daemon names a
+            # failure after its answer began only in a trailer.
+            raise StreamError(f"export {_ref(ref)}: the bundle was cut short after {n} bytes")
+        return n
+
+    def import_checkpoint(self, src: Union[str, BinaryIO], *, tenant: Optional[str] = None,
+                          progress: Optional[Progress] = None) -> m.Model:
+        """Sends a bundle (a path or a binary file) to the daemon, which
+        verifies it whole before listing its checkpoint (a new ID, the
+        caller's tenant's, or ``tenant``'s for the host admin). Returns the
+        import's report; its ``checkpoint`` forks with
+        :meth:`fork_checkpoint`."""
+        path = "/v1/checkpoints/import" + (f"?tenant={_esc(tenant)}" if tenant else "")
+        f = open(src, "rb") if isinstance(src, str) else src
+        try:
+            return m.Model(self._t.call("POST", path, progress=progress, upload=f,
+                                        content_type="application/x-tar"))
+        finally:
+            if isinstance(src, str):
+                f.close()
 
     def checkpoint_tree(self, ref: Ref) -> List[m.Checkpoint]:
         """A sandbox's checkpoints as a tree: the roots, each checkpoint

@@ -168,6 +168,11 @@ class Sandbox:
         see :meth:`Client.rollback`."""
         return self.client.rollback(self.id, checkpoint, tier=tier, force=force, dry_run=dry_run)
 
+    def commit(self, name: str) -> m.Image:
+        """Makes image ``name`` of the sandbox's files; see
+        :meth:`Client.commit`."""
+        return self.client.commit(self.id, name)
+
     def fork(self, n: int = 1, *, checkpoint: Optional[Ref] = None, reseed: bool = False,
              progress: Any = None) -> "Forks":
         """Makes ``n`` copies of the sandbox (from ``checkpoint``, or a new

@@ -307,6 +307,46 @@ class Hibernate(LiveTest):
             self.client.hibernate("no-such-sandbox", progress=seen.append)
 
 
+class Portable(LiveTest):
+    def test_commit_export_import(self):
+        """A sandbox's files become an image; a full checkpoint goes out
+        as a bundle and comes back in as a new checkpoint whose fork has
+        the file, the session's variable and its cwd; a bundle with a
+        flipped byte is refused."""
+        import tempfile
+
+        sb = self.sandbox()
+        sb.run("mkdir -p /srv && echo committed > /srv/mark && cd /srv && export STEP=2")
+        img = sb.commit(uniq("img"))
+        self.addCleanup(self.client.remove_image, img.name)
+        with self.client.sandbox(image=img.name) as made:
+            self.assertEqual(made.run("cat /srv/mark").stdout, "committed\n")
+
+        ck = sb.checkpoint("portable", kind="full", wait=True)
+        d = tempfile.mkdtemp()
+        path = os.path.join(d, "ck.molt")
+        n = self.client.export_checkpoint(ck, path)
+        self.assertEqual(n, os.path.getsize(path))
+        seen = []
+        imp = self.client.import_checkpoint(path, progress=seen.append)
+        self.assertNotEqual(imp.checkpoint.id, ck.id)
+        self.assertEqual(imp.checkpoint.imported_from, ck.id)
+        self.assertTrue(any(p.get("message") == "validating the CRIU images" for p in seen), seen)
+        res = self.client.fork_checkpoint(imp.checkpoint.id)
+        f = self.client.attach(res.sandboxes[0].id)
+        self.addCleanup(f.remove)
+        self.assertEqual(f.run("echo $STEP; pwd; cat mark").stdout, "2\n/srv\ncommitted\n")
+
+        with open(path, "rb") as fh:
+            b = bytearray(fh.read())
+        b[len(b) // 2] ^= 1
+        bad = os.path.join(d, "bad.molt")
+        with open(bad, "wb") as fh:
+            fh.write(b)
+        with self.assertRaises(molt.InvalidArgument):
+            self.client.import_checkpoint(bad)
+
+
 class Turns(LiveTest):
     def test_turns_effects_llm(self):
         sb = self.sandbox()
