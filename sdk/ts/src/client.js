@@ -1,6 +1,8 @@
 // The client of molt's REST API (docs/api.md).
 
-import { CommandFailed, CompensationFailed, Internal, errorFromBody } from "./errors.js";
+import { createReadStream, createWriteStream } from "node:fs";
+import { pipeline } from "node:stream/promises";
+import { CommandFailed, CompensationFailed, Internal, StreamError, errorFromBody } from "./errors.js";
 import { ExecStream, UPGRADE_PROTOCOL } from "./exec.js";
 import { Transport } from "./http.js";
 import { Forks, Sandbox } from "./sandbox.js";
@@ -176,18 +178,108 @@ export class Client {
       name, suite: o.suite, packages: o.packages?.length ? [...o.packages] : undefined,
       mirror: o.mirror, force: o.force,
     });
-    for await (const p of this.t.lines("POST", "/v1/images/build", req)) {
+    return this.imageStream("image build", "/v1/images/build", req, o.onProgress);
+  }
+
+  /**
+   * An image route's own stream of progress lines, ending with the image.
+   *
+   * @param {string} op
+   * @param {string} path
+   * @param {unknown} req
+   * @param {((message: string) => void) | undefined} onProgress
+   */
+  async imageStream(op, path, req, onProgress) {
+    for await (const p of this.t.lines("POST", path, req)) {
       if (p?.error) {
-        throw errorFromBody(200, JSON.stringify(p.error));
+        throw errorFromBody(p.status || 200, JSON.stringify(p.error));
       }
       if (p?.image) {
         return p.image;
       }
-      if (o.onProgress && typeof p?.message === "string" && p.message) {
-        o.onProgress(p.message);
+      if (onProgress && typeof p?.message === "string" && p.message) {
+        onProgress(p.message);
       }
     }
-    throw new Internal("image build: the daemon closed the stream without a result");
+    throw new Internal(`${op}: the daemon closed the stream without a result`);
+  }
+
+  /**
+   * Pulls an OCI or Docker image from a registry (the daemon reads its
+   * credentials from its docker config file).
+   *
+   * @param {string} imageRef
+   * @param {import("./index.js").PullImageOptions} [o]
+   */
+  pullImage(imageRef, o = {}) {
+    const name = o.name ?? imageRef.split("/").pop()?.split("@")[0].split(":")[0] ?? imageRef;
+    const req = body({ name, ref: imageRef, insecure: o.insecure, force: o.force });
+    return this.imageStream("image pull", "/v1/images/pull", req, o.onProgress);
+  }
+
+  /**
+   * Pushes image `name` to a registry as `imageRef`.
+   *
+   * @param {string} name
+   * @param {string} imageRef
+   * @param {import("./index.js").PushImageOptions} [o]
+   */
+  pushImage(name, imageRef, o = {}) {
+    const req = body({ ref: imageRef, insecure: o.insecure });
+    return this.imageStream("image push", `/v1/images/${esc(name)}/push`, req, o.onProgress);
+  }
+
+  /**
+   * Makes image `name` of a sandbox's files.
+   *
+   * @param {Ref} r
+   * @param {string} name
+   */
+  commit(r, name) {
+    return this.t.call("POST", `/v1/sandboxes/${esc(ref(r))}/commit`, { name });
+  }
+
+  /**
+   * Writes checkpoint `r` as a portable bundle (docs/bundles.md) to the
+   * file `dest` (a path) or a writable stream; resolves to the bytes
+   * written. A bundle cut short rejects with StreamError.
+   *
+   * @param {Ref} r
+   * @param {string | import("node:stream").Writable} dest
+   */
+  async exportCheckpoint(r, dest) {
+    const path = `/v1/checkpoints/${esc(ref(r))}/export`;
+    const res = await this.t.open("GET", path, undefined, 0);
+    const out = typeof dest === "string" ? createWriteStream(dest, { mode: 0o600 }) : dest;
+    let n = 0;
+    let tail = Buffer.alloc(0);
+    res.on("data", (/** @type {Buffer} */ chunk) => {
+      n += chunk.length;
+      tail = Buffer.concat([tail, chunk]).subarray(-1024);
+    });
+    try {
+      await pipeline(res, out);
+    } catch (err) {
+      throw new StreamError(`export ${ref(r)}: ${/** @type {Error} */ (err).message}`);
+    }
+    const failed = res.trailers["molt-export-error"];
+    if (failed || tail.length < 1024 || tail.some((b) => b !== 0)) {
+      throw new StreamError(`export ${ref(r)}: the bundle was cut short after ${n} bytes${failed ? ": " + failed : ""}`);
+    }
+    return n;
+  }
+
+  /**
+   * Sends a bundle (a path or a readable stream) to the daemon, which
+   * verifies it whole before listing its checkpoint (a new ID).
+   *
+   * @param {string | import("node:stream").Readable} src
+   * @param {import("./index.js").ImportCheckpointOptions} [o]
+   */
+  importCheckpoint(src, o = {}) {
+    const path = "/v1/checkpoints/import" + (o.tenant ? `?tenant=${esc(o.tenant)}` : "");
+    const source = typeof src === "string" ? createReadStream(src) : src;
+    return this.t.upload("POST", path, source, "application/x-tar", o.progress);
   }
 
   /**

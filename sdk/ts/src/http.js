@@ -126,9 +126,11 @@ export class Transport {
    * @param {unknown} [body]
    * @param {number | undefined} [timeoutMs]
    * @param {string | undefined} [accept]
+   * @param {{source: import("node:stream").Readable, contentType: string} | undefined} [upload]
+   *   a stream sent as the body (chunked) instead of `body` as JSON
    * @returns {Promise<http.IncomingMessage>}
    */
-  open(method, path, body, timeoutMs = this.timeoutMs, accept = undefined) {
+  open(method, path, body, timeoutMs = this.timeoutMs, accept = undefined, upload = undefined) {
     const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
     const headers = this.headers(data !== undefined);
     if (accept !== undefined) {
@@ -136,6 +138,9 @@ export class Transport {
     }
     if (data !== undefined) {
       headers["Content-Length"] = String(data.length);
+    }
+    if (upload !== undefined) {
+      headers["Content-Type"] = upload.contentType;
     }
     return new Promise((resolve, reject) => {
       const req = this.request(method, path, headers, timeoutMs);
@@ -159,8 +164,40 @@ export class Transport {
           () => reject(errorFromBody(status, Buffer.alloc(0), res.statusMessage ?? "")),
         );
       });
-      req.end(data);
+      if (upload !== undefined) {
+        upload.source.on("error", (err) => req.destroy(err));
+        upload.source.pipe(req);
+      } else {
+        req.end(data);
+      }
     });
+  }
+
+  /**
+   * Sends a stream as a request's body and resolves to the JSON answer;
+   * with `progress`, the daemon is asked to stream it (see streamed).
+   *
+   * @param {string} method
+   * @param {string} path
+   * @param {import("node:stream").Readable} source
+   * @param {string} contentType
+   * @param {((p: any) => void) | undefined} [progress]
+   * @returns {Promise<any>}
+   */
+  async upload(method, path, source, contentType, progress = undefined) {
+    const accept = progress !== undefined ? "application/x-ndjson, application/json" : undefined;
+    const res = await this.open(method, path, undefined, 0, accept, { source, contentType });
+    if (progress !== undefined && String(res.headers["content-type"] ?? "").startsWith("application/x-ndjson")) {
+      return readAnswer(res, method, path, progress);
+    }
+    let raw;
+    try {
+      raw = await readBody(res, MAX_BODY, false);
+    } catch (err) {
+      throw asMoltError(err, `${method} ${path}`);
+    }
+    const text = raw.toString("utf8");
+    return text.trim() ? JSON.parse(text) : undefined;
   }
 
   /**
@@ -218,35 +255,7 @@ export class Transport {
       const text = raw.toString("utf8");
       return text.trim() ? JSON.parse(text) : undefined;
     }
-    let buf = Buffer.alloc(0);
-    try {
-      for await (const chunk of res) {
-        buf = Buffer.concat([buf, chunk]);
-        let nl;
-        while ((nl = buf.indexOf(10)) >= 0) {
-          const v = decodeLine(buf.subarray(0, nl), method, path);
-          buf = buf.subarray(nl + 1);
-          if (v === undefined) {
-            continue;
-          }
-          if (v.error) {
-            throw errorFromBody(v.status || 200, Buffer.from(JSON.stringify(v.error)));
-          }
-          if ("result" in v) {
-            return v.result;
-          }
-          progress(v);
-        }
-        if (buf.length > MAX_LINE) {
-          throw new Internal(`${method} ${path}: a line over ${MAX_LINE} bytes`);
-        }
-      }
-    } catch (err) {
-      throw asMoltError(err, `${method} ${path}`);
-    } finally {
-      res.destroy();
-    }
-    throw new ConnectionFailed(`${method} ${path}: the daemon closed the stream without an answer`);
+    return readAnswer(res, method, path, progress);
   }
 
   /**
@@ -373,6 +382,48 @@ function decodeLine(line, method, path) {
   } catch (err) {
     throw new Internal(`${method} ${path}: decode progress: ${/** @type {Error} */ (err).message}`);
   }
+}
+
+/**
+ * Reads a streamed answer (v1.Progress lines): reports go to `progress`,
+ * the last line's result is returned or its error thrown.
+ *
+ * @param {http.IncomingMessage} res
+ * @param {string} method
+ * @param {string} path
+ * @param {(p: any) => void} progress
+ * @returns {Promise<any>}
+ */
+async function readAnswer(res, method, path, progress) {
+  let buf = Buffer.alloc(0);
+  try {
+    for await (const chunk of res) {
+      buf = Buffer.concat([buf, chunk]);
+      let nl;
+      while ((nl = buf.indexOf(10)) >= 0) {
+        const v = decodeLine(buf.subarray(0, nl), method, path);
+        buf = buf.subarray(nl + 1);
+        if (v === undefined) {
+          continue;
+        }
+        if (v.error) {
+          throw errorFromBody(v.status || 200, Buffer.from(JSON.stringify(v.error)));
+        }
+        if ("result" in v) {
+          return v.result;
+        }
+        progress(v);
+      }
+      if (buf.length > MAX_LINE) {
+        throw new Internal(`${method} ${path}: a line over ${MAX_LINE} bytes`);
+      }
+    }
+  } catch (err) {
+    throw asMoltError(err, `${method} ${path}`);
+  } finally {
+    res.destroy();
+  }
+  throw new ConnectionFailed(`${method} ${path}: the daemon closed the stream without an answer`);
 }
 
 /**

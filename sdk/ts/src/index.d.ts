@@ -371,6 +371,26 @@ export interface BuildImageOptions {
   onProgress?: (message: string) => void;
 }
 
+export interface PullImageOptions {
+  /** The image's name here; default the reference's last path part. */
+  name?: string;
+  /** Plain HTTP to the registry (a loopback registry gets it anyway). */
+  insecure?: boolean;
+  /** Replace an image of that name. */
+  force?: boolean;
+  onProgress?: (message: string) => void;
+}
+
+export interface PushImageOptions {
+  insecure?: boolean;
+  onProgress?: (message: string) => void;
+}
+
+export interface ImportCheckpointOptions extends ProgressOptions {
+  /** The host admin's: the tenant that owns the imported checkpoint. */
+  tenant?: string;
+}
+
 export interface CreateSandboxOptions {
   /** Default "debian". */
   image?: string;
@@ -590,6 +610,12 @@ export class Client {
   image(name: string): Promise<Image>;
   buildImage(name: string, opts?: BuildImageOptions): Promise<Image>;
   importImage(name: string, path: string): Promise<Image>;
+  pullImage(ref: string, opts?: PullImageOptions): Promise<Image>;
+  pushImage(name: string, ref: string, opts?: PushImageOptions): Promise<Image>;
+  commit(ref: Ref, name: string): Promise<Image>;
+  exportCheckpoint(ref: Ref, dest: string | import("node:stream").Writable): Promise<number>;
+  /** The import's report: `checkpoint` (forkable with forkCheckpoint), counts, versions. */
+  importCheckpoint(src: string | import("node:stream").Readable, opts?: ImportCheckpointOptions): Promise<any>;
   removeImage(name: string): Promise<void>;
 
   createSandbox(opts?: CreateSandboxOptions): Promise<Sandbox>;
@@ -680,6 +706,7 @@ export class Sandbox {
 
   checkpoint(label: string | undefined, opts: Omit<CheckpointOptions, "label"> & { kind: "auto" }): Promise<TurnResult>;
   checkpoint(label?: string, opts?: Omit<CheckpointOptions, "label"> & { kind?: "fs" | "full" }): Promise<Checkpoint>;
+  commit(name: string): Promise<Image>;
   checkpoints(): Promise<Checkpoint[]>;
   checkpointTree(): Promise<Checkpoint[]>;
   rollback(checkpoint: Ref, opts?: RollbackOptions): Promise<RollbackResult>;

@@ -170,6 +170,11 @@ export class Sandbox {
     return this.client.checkpoint(this.id, { ...o, label });
   }
 
+  /** @param {string} name */
+  commit(name) {
+    return this.client.commit(this.id, name);
+  }
+
   checkpoints() {
     return this.client.checkpoints(this.id);
   }

@@ -4,7 +4,8 @@
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
@@ -300,6 +301,41 @@ describe("fork", { skip }, () => {
     for (const id of ids) {
       await assertGone(id);
     }
+  });
+});
+
+describe("portable", { skip }, () => {
+  test("commit, export, import", async (t) => {
+    const sb = await sandbox(t);
+    await sb.run("mkdir -p /srv && echo committed > /srv/mark && cd /srv && export STEP=2");
+    const img = await sb.commit(uniq("img"));
+    t.after(() => client.removeImage(img.name));
+    const made = await client.sandbox({ image: img.name });
+    await made.use(async () => {
+      assert.equal((await made.run("cat /srv/mark")).stdout, "committed\n");
+    });
+
+    const ck = await sb.checkpoint("portable", { kind: "full", wait: true });
+    const dir = mkdtempSync(join(tmpdir(), "molt-ts-bundle-"));
+    t.after(() => rmSync(dir, { recursive: true, force: true }));
+    const file = join(dir, "ck.molt");
+    const n = await client.exportCheckpoint(ck, file);
+    assert.equal(n, statSync(file).size);
+    /** @type {any[]} */
+    const seen = [];
+    const imp = await client.importCheckpoint(file, { progress: (p) => { seen.push(p); } });
+    assert.notEqual(imp.checkpoint.id, ck.id);
+    assert.equal(imp.checkpoint.imported_from, ck.id);
+    assert.ok(seen.some((p) => p.message === "validating the CRIU images"), JSON.stringify(seen));
+    const res = await client.forkCheckpoint(imp.checkpoint.id);
+    const f = await client.attach(res.sandboxes[0].id);
+    t.after(() => f.remove());
+    assert.equal((await f.run("echo $STEP; pwd; cat mark")).stdout, "2\n/srv\ncommitted\n");
+
+    const bad = Buffer.from(readFileSync(file));
+    bad[bad.length >> 1] ^= 1;
+    writeFileSync(join(dir, "bad.molt"), bad);
+    await assert.rejects(client.importCheckpoint(join(dir, "bad.molt")), molt.InvalidArgument);
   });
 });
 

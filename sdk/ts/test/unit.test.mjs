@@ -148,7 +148,7 @@ test("index.d.ts matches the classes", () => {
     for (const member of Object.getOwnPropertyNames(cls.prototype)) {
       if (member !== "constructor" && !declared.has(member)) {
         // Internal helpers are not part of the surface.
-        assert.ok(["lifecycle", "send", "feed", "handle"].includes(member), `${name}.${member} is not declared`);
+        assert.ok(["lifecycle", "imageStream", "send", "feed", "handle"].includes(member), `${name}.${member} is not declared`);
       }
     }
   }
