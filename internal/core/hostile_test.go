@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -215,5 +216,59 @@ func resign(t *testing.T, m *Manager, id string, k *ckstore.Keyring) {
 	}
 	if err := os.WriteFile(p, b, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSysVIPCImagesValidated: a sandbox holding System V shared memory,
+// a semaphore set and a message queue with messages checkpoints into
+// images the validation accepts (every restore runs it), and a warm
+// rollback brings all three back, the queue's messages included. The
+// same images with a message cut from the queue are refused.
+func TestSysVIPCImagesValidated(t *testing.T) {
+	m, sb := warmOnly(t)
+	ctx := context.Background()
+	if r := run(t, m, sb, `ipcmk -M 8192 >/dev/null && ipcmk -S 3 >/dev/null &&
+perl -e '$id = msgget(0, 01000 | 0600); defined $id or die "msgget: $!"; for $t ("one", "second message") { msgsnd($id, pack("l! a*", 1, $t), 0) or die "msgsnd: $!" }'`); r.ExitCode != 0 {
+		t.Fatalf("making the IPC objects: exit %d: %s", r.ExitCode, r.Stderr)
+	}
+	ck, err := m.Checkpoint(ctx, sb, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := m.ckImages(ck.ID)
+	for _, kind := range []string{"ipcns-shm-", "ipcns-sem-", "ipcns-msg-"} {
+		if l, _ := filepath.Glob(filepath.Join(dir, kind+"*.img")); len(l) == 0 {
+			t.Fatalf("no %s image: the test would prove nothing", kind)
+		}
+	}
+	if err := criu.ValidateImages(dir, criu.DefaultLimits()); err != nil {
+		t.Fatalf("the images of a sandbox with System V IPC: %v", err)
+	}
+	run(t, m, sb, "ipcrm --all")
+	if _, err := m.RollbackWith(ctx, sb, v1.RollbackRequest{Checkpoint: ck.ID, Tier: v1.TierWarm}); err != nil {
+		t.Fatal(err)
+	}
+	got := run(t, m, sb, `ipcs -m | grep -c '^0x'; ipcs -s | awk '$1 ~ /^0x/ {print $5}'; ipcs -q | awk '$1 ~ /^0x/ {print $5, $6}'`).Stdout
+	if want := "1\n3\n" + strconv.Itoa(len("one")+len("second message")) + " 2\n"; got != want {
+		t.Fatalf("after the rollback: %q, want %q", got, want)
+	}
+
+	// A copy of the images whose queue lost its last message.
+	cut := t.TempDir()
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(e.Name(), "ipcns-msg-") {
+			b = b[:len(b)-20] // the last message's text (16 bytes) and the end of its entry
+		}
+		if err := os.WriteFile(filepath.Join(cut, e.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := criu.ValidateImages(cut, criu.DefaultLimits()); err == nil || !strings.Contains(err.Error(), "ipcns-msg-") {
+		t.Fatalf("a message queue cut short: %v", err)
 	}
 }

@@ -264,9 +264,16 @@ func decodeKind(name string, b []byte, k *imageKind, lim Limits) (*image, error)
 	if k.kind == "GHOST_FILE" {
 		max = 1 // its head; the file's content follows (checkGhost)
 	}
-	ents, rest, err := decodeImage(name, b, magic, max, entryBounds{size: lim.EntryBytes, count: lim.Entries}, k.msg, k.extra)
+	next, extra, done := k.msg, k.extra, func() bool { return true }
+	if k.kind == "IPCNS_MSG" {
+		next, extra, done = msgQueues()
+	}
+	ents, rest, err := decodeImage(name, b, magic, max, entryBounds{size: lim.EntryBytes, count: lim.Entries}, next, extra)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint images: %w: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	if !done() {
+		return nil, refuse(name, "a message queue's messages are cut short")
 	}
 	if k.one && len(ents) != 1 {
 		return nil, refuse(name, "%d entries, want 1", len(ents))

@@ -11,6 +11,9 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fs"
 	ghost_file "github.com/checkpoint-restore/go-criu/v7/crit/images/ghost-file"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/inventory"
+	ipc_msg "github.com/checkpoint-restore/go-criu/v7/crit/images/ipc-msg"
+	ipc_sem "github.com/checkpoint-restore/go-criu/v7/crit/images/ipc-sem"
+	ipc_shm "github.com/checkpoint-restore/go-criu/v7/crit/images/ipc-shm"
 	ipc_var "github.com/checkpoint-restore/go-criu/v7/crit/images/ipc-var"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/memfd"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
@@ -74,6 +77,13 @@ var validKinds = []imageKind{
 	{kind: "TTY_DATA", name: regexp.MustCompile(`^tty-data\.img$`), msg: msgOf[tty.TtyDataEntry]()},
 	{kind: "UTSNS", name: regexp.MustCompile(`^utsns-(\d+)\.img$`), msg: msgOf[utsns.UtsnsEntry](), one: true},
 	{kind: "IPC_VAR", name: regexp.MustCompile(`^ipcns-var-(\d+)\.img$`), msg: msgOf[ipc_var.IpcVarEntry](), one: true},
+	// System V IPC objects of the sandbox's IPC namespace: shared
+	// memory segments (their pages in pagemap-shmem images), semaphore
+	// sets (each followed by its values) and message queues (each
+	// followed by its messages: decodeKind).
+	{kind: "IPCNS_SHM", name: regexp.MustCompile(`^ipcns-shm-(\d+)\.img$`), msg: msgOf[ipc_shm.IpcShmEntry](), extra: shmBytes},
+	{kind: "IPCNS_SEM", name: regexp.MustCompile(`^ipcns-sem-(\d+)\.img$`), msg: msgOf[ipc_sem.IpcSemEntry](), extra: semBytes},
+	{kind: "IPCNS_MSG", name: regexp.MustCompile(`^ipcns-msg-(\d+)\.img$`)},
 	{kind: "NETNS", name: regexp.MustCompile(`^netns-(\d+)\.img$`), msg: msgOf[netdev.NetnsEntry](), one: true},
 	{kind: "NETDEV", name: regexp.MustCompile(`^netdev-(\d+)\.img$`), msg: msgOf[netdev.NetDeviceEntry]()},
 	{kind: "USERNS", name: regexp.MustCompile(`^userns-(\d+)\.img$`), msg: msgOf[userns.UsernsEntry](), one: true},
@@ -90,6 +100,47 @@ func pagemapMsg(i int) proto.Message {
 }
 
 func pipeBytes(m proto.Message) int { return int(m.(*pipe_data.PipeDataEntry).GetBytes()) }
+
+// shmBytes: a segment's pages are in a pagemap (in_pagemaps), never
+// after its entry in the images CRIU 4 writes; anything else is refused.
+func shmBytes(m proto.Message) int {
+	if !m.(*ipc_shm.IpcShmEntry).GetInPagemaps() {
+		return -1
+	}
+	return 0
+}
+
+// semBytes: a set's values, 16 bits each, rounded up to 8 bytes
+// (criu/ipc_ns.c).
+func semBytes(m proto.Message) int {
+	return int((2*int64(m.(*ipc_sem.IpcSemEntry).GetNsems()) + 7) &^ 7)
+}
+
+// msgQueues returns the entry and data functions of an IPCNS_MSG image:
+// each queue's entry is followed by its qnum messages, each an IpcMsg
+// entry followed by its text rounded up to 8 bytes (criu/ipc_ns.c); done
+// reports whether the last queue had all its messages.
+func msgQueues() (next func(int) proto.Message, extra func(proto.Message) int, done func() bool) {
+	left := 0 // messages of the current queue still to come
+	next = func(int) proto.Message {
+		if left > 0 {
+			left--
+			return &ipc_msg.IpcMsg{}
+		}
+		return &ipc_msg.IpcMsgEntry{}
+	}
+	extra = func(m proto.Message) int {
+		switch e := m.(type) {
+		case *ipc_msg.IpcMsgEntry:
+			left = int(e.GetQnum())
+			return 0
+		case *ipc_msg.IpcMsg:
+			return int((int64(e.GetMsize()) + 7) &^ 7)
+		}
+		return -1
+	}
+	return next, extra, func() bool { return left == 0 }
+}
 
 // checkGhost checks a ghost file's content after its entry: raw bytes
 // to the end, or chunks (an entry of offset and length, then the bytes)
