@@ -61,6 +61,9 @@ type recorder struct {
 	code   int
 	errBuf []byte
 	logged bool
+	// settled: SetOutcome said how the request ended; what is written
+	// after is a stream's line, not an error body.
+	settled bool
 }
 
 // maxErrPeek bounds what is kept of a failure's body to find its kind.
@@ -77,7 +80,7 @@ func (rec *recorder) Write(b []byte) (int, error) {
 	if rec.code == 0 {
 		rec.code = http.StatusOK
 	}
-	if rec.code >= 400 && len(rec.errBuf) < maxErrPeek {
+	if rec.code >= 400 && !rec.settled && len(rec.errBuf) < maxErrPeek {
 		rec.errBuf = append(rec.errBuf, b[:min(len(b), maxErrPeek-len(rec.errBuf))]...)
 	}
 	return rec.ResponseWriter.Write(b)
@@ -105,6 +108,18 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.ResponseWriter }
+
+// SetOutcome records the status and body of the answer a streamed
+// response carries in its last line (its own status is 200 from the
+// start: internal/httpapi, "Progress"), so the entry says how the
+// request ended, not that a stream began.
+func (rec *recorder) SetOutcome(code int, body []byte) {
+	rec.code, rec.settled = code, true
+	rec.errBuf = nil
+	if code >= 400 {
+		rec.errBuf = append(rec.errBuf, body[:min(len(body), maxErrPeek)]...)
+	}
+}
 
 func (rec *recorder) status() int {
 	if rec.code == 0 {

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -138,3 +139,35 @@ func TestAuditedExec(t *testing.T) {
 type readerFunc func([]byte) (int, error)
 
 func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// TestAuditStreamedOutcome: a streamed answer's status is 200 from its
+// first byte, but the audit entry records how the request ended: the
+// status and error kind of its last line.
+func TestAuditStreamedOutcome(t *testing.T) {
+	l, err := audit.Open(t.TempDir(), audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	f := &fakeEngine{}
+	srv := httptest.NewServer(audit.Middleware(l, Handler(f, fakeLLM{f}, nil), func(err error) { t.Error(err) }))
+	defer srv.Close()
+	for _, id := range []string{"nope", "reports"} {
+		progressLines(t, post(t, srv.URL+"/v1/sandboxes/"+id+"/hibernate", ndjson))
+	}
+	var buf strings.Builder
+	if err := l.Export(&buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var e audit.Entry
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d %s", e.Status, e.Error))
+	}
+	if want := []string{"404 " + v1.ErrKindNotFound, "200 "}; strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("audit of streamed requests: %q, want %q", got, want)
+	}
+}

@@ -70,6 +70,7 @@ func streamable(h http.Handler) http.Handler {
 		rec := &recorder{header: http.Header{}, status: http.StatusOK}
 		ctx := progress.With(r.Context(), progress.Throttle(ps.report, progressEvery))
 		h.ServeHTTP(rec, r.WithContext(ctx))
+		setOutcome(w, rec.status, rec.body.Bytes())
 		ps.finish(rec)
 	})
 }
@@ -98,6 +99,27 @@ func (p *progressStream) write(v v1.Progress, last bool) {
 	_ = p.enc.Encode(v)
 	if p.f != nil {
 		p.f.Flush()
+	}
+}
+
+// outcomeSetter is a response writer that records how a request ended
+// (the audit log's recorder): a streamed answer's own status says
+// nothing of it.
+type outcomeSetter interface{ SetOutcome(code int, body []byte) }
+
+// setOutcome tells the first writer down w's chain that records
+// outcomes what the streamed answer's last line holds.
+func setOutcome(w http.ResponseWriter, code int, body []byte) {
+	for {
+		if o, ok := w.(outcomeSetter); ok {
+			o.SetOutcome(code, body)
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
 	}
 }
 
