@@ -23,7 +23,9 @@ func TestCheckpointExportImport(t *testing.T) {
 	}
 	ck := strings.TrimSpace(must(t, "checkpoint", sb, "--kind", "full", "--wait"))
 	file := filepath.Join(t.TempDir(), "ck.molt")
-	must(t, "checkpoint", "export", ck, "-o", file)
+	if r := molt(t, "checkpoint", "export", ck, "-o", file); r.code != 0 || !strings.Contains(r.stderr, "checkpoint export "+ck+": receiving the bundle") {
+		t.Fatalf("export: exit %d, stderr %q", r.code, r.stderr)
+	}
 
 	whole, err := os.ReadFile(file)
 	if err != nil {

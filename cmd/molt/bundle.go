@@ -6,10 +6,13 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
+
+	v1 "github.com/molt-sh/molt/api/v1"
 )
 
 func checkpointExportCmd(g *globals) *cobra.Command {
@@ -25,8 +28,12 @@ func checkpointExportCmd(g *globals) *cobra.Command {
 			}
 			ctx, cancel := ctx()
 			defer cancel()
+			// The bundle is the answer's body: its progress is counted
+			// here, as it arrives (on stderr, as every command's).
+			d := newProgressDisplay(os.Stderr, "checkpoint export "+args[0], isTerminal(os.Stderr))
+			defer d.stop()
 			if out == "-" {
-				_, err := g.client().ExportCheckpoint(ctx, args[0], os.Stdout)
+				_, err := g.client().ExportCheckpoint(ctx, args[0], &countingWriter{w: os.Stdout, d: d})
 				return err
 			}
 			// Written beside the file, renamed into place once whole: a
@@ -37,7 +44,8 @@ func checkpointExportCmd(g *globals) *cobra.Command {
 			}
 			defer os.Remove(tmp.Name())
 			bw := bufio.NewWriterSize(tmp, 1<<20)
-			n, err := g.client().ExportCheckpoint(ctx, args[0], bw)
+			n, err := g.client().ExportCheckpoint(ctx, args[0], &countingWriter{w: bw, d: d})
+			d.stop()
 			if err == nil {
 				err = bw.Flush()
 			}
@@ -92,4 +100,19 @@ func checkpointImportCmd(g *globals) *cobra.Command {
 	}
 	c.Flags().StringVar(&tenant, "tenant", "", "tenant the imported checkpoint belongs to (host admin only; a tenant's token imports for its tenant)")
 	return c
+}
+
+// countingWriter reports the bytes written through it to a progress
+// display.
+type countingWriter struct {
+	w io.Writer
+	d *progressDisplay
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	c.d.update(v1.Progress{Message: "receiving the bundle", Done: c.n, Unit: "bytes"})
+	return n, err
 }
