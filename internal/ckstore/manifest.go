@@ -168,6 +168,10 @@ func (mf Manifest) Check() error {
 
 // localName reports whether an object's name stays inside its
 // checkpoint's area: relative, clean, no "..", and not the area itself.
+// IsPath reports whether name is a relative, clean path that stays
+// inside a checkpoint: what an object's name must be.
+func IsPath(name string) bool { return localName(name) }
+
 func localName(name string) bool {
 	return filepath.IsLocal(name) && filepath.Clean(name) == name && name != "."
 }

@@ -1,0 +1,232 @@
+package remote
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/objstore"
+)
+
+func keyring(t *testing.T) *ckstore.Keyring {
+	t.Helper()
+	k, err := ckstore.LoadKeyring(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// artifact writes a checkpoint's objects and a file tree and returns
+// its Source.
+func artifact(t *testing.T, id string, pages []byte, note string) Source {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "images"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var objs []ckstore.Object
+	for name, b := range map[string][]byte{"images/pages-1.img": pages, "images/core-1.img": []byte("core " + id)} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s := sha256.Sum256(b)
+		objs = append(objs, ckstore.Object{Path: name, Size: int64(len(b)), SHA256: hex.EncodeToString(s[:])})
+	}
+	tree := t.TempDir()
+	big := make([]byte, 3<<20+17)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	for name, b := range map[string][]byte{"etc/hostname": []byte("sb\n"), "var/big": big, "note": []byte(note)} {
+		p := filepath.Join(tree, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("etc/hostname", filepath.Join(tree, "link")); err != nil {
+		t.Fatal(err)
+	}
+	return Source{Checkpoint: id, Sandbox: "sb0000000001", Record: []byte(`{"id":"` + id + `"}`),
+		Manifest: []byte(`{"manifest":"` + id + `"}`), Dir: dir, Objects: objs, Tree: tree}
+}
+
+func randomPages(t *testing.T, n int) []byte {
+	b := make([]byte, n*4096)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestUploadFetch(t *testing.T) {
+	ctx := context.Background()
+	b, err := objstore.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := keyring(t)
+	s, err := Open(ctx, b, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages := randomPages(t, 512)
+	src := artifact(t, "ck0000000001", pages, "first")
+	_, st, err := s.Upload(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.UploadedBytes < int64(len(pages)) {
+		t.Fatalf("first upload wrote %d bytes, less than its %d bytes of pages", st.UploadedBytes, len(pages))
+	}
+	// The next checkpoint changes one page: only it and what changed in
+	// the tree go up.
+	next := bytes.Clone(pages)
+	copy(next[4096*100:], randomPages(t, 1))
+	src2 := artifact(t, "ck0000000002", next, "second")
+	_, st2, err := s.Upload(ctx, src2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.UploadedBytes > 64<<10 {
+		t.Fatalf("second upload wrote %d bytes for one changed page and one changed file (%+v)", st2.UploadedBytes, st2)
+	}
+	// A store opened afresh (another daemon) shares what is there too.
+	s2, err := Open(ctx, b, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src3 := artifact(t, "ck0000000003", next, "second")
+	if _, st3, err := s2.Upload(ctx, src3); err != nil || st3.UploadedBytes > 16<<10 {
+		t.Fatalf("a fresh store uploaded %d bytes of known content: %v", st3.UploadedBytes, err)
+	}
+
+	r, err := s2.Recipe(ctx, "ck0000000002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := s2.FetchObjects(ctx, r, dir); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "images/pages-1.img"))
+	if err != nil || !bytes.Equal(got, next) {
+		t.Fatalf("fetched pages differ from the uploaded ones (%v)", err)
+	}
+	tree := t.TempDir()
+	if err := s2.FetchTree(ctx, r, tree); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"note": "second", "etc/hostname": "sb\n"} {
+		if b, err := os.ReadFile(filepath.Join(tree, name)); err != nil || string(b) != want {
+			t.Fatalf("%s: %q, %v; want %q", name, b, err, want)
+		}
+	}
+	if l, err := os.Readlink(filepath.Join(tree, "link")); err != nil || l != "etc/hostname" {
+		t.Fatalf("link: %q, %v", l, err)
+	}
+	if fi, err := os.Stat(filepath.Join(tree, "var/big")); err != nil || fi.Size() != 3<<20+17 {
+		t.Fatalf("var/big: %v, %v", fi, err)
+	}
+}
+
+func TestRefusesDamage(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	b, _ := objstore.NewDir(root)
+	k := keyring(t)
+	s, err := Open(ctx, b, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := artifact(t, "ck0000000001", randomPages(t, 64), "x")
+	r, _, err := s.Upload(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A host that does not trust the signer refuses the recipe.
+	other, _ := Open(ctx, b, keyring(t))
+	if _, err := other.Recipe(ctx, "ck0000000001"); !errors.Is(err, ckstore.ErrUntrusted) {
+		t.Fatalf("untrusted signer: %v", err)
+	}
+	// An edited recipe fails its signature.
+	key := filepath.Join(root, recipeKey("ck0000000001"))
+	orig, _ := os.ReadFile(key)
+	edited := strings.Replace(string(orig), `"sandbox":"sb0000000001"`, `"sandbox":"sb0000000002"`, 1)
+	os.WriteFile(key, []byte(edited), 0o600)
+	if _, err := s.Recipe(ctx, "ck0000000001"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("edited recipe: %v", err)
+	}
+	os.WriteFile(key, orig, 0o600)
+	// A flipped byte in a pack is found as the object is fetched.
+	pack := filepath.Join(root, packKey(r.Packs[r.Objects[0].Extents[0].P]))
+	pb, _ := os.ReadFile(pack)
+	pb[r.Objects[0].Extents[0].Off] ^= 1
+	os.WriteFile(pack, pb, 0o600)
+	if _, err := s.FetchObjects(ctx, r, t.TempDir()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("flipped byte: %v", err)
+	}
+	// A local object that is not what the checkpoint lists is not uploaded.
+	src2 := artifact(t, "ck0000000002", randomPages(t, 4), "y")
+	os.WriteFile(filepath.Join(src2.Dir, "images/core-1.img"), []byte("other"), 0o600)
+	if _, _, err := s.Upload(ctx, src2); err == nil {
+		t.Fatal("a damaged local object was uploaded")
+	}
+	if _, err := s.Recipe(ctx, "ck0000000002"); err == nil {
+		t.Fatal("a failed upload left a recipe")
+	}
+	// Hostile recipes: names that leave the checkpoint, extents beyond
+	// their sizes, other layouts.
+	for _, mut := range []func(*Recipe){
+		func(r *Recipe) { r.Objects[0].Name = "../../etc/passwd" },
+		func(r *Recipe) { r.Objects[0].Size++ },
+		func(r *Recipe) { r.Objects[0].Extents[0].P = 99 },
+		func(r *Recipe) { r.Layout = 2 },
+		func(r *Recipe) { r.Packs[0] = "../x" },
+	} {
+		h := r
+		h.Objects = append([]Object(nil), r.Objects...)
+		h.Objects[0].Extents = append([]Extent(nil), r.Objects[0].Extents...)
+		h.Packs = append([]string(nil), r.Packs...)
+		mut(&h)
+		if err := s.putSigned(ctx, recipeKey("ck0000000001"), &h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Recipe(ctx, "ck0000000001"); err == nil {
+			t.Fatalf("hostile recipe %+v accepted", h.Objects[0])
+		}
+	}
+}
+
+func TestSandboxDoc(t *testing.T) {
+	ctx := context.Background()
+	b, _ := objstore.NewDir(t.TempDir())
+	s, _ := Open(ctx, b, keyring(t))
+	if _, err := s.Sandbox(ctx, "sb0000000001"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("missing sandbox: %v", err)
+	}
+	d := SandboxDoc{Sandbox: "sb0000000001", Head: "ck0000000001", Record: []byte(`{}`), Epoch: 3}
+	if err := s.PutSandbox(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Sandbox(ctx, "sb0000000001")
+	if err != nil || got.Head != d.Head || got.Epoch != 3 {
+		t.Fatalf("%+v, %v", got, err)
+	}
+	if ids, err := s.Sandboxes(ctx); err != nil || len(ids) != 1 || ids[0] != d.Sandbox {
+		t.Fatalf("%v, %v", ids, err)
+	}
+}

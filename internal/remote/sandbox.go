@@ -1,0 +1,123 @@
+package remote
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"time"
+
+	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/errdefs"
+)
+
+// SandboxDoc is a sandbox offloaded to the store: hibernated at Head,
+// whose recipe is in the store, resumable by any daemon that shares the
+// store and trusts the signer.
+type SandboxDoc struct {
+	Layout  int    `json:"layout"`
+	Sandbox string `json:"sandbox"`
+	Name    string `json:"name,omitempty"`
+	Tenant  string `json:"tenant,omitempty"`
+	Head    string `json:"head"`
+	// Record is the engine's record of the sandbox, opaque here.
+	Record json.RawMessage `json:"record"`
+	// Owner is the key of the host that resumed the sandbox ("" while
+	// it waits in the store); Epoch counts the hand-overs.
+	Owner     string             `json:"owner,omitempty"`
+	Epoch     int64              `json:"epoch"`
+	Updated   time.Time          `json:"updated"`
+	Signature *ckstore.Signature `json:"signature,omitempty"`
+}
+
+func sandboxKey(id string) string { return "sandboxes/" + id + ".json" }
+
+func (d SandboxDoc) signedBytes() ([]byte, error) {
+	d.Signature = nil
+	b, err := json.Marshal(d)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte("molt-sandbox-v1\x00"), b...), nil
+}
+
+// PutSandbox writes d, signed by this host.
+func (s *Store) PutSandbox(ctx context.Context, d SandboxDoc) error {
+	if !ckstore.IsName(d.Sandbox) || !ckstore.IsName(d.Head) {
+		return fmt.Errorf("store: sandbox %q at %q: not names: %w", d.Sandbox, d.Head, errdefs.ErrInvalidArgument)
+	}
+	d.Layout, d.Updated, d.Signature = Layout, time.Now().UTC().Truncate(time.Millisecond), nil
+	sb, err := d.signedBytes()
+	if err != nil {
+		return err
+	}
+	sig := s.k.SignBytes(sb)
+	d.Signature = &sig
+	b, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	if err := s.b.Put(ctx, sandboxKey(d.Sandbox), strings.NewReader(string(b)), int64(len(b))); err != nil {
+		return fmt.Errorf("store: write sandbox %s: %w", d.Sandbox, err)
+	}
+	return nil
+}
+
+// Sandbox reads and checks sandbox id's document; a sandbox not in the
+// store is errdefs.ErrNotFound.
+func (s *Store) Sandbox(ctx context.Context, id string) (SandboxDoc, error) {
+	if !ckstore.IsName(id) {
+		return SandboxDoc{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	b, err := readAll(ctx, s.b, sandboxKey(id), maxSandbox)
+	if errors.Is(err, fs.ErrNotExist) {
+		return SandboxDoc{}, fmt.Errorf("sandbox %s is not in the store %s: %w", id, s.b, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return SandboxDoc{}, fmt.Errorf("store: sandbox %s: %w", id, err)
+	}
+	var d SandboxDoc
+	if err := strictJSON(b, &d); err != nil {
+		return SandboxDoc{}, bad("sandbox %s: %v", id, err)
+	}
+	if d.Layout != Layout {
+		return SandboxDoc{}, fmt.Errorf("store: sandbox %s: layout %d, this molt reads layout %d: %w", id, d.Layout, Layout, errdefs.ErrNotSupported)
+	}
+	if d.Sandbox != id || !ckstore.IsName(d.Head) || d.Signature == nil {
+		return SandboxDoc{}, bad("sandbox %s: document names sandbox %q at %q, or is not signed", id, d.Sandbox, d.Head)
+	}
+	sb, err := d.signedBytes()
+	if err != nil {
+		return SandboxDoc{}, err
+	}
+	if err := s.k.CheckBytes(*d.Signature, sb); err != nil {
+		return SandboxDoc{}, fmt.Errorf("store: sandbox %s: %w", id, err)
+	}
+	return d, nil
+}
+
+// Sandboxes lists the IDs of the sandboxes in the store.
+func (s *Store) Sandboxes(ctx context.Context) ([]string, error) {
+	keys, err := s.b.List(ctx, "sandboxes/")
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, k := range keys {
+		id, ok := strings.CutSuffix(strings.TrimPrefix(k, "sandboxes/"), ".json")
+		if ok && ckstore.IsName(id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// DeleteSandbox removes sandbox id's document.
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	if !ckstore.IsName(id) {
+		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return s.b.Delete(ctx, sandboxKey(id))
+}

@@ -1,0 +1,286 @@
+package remote
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/image"
+	"github.com/molt-sh/molt/internal/pagestore"
+)
+
+// Source is a local checkpoint to upload.
+type Source struct {
+	Checkpoint string
+	Sandbox    string
+	// Record is the engine's record of the checkpoint (opaque here).
+	Record json.RawMessage
+	// Manifest is the artifact's manifest, as stored.
+	Manifest []byte
+	// Dir holds the objects, each at Dir/PATH.
+	Dir     string
+	Objects []ckstore.Object
+	// Tree is the root of the checkpoint's file tree, "" for none.
+	Tree string
+	// Charge, if set, is called with the bytes about to be uploaded
+	// (a scheduler paces the upload there); its error ends the upload.
+	Charge func(int64) error
+}
+
+func recipeKey(id string) string { return "checkpoints/" + id + ".json" }
+
+// Upload stores a checkpoint: its new chunks in packs, then its signed
+// recipe (the commit point: a checkpoint without one is not in the
+// store). An object whose bytes are not those its SHA-256 says fails
+// the upload: the store never gets a copy the checkpoint's record
+// would refuse.
+func (s *Store) Upload(ctx context.Context, src Source) (Recipe, Stats, error) {
+	var st Stats
+	if !ckstore.IsName(src.Checkpoint) || !ckstore.IsName(src.Sandbox) {
+		return Recipe{}, st, fmt.Errorf("store: upload of checkpoint %q of sandbox %q: not names", src.Checkpoint, src.Sandbox)
+	}
+	if err := s.ensureIndex(ctx); err != nil {
+		return Recipe{}, st, err
+	}
+	p := &packer{s: s, charge: src.Charge, stats: &st}
+	r := Recipe{Layout: Layout, Checkpoint: src.Checkpoint, Sandbox: src.Sandbox, Record: src.Record, Manifest: src.Manifest}
+	objs := make([]Object, 0, len(src.Objects))
+	var exts [][]*Extent
+	for _, o := range src.Objects {
+		ex, err := p.object(ctx, filepath.Join(src.Dir, o.Path), o)
+		if err != nil {
+			return Recipe{}, st, fmt.Errorf("store: upload %s of checkpoint %s: %w", o.Path, src.Checkpoint, err)
+		}
+		objs = append(objs, Object{Name: o.Path, Size: o.Size, SHA256: o.SHA256})
+		exts = append(exts, ex)
+	}
+	var tree *Object
+	var treeExt []*Extent
+	if src.Tree != "" {
+		t, ex, err := p.tree(ctx, src.Tree)
+		if err != nil {
+			return Recipe{}, st, fmt.Errorf("store: upload the files of checkpoint %s: %w", src.Checkpoint, err)
+		}
+		tree, treeExt = &t, ex
+	}
+	if err := p.flush(ctx); err != nil {
+		return Recipe{}, st, err
+	}
+	packs := map[string]int{}
+	for i := range objs {
+		objs[i].Extents = coalesce(exts[i], packs, &r.Packs)
+	}
+	r.Objects = objs
+	if tree != nil {
+		tree.Extents = coalesce(treeExt, packs, &r.Packs)
+		r.Tree = tree
+	}
+	r.Uploaded = time.Now().UTC().Truncate(time.Millisecond)
+	if err := s.putSigned(ctx, recipeKey(src.Checkpoint), &r); err != nil {
+		return Recipe{}, st, err
+	}
+	return r, st, nil
+}
+
+// putSigned signs and stores r.
+func (s *Store) putSigned(ctx context.Context, key string, r *Recipe) error {
+	r.Signature = nil
+	sb, err := r.signedBytes()
+	if err != nil {
+		return err
+	}
+	sig := s.k.SignBytes(sb)
+	r.Signature = &sig
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := s.b.Put(ctx, key, strings.NewReader(string(b)), int64(len(b))); err != nil {
+		return fmt.Errorf("store: write %s: %w", key, err)
+	}
+	return nil
+}
+
+// coalesce turns an object's chunk extents into recipe extents: packs
+// by index, neighbours in one pack merged.
+func coalesce(ex []*Extent, packs map[string]int, names *[]string) []Extent {
+	var out []Extent
+	for _, e := range ex {
+		i, ok := packs[e.Pack]
+		if !ok {
+			i = len(*names)
+			packs[e.Pack] = i
+			*names = append(*names, e.Pack)
+		}
+		if n := len(out); n > 0 && out[n-1].P == i && out[n-1].Off+out[n-1].Len == e.Off && out[n-1].Len+e.Len <= maxPackSize {
+			out[n-1].Len += e.Len
+			continue
+		}
+		out = append(out, Extent{P: i, Off: e.Off, Len: e.Len})
+	}
+	return out
+}
+
+// chunkSize is the unit an object is cut into: a page for CRIU's page
+// images, so that pages shared between checkpoints are found; a MiB for
+// anything else.
+func chunkSize(name string) int {
+	if b := path.Base(name); strings.HasPrefix(b, "pages-") && strings.HasSuffix(b, ".img") {
+		return pagestore.PageSize
+	}
+	return maxChunk
+}
+
+// object cuts the file p (object o) into chunks, checking its size and
+// SHA-256 against o's.
+func (p *packer) object(ctx context.Context, file string, o ckstore.Object) ([]*Extent, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	buf := make([]byte, chunkSize(o.Path))
+	var ex []*Extent
+	var n int64
+	for {
+		k, err := io.ReadFull(f, buf)
+		if k > 0 {
+			h.Write(buf[:k])
+			n += int64(k)
+			e, aerr := p.add(ctx, buf[:k])
+			if aerr != nil {
+				return nil, aerr
+			}
+			ex = append(ex, e)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n > o.Size {
+			break
+		}
+	}
+	if n != o.Size || hex.EncodeToString(h.Sum(nil)) != o.SHA256 {
+		return nil, fmt.Errorf("its %d bytes are not the %d bytes of SHA-256 %s the checkpoint lists: %w", n, o.Size, o.SHA256, errCorrupt)
+	}
+	return ex, nil
+}
+
+var errCorrupt = bad("local object damaged")
+
+// chunker is the writer under a tar.Writer: it cuts what was written
+// into chunks where told to, and at every MiB.
+type chunker struct {
+	ctx context.Context
+	p   *packer
+	buf []byte
+	ex  []*Extent
+	h   hash.Hash
+	n   int64
+	err error
+}
+
+func (c *chunker) Write(b []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n := len(b)
+	c.h.Write(b)
+	c.n += int64(len(b))
+	for len(b) > 0 {
+		k := min(len(b), maxChunk-len(c.buf))
+		c.buf = append(c.buf, b[:k]...)
+		b = b[k:]
+		if len(c.buf) == maxChunk {
+			if err := c.cut(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return n, nil
+}
+
+func (c *chunker) cut() error {
+	if c.err != nil || len(c.buf) == 0 {
+		return c.err
+	}
+	e, err := c.p.add(c.ctx, c.buf)
+	if err != nil {
+		c.err = err
+		return err
+	}
+	c.ex = append(c.ex, e)
+	c.buf = c.buf[:0]
+	return nil
+}
+
+// tree stores the file tree at root as a tar stream (image.WalkTree's:
+// what the hardened extractor reads back), cut at every entry's header
+// and contents, so that an unchanged file is a chunk the store has.
+// Device nodes are left out: the restoring host makes its own.
+func (p *packer) tree(ctx context.Context, root string) (Object, []*Extent, error) {
+	c := &chunker{ctx: ctx, p: p, h: sha256.New()}
+	bw := bufio.NewWriterSize(c, 64<<10)
+	tw := tar.NewWriter(bw)
+	flushCut := func() error {
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		return c.cut()
+	}
+	err := image.WalkTree(ctx, "store: file tree", root, func(h *tar.Header, r io.Reader) error {
+		if h.Typeflag == tar.TypeChar || h.Typeflag == tar.TypeBlock {
+			return nil
+		}
+		if err := flushCut(); err != nil { // the previous entry's padding stays with it
+			return err
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return fmt.Errorf("%s: %w", h.Name, err)
+		}
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		if err := c.cut(); err != nil {
+			return err
+		}
+		if r != nil {
+			if _, err := io.CopyN(tw, r, h.Size); err != nil {
+				return fmt.Errorf("%s: %w", h.Name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Object{}, nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return Object{}, nil, err
+	}
+	if err := bw.Flush(); err != nil {
+		return Object{}, nil, err
+	}
+	if err := c.cut(); err != nil {
+		return Object{}, nil, err
+	}
+	return Object{Name: "fs.tar", Size: c.n, SHA256: hex.EncodeToString(c.h.Sum(nil))}, c.ex, nil
+}
