@@ -34,10 +34,10 @@ func idxKey(name string) string  { return packKey(name) + ".idx" }
 
 // packer gathers new chunks into packs and uploads each when full.
 type packer struct {
-	s      *Store
-	buf    bytes.Buffer
-	idx    []byte
-	cur    map[[sha256.Size]byte]loc
+	s   *Store
+	buf bytes.Buffer
+	idx []byte
+	cur map[[sha256.Size]byte]loc
 	// pending chunks point into the pack being filled: their pack is
 	// known only once it is closed.
 	pending []*Extent

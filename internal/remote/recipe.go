@@ -56,8 +56,8 @@ type Recipe struct {
 	// Manifest is the artifact's signed manifest, as stored.
 	Manifest []byte `json:"manifest"`
 	// Packs names the packs the extents index.
-	Packs    []string `json:"packs"`
-	Objects  []Object `json:"objects"`
+	Packs   []string `json:"packs"`
+	Objects []Object `json:"objects"`
 	// Tree is the checkpoint's file tree as a tar stream (nil for none).
 	Tree *Object `json:"tree,omitempty"`
 	// Signature is the uploading host's, over the recipe without it.
