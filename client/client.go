@@ -492,6 +492,21 @@ func (c *Client) Hibernate(ctx context.Context, ref string) (v1.Sandbox, error) 
 	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/hibernate", nil, &sb)
 }
 
+// HibernateOffload hibernates a sandbox, then offloads it to the
+// daemon's object store (see Offload).
+func (c *Client) HibernateOffload(ctx context.Context, ref string) (v1.Sandbox, error) {
+	var sb v1.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/hibernate?offload=true", nil, &sb)
+}
+
+// Offload puts a hibernated sandbox's checkpoint into the daemon's
+// object store and frees its local copy; Resume, on this daemon or any
+// other sharing the store, fetches it back.
+func (c *Client) Offload(ctx context.Context, ref string) (v1.Sandbox, error) {
+	var sb v1.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/offload", nil, &sb)
+}
+
 // Resume restores a hibernated sandbox.
 func (c *Client) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
 	var sb v1.Sandbox

@@ -238,13 +238,17 @@ type Sandbox struct {
 	ID   string `json:"id"`
 	Name string `json:"name,omitempty"`
 	// Tenant owns the sandbox ("": the host's own).
-	Tenant   string    `json:"tenant,omitempty"`
-	Image    string    `json:"image"`
-	Hostname string    `json:"hostname"`
-	State    string    `json:"state"`
-	Reason   string    `json:"reason,omitempty"`
-	Created  time.Time `json:"created"`
-	Pid      int       `json:"pid,omitempty"`
+	Tenant   string `json:"tenant,omitempty"`
+	Image    string `json:"image"`
+	Hostname string `json:"hostname"`
+	State    string `json:"state"`
+	Reason   string `json:"reason,omitempty"`
+	// Offloaded says a hibernated sandbox's checkpoint and files are
+	// in the object store only (molt hibernate --offload): a resume, here
+	// or on any daemon sharing the store, fetches them.
+	Offloaded bool      `json:"offloaded,omitempty"`
+	Created   time.Time `json:"created"`
+	Pid       int       `json:"pid,omitempty"`
 	// EnvNames are the names of the sandbox's environment variables;
 	// their values are never returned (they may be credentials). Secrets
 	// are the names of those passed by reference.
@@ -570,6 +574,11 @@ type Checkpoint struct {
 	// sandbox of this host: its Sandbox names none.
 	ImportedFrom string `json:"imported_from,omitempty"`
 	ImportSigner string `json:"import_signer,omitempty"`
+	// InStore says the checkpoint is in the daemon's object store
+	// (molt daemon --store; docs/storage.md); Offloaded, that its local
+	// copy was freed, so a restore fetches it from there first.
+	InStore   bool `json:"in_store,omitempty"`
+	Offloaded bool `json:"offloaded,omitempty"`
 }
 
 // RollbackRequest moves a sandbox to a checkpoint.

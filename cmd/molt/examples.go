@@ -48,7 +48,7 @@ var examples = map[string]string{
   molt recover agent-1
   molt recover agent-1 --status`,
 	"molt fork":      "  molt fork agent-1\n  molt fork before-install --n 8 --reseed",
-	"molt hibernate": "  molt hibernate agent-1",
+	"molt hibernate": "  molt hibernate agent-1\n  molt hibernate agent-1 --offload     # then free the local copy: resume here or on any daemon sharing the store",
 	"molt resume":    "  molt resume agent-1",
 	"molt turn":      "  molt turn agent-1\n  molt turn agent-1 --dry-run\n  molt turn agent-1 --label step-3 --ignore '/tmp/**'",
 	"molt turns":     "  molt turns agent-1\n  molt turns agent-1 --json",

@@ -296,20 +296,35 @@ func startCmd(g *globals) *cobra.Command {
 }
 
 func hibernateCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var offload bool
+	c := &cobra.Command{
 		Use: "hibernate SANDBOX", Short: "Checkpoint a sandbox fully and stop it", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := ctx()
 			defer cancel()
 			ctx, stop := withProgress(ctx, "hibernate "+args[0])
-			sb, err := g.client().Hibernate(ctx, args[0])
+			var sb v1.Sandbox
+			var err error
+			if offload {
+				sb, err = g.client().HibernateOffload(ctx, args[0])
+			} else {
+				sb, err = g.client().Hibernate(ctx, args[0])
+			}
 			stop()
 			if err != nil {
 				return err
 			}
-			return g.print(sb, func() { fmt.Println(sb.ID, sb.State) })
+			return g.print(sb, func() {
+				if sb.Offloaded {
+					fmt.Println(sb.ID, sb.State, "offloaded")
+				} else {
+					fmt.Println(sb.ID, sb.State)
+				}
+			})
 		},
 	}
+	c.Flags().BoolVar(&offload, "offload", false, "then upload the checkpoint to the daemon's object store and free its local copy (resume anywhere that shares the store)")
+	return c
 }
 
 func resumeCmd(g *globals) *cobra.Command {

@@ -244,6 +244,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 		return meta.Checkpoint{}, err
 	}
 	r.Success()
+	m.scheduleUpload(rec.ID, id)
 	return ck.Checkpoint, nil
 }
 

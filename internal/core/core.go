@@ -29,8 +29,10 @@ import (
 	"github.com/molt-sh/molt/internal/hot"
 	"github.com/molt-sh/molt/internal/keys"
 	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/objstore"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/pool"
+	"github.com/molt-sh/molt/internal/remote"
 	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sched"
 	"github.com/molt-sh/molt/internal/secret"
@@ -126,6 +128,9 @@ type Config struct {
 	UserNSBase uint32
 	// Egress configures sandboxes' way out (egress.go).
 	Egress EgressConfig
+	// Store, if set, is the object store checkpoints are uploaded to
+	// and fetched from (offload.go; docs/storage.md).
+	Store objstore.Bucket
 }
 
 // DefaultCRIULogLevel is Config.CRIULogLevel's default: errors and
@@ -193,6 +198,8 @@ type Manager struct {
 	quota quotaState // the pool's disk quotas (quota.go)
 
 	cks *ckstore.Store // the checkpoint artifacts, in pool/checkpoints
+	// store is the object store of Config.Store, nil without one.
+	store *remote.Store
 	// keys are the tenants' data keys (Root/keys/data): encryption at
 	// rest when a KEK was given, sealed secrets always (internal/keys).
 	keys *keys.Ring
@@ -277,6 +284,14 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 		return nil, fmt.Errorf("checkpoint signing keys: %w", err)
 	}
 	m.cks.SetKeyring(signing)
+	if cfg.Store != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		m.store, err = remote.Open(sctx, cfg.Store, signing)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
 	if m.keys, err = keys.OpenRing(filepath.Join(cfg.Root, "keys", "data"), cfg.KEK, cfg.PreviousKEK); err != nil {
 		return nil, fmt.Errorf("data keys: %w", err)
 	}

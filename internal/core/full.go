@@ -247,6 +247,7 @@ func (m *Manager) persist(ctx context.Context, t *sched.Task, job *pendingJob, r
 		// Before the waiters are released: one that waits for the
 		// commit can then also wait for the standby.
 		m.scheduleStandby(ck.Sandbox)
+		m.scheduleUpload(ck.Sandbox, ck.ID)
 	}
 	m.pipe.done(job, ck, err)
 }

@@ -76,9 +76,17 @@ func (m *Manager) thawSandbox(id string) error {
 	return nil
 }
 
-// Resume restores a hibernated sandbox from its checkpoint.
+// Resume restores a hibernated sandbox from its checkpoint. A sandbox
+// offloaded to the store is fetched first; one this daemon does not
+// know is adopted from the store (offload.go).
 func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) {
-	if r, err := m.lookupSandbox(ref); err == nil {
+	r, err := m.lookupSandbox(ref)
+	if errors.Is(err, errdefs.ErrNotFound) && m.store != nil {
+		progress.Report(ctx, progress.Step{Message: "looking up sandbox " + ref + " in the store"})
+		if aerr := m.adopt(ctx, ref); aerr != nil {
+			return meta.Sandbox{}, fmt.Errorf("resume %s: %w", ref, aerr)
+		}
+	} else if err == nil {
 		if err := m.pipe.wait(ctx, "", r.ID); err != nil {
 			return meta.Sandbox{}, err
 		}
@@ -95,10 +103,26 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 	if err := m.db.Get(meta.Checkpoints, rec.Head, &ck); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("resume %s: its checkpoint %s is gone: %w", rec.ID, rec.Head, errdefs.ErrFailedPrecondition)
 	}
+	if rec.Offloaded {
+		if err := m.claim(ctx, rec); err != nil {
+			return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
+		}
+		if ck.Offloaded {
+			if err := m.fetchCheckpoint(ctx, &ck); err != nil {
+				return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
+			}
+		}
+	}
 	m.enforceLimits(&rec, "restore")
 	progress.Report(ctx, progress.Step{Message: "restoring from checkpoint " + ck.ID})
 	if _, err := m.rollbackProcesses(ctx, &rec, ck, ck); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
+	}
+	if rec.Offloaded {
+		rec.Offloaded = false
+		if err := m.db.Put(meta.Sandboxes, rec.ID, rec); err != nil {
+			return meta.Sandbox{}, err
+		}
 	}
 	m.scheduleStandby(rec.ID)
 	return m.report(rec), nil

@@ -53,7 +53,7 @@ func toImages(l []meta.Image) []v1.Image { return mapSlice(l, toImage) }
 func toSandbox(s meta.Sandbox) v1.Sandbox {
 	return v1.Sandbox{
 		ID: s.ID, Name: s.Name, Tenant: s.Tenant, Image: s.Image, Hostname: s.Hostname,
-		State: s.State, Reason: s.Reason, Created: s.Created, Pid: s.Pid,
+		State: s.State, Reason: s.Reason, Offloaded: s.Offloaded, Created: s.Created, Pid: s.Pid,
 		EnvNames:  envNames(s.Env),
 		Secrets:   s.Secrets,
 		Resources: v1.Resources(s.Resources),
@@ -149,7 +149,7 @@ func toCheckpoint(c meta.Checkpoint) v1.Checkpoint {
 		StallParts:   (*v1.StallParts)(c.StallParts),
 		BytesWritten: c.BytesWritten, ImageBytes: c.ImageBytes, Keep: c.Keep,
 		Pending: c.Pending, Failed: c.Failed, FailedReason: c.FailedReason, DataKey: c.DataKey,
-		ImportedFrom: c.ImportedFrom, ImportSigner: c.ImportSigner,
+		ImportedFrom: c.ImportedFrom, ImportSigner: c.ImportSigner, InStore: c.InStore, Offloaded: c.Offloaded,
 	}
 }
 

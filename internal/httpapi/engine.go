@@ -41,6 +41,7 @@ type Engine interface {
 	Stop(ctx context.Context, ref string) (meta.Sandbox, error)
 	Start(ctx context.Context, ref string) (meta.Sandbox, error)
 	Hibernate(ctx context.Context, ref string) (meta.Sandbox, error)
+	Offload(ctx context.Context, ref string) (meta.Sandbox, error)
 	Resume(ctx context.Context, ref string) (meta.Sandbox, error)
 
 	// Exec starts a command. A detached one returns its pid and no

@@ -96,6 +96,10 @@ func (f *fakeEngine) Stop(ctx context.Context, ref string) (meta.Sandbox, error)
 func (f *fakeEngine) Start(ctx context.Context, ref string) (meta.Sandbox, error) {
 	return meta.Sandbox{}, f.call("Start", ref)
 }
+func (f *fakeEngine) Offload(ctx context.Context, ref string) (meta.Sandbox, error) {
+	return meta.Sandbox{}, f.err
+}
+
 func (f *fakeEngine) Hibernate(ctx context.Context, ref string) (meta.Sandbox, error) {
 	if ref == "reports" { // a hibernation that succeeds, with progress
 		progress.Report(ctx, progress.Step{Message: "capturing"})

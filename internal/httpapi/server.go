@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -67,6 +68,7 @@ func newServer(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) (*se
 		{"POST /v1/effects/{id}/consumers", eff(tenant.ScopeAdmin), http.HandlerFunc(s.consumeEffect)},
 		{"POST /v1/effects/{id}/compensator", eff(tenant.ScopeAdmin), http.HandlerFunc(s.setCompensator)},
 		{"POST /v1/sandboxes/{id}/hibernate", sb(tenant.ScopeCheckpoint), http.HandlerFunc(s.hibernate)},
+		{"POST /v1/sandboxes/{id}/offload", sb(tenant.ScopeCheckpoint), http.HandlerFunc(s.offload)},
 		{"POST /v1/sandboxes/{id}/resume", sb(tenant.ScopeCheckpoint), http.HandlerFunc(s.resume)},
 		{"GET /v1/checkpoints/{id}", ck(tenant.ScopeRead), http.HandlerFunc(s.checkpointInfo)},
 		{"DELETE /v1/checkpoints/{id}", ck(tenant.ScopeAdmin), http.HandlerFunc(s.checkpointDelete)},
@@ -693,8 +695,23 @@ func (s *server) forkCheckpoint(w http.ResponseWriter, r *http.Request) {
 	reply(w, toForkResult(res), err)
 }
 
+// hibernate hibernates a sandbox; with ?offload=true, it then offloads
+// it to the store.
 func (s *server) hibernate(w http.ResponseWriter, r *http.Request) {
+	offload, err := boolQuery(r, "offload")
+	if err != nil {
+		reply(w, v1.Sandbox{}, err)
+		return
+	}
 	sb, err := s.m.Hibernate(r.Context(), r.PathValue("id"))
+	if err == nil && offload {
+		sb, err = s.m.Offload(r.Context(), sb.ID)
+	}
+	reply(w, toSandbox(sb), err)
+}
+
+func (s *server) offload(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Offload(r.Context(), r.PathValue("id"))
 	reply(w, toSandbox(sb), err)
 }
 
@@ -711,4 +728,17 @@ func (s *server) checkpointChain(w http.ResponseWriter, r *http.Request) {
 func (s *server) checkpointVerify(w http.ResponseWriter, r *http.Request) {
 	ck, err := s.m.VerifyCheckpoint(r.PathValue("id"))
 	reply(w, toCheckpoint(ck), err)
+}
+
+// boolQuery reads query parameter name: absent is false.
+func boolQuery(r *http.Request, name string) (bool, error) {
+	q := r.URL.Query().Get(name)
+	if q == "" {
+		return false, nil
+	}
+	v, err := strconv.ParseBool(q)
+	if err != nil {
+		return false, fmt.Errorf("query %s=%q: want true or false: %w", name, q, errdefs.ErrInvalidArgument)
+	}
+	return v, nil
 }

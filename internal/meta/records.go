@@ -138,15 +138,19 @@ func (ck CheckpointRecord) Outside() int {
 
 // Sandbox is a sandbox as the engine reports it.
 type Sandbox struct {
-	ID       string            `json:"id"`
-	Name     string            `json:"name,omitempty"`
-	Image    string            `json:"image"`
-	Hostname string            `json:"hostname"`
-	State    string            `json:"state"`
-	Reason   string            `json:"reason,omitempty"`
-	Created  time.Time         `json:"created"`
-	Pid      int               `json:"pid,omitempty"`
-	Env      map[string]string `json:"env,omitempty"`
+	ID       string `json:"id"`
+	Name     string `json:"name,omitempty"`
+	Image    string `json:"image"`
+	Hostname string `json:"hostname"`
+	State    string `json:"state"`
+	Reason   string `json:"reason,omitempty"`
+	// Offloaded says a hibernated sandbox's checkpoint and files are
+	// in the object store only (molt hibernate --offload): a resume, here
+	// or on any daemon sharing the store, fetches them.
+	Offloaded bool              `json:"offloaded,omitempty"`
+	Created   time.Time         `json:"created"`
+	Pid       int               `json:"pid,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
 	// Secrets names the secrets passed by reference: given to every
 	// process as environment variables, their values only sealed
 	// (SandboxRecord.SealedSecrets).
@@ -324,6 +328,11 @@ type Checkpoint struct {
 	// exported it, and ImportSigner that host's key (docs/bundles.md).
 	ImportedFrom string `json:"imported_from,omitempty"`
 	ImportSigner string `json:"import_signer,omitempty"`
+	// InStore says the checkpoint is in the daemon's object store
+	// (molt daemon --store; docs/storage.md); Offloaded, that its local
+	// copy was freed, so a restore fetches it from there first.
+	InStore   bool `json:"in_store,omitempty"`
+	Offloaded bool `json:"offloaded,omitempty"`
 }
 
 // StallParts are the parts of a full checkpoint's frozen window (ms).

@@ -64,6 +64,18 @@ type Recipe struct {
 	Signature *ckstore.Signature `json:"signature,omitempty"`
 }
 
+// Size is the bytes a fetch of r writes: its objects and its file tree.
+func (r Recipe) Size() int64 {
+	var n int64
+	for _, o := range r.Objects {
+		n += o.Size
+	}
+	if r.Tree != nil {
+		n += r.Tree.Size
+	}
+	return n
+}
+
 var packName = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 func bad(format string, a ...any) error {

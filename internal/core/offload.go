@@ -1,0 +1,294 @@
+package core
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/progress"
+	"github.com/molt-sh/molt/internal/remote"
+	"github.com/molt-sh/molt/internal/revert"
+	"github.com/molt-sh/molt/internal/sandbox"
+	"github.com/molt-sh/molt/internal/sched"
+)
+
+// Checkpoints in an object store (Config.Store; docs/storage.md).
+//
+// Every committed checkpoint is uploaded in the background (a GC-class
+// job of the host scheduler: the lowest priority, paced by its I/O
+// budget); content the store holds already is not sent again. Offload
+// frees a hibernated sandbox's local copy (its head checkpoint's
+// artifact and its root) once the checkpoint and a signed document of
+// the sandbox are in the store; Resume fetches what it needs, on this
+// daemon or on any other that shares the store and trusts this host's
+// key (it adopts the sandbox from the store first). The store's
+// document says which host runs the sandbox: a resume anywhere claims
+// it, and a sandbox another host claimed is not resumed here.
+
+func (m *Manager) storeReady() error {
+	if m.store == nil {
+		return fmt.Errorf("this daemon has no object store (molt daemon --store s3://BUCKET/PREFIX): %w", errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// scheduleUpload uploads checkpoint id in the background, if the daemon
+// has a store.
+func (m *Manager) scheduleUpload(sandboxID, id string) {
+	if m.store == nil {
+		return
+	}
+	m.background(sandboxID, sched.GC, "upload checkpoint "+id, func(ctx context.Context, t *sched.Task) error {
+		if err := m.uploadCheckpoint(ctx, t, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			m.log.Warn("checkpoint not uploaded to the store", "checkpoint", id, "err", err)
+			return err
+		}
+		return nil
+	})
+}
+
+// uploadCheckpoint puts checkpoint id into the store unless it is there,
+// and records that it is.
+func (m *Manager) uploadCheckpoint(ctx context.Context, t *sched.Task, id string) error {
+	var ck checkpointRec
+	if err := m.db.Get(meta.Checkpoints, id, &ck); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", id, errdefs.ErrNotFound)
+	}
+	if ck.InStore || ck.Pending || ck.Failed {
+		return nil
+	}
+	mf, err := m.cks.Backend().Manifest(ck.ID)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: manifest: %w", id, err)
+	}
+	rb, err := json.Marshal(ck)
+	if err != nil {
+		return err
+	}
+	src := remote.Source{Checkpoint: ck.ID, Sandbox: ck.Sandbox, Record: rb, Manifest: mf,
+		Dir: m.ckDir(ck.ID), Objects: ck.Objects, Tree: m.ckFS(ck.ID)}
+	if t != nil {
+		src.Charge = func(n int64) error { return t.Charge(ctx, n) }
+	}
+	if _, st, err := m.store.Upload(ctx, src); err != nil {
+		return err
+	} else {
+		m.log.Debug("checkpoint uploaded", "checkpoint", id, "uploaded", st.UploadedBytes, "shared", st.SharedBytes)
+	}
+	return m.setCheckpoint(id, func(c *checkpointRec) { c.InStore = true })
+}
+
+// Offload puts a hibernated sandbox's checkpoint and record into the
+// store, then frees their local copies: the checkpoint's artifact and
+// the sandbox's root. Nothing is freed before the store has them.
+func (m *Manager) Offload(ctx context.Context, ref string) (meta.Sandbox, error) {
+	if err := m.storeReady(); err != nil {
+		return meta.Sandbox{}, err
+	}
+	rec, unlock, err := m.lockSandbox(ref)
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+	defer unlock()
+	if rec.State != v1.StateHibernated {
+		return meta.Sandbox{}, fmt.Errorf("offload %s: the sandbox is %s, not hibernated: %w", rec.ID, m.report(rec).State, errdefs.ErrFailedPrecondition)
+	}
+	if rec.Offloaded {
+		return m.report(rec), nil
+	}
+	progress.Report(ctx, progress.Step{Message: "uploading checkpoint " + rec.Head})
+	if err := m.uploadCheckpoint(ctx, nil, rec.Head); err != nil {
+		return meta.Sandbox{}, fmt.Errorf("offload %s: %w", rec.ID, err)
+	}
+	rec.Offloaded = true
+	rb, err := json.Marshal(rec)
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+	doc := remote.SandboxDoc{Sandbox: rec.ID, Name: rec.Name, Tenant: rec.Tenant, Head: rec.Head, Record: rb}
+	if old, err := m.store.Sandbox(ctx, rec.ID); err == nil {
+		doc.Epoch = old.Epoch + 1
+	}
+	if err := m.store.PutSandbox(ctx, doc); err != nil {
+		return meta.Sandbox{}, fmt.Errorf("offload %s: %w", rec.ID, err)
+	}
+	// The store has all a resume needs: the records say so before the
+	// local copies go, so a crash in between leaves only garbage.
+	if err := m.setCheckpoint(rec.Head, func(c *checkpointRec) { c.Offloaded = true }); err != nil {
+		return meta.Sandbox{}, err
+	}
+	if err := m.db.Put(meta.Sandboxes, rec.ID, rec); err != nil {
+		return meta.Sandbox{}, err
+	}
+	progress.Report(ctx, progress.Step{Message: "freeing the local copy"})
+	if err := m.cks.Delete(rec.Head); err != nil {
+		m.log.Warn("offload: the local checkpoint stays", "checkpoint", rec.Head, "err", err)
+	}
+	if err := removeTree(m.sbRoot(rec.ID)); err != nil {
+		m.log.Warn("offload: the local root stays", "sandbox", rec.ID, "err", err)
+	}
+	return m.report(rec), nil
+}
+
+// fetchCheckpoint makes offloaded checkpoint ck's artifact local again
+// from the store, and verifies it thoroughly (every object's hash
+// against the record, the signed manifest, the CRIU images) before
+// anything restores from it.
+func (m *Manager) fetchCheckpoint(ctx context.Context, ck *checkpointRec) error {
+	if err := m.storeReady(); err != nil {
+		return fmt.Errorf("checkpoint %s was offloaded: %w", ck.ID, err)
+	}
+	progress.Report(ctx, progress.Step{Message: "fetching checkpoint " + ck.ID + " from the store"})
+	r, err := m.store.Recipe(ctx, ck.ID)
+	if err != nil {
+		return err
+	}
+	if err := m.room("fetch "+ck.ID, r.Size()); err != nil {
+		return err
+	}
+	rv := revert.Logged(m.log, "fetch checkpoint")
+	defer rv.Fail()
+	_ = m.cks.Delete(ck.ID) // what a failed fetch left
+	if _, err := m.cks.Create(ck.ID); err != nil {
+		return err
+	}
+	id := ck.ID
+	rv.Add(func() error { return m.cks.Delete(id) })
+	if _, err := m.store.FetchObjects(ctx, r, m.ckDir(ck.ID)); err != nil {
+		return err
+	}
+	tree := filepath.Join(m.ckDir(ck.ID), "fs.fetch")
+	if err := fsnap.CreateSubvolume(tree); err != nil {
+		return err
+	}
+	if err := m.store.FetchTree(ctx, r, tree); err != nil {
+		return err
+	}
+	if err := sandbox.MakeDevNodes(tree); err != nil {
+		return err
+	}
+	if err := fsnap.SnapshotIn(tree, m.ckFS(ck.ID), true, m.groupsOfID(ck.Sandbox)...); err != nil {
+		return err
+	}
+	if err := removeTree(tree); err != nil {
+		return err
+	}
+	if err := m.cks.Backend().PutManifest(ck.ID, r.Manifest); err != nil {
+		return err
+	}
+	if err := fsnap.SyncFS(m.ckDir(ck.ID)); err != nil {
+		return err
+	}
+	progress.Report(ctx, progress.Step{Message: "verifying checkpoint " + ck.ID})
+	if err := m.verify(*ck, true); err != nil {
+		return fmt.Errorf("checkpoint %s fetched from the store: %w", ck.ID, err)
+	}
+	ck.Offloaded = false
+	if err := m.db.Put(meta.Checkpoints, ck.ID, *ck); err != nil {
+		return err
+	}
+	rv.Success()
+	return nil
+}
+
+// adopt makes sandbox ref, offloaded to the store by this or another
+// daemon, one of this daemon's: its record and its head checkpoint's,
+// which a resume then fetches. Only an ID is looked up in the store.
+func (m *Manager) adopt(ctx context.Context, ref string) error {
+	if m.store == nil {
+		return fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
+	}
+	doc, err := m.store.Sandbox(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if doc.Owner != "" {
+		return fmt.Errorf("sandbox %s was resumed by host %s: %w", doc.Sandbox, doc.Owner, errdefs.ErrConflict)
+	}
+	var rec sandboxRec
+	if err := strictRecord(doc.Record, &rec); err != nil || rec.ID != doc.Sandbox || rec.Head != doc.Head {
+		return fmt.Errorf("store: sandbox %s: its record does not match its document (%v): %w", doc.Sandbox, err, errdefs.ErrFailedPrecondition)
+	}
+	r, err := m.store.Recipe(ctx, doc.Head)
+	if err != nil {
+		return err
+	}
+	var ck checkpointRec
+	if err := strictRecord(r.Record, &ck); err != nil || ck.ID != doc.Head || ck.Sandbox != rec.ID || ck.Kind != v1.KindFull {
+		return fmt.Errorf("store: checkpoint %s: its record does not match (%v): %w", doc.Head, err, errdefs.ErrFailedPrecondition)
+	}
+	if ck.DataKey != "" {
+		return fmt.Errorf("sandbox %s: its checkpoint is encrypted with a data key of its host's; resuming it on another host is not supported yet: %w", rec.ID, errdefs.ErrNotSupported)
+	}
+	if rec.Tenant != "" {
+		var t meta.TenantRecord
+		if err := m.db.Get(meta.Tenants, rec.Tenant, &t); err != nil {
+			return fmt.Errorf("sandbox %s: tenant %q does not exist here: %w", rec.ID, rec.Tenant, errdefs.ErrFailedPrecondition)
+		}
+	}
+	if rec.Name != "" {
+		if other, err := m.lookupSandbox(rec.Name); err == nil {
+			return fmt.Errorf("sandbox %s: the name %q is sandbox %s's here: %w", rec.ID, rec.Name, other.ID, errdefs.ErrAlreadyExists)
+		}
+	}
+	if rec.IDs.Enabled() {
+		return fmt.Errorf("sandbox %s has a user namespace of this host's ids; resuming it on another host is not supported yet: %w", rec.ID, errdefs.ErrNotSupported)
+	}
+	rec.State, rec.Init, rec.Offloaded, rec.DiskGroup = v1.StateHibernated, sandbox.Init{}, true, false
+	ck.Parent, ck.InStore, ck.Offloaded = "", true, true
+	if err := os.MkdirAll(m.sbDir(rec.ID), 0o700); err != nil {
+		return err
+	}
+	// Its disk quota, as a sandbox created here has it.
+	if _, _, err := m.makeQgroup(&rec); err != nil {
+		return err
+	}
+	if err := m.db.Put(meta.Checkpoints, ck.ID, ck); err != nil {
+		return err
+	}
+	return m.db.Put(meta.Sandboxes, rec.ID, rec)
+}
+
+// claim records in the store that this host runs sandbox rec now.
+func (m *Manager) claim(ctx context.Context, rec sandboxRec) error {
+	doc, err := m.store.Sandbox(ctx, rec.ID)
+	if err != nil {
+		return err
+	}
+	me := m.cks.Keyring().KeyID()
+	if doc.Owner == me {
+		return nil // an earlier resume here claimed it, and failed
+	}
+	if doc.Owner != "" {
+		return fmt.Errorf("sandbox %s was resumed by host %s: %w", rec.ID, doc.Owner, errdefs.ErrConflict)
+	}
+	doc.Owner, doc.Epoch = me, doc.Epoch+1
+	return m.store.PutSandbox(ctx, doc)
+}
+
+// setCheckpoint changes checkpoint id's record in one transaction.
+func (m *Manager) setCheckpoint(id string, fn func(*checkpointRec)) error {
+	return m.db.Update(func(tx *meta.Tx) error {
+		var c checkpointRec
+		if err := tx.Get(meta.Checkpoints, id, &c); err != nil {
+			return err
+		}
+		fn(&c)
+		return tx.Put(meta.Checkpoints, id, c)
+	})
+}
+
+// strictRecord decodes a record read from the store.
+func strictRecord(b []byte, v any) error {
+	if len(b) == 0 {
+		return errors.New("no record")
+	}
+	return json.Unmarshal(b, v)
+}

@@ -1,0 +1,164 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/objstore"
+	"github.com/molt-sh/molt/internal/testutil"
+)
+
+// openManagerStore opens a manager of a root of its own with object
+// store b, trusting the host keys in the files pubs.
+func openManagerStore(t testing.TB, b objstore.Bucket, pubs ...string) *Manager {
+	t.Helper()
+	return openManagerStoreAt(t, t.TempDir(), b, pubs...)
+}
+
+// openManagerStoreAt is openManagerStore on root.
+func openManagerStoreAt(t testing.TB, root string, b objstore.Bucket, pubs ...string) *Manager {
+	t.Helper()
+	testutil.RequireRoot(t)
+	m, err := Open(context.Background(), Config{Root: root, PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), TrustedKeys: pubs, Store: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeManager(t, m)
+	if _, err := m.BuildImage(context.Background(), v1.ImageBuildRequest{Name: testImage}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// counting waits until the counter writer of sandbox sb (root) has
+// counted past n, and returns the count.
+func counting(t *testing.T, root string, n int) int {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(filepath.Join(root, "c"))
+		if c := lastCount(b); c > n {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the counter is not counting past %d", n)
+		}
+	}
+}
+
+// TestOffloadResumeAnywhere hibernates a sandbox with a running counter
+// to the store, frees its local copy, resumes it on its own daemon, then
+// offloads it again and resumes it on a second daemon (another root,
+// another pool) that shares the store: the counter goes on from where
+// it was, and the first daemon may not resume it any more.
+func TestOffloadResumeAnywhere(t *testing.T) {
+	bucket := testBucket(t)
+	// The two daemons trust each other: the second's key is made first.
+	root2 := t.TempDir()
+	if _, err := ckstore.LoadKeyring(filepath.Join(root2, "keys"), nil); err != nil {
+		t.Fatal(err)
+	}
+	m := openManagerStore(t, bucket, filepath.Join(root2, "keys", "host.pub"))
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	if err := os.WriteFile(filepath.Join(m.sbRoot(sb.ID), "w.py"), []byte(counterWriter), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "python3 /w.py >/dev/null 2>&1 &")
+	counting(t, m.sbRoot(sb.ID), 20)
+	if _, err := m.Offload(ctx, sb.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("offload of a running sandbox: %v", err)
+	}
+	if _, err := m.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	at := lastCount(readFile(t, filepath.Join(m.sbRoot(sb.ID), "c")))
+	got, err := m.Offload(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := got.Head
+	if !got.Offloaded || got.State != v1.StateHibernated {
+		t.Fatalf("offloaded sandbox: %+v", got)
+	}
+	for _, p := range []string{m.ckDir(head), m.sbRoot(sb.ID)} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s is still here after the offload: %v", p, err)
+		}
+	}
+	ck, err := m.CheckpointInfo(head)
+	if err != nil || !ck.InStore || !ck.Offloaded {
+		t.Fatalf("checkpoint %s: %+v, %v", head, ck, err)
+	}
+
+	// Back on its own daemon.
+	if _, err := m.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if c := counting(t, m.sbRoot(sb.ID), at); c <= at {
+		t.Fatalf("resumed counter at %d", c)
+	}
+	if b := readFile(t, filepath.Join(m.sbRoot(sb.ID), "c")); lastCount(b[:len(b)/2]) > at {
+		t.Fatal("the counter's file is not the checkpoint's")
+	}
+
+	// Offloaded again, and resumed on another daemon.
+	if _, err := m.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	at = lastCount(readFile(t, filepath.Join(m.sbRoot(sb.ID), "c")))
+	got, err = m.Offload(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Head == head {
+		t.Fatalf("the second hibernation is at the first one's checkpoint %s", head)
+	}
+	untrusting := openManagerStore(t, bucket)
+	if _, err := untrusting.Resume(ctx, sb.ID); err == nil {
+		t.Fatal("a daemon that does not trust the first one's key resumed its sandbox")
+	}
+	if err := untrusting.Remove(ctx, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatal(err)
+	}
+	m2 := openManagerStoreAt(t, root2, bucket, filepath.Join(m.cfg.Root, "keys", "host.pub"))
+	got2, err := m2.Resume(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got2.State != v1.StateRunning || got2.Offloaded {
+		t.Fatalf("resumed on the second daemon: %+v", got2)
+	}
+	if c := counting(t, m2.sbRoot(sb.ID), at); c <= at {
+		t.Fatalf("counter at %d on the second daemon", c)
+	}
+	if _, err := m.Resume(ctx, sb.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("the first daemon resumed a sandbox the second one runs: %v", err)
+	}
+}
+
+func readFile(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// testBucket is an empty bucket of the real S3 server of the tests.
+func testBucket(t *testing.T) objstore.Bucket {
+	t.Helper()
+	b, err := objstore.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
