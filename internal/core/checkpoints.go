@@ -660,6 +660,9 @@ func (m *Manager) rollback(ctx context.Context, ref string, req v1.RollbackReque
 // leaves the sandbox untouched; then the processes are killed and the
 // directories exchanged.
 func (m *Manager) switchRoot(ctx context.Context, rec sandboxRec, ck checkpointRec, restart bool) (string, error) {
+	if err := m.ensureLocal(ctx, &ck); err != nil {
+		return "", err
+	}
 	next := filepath.Join(m.sbDir(rec.ID), "root.next")
 	if err := removeTree(next); err != nil {
 		return "", err

@@ -131,6 +131,10 @@ type Config struct {
 	// Store, if set, is the object store checkpoints are uploaded to
 	// and fetched from (offload.go; docs/storage.md).
 	Store objstore.Bucket
+	// StoreCache bounds the local copies of checkpoints that are in the
+	// store: beyond it, the least recently used are freed (fetched back
+	// when a restore needs them). 0 keeps them all.
+	StoreCache int64
 }
 
 // DefaultCRIULogLevel is Config.CRIULogLevel's default: errors and
@@ -199,7 +203,10 @@ type Manager struct {
 
 	cks *ckstore.Store // the checkpoint artifacts, in pool/checkpoints
 	// store is the object store of Config.Store, nil without one.
-	store *remote.Store
+	store   *remote.Store
+	fetchMu sync.Mutex // one fetch from the store at a time
+	usedMu  sync.Mutex
+	used    map[string]time.Time // +checklocks:usedMu
 	// keys are the tenants' data keys (Root/keys/data): encryption at
 	// rest when a KEK was given, sealed secrets always (internal/keys).
 	keys *keys.Ring

@@ -25,6 +25,11 @@ type metrics struct {
 	decisions   *prometheus.CounterVec
 	captureWait prometheus.Histogram
 	turnDecide  prometheus.Histogram
+	// The object store (offload.go).
+	uploads   *prometheus.CounterVec
+	storeSent prometheus.Counter
+	fetches   prometheus.Counter
+	evictions prometheus.Counter
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}
@@ -66,7 +71,20 @@ func newMetrics(m *Manager) *metrics {
 			Name: "molt_turn_decide_seconds", Help: "Time to collect and classify a turn's effects.", Buckets: latencyBuckets,
 		}),
 	}
-	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks, x.forksHot, x.decisions, x.captureWait, x.turnDecide)
+	x.uploads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "molt_store_uploads_total", Help: "Checkpoint uploads to the object store by result (ok, failed).",
+	}, []string{"result"})
+	x.storeSent = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "molt_store_uploaded_bytes_total", Help: "Bytes uploaded to the object store (new content only: what the store held already is not sent).",
+	})
+	x.fetches = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "molt_store_fetches_total", Help: "Checkpoints fetched from the object store into the pool.",
+	})
+	x.evictions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "molt_store_evictions_total", Help: "Local copies of stored checkpoints freed by the --store-cache bound.",
+	})
+	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks, x.forksHot, x.decisions, x.captureWait, x.turnDecide,
+		x.uploads, x.storeSent, x.fetches, x.evictions)
 	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "molt_pending_checkpoints", Help: "Full checkpoints captured and not yet committed (the persist queue).",
 	}, func() float64 {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -77,12 +79,19 @@ func (m *Manager) uploadCheckpoint(ctx context.Context, t *sched.Task, id string
 	if t != nil {
 		src.Charge = func(n int64) error { return t.Charge(ctx, n) }
 	}
-	if _, st, err := m.store.Upload(ctx, src); err != nil {
+	_, st, err := m.store.Upload(ctx, src)
+	if err != nil {
+		m.metrics.uploads.WithLabelValues("failed").Inc()
 		return err
-	} else {
-		m.log.Debug("checkpoint uploaded", "checkpoint", id, "uploaded", st.UploadedBytes, "shared", st.SharedBytes)
 	}
-	return m.setCheckpoint(id, func(c *checkpointRec) { c.InStore = true })
+	m.metrics.uploads.WithLabelValues("ok").Inc()
+	m.metrics.storeSent.Add(float64(st.UploadedBytes))
+	m.log.Debug("checkpoint uploaded", "checkpoint", id, "uploaded", st.UploadedBytes, "shared", st.SharedBytes)
+	if err := m.setCheckpoint(id, func(c *checkpointRec) { c.InStore = true }); err != nil {
+		return err
+	}
+	m.evict()
+	return nil
 }
 
 // Offload puts a hibernated sandbox's checkpoint and record into the
@@ -128,9 +137,9 @@ func (m *Manager) Offload(ctx context.Context, ref string) (meta.Sandbox, error)
 		return meta.Sandbox{}, err
 	}
 	progress.Report(ctx, progress.Step{Message: "freeing the local copy"})
-	if err := m.cks.Delete(rec.Head); err != nil {
-		m.log.Warn("offload: the local checkpoint stays", "checkpoint", rec.Head, "err", err)
-	}
+	m.dropStandbyOf(rec.ID, rec.Head, true)
+	m.dropViews(func(v, _ string) bool { return v == rec.Head })
+	m.removeLocal(rec.Head)
 	if err := removeTree(m.sbRoot(rec.ID)); err != nil {
 		m.log.Warn("offload: the local root stays", "sandbox", rec.ID, "err", err)
 	}
@@ -187,14 +196,17 @@ func (m *Manager) fetchCheckpoint(ctx context.Context, ck *checkpointRec) error 
 		return err
 	}
 	progress.Report(ctx, progress.Step{Message: "verifying checkpoint " + ck.ID})
-	if err := m.verify(*ck, true); err != nil {
+	local := *ck
+	local.Offloaded = false
+	if err := m.verify(local, true); err != nil {
 		return fmt.Errorf("checkpoint %s fetched from the store: %w", ck.ID, err)
 	}
 	ck.Offloaded = false
-	if err := m.db.Put(meta.Checkpoints, ck.ID, *ck); err != nil {
+	if err := m.setCheckpoint(ck.ID, func(c *checkpointRec) { c.Offloaded = false }); err != nil {
 		return err
 	}
 	rv.Success()
+	m.metrics.fetches.Inc()
 	return nil
 }
 
@@ -291,4 +303,140 @@ func strictRecord(b []byte, v any) error {
 		return errors.New("no record")
 	}
 	return json.Unmarshal(b, v)
+}
+
+// freeLocal frees the local copy of checkpoint id, which is in the
+// store, under its sandbox's lock: its standbys and decrypted views go
+// first. It reports whether the copy went.
+func (m *Manager) freeLocal(id string) bool {
+	var ck checkpointRec
+	if err := m.db.Get(meta.Checkpoints, id, &ck); err != nil {
+		return false
+	}
+	unlock := m.lock(ck.Sandbox)
+	defer unlock()
+	if err := m.db.Get(meta.Checkpoints, id, &ck); err != nil || !ck.InStore || ck.Offloaded {
+		return false
+	}
+	m.dropStandbyOf(ck.Sandbox, id, true)
+	m.dropViews(func(v, _ string) bool { return v == id })
+	if err := m.setCheckpoint(id, func(r *checkpointRec) { r.Offloaded = true }); err != nil {
+		return false
+	}
+	m.removeLocal(id)
+	return true
+}
+
+// removeLocal deletes checkpoint id's local artifact. A restore that
+// read it a moment ago may still be finishing (CRIU's log): the delete
+// is retried briefly; what stays is deleted by the next fetch.
+func (m *Manager) removeLocal(id string) {
+	var err error
+	for i := 0; i < 5; i++ {
+		if err = m.cks.Delete(id); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ents, _ := os.ReadDir(m.ckDir(id))
+	var left []string
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	m.log.Warn("store: a freed checkpoint's local copy stays", "checkpoint", id, "left", left, "err", err)
+}
+
+// ensureLocal fetches checkpoint ck from the store if its local copy was
+// freed (ck is updated), one fetch at a time, and notes its use for the
+// local cache's eviction order.
+func (m *Manager) ensureLocal(ctx context.Context, ck *checkpointRec) error {
+	m.touch(ck.ID)
+	defer m.touch(ck.ID)
+	if !ck.Offloaded {
+		return nil
+	}
+	m.fetchMu.Lock()
+	defer m.fetchMu.Unlock()
+	var cur checkpointRec
+	if err := m.db.Get(meta.Checkpoints, ck.ID, &cur); err == nil && !cur.Offloaded {
+		*ck = cur
+		return nil
+	}
+	if err := m.fetchCheckpoint(ctx, ck); err != nil {
+		return err
+	}
+	m.evict()
+	return nil
+}
+
+// touch notes a use of checkpoint id.
+func (m *Manager) touch(id string) {
+	if m.store == nil {
+		return
+	}
+	m.usedMu.Lock()
+	if m.used == nil {
+		m.used = map[string]time.Time{}
+	}
+	m.used[id] = time.Now()
+	m.usedMu.Unlock()
+}
+
+// evictGrace is how recently used a checkpoint may be and still be
+// evicted: not at all within it (a rollback may be about to read it).
+var evictGrace = time.Minute
+
+// evict frees the local copies of checkpoints in the store, least
+// recently used first, until the local copies of such checkpoints take
+// at most Config.StoreCache bytes (each counted by what it added to the
+// pool). Heads of sandboxes, kept checkpoints (standbys) and those used
+// within evictGrace stay.
+func (m *Manager) evict() {
+	if m.store == nil || m.cfg.StoreCache <= 0 {
+		return
+	}
+	cks, err := meta.List[checkpointRec](m.db, meta.Checkpoints)
+	if err != nil {
+		return
+	}
+	sbs, err := meta.List[sandboxRec](m.db, meta.Sandboxes)
+	if err != nil {
+		return
+	}
+	heads := map[string]bool{}
+	for _, s := range sbs {
+		heads[s.Head] = true
+	}
+	type cand struct {
+		id   string
+		used time.Time
+		size int64
+	}
+	var cands []cand
+	var total int64
+	m.usedMu.Lock()
+	for _, c := range cks {
+		if !c.InStore || c.Offloaded || c.Pending || c.Failed {
+			continue
+		}
+		total += c.BytesWritten
+		used, ok := m.used[c.ID]
+		if !ok {
+			used = c.Created
+		}
+		if !heads[c.ID] && !c.Keep && time.Since(used) > evictGrace {
+			cands = append(cands, cand{c.ID, used, c.BytesWritten})
+		}
+	}
+	m.usedMu.Unlock()
+	slices.SortFunc(cands, func(a, b cand) int { return a.used.Compare(b.used) })
+	for _, c := range cands {
+		if total <= m.cfg.StoreCache {
+			return
+		}
+		if m.freeLocal(c.id) {
+			total -= c.size
+			m.metrics.evictions.Inc()
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -161,4 +162,78 @@ func testBucket(t *testing.T) objstore.Bucket {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestStoreCache bounds the local copies of stored checkpoints: the
+// least recently used are freed once in the store, and a rollback to
+// one (files only, and files and processes) fetches it back.
+func TestStoreCache(t *testing.T) {
+	testutil.RequireRoot(t)
+	m, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"),
+		Store: testBucket(t), StoreCache: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeManager(t, m)
+	if _, err := m.BuildImage(context.Background(), v1.ImageBuildRequest{Name: testImage}, nil); err != nil {
+		t.Fatal(err)
+	}
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	run(t, m, sb.ID, "echo one > /f; V=1")
+	fsck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "echo two > /f; V=2")
+	full, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "echo three > /f; V=3")
+	if _, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFS}); err != nil {
+		t.Fatal(err)
+	}
+	// Uploaded in the background.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		a, _ := m.CheckpointInfo(fsck.ID)
+		b, _ := m.CheckpointInfo(full.ID)
+		if a.InStore && b.InStore {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("checkpoints not uploaded: %+v %+v", a, b)
+		}
+	}
+	defer func(g time.Duration) { evictGrace = g }(evictGrace)
+	evictGrace = 0
+	t.Logf("fs checkpoint %s, full checkpoint %s", fsck.ID, full.ID)
+	m.evict()
+	for _, id := range []string{fsck.ID, full.ID} {
+		ck, _ := m.CheckpointInfo(id)
+		if !ck.Offloaded {
+			t.Fatalf("checkpoint %s not evicted: %+v", id, ck)
+		}
+		if _, err := os.Lstat(m.ckDir(id)); !errors.Is(err, os.ErrNotExist) {
+			out, _ := exec.Command("find", m.ckDir(id)).CombinedOutput()
+			t.Fatalf("checkpoint %s's local copy is still here: %v\n%s", id, err, out)
+		}
+	}
+	evictGrace = time.Hour
+	if _, err := m.Rollback(ctx, sb.ID, full.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(t, m, sb.ID, "cat /f; echo $V"); out.Stdout != "two\n2\n" {
+		t.Fatalf("after a rollback to the evicted full checkpoint: %q", out.Stdout)
+	}
+	if _, err := m.Rollback(ctx, sb.ID, fsck.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(t, m, sb.ID, "cat /f"); out.Stdout != "one\n" {
+		t.Fatalf("after a rollback to the evicted fs checkpoint: %q", out.Stdout)
+	}
+	if ck, _ := m.CheckpointInfo(full.ID); ck.Offloaded {
+		t.Fatal("the fetched checkpoint is still listed as offloaded")
+	}
 }

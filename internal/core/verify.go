@@ -13,6 +13,11 @@ import (
 // ckstore.Reader.Verify). Nothing is restored from a checkpoint that
 // fails; `molt checkpoint verify` is thorough.
 func (m *Manager) verify(ck checkpointRec, thorough bool) error {
+	// A checkpoint whose local copy was freed comes back from the
+	// store first (offload.go), verified thoroughly there.
+	if err := m.ensureLocal(context.Background(), &ck); err != nil {
+		return err
+	}
 	// Through the store's Reader: the artifact must be complete (its
 	// own manifest written) as well as intact, and a backend that
 	// decrypts or fetches does it here.
