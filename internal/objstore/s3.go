@@ -21,9 +21,10 @@ import (
 // S3Options says where an S3 bucket is served and how to sign.
 type S3Options struct {
 	// Endpoint is the server's http:// or https:// URL, without a path;
-	// "" is Amazon S3 (https://s3.amazonaws.com). Any other endpoint is
-	// addressed path-style (http://host/BUCKET/KEY), which every
-	// S3-compatible server understands.
+	// "" is Amazon S3 (https://s3.amazonaws.com). An endpoint that is not
+	// Amazon's (*.amazonaws.com) is addressed path-style
+	// (http://host/BUCKET/KEY), which every S3-compatible server
+	// understands.
 	Endpoint string
 	// Region signs the requests; "" is AWS_REGION (or
 	// AWS_DEFAULT_REGION), else us-east-1 on a custom endpoint and the
@@ -65,7 +66,9 @@ type S3 struct {
 
 // OpenS3 opens the bucket of url, "s3://BUCKET" or
 // "s3://BUCKET/PREFIX", on the server of o, and checks that it exists
-// and that the credentials may reach it (one request).
+// and that the credentials may list it (one request; the layers above
+// need s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject and
+// s3:AbortMultipartUpload).
 func OpenS3(ctx context.Context, rawURL string, o S3Options) (*S3, error) {
 	bucket, prefix, err := ParseS3URL(rawURL)
 	if err != nil {
@@ -78,7 +81,7 @@ func OpenS3(ctx context.Context, rawURL string, o S3Options) (*S3, error) {
 	if err != nil {
 		return nil, err
 	}
-	creds, source, err := s3Creds(o)
+	creds, source, err := s3Creds(ctx, o)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +92,8 @@ func OpenS3(ctx context.Context, rawURL string, o S3Options) (*S3, error) {
 	if region == "" {
 		region = os.Getenv("AWS_DEFAULT_REGION")
 	}
-	aws := o.Endpoint == DefaultS3Endpoint
+	h := ep.Hostname()
+	aws := h == "s3.amazonaws.com" || strings.HasSuffix(h, ".amazonaws.com")
 	if region == "" && !aws {
 		region = "us-east-1"
 	}

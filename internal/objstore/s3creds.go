@@ -1,9 +1,11 @@
 package objstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 
@@ -30,7 +32,7 @@ func (Credentials) GoString() string { return "[redacted]" }
 // file AWS_SHARED_CREDENTIALS_FILE (or ~/.aws/credentials). It returns
 // them with where they came from, for messages. None is
 // errdefs.ErrUnauthenticated: an anonymous request is never sent.
-func s3Creds(o S3Options) (*credentials.Credentials, string, error) {
+func s3Creds(ctx context.Context, o S3Options) (*credentials.Credentials, string, error) {
 	if c := o.Creds; c != nil {
 		if c.AccessKey == "" || c.SecretKey == "" {
 			return nil, "", fmt.Errorf("s3 credentials given without an access key or a secret key: %w", errdefs.ErrInvalidArgument)
@@ -63,7 +65,7 @@ func s3Creds(o S3Options) (*credentials.Credentials, string, error) {
 		return nil, "", fmt.Errorf("s3 credentials file: %w", err)
 	}
 	creds := credentials.NewFileAWSCredentials(file, profile)
-	v, err := creds.Get()
+	v, err := creds.GetWithContext(&credentials.CredContext{Client: http.DefaultClient, Context: ctx})
 	if err != nil {
 		return nil, "", fmt.Errorf("s3 credentials: profile %q of %s: %v: %w", profile, file, err, errdefs.ErrUnauthenticated)
 	}

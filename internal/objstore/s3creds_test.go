@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
 	"github.com/molt-sh/molt/internal/errdefs"
 )
 
@@ -23,11 +25,11 @@ func credEnv(t *testing.T) string {
 
 func wantCreds(t *testing.T, o S3Options, id, secret, token, source string) {
 	t.Helper()
-	c, src, err := s3Creds(o)
+	c, src, err := s3Creds(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := c.Get()
+	v, err := c.GetWithContext(&credentials.CredContext{Context: t.Context()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,10 +65,10 @@ func TestS3CredsEnvironment(t *testing.T) {
 	// The options come before both.
 	wantCreds(t, S3Options{Creds: &Credentials{AccessKey: "OPT", SecretKey: "optsecret"}}, "OPT", "optsecret", "", "options")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "")
-	if _, _, err := s3Creds(S3Options{}); !errors.Is(err, errdefs.ErrUnauthenticated) || !strings.Contains(err.Error(), "only one") {
+	if _, _, err := s3Creds(t.Context(), S3Options{}); !errors.Is(err, errdefs.ErrUnauthenticated) || !strings.Contains(err.Error(), "only one") {
 		t.Errorf("half the key pair in the environment: %v", err)
 	}
-	if _, _, err := s3Creds(S3Options{Creds: &Credentials{AccessKey: "OPT"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, _, err := s3Creds(t.Context(), S3Options{Creds: &Credentials{AccessKey: "OPT"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("options without a secret: %v", err)
 	}
 }
@@ -87,7 +89,7 @@ func TestS3CredsSharedFile(t *testing.T) {
 	for _, profile := range []string{"missing", "half"} {
 		t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "")
 		t.Setenv("AWS_PROFILE", profile)
-		if _, _, err := s3Creds(S3Options{}); !errors.Is(err, errdefs.ErrUnauthenticated) || !strings.Contains(err.Error(), profile) {
+		if _, _, err := s3Creds(t.Context(), S3Options{}); !errors.Is(err, errdefs.ErrUnauthenticated) || !strings.Contains(err.Error(), profile) {
 			t.Errorf("profile %s: %v", profile, err)
 		}
 	}
@@ -95,7 +97,7 @@ func TestS3CredsSharedFile(t *testing.T) {
 
 func TestS3CredsNone(t *testing.T) {
 	credEnv(t)
-	_, _, err := s3Creds(S3Options{})
+	_, _, err := s3Creds(t.Context(), S3Options{})
 	if !errors.Is(err, errdefs.ErrUnauthenticated) || !strings.Contains(err.Error(), "AWS_ACCESS_KEY_ID") {
 		t.Fatalf("no credentials: %v", err)
 	}
