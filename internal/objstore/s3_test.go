@@ -155,3 +155,37 @@ func TestS3AbortedUploads(t *testing.T) {
 type iotest struct{}
 
 func (iotest) Read([]byte) (int, error) { return 0, errors.New("broken") }
+
+// TestS3ListPaging: the server answers 1000 keys a page, and List
+// follows the continuation tokens (the suite's ListPages checks the
+// keys; this checks that paging happened).
+func TestS3ListPaging(t *testing.T) {
+	srv := s3test.Start(t)
+	b := srv.OpenBucket(t, "")
+	const n = 1001
+	sem := make(chan struct{}, 16)
+	errs := make(chan error, n)
+	for i := range n {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			errs <- b.Put(t.Context(), fmt.Sprintf("k/%05d", i), strings.NewReader(""), 0)
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := b.Stats().Requests
+	keys, err := b.List(t.Context(), "k/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != n || keys[0] != "k/00000" || keys[n-1] != fmt.Sprintf("k/%05d", n-1) {
+		t.Fatalf("listed %d keys, want %d", len(keys), n)
+	}
+	if pages := b.Stats().Requests - before; pages != 2 {
+		t.Errorf("%d requests to list %d keys, want 2 pages", pages, n)
+	}
+}
