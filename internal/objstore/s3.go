@@ -250,7 +250,7 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	er := &exactReader{r: r, left: size}
+	er := &exactReader{ctx: ctx, r: r, left: size}
 	if size == 0 {
 		// The request of an empty object may not read its body.
 		if err := er.probe(); err != nil {
@@ -259,8 +259,8 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 	}
 	_, err = s.client.PutObject(ctx, s.bucket, name, er, size, minio.PutObjectOptions{PartSize: s3PartSize})
 	if er.err != nil {
-		// The reader's fault: the request was cut short before its
-		// last byte, so the server stored nothing.
+		// The reader's fault, or ctx's end: the request was cut short
+		// before its last byte, so the server stored nothing.
 		return fmt.Errorf("put %s: %w", key, er.err)
 	}
 	if err != nil {
@@ -281,9 +281,11 @@ var (
 )
 
 // exactReader yields the left bytes of r, and fails the read that
-// would deliver the last of them if r holds more: an upload must fail
-// before its request is complete, not after.
+// would deliver the last of them if r holds more, or once ctx is done:
+// an upload must fail before its request is complete, not after (the
+// server would keep the object).
 type exactReader struct {
+	ctx    context.Context
 	r      io.Reader
 	left   int64
 	probed bool
@@ -291,6 +293,9 @@ type exactReader struct {
 }
 
 func (e *exactReader) Read(p []byte) (int, error) {
+	if e.err == nil {
+		e.err = e.ctx.Err()
+	}
 	if e.err != nil {
 		return 0, e.err
 	}
@@ -307,6 +312,9 @@ func (e *exactReader) Read(p []byte) (int, error) {
 	if int64(n) == e.left {
 		if err := e.probe(); err != nil {
 			return 0, err
+		}
+		if e.err = e.ctx.Err(); e.err != nil {
+			return 0, e.err
 		}
 		e.left = 0
 		return n, nil
