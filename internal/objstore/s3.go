@@ -380,6 +380,10 @@ func (s *S3) Get(ctx context.Context, key string, off, length int64) (io.ReadClo
 		return nil, fmt.Errorf("get %s from %s: %w", key, s, s.fail(ctx, err))
 	}
 	n := info.Size
+	if n < 0 {
+		body.Close()
+		return nil, fmt.Errorf("get %s from %s: the answer has no Content-Length: %w", key, s, errdefs.ErrUnavailable)
+	}
 	total := n
 	if ranged {
 		first, last, size, ok := parseContentRange(h.Get("Content-Range"))
