@@ -14,9 +14,12 @@ CHECKLOCKS := gvisor.dev/gvisor/tools/checklocks/cmd/checklocks@v0.0.0-202609050
 
 all: build
 
+# The S3 server of the tests (versitygw) is built from the Go module
+# proxy once, into /var/cache/molt/s3 (docs/storage.md).
 deps:
 	@scripts/deps.sh
 	@scripts/criu.sh >/dev/null
+	@scripts/s3server.sh >/dev/null
 
 build: deps
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/molt ./cmd/molt

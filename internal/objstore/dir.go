@@ -41,6 +41,9 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, size int64) erro
 	if err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	d.requests.Add(1)
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
@@ -72,6 +75,9 @@ func (d *Dir) Get(ctx context.Context, key string, off, length int64) (io.ReadCl
 	if err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	d.requests.Add(1)
 	f, err := os.Open(p)
 	if err != nil {
@@ -100,6 +106,9 @@ func (d *Dir) Stat(ctx context.Context, key string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
 	d.requests.Add(1)
 	fi, err := os.Stat(p)
 	if err != nil {
@@ -109,6 +118,9 @@ func (d *Dir) Stat(ctx context.Context, key string) (int64, error) {
 }
 
 func (d *Dir) List(ctx context.Context, prefix string) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	d.requests.Add(1)
 	var keys []string
 	err := filepath.WalkDir(d.root, func(p string, e fs.DirEntry, err error) error {
@@ -134,6 +146,9 @@ func (d *Dir) List(ctx context.Context, prefix string) ([]string, error) {
 func (d *Dir) Delete(ctx context.Context, key string) error {
 	p, err := d.path(key)
 	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
 		return err
 	}
 	d.requests.Add(1)
