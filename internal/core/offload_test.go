@@ -13,6 +13,7 @@ import (
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/objstore"
+	"github.com/molt-sh/molt/internal/objstore/s3test"
 	"github.com/molt-sh/molt/internal/testutil"
 )
 
@@ -154,14 +155,11 @@ func readFile(t *testing.T, p string) []byte {
 	return b
 }
 
-// testBucket is an empty bucket of the real S3 server of the tests.
+// testBucket is a bucket of its own on the real S3 server of the tests
+// (internal/objstore/s3test), started once per test.
 func testBucket(t *testing.T) objstore.Bucket {
 	t.Helper()
-	b, err := objstore.NewDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return s3test.Start(t).OpenBucket(t, "")
 }
 
 // TestStoreCache bounds the local copies of stored checkpoints: the
