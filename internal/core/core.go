@@ -131,6 +131,10 @@ type Config struct {
 	// Store, if set, is the object store checkpoints are uploaded to
 	// and fetched from (offload.go; docs/storage.md).
 	Store objstore.Bucket
+	// CgroupParent is the cgroup (in every hierarchy) sandboxes' cgroups
+	// are made in; "" is "molt". Two daemons on one machine (tests,
+	// benchmarks of several hosts) need parents of their own.
+	CgroupParent string
 	// StoreCache bounds the local copies of checkpoints that are in the
 	// store: beyond it, the least recently used are freed (fetched back
 	// when a restore needs them). 0 keeps them all.
@@ -523,7 +527,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		// tree's memory was write-protected: see protect). Nothing else
 		// stops PID 1: from inside its namespace SIGSTOP does not reach
 		// it.
-		if cg, err := cgroup.Load(cgroupName(s.ID)); err == nil {
+		if cg, err := cgroup.Load(m.cgroupName(s.ID)); err == nil {
 			if err := cg.Thaw(); err != nil {
 				m.log.Warn("cannot thaw sandbox", "sandbox", s.ID, "err", err)
 			}

@@ -678,7 +678,7 @@ func TestReopenThawsFrozenSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.WaitState(t, sb.Pid, "T")
-	cg, err := cgroup.Load(cgroupName(sb.ID))
+	cg, err := cgroup.Load(testCgroup(sb.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -912,7 +912,7 @@ func TestStandbyPriority(t *testing.T) {
 	if err := m.db.Get(meta.Sandboxes, sb.ID, &rec); err != nil {
 		t.Fatal(err)
 	}
-	tree, _, err := treePids(sb.ID, rec.Init)
+	tree, _, err := m.treePids(sb.ID, rec.Init)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func (m *Manager) Hibernate(ctx context.Context, ref string) (meta.Sandbox, erro
 
 // thawSandbox thaws a sandbox's cgroup, if it has one.
 func (m *Manager) thawSandbox(id string) error {
-	cg, err := cgroup.Load(cgroupName(id))
+	cg, err := cgroup.Load(m.cgroupName(id))
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}

@@ -37,7 +37,7 @@ func TestStandbyOutsideLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg, err := cgroup.Load(cgroupName(sb.ID))
+	cg, err := cgroup.Load(testCgroup(sb.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ time.sleep(1e6)' >/dev/null 2>&1 & PY=$!`)
 	if err := m.db.Get(meta.Sandboxes, sb.ID, &rec); err != nil {
 		t.Fatal(err)
 	}
-	tree, _, err := treePids(sb.ID, rec.Init)
+	tree, _, err := m.treePids(sb.ID, rec.Init)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestTemplateCopiesOutsideLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg, err := cgroup.Load(cgroupName(sb.ID))
+	cg, err := cgroup.Load(testCgroup(sb.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,11 +48,18 @@ func (m *Manager) scheduleUpload(sandboxID, id string) {
 		return
 	}
 	m.background(sandboxID, sched.GC, "upload checkpoint "+id, func(ctx context.Context, t *sched.Task) error {
-		if err := m.uploadCheckpoint(ctx, t, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			m.log.Warn("checkpoint not uploaded to the store", "checkpoint", id, "err", err)
-			return err
+		err := m.uploadCheckpoint(ctx, t, id)
+		if err == nil || errors.Is(err, errdefs.ErrNotFound) {
+			return nil
 		}
-		return nil
+		// An offload (which uploads it itself) or a delete may have
+		// taken the local copy meanwhile.
+		var ck checkpointRec
+		if gerr := m.db.Get(meta.Checkpoints, id, &ck); gerr != nil || ck.InStore || ck.Offloaded {
+			return nil
+		}
+		m.log.Warn("checkpoint not uploaded to the store", "checkpoint", id, "err", err)
+		return err
 	})
 }
 

@@ -28,7 +28,10 @@ func openManagerStore(t testing.TB, b objstore.Bucket, pubs ...string) *Manager 
 func openManagerStoreAt(t testing.TB, root string, b objstore.Bucket, pubs ...string) *Manager {
 	t.Helper()
 	testutil.RequireRoot(t)
-	m, err := Open(context.Background(), Config{Root: root, PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), TrustedKeys: pubs, Store: b})
+	// A cgroup parent of its own: two managers stand for two hosts, and
+	// a sandbox keeps its ID from one to the other.
+	m, err := Open(context.Background(), Config{Root: root, PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), TrustedKeys: pubs, Store: b,
+		CgroupParent: "molt-test-" + filepath.Base(root)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,3 +238,7 @@ func TestStoreCache(t *testing.T) {
 		t.Fatal("the fetched checkpoint is still listed as offloaded")
 	}
 }
+
+// testCgroup is the cgroup of sandbox id of a manager with the default
+// cgroup parent.
+func testCgroup(id string) string { return "molt/" + id }

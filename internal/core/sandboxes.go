@@ -28,7 +28,16 @@ import (
 // init still runs.
 type sandboxRec = meta.SandboxRecord
 
-func cgroupName(id string) string { return "molt/" + id }
+// cgroupName is the cgroup of sandbox id, under Config.CgroupParent.
+func (m *Manager) cgroupName(id string) string { return m.cgroupParent() + "/" + id }
+
+// cgroupParent is the cgroup of the sandboxes: Config.CgroupParent, "molt" by default.
+func (m *Manager) cgroupParent() string {
+	if m.cfg.CgroupParent != "" {
+		return m.cfg.CgroupParent
+	}
+	return "molt"
+}
 
 func (m *Manager) sbDir(id string) string  { return m.path("sandboxes", id) }
 func (m *Manager) sbRoot(id string) string { return m.path("sandboxes", id, "root") }
@@ -187,7 +196,7 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 	if err := m.fail("create:snapshot"); err != nil {
 		return fail(err)
 	}
-	cg, err := cgroup.New(cgroupName(rec.ID), cgResources(rec.Resources))
+	cg, err := cgroup.New(m.cgroupName(rec.ID), cgResources(rec.Resources))
 	if err != nil {
 		return fail(err)
 	}
@@ -383,7 +392,7 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (meta.Sandbox, error)
 		sb.DiskUsedBytes = n
 	}
 	if sb.State == v1.StateRunning {
-		if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+		if cg, err := cgroup.Load(m.cgroupName(rec.ID)); err == nil {
 			if st, err := cg.Stats(); err == nil {
 				sb.MemoryBytes, sb.Processes = st.MemoryBytes, st.Pids
 			}
@@ -416,9 +425,9 @@ func (m *Manager) Sandboxes() ([]meta.Sandbox, error) {
 // loadCgroup opens the sandbox's cgroup, creating it again if it is gone
 // (after a host reboot).
 func (m *Manager) loadCgroup(rec sandboxRec) (*cgroup.Cgroup, error) {
-	cg, err := cgroup.Load(cgroupName(rec.ID))
+	cg, err := cgroup.Load(m.cgroupName(rec.ID))
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return cgroup.New(cgroupName(rec.ID), cgResources(rec.Resources))
+		return cgroup.New(m.cgroupName(rec.ID), cgResources(rec.Resources))
 	}
 	return cg, err
 }
@@ -468,7 +477,7 @@ func (m *Manager) stopTree(ctx context.Context, rec sandboxRec, state, reason st
 // spare CRIU too, and deletes the roots its rollbacks retired.
 func (m *Manager) killProcesses(ctx context.Context, rec sandboxRec) error {
 	m.dropSpare(rec.ID)
-	cg, err := cgroup.Load(cgroupName(rec.ID))
+	cg, err := cgroup.Load(m.cgroupName(rec.ID))
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
 		err = nil
@@ -556,7 +565,7 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	}
 	defer unlock()
 	m.dropSpare(rec.ID)
-	if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+	if cg, err := cgroup.Load(m.cgroupName(rec.ID)); err == nil {
 		if err := cg.Destroy(ctx); err != nil {
 			return fmt.Errorf("remove %s: %w", rec.ID, err)
 		}
