@@ -207,10 +207,11 @@ type Manager struct {
 
 	cks *ckstore.Store // the checkpoint artifacts, in pool/checkpoints
 	// store is the object store of Config.Store, nil without one.
-	store   *remote.Store
-	fetchMu sync.Mutex // one fetch from the store at a time
-	usedMu  sync.Mutex
-	used    map[string]time.Time // +checklocks:usedMu
+	store    *remote.Store
+	fetchMu  sync.Mutex // one fetch from the store at a time
+	uploadMu sync.Mutex // one upload to the store at a time
+	usedMu   sync.Mutex
+	used     map[string]time.Time // +checklocks:usedMu
 	// keys are the tenants' data keys (Root/keys/data): encryption at
 	// rest when a KEK was given, sealed secrets always (internal/keys).
 	keys *keys.Ring
