@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,7 +47,9 @@ func startHost(t *testing.T, name, dir string, env []string, args ...string) hos
 		c.Stdout = &out
 		if c.Run() == nil {
 			for _, id := range jsonIDs(out.Bytes()) {
-				_ = exec.Command(bin(), "--socket", h.socket, "rm", id).Run()
+				if b, err := exec.Command(bin(), "--socket", h.socket, "rm", id).CombinedOutput(); err != nil {
+					t.Errorf("rm %s on %s: %v: %s", id, name, err, b)
+				}
 			}
 		}
 		_ = cmd.Process.Signal(syscall.SIGTERM)
@@ -78,13 +81,15 @@ func startHost(t *testing.T, name, dir string, env []string, args ...string) hos
 
 func bin() string { return env.bin }
 
-// jsonIDs picks the "id" fields of a JSON list of sandboxes.
+// jsonIDs picks the IDs of a JSON list of sandboxes.
 func jsonIDs(b []byte) []string {
+	var sbs []struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(b, &sbs)
 	var ids []string
-	for _, part := range strings.Split(string(b), `"id":"`)[1:] {
-		if i := strings.IndexByte(part, '"'); i > 0 {
-			ids = append(ids, part[:i])
-		}
+	for _, s := range sbs {
+		ids = append(ids, s.ID)
 	}
 	return ids
 }
