@@ -539,8 +539,8 @@ func (m *Manager) reparent(ck checkpointRec, drop bool) error {
 	// manifest that cannot be written leaves a link that verification
 	// reports; the records, which restores trust, are right either way.
 	for _, c := range moved {
-		if c.Pending || c.Failed {
-			continue // its manifest is written when it commits
+		if c.Pending || c.Failed || c.Offloaded {
+			continue // its manifest is written when it commits, or is fetched
 		}
 		if err := m.cks.Backend().PutManifest(c.ID, m.committedManifest(c)); err != nil {
 			m.log.Warn("checkpoint manifest not re-linked to its new parent", "checkpoint", c.ID, "parent", c.Parent, "err", err)

@@ -198,7 +198,15 @@ func (m *Manager) fetchCheckpoint(ctx context.Context, ck *checkpointRec) error 
 	if err := removeTree(tree); err != nil {
 		return err
 	}
+	// The manifest as this host's records have it now (signed here): its
+	// parent may have changed since the upload (a deleted parent's
+	// children are re-linked), and the recipe, signed by the uploader,
+	// vouched for the objects it lists, which are the record's.
+	// (The uploaded one first: its host facts, the capture's, stay.)
 	if err := m.cks.Backend().PutManifest(ck.ID, r.Manifest); err != nil {
+		return err
+	}
+	if err := m.cks.Backend().PutManifest(ck.ID, m.committedManifest(*ck)); err != nil {
 		return err
 	}
 	if err := fsnap.SyncFS(m.ckDir(ck.ID)); err != nil {
