@@ -62,7 +62,7 @@ func (m *Manager) checkpoint(ctx context.Context, ref string, req v1.CheckpointR
 		// private memory.
 		var need int64
 		if req.Kind == v1.KindFull {
-			if pids, _, err := treePids(r.ID, r.Init); err == nil {
+			if pids, _, err := m.treePids(r.ID, r.Init); err == nil {
 				need = capture.AnonBytes(pids)
 			}
 		}
@@ -181,7 +181,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, rec sandboxRec, o ckOpts
 
 	var cg *cgroup.Cgroup
 	if m.report(rec).State == v1.StateRunning {
-		c, err := cgroup.Load(cgroupName(rec.ID))
+		c, err := cgroup.Load(m.cgroupName(rec.ID))
 		if err != nil {
 			return meta.Checkpoint{}, err
 		}

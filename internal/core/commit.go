@@ -47,7 +47,7 @@ func (m *Manager) snapshotFrozen(ctx context.Context, rec sandboxRec, dst string
 	if m.report(rec).State != v1.StateRunning {
 		return snapshotRoot(root, dst, nil)
 	}
-	cg, err := cgroup.Load(cgroupName(rec.ID))
+	cg, err := cgroup.Load(m.cgroupName(rec.ID))
 	if err != nil {
 		return err
 	}

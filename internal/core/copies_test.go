@@ -21,7 +21,7 @@ func treeSize(t *testing.T, m *Manager, id string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pids, _, err := treePids(id, rec.Init)
+	pids, _, err := m.treePids(id, rec.Init)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestTemplateCaptureCrash(t *testing.T) {
 			for deadline := time.Now().Add(2 * time.Second); treeSize(t, m, sb.ID) != n; time.Sleep(10 * time.Millisecond) {
 				if time.Now().After(deadline) {
 					rec := record(t, m, sb.ID)
-					tree, _, _ := treePids(sb.ID, rec.Init)
+					tree, _, _ := m.treePids(sb.ID, rec.Init)
 					var comms []string
 					for _, pid := range tree {
 						b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -135,6 +136,10 @@ type Config struct {
 	// store: beyond it, the least recently used are freed (fetched back
 	// when a restore needs them). 0 keeps them all.
 	StoreCache int64
+	// CgroupParent is the cgroup under which each sandbox gets its own
+	// (default "molt"): daemons sharing a host's cgroup tree, each with
+	// its own root, need different ones.
+	CgroupParent string
 }
 
 // DefaultCRIULogLevel is Config.CRIULogLevel's default: errors and
@@ -178,18 +183,19 @@ type Manager struct {
 
 	inflight inflight // open daemon connections to each sandbox's init
 
-	sby       *hot.Standbys  // pre-restored standbys (standby.go)
-	spr       *hot.Spares    // started CRIUs for the next restore or dump, per sandbox
-	lim       rooms          // room in sandboxes' limits for the daemon's processes (limits.go)
-	ret       *hot.Retired   // roots rollbacks replaced, not yet deleted
-	tko       *hot.Takeovers // records of switches of sandboxes' live trees
-	pipe      pipeline       // pending full checkpoints
-	turns     *turn.Tracker
-	sch       *sched.Scheduler // nil WithoutScheduler
-	captures  chan struct{}    // capture slots (captureSlot); nil WithoutScheduler
-	closing   chan struct{}    // closed when Close begins
-	closeOnce sync.Once
-	metrics   *metrics
+	sby          *hot.Standbys  // pre-restored standbys (standby.go)
+	cgroupParent string         // Config.CgroupParent, defaulted
+	spr          *hot.Spares    // started CRIUs for the next restore or dump, per sandbox
+	lim          rooms          // room in sandboxes' limits for the daemon's processes (limits.go)
+	ret          *hot.Retired   // roots rollbacks replaced, not yet deleted
+	tko          *hot.Takeovers // records of switches of sandboxes' live trees
+	pipe         pipeline       // pending full checkpoints
+	turns        *turn.Tracker
+	sch          *sched.Scheduler // nil WithoutScheduler
+	captures     chan struct{}    // capture slots (captureSlot); nil WithoutScheduler
+	closing      chan struct{}    // closed when Close begins
+	closeOnce    sync.Once
+	metrics      *metrics
 
 	dynModsSets atomic.Int64 // times this manager set favordynmods
 
@@ -275,7 +281,7 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{
-		cfg: cfg, pool: p, db: db, ix: ix, log: cfg.Logger, started: time.Now(),
+		cfg: cfg, pool: p, db: db, ix: ix, log: cfg.Logger, started: time.Now(), cgroupParent: cmp.Or(cfg.CgroupParent, "molt"),
 		launcher: &sandbox.Launcher{Binary: cfg.InitBinary},
 		locks:    map[string]*sync.Mutex{},
 		copying:  map[string]chan struct{}{},
@@ -523,7 +529,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 		// tree's memory was write-protected: see protect). Nothing else
 		// stops PID 1: from inside its namespace SIGSTOP does not reach
 		// it.
-		if cg, err := cgroup.Load(cgroupName(s.ID)); err == nil {
+		if cg, err := cgroup.Load(m.cgroupName(s.ID)); err == nil {
 			if err := cg.Thaw(); err != nil {
 				m.log.Warn("cannot thaw sandbox", "sandbox", s.ID, "err", err)
 			}

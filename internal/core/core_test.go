@@ -912,7 +912,7 @@ func TestStandbyPriority(t *testing.T) {
 	if err := m.db.Get(meta.Sandboxes, sb.ID, &rec); err != nil {
 		t.Fatal(err)
 	}
-	tree, _, err := treePids(sb.ID, rec.Init)
+	tree, _, err := m.treePids(sb.ID, rec.Init)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -231,7 +231,7 @@ func checkInvariants(t *testing.T, m *Manager, made []string) {
 		for {
 			var bad string
 			if st == v1.StateRunning {
-				if _, others, err := treePids(s.ID, rec.Init); err != nil || len(others) > 0 {
+				if _, others, err := m.treePids(s.ID, rec.Init); err != nil || len(others) > 0 {
 					bad = "processes outside the tree"
 				}
 			} else if cg, err := m.loadCgroup(rec); err == nil {

@@ -137,7 +137,7 @@ func (m *Manager) tamperCounter() *prometheus.CounterVec {
 // above their cgroup namespace's root); this catches whatever else did.
 // Caller holds the sandbox's lock.
 func (m *Manager) enforceLimits(rec *sandboxRec, when string) {
-	cg, err := cgroup.Load(cgroupName(rec.ID))
+	cg, err := cgroup.Load(m.cgroupName(rec.ID))
 	if err != nil {
 		return
 	}

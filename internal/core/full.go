@@ -83,7 +83,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	// about a millisecond), snapshot the root, let CRIU dump the frozen
 	// tree (it freezes through the same cgroup, so it does not stop each
 	// task with ptrace), thaw. Stall: freeze to thaw.
-	cg, err := cgroup.Load(cgroupName(rec.ID))
+	cg, err := cgroup.Load(m.cgroupName(rec.ID))
 	if err != nil {
 		return meta.Checkpoint{}, err
 	}
@@ -112,7 +112,7 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	}
 	// How to capture the tree (capture.Plan): the live tree only, the
 	// standbys in the cgroup are not dumped.
-	pids, _, perr := treePids(rec.ID, rec.Init)
+	pids, _, perr := m.treePids(rec.ID, rec.Init)
 	tree, err := capture.Inspect(rec.Init.Pid, pids, perr == nil, capture.Config{
 		HoldFrozen: o.holdFrozen, NoCOW: m.opts.noCOWCapture, NoTemplate: m.opts.noTemplateCapture,
 		NamespacesInImages: m.hooks.netnsInImages,
@@ -173,7 +173,7 @@ func (m *Manager) runCapture(ctx context.Context, rec sandboxRec, cg *cgroup.Cgr
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return nil, err
 	}
-	staging, err := m.stagingDir(work, stagingBound(rec))
+	staging, err := m.stagingDir(work, m.stagingBound(rec))
 	if err == nil && m.encrypting() && !strings.HasPrefix(staging, "/dev/shm/") {
 		// Images are sealed on their way to the pool: a dump staged on
 		// disk would put them there in plaintext.
@@ -190,7 +190,7 @@ func (m *Manager) runCapture(ctx context.Context, rec sandboxRec, cg *cgroup.Cgr
 		Release:  func() { removeStaging(staging); os.RemoveAll(work) },
 		Deadline: m.frozenDeadline(tree.AnonBytes),
 		Pids: func() ([]int, error) {
-			pids, _, err := treePids(rec.ID, rec.Init)
+			pids, _, err := m.treePids(rec.ID, rec.Init)
 			return pids, err
 		},
 		Snapshot: func() error { return snapshotRoot(root, m.ckFS(id), m.groupsOf(rec)) },
@@ -359,9 +359,9 @@ func (m *Manager) stagingDir(fallback string, bound int64) (string, error) {
 // more than the tree's memory, so only a tree that grew past what was
 // measured here meets the bound, and its checkpoint then fails with
 // ENOSPC rather than taking the host's memory.
-func stagingBound(rec sandboxRec) int64 {
+func (m *Manager) stagingBound(rec sandboxRec) int64 {
 	mem := rec.Resources.MemoryBytes
-	if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+	if cg, err := cgroup.Load(m.cgroupName(rec.ID)); err == nil {
 		if st, err := cg.Stats(); err == nil {
 			mem = max(mem, st.MemoryBytes)
 		}
@@ -467,7 +467,7 @@ func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, pr
 		m.log.Warn("egress: the restored sandbox has no network", "sandbox", rec.ID, "err", err)
 	}
 	ts := m.turns.Prepare(rec.ID, init)
-	if err := continueTree(*rec, init, m.ckImages(procs.ID)); err != nil {
+	if err := m.continueTree(*rec, init, m.ckImages(procs.ID)); err != nil {
 		ts.Abandon()
 		_ = init.Signal(unix.SIGKILL)
 		return meta.RollbackResult{}, err

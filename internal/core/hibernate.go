@@ -63,7 +63,7 @@ func (m *Manager) Hibernate(ctx context.Context, ref string) (meta.Sandbox, erro
 
 // thawSandbox thaws a sandbox's cgroup, if it has one.
 func (m *Manager) thawSandbox(id string) error {
-	cg, err := cgroup.Load(cgroupName(id))
+	cg, err := cgroup.Load(m.cgroupName(id))
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}
@@ -100,6 +100,7 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 		return meta.Sandbox{}, fmt.Errorf("resume %s: the sandbox is %s, not hibernated: %w", rec.ID, m.report(rec).State, errdefs.ErrFailedPrecondition)
 	}
 	var ck checkpointRec
+	resumed := false
 	if err := m.db.Get(meta.Checkpoints, rec.Head, &ck); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("resume %s: its checkpoint %s is gone: %w", rec.ID, rec.Head, errdefs.ErrFailedPrecondition)
 	}
@@ -107,6 +108,14 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 		if err := m.claim(ctx, rec); err != nil {
 			return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
 		}
+		// A resume that fails gives the claim back: a migration's source
+		// then takes its sandbox back (migrate.go).
+		id := rec.ID
+		defer func() {
+			if !resumed {
+				m.unclaim(ctx, id)
+			}
+		}()
 		if ck.Offloaded {
 			if err := m.fetchCheckpoint(ctx, &ck); err != nil {
 				return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
@@ -124,6 +133,7 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 			return meta.Sandbox{}, err
 		}
 	}
+	resumed = true
 	m.scheduleStandby(rec.ID)
 	return m.report(rec), nil
 }

@@ -211,7 +211,7 @@ func (m *Manager) finishTakeovers(ctx context.Context, sbs []sandboxRec) error {
 			if t.Init != (sandbox.Init{}) {
 				s.Init, s.State, s.Reason = t.Init, v1.StateRunning, ""
 				if t.Init.Alive() {
-					if err := continueTree(*s, t.Init, m.headImages(t.Head)); err != nil {
+					if err := m.continueTree(*s, t.Init, m.headImages(t.Head)); err != nil {
 						m.log.Warn("cannot continue the sandbox's new tree", "sandbox", s.ID, "err", err)
 					}
 				}

@@ -103,7 +103,7 @@ func (m *Manager) reserveRoom(rec sandboxRec, key string, r room) error {
 	if !limited(rec.Resources) {
 		return nil
 	}
-	cg, err := cgroup.Load(cgroupName(rec.ID))
+	cg, err := cgroup.Load(m.cgroupName(rec.ID))
 	if err != nil {
 		return err
 	}
@@ -160,7 +160,7 @@ func (m *Manager) lowerLocked(id string) {
 			delete(m.lim.oom, id)
 		}
 	}
-	cg, err := cgroup.Load(cgroupName(id))
+	cg, err := cgroup.Load(m.cgroupName(id))
 	if err != nil {
 		done() // the sandbox is gone
 		return
@@ -197,7 +197,7 @@ func (m *Manager) watchRooms() {
 		now := time.Now()
 		m.lim.mu.Lock()
 		for id := range m.lim.m {
-			cg, err := cgroup.Load(cgroupName(id))
+			cg, err := cgroup.Load(m.cgroupName(id))
 			if err != nil {
 				continue
 			}
@@ -239,7 +239,7 @@ func (m *Manager) resetLimits(rec sandboxRec) {
 	if !limited(rec.Resources) {
 		return
 	}
-	if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+	if cg, err := cgroup.Load(m.cgroupName(rec.ID)); err == nil {
 		_ = cg.SetLimits(cgResources(rec.Resources))
 	}
 }
@@ -278,7 +278,7 @@ func (m *Manager) sandboxRecord(id string) (sandboxRec, bool) {
 // oomKills is the count of OOM kills in sandbox id's cgroup (-1 if it
 // cannot be read).
 func (m *Manager) oomKills(id string) int64 {
-	cg, err := cgroup.Load(cgroupName(id))
+	cg, err := cgroup.Load(m.cgroupName(id))
 	if err != nil {
 		return -1
 	}

@@ -131,7 +131,7 @@ time.sleep(1e6)' >/dev/null 2>&1 & PY=$!`)
 	if err := m.db.Get(meta.Sandboxes, sb.ID, &rec); err != nil {
 		t.Fatal(err)
 	}
-	tree, _, err := treePids(sb.ID, rec.Init)
+	tree, _, err := m.treePids(sb.ID, rec.Init)
 	if err != nil {
 		t.Fatal(err)
 	}

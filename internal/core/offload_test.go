@@ -27,8 +27,16 @@ func openManagerStore(t testing.TB, b objstore.Bucket, pubs ...string) *Manager 
 // openManagerStoreAt is openManagerStore on root.
 func openManagerStoreAt(t testing.TB, root string, b objstore.Bucket, pubs ...string) *Manager {
 	t.Helper()
+	return openManagerConfig(t, Config{Root: root, TrustedKeys: pubs, Store: b})
+}
+
+// openManagerConfig opens a manager of cfg (a pool of 8 GiB, the tests'
+// cache) with the test image built.
+func openManagerConfig(t testing.TB, cfg Config) *Manager {
+	t.Helper()
 	testutil.RequireRoot(t)
-	m, err := Open(context.Background(), Config{Root: root, PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), TrustedKeys: pubs, Store: b})
+	cfg.PoolSize, cfg.CacheDir = 8<<30, os.Getenv("MOLT_CACHE_DIR")
+	m, err := Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

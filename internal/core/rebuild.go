@@ -138,7 +138,7 @@ func (m *Manager) unlistedSandbox(ctx context.Context, id string) {
 	_, err := os.Lstat(filepath.Join(m.sbDir(id), sandboxFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		m.log.Warn("removing a sandbox a crash kept from committing", "sandbox", id)
-		if cg, err := cgroup.Load(cgroupName(id)); err == nil {
+		if cg, err := cgroup.Load(m.cgroupName(id)); err == nil {
 			_ = cg.Destroy(ctx)
 		}
 		m.removeOrSetAside(m.sbDir(id), "sandbox-"+id, "a sandbox a crash kept from committing")

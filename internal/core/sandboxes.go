@@ -28,7 +28,7 @@ import (
 // init still runs.
 type sandboxRec = meta.SandboxRecord
 
-func cgroupName(id string) string { return "molt/" + id }
+func (m *Manager) cgroupName(id string) string { return m.cgroupParent + "/" + id }
 
 func (m *Manager) sbDir(id string) string  { return m.path("sandboxes", id) }
 func (m *Manager) sbRoot(id string) string { return m.path("sandboxes", id, "root") }
@@ -187,7 +187,7 @@ func (m *Manager) makeSandbox(ctx context.Context, rec sandboxRec, src string, p
 	if err := m.fail("create:snapshot"); err != nil {
 		return fail(err)
 	}
-	cg, err := cgroup.New(cgroupName(rec.ID), cgResources(rec.Resources))
+	cg, err := cgroup.New(m.cgroupName(rec.ID), cgResources(rec.Resources))
 	if err != nil {
 		return fail(err)
 	}
@@ -383,7 +383,7 @@ func (m *Manager) Sandbox(ctx context.Context, ref string) (meta.Sandbox, error)
 		sb.DiskUsedBytes = n
 	}
 	if sb.State == v1.StateRunning {
-		if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+		if cg, err := cgroup.Load(m.cgroupName(rec.ID)); err == nil {
 			if st, err := cg.Stats(); err == nil {
 				sb.MemoryBytes, sb.Processes = st.MemoryBytes, st.Pids
 			}
@@ -416,9 +416,9 @@ func (m *Manager) Sandboxes() ([]meta.Sandbox, error) {
 // loadCgroup opens the sandbox's cgroup, creating it again if it is gone
 // (after a host reboot).
 func (m *Manager) loadCgroup(rec sandboxRec) (*cgroup.Cgroup, error) {
-	cg, err := cgroup.Load(cgroupName(rec.ID))
+	cg, err := cgroup.Load(m.cgroupName(rec.ID))
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return cgroup.New(cgroupName(rec.ID), cgResources(rec.Resources))
+		return cgroup.New(m.cgroupName(rec.ID), cgResources(rec.Resources))
 	}
 	return cg, err
 }
@@ -468,7 +468,7 @@ func (m *Manager) stopTree(ctx context.Context, rec sandboxRec, state, reason st
 // spare CRIU too, and deletes the roots its rollbacks retired.
 func (m *Manager) killProcesses(ctx context.Context, rec sandboxRec) error {
 	m.dropSpare(rec.ID)
-	cg, err := cgroup.Load(cgroupName(rec.ID))
+	cg, err := cgroup.Load(m.cgroupName(rec.ID))
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
 		err = nil
@@ -555,8 +555,18 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 		return err
 	}
 	defer unlock()
+	return m.removeHere(ctx, rec, false)
+}
+
+// removeHere removes sandbox rec from this daemon: its processes, its
+// records, its local checkpoints and its root; what is in the object
+// store stays. keepHistory keeps its ledger and turn log (a sandbox
+// that migrated: they do not move with it yet).
+//
+// Preconditions: rec's lock is held.
+func (m *Manager) removeHere(ctx context.Context, rec sandboxRec, keepHistory bool) error {
 	m.dropSpare(rec.ID)
-	if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+	if cg, err := cgroup.Load(m.cgroupName(rec.ID)); err == nil {
 		if err := cg.Destroy(ctx); err != nil {
 			return fmt.Errorf("remove %s: %w", rec.ID, err)
 		}
@@ -569,9 +579,11 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	if err := m.net.Remove(rec.ID); err != nil {
 		m.log.Warn("egress: cannot remove the sandbox's network", "sandbox", rec.ID, "err", err)
 	}
-	err = m.db.Update(func(tx *meta.Tx) error {
-		if err := tx.DeletePrefix(meta.Turns, rec.ID+"/"); err != nil {
-			return err
+	err := m.db.Update(func(tx *meta.Tx) error {
+		if !keepHistory {
+			if err := tx.DeletePrefix(meta.Turns, rec.ID+"/"); err != nil {
+				return err
+			}
 		}
 		if err := tx.DeletePrefix(meta.FailedCheckpoints, rec.ID+"/"); err != nil {
 			return err
@@ -599,11 +611,14 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 		return fmt.Errorf("remove %s: %w", rec.ID, err)
 	}
 	m.dropQgroup(rec)
+	m.tenants.Delete(rec.ID)
+	if keepHistory {
+		return nil
+	}
 	if err := m.ledger.Remove(rec.ID); err != nil {
 		m.log.Warn("effect ledger: cannot remove the sandbox's", "sandbox", rec.ID, "err", err)
 	}
 	m.vault.Forget(rec.ID)
-	m.tenants.Delete(rec.ID)
 	return nil
 }
 

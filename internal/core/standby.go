@@ -227,7 +227,7 @@ func (m *Manager) prepareStandby(ctx context.Context, id string) (more bool, err
 	err = m.keyAlive(ck)
 	if err == nil && rec.Resources.MemoryBytes > 0 {
 		var tree []int
-		if tree, _, err = treePids(id, init); err == nil {
+		if tree, _, err = m.treePids(id, init); err == nil {
 			victims, err = hot.FirstVictims(tree)
 		}
 	}
@@ -276,7 +276,7 @@ func (m *Manager) promote(ctx context.Context, rec *sandboxRec, ck checkpointRec
 	// own namespaces and on its own root, goes in the background).
 	// The turn inspector follows the standby's tree before it runs.
 	ts := m.turns.Prepare(rec.ID, s.Init)
-	if err := continueTree(*rec, s.Init, m.ckImages(ck.ID)); err != nil {
+	if err := m.continueTree(*rec, s.Init, m.ckImages(ck.ID)); err != nil {
 		ts.Abandon()
 		m.discard(s, true)
 		return meta.RollbackResult{}, err
@@ -317,7 +317,7 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 	if err := m.withHeadroom(*rec, func() error { return sandbox.WriteIdentity(m.sbRoot(rec.ID), rec.Hostname, rec.MachineID) }); err != nil {
 		return sandbox.Init{}, err
 	}
-	tree, _, err := treePids(s.Sandbox, s.Init)
+	tree, _, err := m.treePids(s.Sandbox, s.Init)
 	if err != nil {
 		return sandbox.Init{}, err
 	}
@@ -329,7 +329,7 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 	if err := sandbox.SetHostname(s.Init.Pid, rec.Hostname); err != nil {
 		return sandbox.Init{}, err
 	}
-	if err := continueTree(*rec, s.Init, m.ckImages(s.Checkpoint)); err != nil {
+	if err := m.continueTree(*rec, s.Init, m.ckImages(s.Checkpoint)); err != nil {
 		return sandbox.Init{}, err
 	}
 	// The moved tree's memory stays charged to the sandbox it was
@@ -347,8 +347,8 @@ func (m *Manager) adoptStandby(rec *sandboxRec, s *standby, cg *cgroup.Cgroup) (
 // instant and stay so (CRIU restored them stopped). Images that cannot
 // be read leave every process to be continued, as a tree with no
 // stopped process is.
-func continueTree(rec sandboxRec, init sandbox.Init, images string) error {
-	tree, _, err := treePids(rec.ID, init)
+func (m *Manager) continueTree(rec sandboxRec, init sandbox.Init, images string) error {
+	tree, _, err := m.treePids(rec.ID, init)
 	if err != nil {
 		return err
 	}
@@ -408,8 +408,8 @@ func nsPids(pid int) ([]int, error) {
 // treePids splits the processes of sandbox id's cgroup into those of
 // init's tree (in its PID namespace or one below it) and the others
 // (standbys, CRIU at work, strays of an earlier daemon).
-func treePids(id string, init sandbox.Init) (tree, others []int, err error) {
-	cg, err := cgroup.Load(cgroupName(id))
+func (m *Manager) treePids(id string, init sandbox.Init) (tree, others []int, err error) {
+	cg, err := cgroup.Load(m.cgroupName(id))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -449,8 +449,8 @@ func (m *Manager) killStrays(rec sandboxRec) {
 		// Killed through pidfds, and only while still in the sandbox's
 		// cgroup: these PIDs were read before, from a previous daemon's
 		// sandbox.
-		tree, strays, _ := treePids(rec.ID, rec.Init)
-		if cg, err := cgroup.Load(cgroupName(rec.ID)); err == nil {
+		tree, strays, _ := m.treePids(rec.ID, rec.Init)
+		if cg, err := cgroup.Load(m.cgroupName(rec.ID)); err == nil {
 			for _, pid := range strays {
 				_ = cg.KillMember(pid)
 			}

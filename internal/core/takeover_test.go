@@ -223,7 +223,7 @@ func checkRollbackCrash(t *testing.T, m *Manager, id, x string) {
 	var tree, others []int
 	var err error
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if tree, others, err = treePids(id, rec.Init); err != nil {
+		if tree, others, err = m.treePids(id, rec.Init); err != nil {
 			t.Fatal(err)
 		}
 		if len(others) == 0 || time.Now().After(deadline) {

@@ -28,11 +28,11 @@ func (m *Manager) newTurns() *turn.Tracker {
 		DB:  m.db,
 		Log: m.log,
 		Tree: func(id string, init sandbox.Init) ([]int, error) {
-			tree, _, err := treePids(id, init)
+			tree, _, err := m.treePids(id, init)
 			return tree, err
 		},
 		Cgroup: func(id string) (string, error) {
-			cg, err := cgroup.Load(cgroupName(id))
+			cg, err := cgroup.Load(m.cgroupName(id))
 			if err != nil {
 				return "", err
 			}
