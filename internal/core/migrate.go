@@ -2,12 +2,16 @@ package core
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/client"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/progress"
@@ -44,66 +48,56 @@ type MigrateTarget interface {
 	String() string
 }
 
-// Migration is what a migration did.
-type Migration struct {
-	Sandbox    string
-	Target     string
-	Checkpoint string
-	// Checkpoints is how many of the sandbox's checkpoints the store
-	// holds for the target, the final one included.
-	Checkpoints int
-	// DowntimeMS is from the final checkpoint's start (the sandbox
-	// freezes within it) to the target's answer that it runs.
-	DowntimeMS float64
-}
-
 // Migrate moves running sandbox ref to the daemon to.
-func (m *Manager) Migrate(ctx context.Context, ref string, to MigrateTarget) (Migration, error) {
+func (m *Manager) Migrate(ctx context.Context, ref string, to MigrateTarget) (meta.Migration, error) {
 	if err := m.storeReady(); err != nil {
-		return Migration{}, fmt.Errorf("migrate: %w", err)
+		return meta.Migration{}, fmt.Errorf("migrate: %w", err)
 	}
 	rec, err := m.lookupSandbox(ref)
 	if err != nil {
-		return Migration{}, err
+		return meta.Migration{}, err
 	}
 	if err := m.pipe.wait(ctx, "", rec.ID); err != nil {
-		return Migration{}, err
+		return meta.Migration{}, err
 	}
 	if err := m.migratable(rec); err != nil {
-		return Migration{}, fmt.Errorf("migrate %s: %w", rec.ID, err)
+		return meta.Migration{}, fmt.Errorf("migrate %s: %w", rec.ID, err)
 	}
 	// While it runs: what the store lacks of its committed checkpoints.
 	progress.Report(ctx, progress.Step{Message: "uploading the sandbox's checkpoints"})
 	if _, err := m.uploadLineage(ctx, rec.ID, true); err != nil {
-		return Migration{}, fmt.Errorf("migrate %s: %w", rec.ID, err)
+		return meta.Migration{}, fmt.Errorf("migrate %s: %w", rec.ID, err)
 	}
 	progress.Report(ctx, progress.Step{Message: "capturing processes and files"})
 	start := time.Now()
 	ck, err := m.checkpoint(ctx, rec.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}, true)
 	if err != nil {
-		return Migration{}, errors.Join(fmt.Errorf("migrate %s: %w", rec.ID, err), m.thawSandbox(rec.ID))
+		return meta.Migration{}, errors.Join(fmt.Errorf("migrate %s: %w", rec.ID, err), m.thawSandbox(rec.ID))
 	}
 	rec, unlock, err := m.lockSandbox(ck.Sandbox)
 	if err != nil {
-		return Migration{}, errors.Join(err, m.thawSandbox(ck.Sandbox))
+		return meta.Migration{}, errors.Join(err, m.thawSandbox(ck.Sandbox))
 	}
 	defer unlock()
-	mg := Migration{Sandbox: rec.ID, Target: to.String(), Checkpoint: ck.ID}
+	mg := meta.Migration{Sandbox: rec.ID, Target: to.String(), Checkpoint: ck.ID}
+	up := time.Now()
 	n, err := m.handOver(ctx, rec, ck.ID)
 	if err != nil {
-		return Migration{}, errors.Join(fmt.Errorf("migrate %s: %w", rec.ID, err), m.thawSandbox(rec.ID))
+		return meta.Migration{}, errors.Join(fmt.Errorf("migrate %s: %w", rec.ID, err), m.thawSandbox(rec.ID))
 	}
 	mg.Checkpoints = n
+	mg.UploadMS = ms(time.Since(up))
 	progress.Report(ctx, progress.Step{Message: "resuming on " + to.String()})
 	m.crashpoint("migrate:handed-over")
+	res := time.Now()
 	state, err := to.Resume(ctx, rec.ID)
 	if err == nil && state != v1.StateRunning {
 		err = fmt.Errorf("the target reports the sandbox %s: %w", state, errdefs.ErrUnavailable)
 	}
 	if err != nil {
-		return Migration{}, m.migrateFailed(ctx, rec, ck.ID, to, err)
+		return meta.Migration{}, m.migrateFailed(ctx, rec, ck.ID, to, err)
 	}
-	mg.DowntimeMS = float64(time.Since(start).Microseconds()) / 1000
+	mg.ResumeMS, mg.DowntimeMS = ms(time.Since(res)), ms(time.Since(start))
 	progress.Report(ctx, progress.Step{Message: "stopping the sandbox here"})
 	if err := m.removeHere(ctx, rec, true); err != nil {
 		// It runs on the target: what stays here is garbage.
@@ -239,4 +233,52 @@ func (m *Manager) migrateFailed(ctx context.Context, rec sandboxRec, head string
 		m.log.Warn("cannot thaw a stopped sandbox's empty cgroup", "sandbox", rec.ID, "err", terr)
 	}
 	return errors.Join(cause, fmt.Errorf("the store's document could not be claimed back (%v): the sandbox may run on the target; here it is hibernated at checkpoint %s and resumes only if it can claim the document: %w", err, head, errdefs.ErrConflict))
+}
+
+// MigrateTo migrates sandbox ref to the daemon whose TCP API req names
+// (Migrate), reached over TLS with a token of the sandbox's tenant there.
+func (m *Manager) MigrateTo(ctx context.Context, ref string, req v1.MigrateRequest) (meta.Migration, error) {
+	u, err := url.Parse(req.To)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.User != nil {
+		return meta.Migration{}, fmt.Errorf("migrate: target %q: want https://HOST:PORT: %w", req.To, errdefs.ErrInvalidArgument)
+	}
+	if req.Token == "" {
+		return meta.Migration{}, fmt.Errorf("migrate: a token of the sandbox's tenant on the target is needed: %w", errdefs.ErrInvalidArgument)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if req.CAPEM != "" {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(req.CAPEM)) {
+			return meta.Migration{}, fmt.Errorf("migrate: the target's CA: no PEM certificate: %w", errdefs.ErrInvalidArgument)
+		}
+		cfg.RootCAs = pool
+	}
+	endpoint := "https://" + u.Host
+	return m.Migrate(ctx, ref, remoteTarget{c: client.NewRemote(endpoint, req.Token, cfg), endpoint: endpoint})
+}
+
+// remoteTarget is a daemon's TCP API as a migration's target.
+type remoteTarget struct {
+	c        *client.Client
+	endpoint string
+}
+
+func (t remoteTarget) Resume(ctx context.Context, id string) (string, error) {
+	sb, err := t.c.Resume(ctx, id)
+	return sb.State, err
+}
+
+func (t remoteTarget) String() string { return t.endpoint }
+
+// StoredSandbox is sandbox id as the store's document has it: its ID,
+// name and tenant, hibernated and offloaded. Only a full ID is looked up.
+func (m *Manager) StoredSandbox(ctx context.Context, id string) (meta.Sandbox, error) {
+	if m.store == nil {
+		return meta.Sandbox{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	doc, err := m.store.Sandbox(ctx, id)
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+	return meta.Sandbox{ID: doc.Sandbox, Name: doc.Name, Tenant: doc.Tenant, State: v1.StateHibernated, Offloaded: true, Head: doc.Head}, nil
 }
