@@ -131,13 +131,17 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			ctx, cancel := ctx()
 			defer cancel()
+			store, err := eg.store.open(ctx)
+			if err != nil {
+				return err
+			}
 			// With --json the daemon logs JSON lines on stderr.
 			var log *slog.Logger
 			if g.json {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{RecordLimit: int64(recLimit), Redact: redact, TrustedKeys: trustKeys, KEK: kek, PreviousKEK: prevKEK, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+				Config: core.Config{RecordLimit: int64(recLimit), Redact: redact, TrustedKeys: trustKeys, KEK: kek, PreviousKEK: prevKEK, Store: store, StoreCache: int64(eg.store.cache), Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
 					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault,
 					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile,
@@ -238,6 +242,7 @@ type egressFlags struct {
 	tls    daemon.TLSFiles
 	kek    kekFlags
 	ui     uiFlags
+	store  storeFlags
 }
 
 // uiFlags are the web view's (docs/webui.md).
@@ -264,6 +269,7 @@ func (eg *egressFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&eg.tls.ClientCA, "tls-client-ca", "", "PEM CA whose client certificates --listen requires (mutual TLS; default none)")
 	eg.kek.add(c)
 	eg.ui.add(c)
+	eg.store.add(c)
 }
 
 // kekFlags give the key-encryption key that turns encryption at rest on

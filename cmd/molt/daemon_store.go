@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/molt-sh/molt/internal/objstore"
+	"github.com/spf13/cobra"
+)
+
+// storeFlags give the object store checkpoints are uploaded to
+// (docs/storage.md).
+type storeFlags struct {
+	url, endpoint, region string
+	cache                 sizeFlag
+}
+
+func (f *storeFlags) add(c *cobra.Command) {
+	c.Flags().StringVar(&f.url, "store", "", "object store for checkpoints: s3://BUCKET/PREFIX (any S3-compatible server; credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials) or file:///DIR; committed checkpoints are uploaded in the background, hibernate --offload frees local copies, and a daemon sharing the store resumes them (docs/storage.md)")
+	c.Flags().StringVar(&f.endpoint, "store-endpoint", "", "URL of the S3-compatible server of --store (default Amazon S3)")
+	c.Flags().StringVar(&f.region, "store-region", "", "region --store's requests are signed for (default AWS_REGION, else us-east-1)")
+	c.Flags().Var(&f.cache, "store-cache", "bound the local copies of checkpoints that are in --store to this size: the least recently used are freed and fetched back when a restore needs them (0: keep them all)")
+}
+
+// open opens the store, nil without --store.
+func (f *storeFlags) open(ctx context.Context) (objstore.Bucket, error) {
+	switch {
+	case f.url == "":
+		if f.endpoint != "" || f.region != "" || f.cache != 0 {
+			return nil, fmt.Errorf("--store-endpoint, --store-region and --store-cache need --store")
+		}
+		return nil, nil
+	case strings.HasPrefix(f.url, "s3://"):
+		return objstore.OpenS3(ctx, f.url, objstore.S3Options{Endpoint: f.endpoint, Region: f.region})
+	case strings.HasPrefix(f.url, "file://"):
+		u, err := url.Parse(f.url)
+		if err != nil || u.Host != "" || !strings.HasPrefix(u.Path, "/") {
+			return nil, fmt.Errorf("--store %q: want file:///ABSOLUTE/DIR", f.url)
+		}
+		if f.endpoint != "" {
+			return nil, fmt.Errorf("--store-endpoint is for an s3:// store")
+		}
+		return objstore.NewDir(u.Path)
+	}
+	return nil, fmt.Errorf("--store %q: want s3://BUCKET/PREFIX or file:///DIR", f.url)
+}
