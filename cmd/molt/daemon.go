@@ -63,10 +63,9 @@ func daemonCmd(g *globals) *cobra.Command {
 	var defIOWeight int64
 	var workers, criuLog int
 	var dynMods, cow, tmpl, diskQuota, userns bool
-	var cgParent string
 	var usernsBase uint32
 	var frozenDeadline time.Duration
-	var sockGroup string
+	var sockGroup, cgParent string
 	var sockUIDs []int
 	var seccompDefault string
 	var trustKeys, redact []string

@@ -183,19 +183,20 @@ type Manager struct {
 
 	inflight inflight // open daemon connections to each sandbox's init
 
-	sby          *hot.Standbys  // pre-restored standbys (standby.go)
-	cgroupParent string         // Config.CgroupParent, defaulted
-	spr          *hot.Spares    // started CRIUs for the next restore or dump, per sandbox
-	lim          rooms          // room in sandboxes' limits for the daemon's processes (limits.go)
-	ret          *hot.Retired   // roots rollbacks replaced, not yet deleted
-	tko          *hot.Takeovers // records of switches of sandboxes' live trees
-	pipe         pipeline       // pending full checkpoints
-	turns        *turn.Tracker
-	sch          *sched.Scheduler // nil WithoutScheduler
-	captures     chan struct{}    // capture slots (captureSlot); nil WithoutScheduler
-	closing      chan struct{}    // closed when Close begins
-	closeOnce    sync.Once
-	metrics      *metrics
+	sby       *hot.Standbys  // pre-restored standbys (standby.go)
+	spr       *hot.Spares    // started CRIUs for the next restore or dump, per sandbox
+	lim       rooms          // room in sandboxes' limits for the daemon's processes (limits.go)
+	ret       *hot.Retired   // roots rollbacks replaced, not yet deleted
+	tko       *hot.Takeovers // records of switches of sandboxes' live trees
+	pipe      pipeline       // pending full checkpoints
+	turns     *turn.Tracker
+	sch       *sched.Scheduler // nil WithoutScheduler
+	captures  chan struct{}    // capture slots (captureSlot); nil WithoutScheduler
+	closing   chan struct{}    // closed when Close begins
+	closeOnce sync.Once
+	metrics   *metrics
+
+	cgroupParent string // Config.CgroupParent, defaulted
 
 	dynModsSets atomic.Int64 // times this manager set favordynmods
 

@@ -116,6 +116,9 @@ func (m *Manager) migratable(rec sandboxRec) error {
 	if rec.IDs.Enabled() {
 		return fmt.Errorf("the sandbox has a user namespace of this host's ids; moving it to another host is not supported yet: %w", errdefs.ErrNotSupported)
 	}
+	if rec.Network == v1.NetworkEgress {
+		return fmt.Errorf("the sandbox's egress (its address, its proxy's CA and its ledger) is this host's; moving it to another host is not supported yet: %w", errdefs.ErrNotSupported)
+	}
 	cks, err := m.checkpointsOf(rec.ID)
 	if err != nil {
 		return err

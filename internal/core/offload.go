@@ -484,6 +484,7 @@ func (m *Manager) evict() {
 	}
 	var cands []cand
 	var total int64
+	grace := evictGrace
 	m.usedMu.Lock()
 	for _, c := range cks {
 		if !c.InStore || c.Offloaded || c.Pending || c.Failed {
@@ -494,7 +495,7 @@ func (m *Manager) evict() {
 		if !ok {
 			used = c.Created
 		}
-		if !heads[c.ID] && !c.Keep && time.Since(used) > evictGrace {
+		if !heads[c.ID] && !c.Keep && time.Since(used) > grace {
 			cands = append(cands, cand{c.ID, used, c.BytesWritten})
 		}
 	}
