@@ -1,7 +1,6 @@
 package core
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -132,14 +131,14 @@ type Config struct {
 	// Store, if set, is the object store checkpoints are uploaded to
 	// and fetched from (offload.go; docs/storage.md).
 	Store objstore.Bucket
+	// CgroupParent is the cgroup (in every hierarchy) sandboxes' cgroups
+	// are made in; "" is "molt". Two daemons on one machine (tests,
+	// benchmarks of several hosts) need parents of their own.
+	CgroupParent string
 	// StoreCache bounds the local copies of checkpoints that are in the
 	// store: beyond it, the least recently used are freed (fetched back
 	// when a restore needs them). 0 keeps them all.
 	StoreCache int64
-	// CgroupParent is the cgroup under which each sandbox gets its own
-	// (default "molt"): daemons sharing a host's cgroup tree, each with
-	// its own root, need different ones.
-	CgroupParent string
 }
 
 // DefaultCRIULogLevel is Config.CRIULogLevel's default: errors and
@@ -196,8 +195,6 @@ type Manager struct {
 	closeOnce sync.Once
 	metrics   *metrics
 
-	cgroupParent string // Config.CgroupParent, defaulted
-
 	dynModsSets atomic.Int64 // times this manager set favordynmods
 
 	streamMu sync.Mutex
@@ -210,10 +207,11 @@ type Manager struct {
 
 	cks *ckstore.Store // the checkpoint artifacts, in pool/checkpoints
 	// store is the object store of Config.Store, nil without one.
-	store   *remote.Store
-	fetchMu sync.Mutex // one fetch from the store at a time
-	usedMu  sync.Mutex
-	used    map[string]time.Time // +checklocks:usedMu
+	store    *remote.Store
+	fetchMu  sync.Mutex // one fetch from the store at a time
+	uploadMu sync.Mutex // one upload to the store at a time
+	usedMu   sync.Mutex
+	used     map[string]time.Time // +checklocks:usedMu
 	// keys are the tenants' data keys (Root/keys/data): encryption at
 	// rest when a KEK was given, sealed secrets always (internal/keys).
 	keys *keys.Ring
@@ -282,7 +280,7 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{
-		cfg: cfg, pool: p, db: db, ix: ix, log: cfg.Logger, started: time.Now(), cgroupParent: cmp.Or(cfg.CgroupParent, "molt"),
+		cfg: cfg, pool: p, db: db, ix: ix, log: cfg.Logger, started: time.Now(),
 		launcher: &sandbox.Launcher{Binary: cfg.InitBinary},
 		locks:    map[string]*sync.Mutex{},
 		copying:  map[string]chan struct{}{},

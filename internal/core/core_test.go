@@ -678,7 +678,7 @@ func TestReopenThawsFrozenSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.WaitState(t, sb.Pid, "T")
-	cg, err := cgroup.Load(cgroupName(sb.ID))
+	cg, err := cgroup.Load(testCgroup(sb.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

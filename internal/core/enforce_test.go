@@ -22,7 +22,7 @@ import (
 // v1Dir is the directory of sandbox id's cgroup in the v1 hierarchy
 // mounted at /sys/fs/cgroup/<ctrl> ("" when there is none: a v2 host).
 func v1Dir(id, ctrl string) string {
-	d := filepath.Join("/sys/fs/cgroup", ctrl, cgroupName(id))
+	d := filepath.Join("/sys/fs/cgroup", ctrl, testCgroup(id))
 	if _, err := os.Stat(d); err != nil {
 		return ""
 	}
@@ -35,7 +35,7 @@ func limitFile(t *testing.T, id, v1ctrl, v1file, v2file string) string {
 	t.Helper()
 	dir, file := v1Dir(id, v1ctrl), v1file
 	if dir == "" {
-		dir, file = filepath.Join("/sys/fs/cgroup", cgroupName(id)), v2file
+		dir, file = filepath.Join("/sys/fs/cgroup", testCgroup(id)), v2file
 	}
 	b, err := os.ReadFile(filepath.Join(dir, file))
 	if err != nil {
@@ -49,7 +49,7 @@ func limitFile(t *testing.T, id, v1ctrl, v1file, v2file string) string {
 // inside, that the sandbox sees that cgroup as its root.
 func checkHierarchies(t *testing.T, m *Manager, id, when string) {
 	t.Helper()
-	cg, err := cgroup.Load(cgroupName(id))
+	cg, err := cgroup.Load(testCgroup(id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func checkHierarchies(t *testing.T, m *Manager, id, when string) {
 	if err != nil || len(pids) == 0 {
 		t.Fatalf("%s: pids %v, %v", when, pids, err)
 	}
-	want := "/" + cgroupName(id) + "/" + cgroup.Leaf
+	want := "/" + testCgroup(id) + "/" + cgroup.Leaf
 	for _, pid := range pids {
 		if exiting(pid) {
 			// The kernel shows an exiting task at "/" in v1
@@ -105,7 +105,7 @@ func exiting(pid int) bool {
 
 func sandboxLimitsOK(t *testing.T, m *Manager, id string, res meta.Resources, when string) {
 	t.Helper()
-	cg, err := cgroup.Load(cgroupName(id))
+	cg, err := cgroup.Load(testCgroup(id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestForkBombContained(t *testing.T) {
 	bomb := newSandbox(t, m)
 	m.cfg.DefaultResources = meta.Resources{}
 	neighbour := newSandbox(t, m)
-	cg, err := cgroup.Load(cgroupName(bomb.ID))
+	cg, err := cgroup.Load(testCgroup(bomb.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestMemoryHogOOMKilled(t *testing.T) {
 	if strings.Contains(r.Stdout, "allocated") || !strings.Contains(r.Stdout, "exit=137") {
 		t.Errorf("512 MiB under a 128 MiB limit: %q", r.Stdout)
 	}
-	cg, err := cgroup.Load(cgroupName(hog.ID))
+	cg, err := cgroup.Load(testCgroup(hog.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,10 +269,10 @@ func TestLimitsTampered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg, _ := cgroup.Load(cgroupName(sb.ID))
+	cg, _ := cgroup.Load(testCgroup(sb.ID))
 	pidsDir := v1Dir(sb.ID, "pids")
 	if pidsDir == "" {
-		pidsDir = filepath.Join("/sys/fs/cgroup", cgroupName(sb.ID))
+		pidsDir = filepath.Join("/sys/fs/cgroup", testCgroup(sb.ID))
 	}
 	if err := os.WriteFile(filepath.Join(pidsDir, "pids.max"), []byte("max"), 0); err != nil {
 		t.Fatal(err)

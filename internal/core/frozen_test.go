@@ -72,7 +72,7 @@ func TestFrozenDeadline(t *testing.T) {
 	requireCRIU(t, m)
 	sb := newSandbox(t, m)
 	run(t, m, sb.ID, `(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.01; done) >/dev/null 2>&1 &`)
-	cg, err := cgroup.Load(cgroupName(sb.ID))
+	cg, err := cgroup.Load(testCgroup(sb.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func TestStandbyOutsideLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg, err := cgroup.Load(cgroupName(sb.ID))
+	cg, err := cgroup.Load(testCgroup(sb.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestTemplateCopiesOutsideLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg, err := cgroup.Load(cgroupName(sb.ID))
+	cg, err := cgroup.Load(testCgroup(sb.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,8 +70,7 @@ func TestMigrate(t *testing.T) {
 		t.Fatalf("the store's document after a refused migration: %+v, %v", doc, err)
 	}
 
-	// Another host: its own cgroups too.
-	m2 := openManagerConfig(t, Config{Root: root2, Store: bucket, TrustedKeys: []string{filepath.Join(m.cfg.Root, "keys", "host.pub")}, CgroupParent: "molt-target"})
+	m2 := openManagerStoreAt(t, root2, bucket, filepath.Join(m.cfg.Root, "keys", "host.pub"))
 	mg, err := m.Migrate(ctx, sb.ID, managerTarget{m2})
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +119,3 @@ func TestMigrate(t *testing.T) {
 		t.Fatalf("the target's checkpoints %v lack %s or %s", ids, early.ID, mg.Checkpoint)
 	}
 }
-
-// cgroupName is the cgroup of sandbox id of a daemon with the default
-// Config.CgroupParent, as the tests' managers have it.
-func cgroupName(id string) string { return "molt/" + id }

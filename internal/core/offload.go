@@ -11,6 +11,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/meta"
@@ -48,11 +49,18 @@ func (m *Manager) scheduleUpload(sandboxID, id string) {
 		return
 	}
 	m.background(sandboxID, sched.GC, "upload checkpoint "+id, func(ctx context.Context, t *sched.Task) error {
-		if err := m.uploadCheckpoint(ctx, t, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			m.log.Warn("checkpoint not uploaded to the store", "checkpoint", id, "err", err)
-			return err
+		err := m.uploadCheckpoint(ctx, t, id)
+		if err == nil || errors.Is(err, errdefs.ErrNotFound) {
+			return nil
 		}
-		return nil
+		// An offload (which uploads it itself) or a delete may have
+		// taken the local copy meanwhile.
+		var ck checkpointRec
+		if gerr := m.db.Get(meta.Checkpoints, id, &ck); gerr != nil || ck.InStore || ck.Offloaded {
+			return nil
+		}
+		m.log.Warn("checkpoint not uploaded to the store", "checkpoint", id, "err", err)
+		return err
 	})
 }
 
@@ -69,6 +77,10 @@ func (m *Manager) uploadCheckpoint(ctx context.Context, t *sched.Task, id string
 // putCheckpoint is uploadCheckpoint without the cache's trim, which
 // locks sandboxes: for callers that hold one's lock.
 func (m *Manager) putCheckpoint(ctx context.Context, t *sched.Task, id string) error {
+	// One upload at a time: an offload waits for the background upload
+	// of its checkpoint rather than sending the same content again.
+	m.uploadMu.Lock()
+	defer m.uploadMu.Unlock()
 	var ck checkpointRec
 	if err := m.db.Get(meta.Checkpoints, id, &ck); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", id, errdefs.ErrNotFound)
@@ -204,7 +216,16 @@ func (m *Manager) fetchCheckpoint(ctx context.Context, ck *checkpointRec) error 
 	progress.Report(ctx, progress.Step{Message: "verifying checkpoint " + ck.ID})
 	local := *ck
 	local.Offloaded = false
-	if err := m.verify(local, true); err != nil {
+	// Each object was hashed as it was fetched, against the recipe: if
+	// the recipe lists the record's objects, that was the verification
+	// of their content, and the rest (the signed manifest, the CRIU
+	// images, validated by every restore) is checked as for any
+	// restore. Otherwise everything is hashed again.
+	thorough := !sameObjects(r, ck.Objects)
+	if !thorough {
+		m.cks.Remember(ck.ID, ck.Objects)
+	}
+	if err := m.verify(local, thorough); err != nil {
 		return fmt.Errorf("checkpoint %s fetched from the store: %w", ck.ID, err)
 	}
 	ck.Offloaded = false
@@ -214,6 +235,20 @@ func (m *Manager) fetchCheckpoint(ctx context.Context, ck *checkpointRec) error 
 	rv.Success()
 	m.metrics.fetches.Inc()
 	return nil
+}
+
+// sameObjects reports whether recipe r lists exactly the objects objs.
+func sameObjects(r remote.Recipe, objs []ckstore.Object) bool {
+	if len(r.Objects) != len(objs) {
+		return false
+	}
+	for i, o := range objs {
+		ro := r.Objects[i]
+		if ro.Name != o.Path || ro.Size != o.Size || ro.SHA256 != o.SHA256 {
+			return false
+		}
+	}
+	return true
 }
 
 // adopt makes sandbox ref, offloaded to the store by this or another

@@ -27,16 +27,11 @@ func openManagerStore(t testing.TB, b objstore.Bucket, pubs ...string) *Manager 
 // openManagerStoreAt is openManagerStore on root.
 func openManagerStoreAt(t testing.TB, root string, b objstore.Bucket, pubs ...string) *Manager {
 	t.Helper()
-	return openManagerConfig(t, Config{Root: root, TrustedKeys: pubs, Store: b})
-}
-
-// openManagerConfig opens a manager of cfg (a pool of 8 GiB, the tests'
-// cache) with the test image built.
-func openManagerConfig(t testing.TB, cfg Config) *Manager {
-	t.Helper()
 	testutil.RequireRoot(t)
-	cfg.PoolSize, cfg.CacheDir = 8<<30, os.Getenv("MOLT_CACHE_DIR")
-	m, err := Open(context.Background(), cfg)
+	// A cgroup parent of its own: two managers stand for two hosts, and
+	// a sandbox keeps its ID from one to the other.
+	m, err := Open(context.Background(), Config{Root: root, PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), TrustedKeys: pubs, Store: b,
+		CgroupParent: "molt-test-" + filepath.Base(root)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,3 +238,7 @@ func TestStoreCache(t *testing.T) {
 		t.Fatal("the fetched checkpoint is still listed as offloaded")
 	}
 }
+
+// testCgroup is the cgroup of sandbox id of a manager with the default
+// cgroup parent.
+func testCgroup(id string) string { return "molt/" + id }

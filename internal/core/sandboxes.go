@@ -28,7 +28,16 @@ import (
 // init still runs.
 type sandboxRec = meta.SandboxRecord
 
-func (m *Manager) cgroupName(id string) string { return m.cgroupParent + "/" + id }
+// cgroupName is the cgroup of sandbox id, under Config.CgroupParent.
+func (m *Manager) cgroupName(id string) string { return m.cgroupParent() + "/" + id }
+
+// cgroupParent is the cgroup of the sandboxes: Config.CgroupParent, "molt" by default.
+func (m *Manager) cgroupParent() string {
+	if m.cfg.CgroupParent != "" {
+		return m.cfg.CgroupParent
+	}
+	return "molt"
+}
 
 func (m *Manager) sbDir(id string) string  { return m.path("sandboxes", id) }
 func (m *Manager) sbRoot(id string) string { return m.path("sandboxes", id, "root") }

@@ -57,7 +57,7 @@ func TestSpareCRIU(t *testing.T) {
 	}
 	procs := func() []int {
 		t.Helper()
-		cg, err := cgroup.Load(cgroupName(sb))
+		cg, err := cgroup.Load(testCgroup(sb))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,134 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/objstore/s3test"
+	"github.com/molt-sh/molt/internal/units"
+)
+
+// BenchmarkStoreResume measures hibernating a sandbox to the object store
+// and resuming it from there, against resuming it from the local pool
+// (the strongest baseline: no store at all), by the memory of its
+// Python process (random bytes: nothing to share). Two daemons with
+// their own pools share a bucket of the real S3 server of the tests
+// (versitygw, on this machine's disk); the sandbox moves from the first
+// to the second through the store. Per size, in alternating order:
+//
+//   - local: Hibernate then Resume on the first daemon (the resume timed);
+//   - store: Hibernate, Offload (timed: the upload, with the store
+//     already holding what earlier checkpoints uploaded), then Resume on
+//     the second daemon (timed: fetch, thorough verification, restore),
+//     and back the same way.
+//
+// Sizes come from MOLT_BENCH_SIZES (default "100M,1G"; "4G" needs a
+// host with room for three copies):
+//
+//	MOLT_BENCH_SIZES=100M,1G,4G go test -run XXX -bench StoreResume -benchtime 1x -timeout 60m ./internal/core
+func BenchmarkStoreResume(b *testing.B) {
+	sizes := os.Getenv("MOLT_BENCH_SIZES")
+	if sizes == "" {
+		sizes = "100M,1G"
+	}
+	for _, s := range strings.Split(sizes, ",") {
+		var n int64
+		var unit string
+		if _, err := fmt.Sscanf(s, "%d%s", &n, &unit); err != nil || (unit != "M" && unit != "G") {
+			b.Fatalf("MOLT_BENCH_SIZES: %q: want sizes such as 100M or 4G", s)
+		}
+		if n <<= 20; unit == "G" {
+			n <<= 10
+		}
+		b.Run(s, func(b *testing.B) { benchStoreResume(b, n) })
+	}
+}
+
+func benchStoreResume(b *testing.B, size int64) {
+	bucket := s3test.Start(b).OpenBucket(b, "")
+	root2 := b.TempDir()
+	if _, err := ckstore.LoadKeyring(filepath.Join(root2, "keys"), nil); err != nil {
+		b.Fatal(err)
+	}
+	m1 := openManagerStore(b, bucket, filepath.Join(root2, "keys", "host.pub"))
+	requireCRIU(b, m1)
+	m2 := openManagerStoreAt(b, root2, bucket, filepath.Join(m1.cfg.Root, "keys", "host.pub"))
+	ctx := context.Background()
+	sb, err := m1.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{MemoryBytes: size + 1<<30}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	script := fmt.Sprintf("import random, time\nb = random.randbytes(%d)\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)", size)
+	if _, _, err := m1.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", script}}); err != nil {
+		b.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(m1.sbRoot(sb.ID), "tmp/ready")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("the process did not fill its memory")
+		}
+	}
+	var tLocal, tUpload, tStore time.Duration
+	var uploads int
+	here, there := m1, m2
+	local := func() {
+		if _, err := here.Hibernate(ctx, sb.ID); err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := here.Resume(ctx, sb.ID); err != nil {
+			b.Fatal(err)
+		}
+		tLocal += time.Since(start)
+	}
+	store := func() {
+		for range 2 { // there and back: the sandbox ends where it began
+			if _, err := here.Hibernate(ctx, sb.ID); err != nil {
+				b.Fatal(err)
+			}
+			start := time.Now()
+			if _, err := here.Offload(ctx, sb.ID); err != nil {
+				b.Fatal(err)
+			}
+			tUpload += time.Since(start)
+			uploads++
+			start = time.Now()
+			if _, err := there.Resume(ctx, sb.ID); err != nil {
+				b.Fatal(err)
+			}
+			tStore += time.Since(start)
+			// The daemon it left forgets it (its copy is in the store).
+			if err := here.Remove(ctx, sb.ID); err != nil {
+				b.Fatal(err)
+			}
+			here, there = there, here
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%2 == 0 {
+			local()
+			store()
+		} else {
+			store()
+			local()
+		}
+	}
+	b.StopTimer()
+	msPer := func(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
+	b.ReportMetric(msPer(tLocal, b.N), "local-resume-ms")
+	b.ReportMetric(msPer(tStore, uploads), "store-resume-ms")
+	b.ReportMetric(msPer(tUpload, uploads), "offload-ms")
+	b.ReportMetric(float64(tStore)/float64(uploads)/(float64(tLocal)/float64(b.N)), "store/local")
+	b.Logf("%s: resume from the local pool %.0f ms, from the store %.0f ms; offload %.0f ms (%d offloads); store traffic %+v",
+		units.Bytes(size), msPer(tLocal, b.N), msPer(tStore, uploads), msPer(tUpload, uploads), uploads, bucket.Stats())
+}
