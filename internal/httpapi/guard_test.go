@@ -37,6 +37,7 @@ func (e *tenantEngine) Sandbox(ctx context.Context, ref string) (meta.Sandbox, e
 	}
 	return e.fakeEngine.Sandbox(ctx, ref)
 }
+
 // StoredSandbox: sbstorea of a and sbstoreb of b are in the object store
 // only.
 func (e *tenantEngine) StoredSandbox(ctx context.Context, id string) (meta.Sandbox, error) {
