@@ -92,6 +92,10 @@ func startHost(t *testing.T, name, root string, srv s3test.Server, trust string)
 			b, _ := os.ReadFile(h.log)
 			t.Logf("%s's log ends with:\n%s", name, tail(b, 3000))
 		}
+		// Its pool (a loop-mounted btrfs when the root is not on one).
+		if err := syscall.Unmount(filepath.Join(root, "pool"), 0); err != nil && err != syscall.EINVAL {
+			t.Errorf("%s: unmount its pool: %v", name, err)
+		}
 	})
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if exec.Command(env.bin, "--socket", h.socket, "host").Run() == nil {

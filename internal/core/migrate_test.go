@@ -75,7 +75,7 @@ func TestMigrate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("migrated at checkpoint %s with %d checkpoints, down %.1f ms", mg.Checkpoint, mg.Checkpoints, mg.DowntimeMS)
+	t.Logf("migrated at checkpoint %s with %d checkpoints, down %.1f ms (upload %.1f ms, target's resume %.1f ms)", mg.Checkpoint, mg.Checkpoints, mg.DowntimeMS, mg.UploadMS, mg.ResumeMS)
 	if mg.Checkpoints < 2 {
 		t.Fatalf("migration: %+v", mg)
 	}
