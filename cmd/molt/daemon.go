@@ -65,7 +65,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var dynMods, cow, tmpl, diskQuota, userns bool
 	var usernsBase uint32
 	var frozenDeadline time.Duration
-	var sockGroup, cgroupParent string
+	var sockGroup string
 	var sockUIDs []int
 	var seccompDefault string
 	var trustKeys, redact []string
@@ -125,13 +125,9 @@ func daemonCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			kek, prevKEK, err := eg.kek.load()
-			if err != nil {
-				return err
-			}
 			ctx, cancel := ctx()
 			defer cancel()
-			store, err := eg.store.open(ctx)
+			kek, prevKEK, store, err := eg.open(ctx)
 			if err != nil {
 				return err
 			}
@@ -141,7 +137,7 @@ func daemonCmd(g *globals) *cobra.Command {
 				log = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			}
 			return daemon.Run(ctx, daemon.Config{
-				Config: core.Config{RecordLimit: int64(recLimit), Redact: redact, TrustedKeys: trustKeys, KEK: kek, PreviousKEK: prevKEK, Store: store, StoreCache: int64(eg.store.cache), CgroupParent: cgroupParent, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
+				Config: core.Config{RecordLimit: int64(recLimit), Redact: redact, TrustedKeys: trustKeys, KEK: kek, PreviousKEK: prevKEK, Store: store, StoreCache: int64(eg.store.cache), CgroupParent: eg.store.cgroupParent, Root: g.root, PoolSize: size, PoolNodeSize: int(nodes), CacheDir: cacheDir, Version: version, Logger: log, StandbyBudget: sbyBudget,
 					SandboxStandbyBudget: perSandbox, CRIULogLevel: criuLog, Sched: sched.Config{Workers: workers, BytesPerSec: bps},
 					DiskReserve: reserve, DiskReservePercent: reservePct, FrozenDeadline: frozenDeadline, DefaultDisk: defDisk, DefaultResources: meta.Resources(defaults), UserNS: userns, UserNSBase: usernsBase, SeccompDefault: seccompDefault,
 					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile,
@@ -179,7 +175,6 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&userns, "userns", false, "give each sandbox created from now on a user namespace: root inside is a block of 65536 unprivileged host uids and gids of its own (docs/architecture.md, User namespaces); sandboxes keep what they were created with")
 	c.Flags().Uint32Var(&usernsBase, "userns-base", core.DefaultUserNSBase, "first host uid and gid of the --userns blocks (65536 ids each, the first free one per sandbox)")
 	c.Flags().StringVar(&seccompDefault, "seccomp-default", v1.SeccompDefault, "system call filter of sandboxes created without --seccomp: default (molt's profile, docs/security.md) or unconfined (for comparisons)")
-	c.Flags().StringVar(&cgroupParent, "cgroup-parent", "molt", "cgroup (in every hierarchy) the sandboxes' cgroups are made in; daemons sharing a machine need their own")
 	c.Flags().IntVar(&criuLog, "criu-log-level", core.DefaultCRIULogLevel, "CRIU's log level for checkpoints and restores: 1 errors, 2 and warnings, 4 debugging (adds milliseconds to every checkpoint's frozen window)")
 	return c
 }

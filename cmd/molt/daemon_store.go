@@ -6,21 +6,24 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/molt-sh/molt/internal/keys"
 	"github.com/molt-sh/molt/internal/objstore"
 	"github.com/spf13/cobra"
 )
 
 // storeFlags give the object store checkpoints are uploaded to
-// (docs/storage.md).
+// (docs/storage.md), and what sets daemons sharing a machine apart.
 type storeFlags struct {
 	url, endpoint, region string
 	cache                 sizeFlag
+	cgroupParent          string
 }
 
 func (f *storeFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&f.url, "store", "", "object store for checkpoints: s3://BUCKET/PREFIX (any S3-compatible server; credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials) or file:///DIR; committed checkpoints are uploaded in the background, hibernate --offload frees local copies, and a daemon sharing the store resumes them (docs/storage.md)")
 	c.Flags().StringVar(&f.endpoint, "store-endpoint", "", "URL of the S3-compatible server of --store (default Amazon S3)")
 	c.Flags().StringVar(&f.region, "store-region", "", "region --store's requests are signed for (default AWS_REGION, else us-east-1)")
+	c.Flags().StringVar(&f.cgroupParent, "cgroup-parent", "molt", "cgroup (in every hierarchy) the sandboxes' cgroups are made in; daemons sharing a machine need their own")
 	c.Flags().Var(&f.cache, "store-cache", "bound the local copies of checkpoints that are in --store to this size: the least recently used are freed and fetched back when a restore needs them (0: keep them all)")
 }
 
@@ -45,4 +48,14 @@ func (f *storeFlags) open(ctx context.Context) (objstore.Bucket, error) {
 		return objstore.NewDir(u.Path)
 	}
 	return nil, fmt.Errorf("--store %q: want s3://BUCKET/PREFIX or file:///DIR", f.url)
+}
+
+// open returns the key-encryption keys (nil without --kek-file) and the
+// store (nil without --store).
+func (eg *egressFlags) open(ctx context.Context) (kek, previous keys.KEK, store objstore.Bucket, err error) {
+	if kek, previous, err = eg.kek.load(); err != nil {
+		return nil, nil, nil, err
+	}
+	store, err = eg.store.open(ctx)
+	return kek, previous, store, err
 }

@@ -65,7 +65,9 @@ func benchStoreResume(b *testing.B, size int64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	script := fmt.Sprintf("import random, time\nb = random.randbytes(%d)\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)", size)
+	// Filled 16 MiB at a time: randbytes of the whole would hold the
+	// bytes twice (as an int first).
+	script := fmt.Sprintf("import random, time\nn = %d\nb = bytearray(n)\nfor i in range(0, n, 1 << 24): b[i:i + (1 << 24)] = random.randbytes(min(1 << 24, n - i))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)", size)
 	if _, _, err := m1.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", script}}); err != nil {
 		b.Fatal(err)
 	}
