@@ -119,3 +119,43 @@ func TestMigrate(t *testing.T) {
 		t.Fatalf("the target's checkpoints %v lack %s or %s", ids, early.ID, mg.Checkpoint)
 	}
 }
+
+// lostAnswer is a target that resumes the sandbox and then loses its
+// answer (a timeout on the way back).
+type lostAnswer struct{ managerTarget }
+
+func (t lostAnswer) Resume(ctx context.Context, id string) (string, error) {
+	if _, err := t.m.Resume(ctx, id); err != nil {
+		return "", err
+	}
+	return "", errors.New("connection reset by peer")
+}
+
+// TestMigrateAnswerLost: a target that resumed the sandbox but whose
+// answer was lost leaves it running there only: the source stops its
+// copy and may not resume it while the target holds it.
+func TestMigrateAnswerLost(t *testing.T) {
+	bucket := testBucket(t)
+	root2 := t.TempDir()
+	if _, err := ckstore.LoadKeyring(filepath.Join(root2, "keys"), nil); err != nil {
+		t.Fatal(err)
+	}
+	m := openManagerStore(t, bucket, filepath.Join(root2, "keys", "host.pub"))
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	run(t, m, sb.ID, "V=here")
+	m2 := openManagerStoreAt(t, root2, bucket, filepath.Join(m.cfg.Root, "keys", "host.pub"))
+	if _, err := m.Migrate(ctx, sb.ID, lostAnswer{managerTarget{m2}}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("a migration whose answer was lost: %v", err)
+	}
+	if got, err := m.Sandbox(ctx, sb.ID); err != nil || got.State != v1.StateHibernated {
+		t.Fatalf("the source after a lost answer: %+v, %v", got, err)
+	}
+	if _, err := m.Resume(ctx, sb.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("the source resumed a sandbox the target runs: %v", err)
+	}
+	if out := run(t, m2, sb.ID, "echo $V"); out.Stdout != "here\n" {
+		t.Fatalf("the session on the target: %q", out.Stdout)
+	}
+}
