@@ -234,9 +234,15 @@ type result struct {
 // molt runs the CLI with stdin from stdin (may be nil).
 func moltIn(t *testing.T, stdin string, args ...string) result {
 	t.Helper()
+	return moltAt(t, env.socket, stdin, args...)
+}
+
+// moltAt runs the CLI against the daemon of socket.
+func moltAt(t *testing.T, socket, stdin string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, env.bin, append([]string{"--socket", env.socket}, args...)...)
+	cmd := exec.CommandContext(ctx, env.bin, append([]string{"--socket", socket}, args...)...)
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
 	if stdin != "" {

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -96,19 +95,7 @@ func jsonIDs(b []byte) []string {
 
 func (h host) molt(t *testing.T, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin(), append([]string{"--socket", h.socket}, args...)...)
-	var so, se bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &so, &se
-	err := cmd.Run()
-	r := result{stdout: so.String(), stderr: se.String()}
-	if ee, ok := err.(*exec.ExitError); ok {
-		r.code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("molt %v: %v", args, err)
-	}
-	return r
+	return moltAt(t, h.socket, "", args...)
 }
 
 func (h host) must(t *testing.T, args ...string) string {

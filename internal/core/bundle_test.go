@@ -16,23 +16,13 @@ import (
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
-	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // openManagerTrusting opens a manager of a root of its own that trusts
 // the host keys in the files pubs.
 func openManagerTrusting(t testing.TB, pubs ...string) *Manager {
 	t.Helper()
-	testutil.RequireRoot(t)
-	m, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), TrustedKeys: pubs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	closeManager(t, m)
-	if _, err := m.BuildImage(context.Background(), v1.ImageBuildRequest{Name: testImage}, nil); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return openManagerConfig(t, Config{Root: t.TempDir(), TrustedKeys: pubs})
 }
 
 // exportTo exports checkpoint ck of m into a file.

@@ -34,8 +34,22 @@ const testImage = "debian"
 // (from the debootstrap cache after the first build on this host).
 func openManager(t testing.TB) *Manager {
 	t.Helper()
+	return openManagerConfig(t, Config{Root: t.TempDir()})
+}
+
+// openManagerConfig opens a manager of cfg (an 8 GiB pool and the
+// shared image cache unless cfg says otherwise) with the test image
+// built, closed when t ends.
+func openManagerConfig(t testing.TB, cfg Config) *Manager {
+	t.Helper()
 	testutil.RequireRoot(t)
-	m, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR")})
+	if cfg.PoolSize == 0 {
+		cfg.PoolSize = 8 << 30
+	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = os.Getenv("MOLT_CACHE_DIR")
+	}
+	m, err := Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

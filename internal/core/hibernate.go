@@ -91,14 +91,11 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 			return meta.Sandbox{}, err
 		}
 	}
-	rec, unlock, err := m.lockSandbox(ref)
+	rec, unlock, err := m.lockHibernated(ref, "resume")
 	if err != nil {
 		return meta.Sandbox{}, err
 	}
 	defer unlock()
-	if rec.State != v1.StateHibernated {
-		return meta.Sandbox{}, fmt.Errorf("resume %s: the sandbox is %s, not hibernated: %w", rec.ID, m.report(rec).State, errdefs.ErrFailedPrecondition)
-	}
 	var ck checkpointRec
 	resumed := false
 	if err := m.db.Get(meta.Checkpoints, rec.Head, &ck); err != nil {
@@ -136,4 +133,17 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 	resumed = true
 	m.scheduleStandby(rec.ID)
 	return m.report(rec), nil
+}
+
+// lockHibernated locks sandbox ref, which must be hibernated (for op).
+func (m *Manager) lockHibernated(ref, op string) (sandboxRec, func(), error) {
+	rec, unlock, err := m.lockSandbox(ref)
+	if err != nil {
+		return rec, nil, err
+	}
+	if rec.State != v1.StateHibernated {
+		unlock()
+		return rec, nil, fmt.Errorf("%s %s: the sandbox is %s, not hibernated: %w", op, rec.ID, m.report(rec).State, errdefs.ErrFailedPrecondition)
+	}
+	return rec, unlock, nil
 }

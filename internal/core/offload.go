@@ -119,14 +119,11 @@ func (m *Manager) Offload(ctx context.Context, ref string) (meta.Sandbox, error)
 	if err := m.storeReady(); err != nil {
 		return meta.Sandbox{}, err
 	}
-	rec, unlock, err := m.lockSandbox(ref)
+	rec, unlock, err := m.lockHibernated(ref, "offload")
 	if err != nil {
 		return meta.Sandbox{}, err
 	}
 	defer unlock()
-	if rec.State != v1.StateHibernated {
-		return meta.Sandbox{}, fmt.Errorf("offload %s: the sandbox is %s, not hibernated: %w", rec.ID, m.report(rec).State, errdefs.ErrFailedPrecondition)
-	}
 	if rec.Offloaded {
 		return m.report(rec), nil
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/objstore"
 	"github.com/molt-sh/molt/internal/objstore/s3test"
-	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // openManagerStore opens a manager of a root of its own with object
@@ -27,19 +26,9 @@ func openManagerStore(t testing.TB, b objstore.Bucket, pubs ...string) *Manager 
 // openManagerStoreAt is openManagerStore on root.
 func openManagerStoreAt(t testing.TB, root string, b objstore.Bucket, pubs ...string) *Manager {
 	t.Helper()
-	testutil.RequireRoot(t)
 	// A cgroup parent of its own: two managers stand for two hosts, and
 	// a sandbox keeps its ID from one to the other.
-	m, err := Open(context.Background(), Config{Root: root, PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"), TrustedKeys: pubs, Store: b,
-		CgroupParent: "molt-test-" + filepath.Base(root)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	closeManager(t, m)
-	if _, err := m.BuildImage(context.Background(), v1.ImageBuildRequest{Name: testImage}, nil); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return openManagerConfig(t, Config{Root: root, TrustedKeys: pubs, Store: b, CgroupParent: "molt-test-" + filepath.Base(root)})
 }
 
 // counting waits until the counter writer of sandbox sb (root) has
@@ -169,16 +158,7 @@ func testBucket(t *testing.T) objstore.Bucket {
 // least recently used are freed once in the store, and a rollback to
 // one (files only, and files and processes) fetches it back.
 func TestStoreCache(t *testing.T) {
-	testutil.RequireRoot(t)
-	m, err := Open(context.Background(), Config{Root: t.TempDir(), PoolSize: 8 << 30, CacheDir: os.Getenv("MOLT_CACHE_DIR"),
-		Store: testBucket(t), StoreCache: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	closeManager(t, m)
-	if _, err := m.BuildImage(context.Background(), v1.ImageBuildRequest{Name: testImage}, nil); err != nil {
-		t.Fatal(err)
-	}
+	m := openManagerConfig(t, Config{Root: t.TempDir(), Store: testBucket(t), StoreCache: 1})
 	requireCRIU(t, m)
 	ctx := context.Background()
 	sb := newSandbox(t, m)

@@ -53,20 +53,12 @@ func (s *Store) PutSandbox(ctx context.Context, d SandboxDoc) error {
 		return fmt.Errorf("store: sandbox %q at %q: not names, or more than %d checkpoints: %w", d.Sandbox, d.Head, maxLineage, errdefs.ErrInvalidArgument)
 	}
 	d.Layout, d.Updated, d.Signature = Layout, time.Now().UTC().Truncate(time.Millisecond), nil
-	sb, err := d.signedBytes()
+	sig, err := s.sign(d.signedBytes())
 	if err != nil {
 		return err
 	}
-	sig := s.k.SignBytes(sb)
-	d.Signature = &sig
-	b, err := json.Marshal(d)
-	if err != nil {
-		return err
-	}
-	if err := s.b.Put(ctx, sandboxKey(d.Sandbox), strings.NewReader(string(b)), int64(len(b))); err != nil {
-		return fmt.Errorf("store: write sandbox %s: %w", d.Sandbox, err)
-	}
-	return nil
+	d.Signature = sig
+	return s.putJSON(ctx, sandboxKey(d.Sandbox), d)
 }
 
 // Sandbox reads and checks sandbox id's document; a sandbox not in the

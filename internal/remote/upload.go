@@ -3,6 +3,7 @@ package remote
 import (
 	"archive/tar"
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -97,17 +98,30 @@ func (s *Store) Upload(ctx context.Context, src Source) (Recipe, Stats, error) {
 // putSigned signs and stores r.
 func (s *Store) putSigned(ctx context.Context, key string, r *Recipe) error {
 	r.Signature = nil
-	sb, err := r.signedBytes()
+	sig, err := s.sign(r.signedBytes())
 	if err != nil {
 		return err
 	}
-	sig := s.k.SignBytes(sb)
-	r.Signature = &sig
-	b, err := json.Marshal(r)
+	r.Signature = sig
+	return s.putJSON(ctx, key, r)
+}
+
+// sign signs b (with the error of making it).
+func (s *Store) sign(b []byte, err error) (*ckstore.Signature, error) {
+	if err != nil {
+		return nil, err
+	}
+	sig := s.k.SignBytes(b)
+	return &sig, nil
+}
+
+// putJSON stores v as JSON at key.
+func (s *Store) putJSON(ctx context.Context, key string, v any) error {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	if err := s.b.Put(ctx, key, strings.NewReader(string(b)), int64(len(b))); err != nil {
+	if err := s.b.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
 		return fmt.Errorf("store: write %s: %w", key, err)
 	}
 	return nil
