@@ -513,6 +513,15 @@ func (c *Client) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
 	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/resume", nil, &sb)
 }
 
+// Migrate moves a running sandbox to the daemon req.To, which shares
+// this daemon's object store and trusts its host key; the sandbox runs
+// there, and no longer here, when it returns without error. The host
+// admin's (the socket).
+func (c *Client) Migrate(ctx context.Context, ref string, req v1.MigrateRequest) (v1.MigrateResult, error) {
+	var res v1.MigrateResult
+	return res, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/migrate", req, &res)
+}
+
 // AuditExport writes the daemon's audit log entries after seq since to
 // w, byte for byte as the log holds them (JSON lines).
 func (c *Client) AuditExport(ctx context.Context, since uint64, w io.Writer) error {

@@ -50,6 +50,7 @@ var examples = map[string]string{
 	"molt fork":      "  molt fork agent-1\n  molt fork before-install --n 8 --reseed",
 	"molt hibernate": "  molt hibernate agent-1\n  molt hibernate agent-1 --offload     # then free the local copy: resume here or on any daemon sharing the store",
 	"molt resume":    "  molt resume agent-1",
+	"molt migrate":   "  molt migrate agent-1 --to https://host-b:7443 --to-token-file b.token --to-ca b-ca.pem",
 	"molt turn":      "  molt turn agent-1\n  molt turn agent-1 --dry-run\n  molt turn agent-1 --label step-3 --ignore '/tmp/**'",
 	"molt turns":     "  molt turns agent-1\n  molt turns agent-1 --json",
 	"molt effects":   "  molt effects agent-1\n  molt effects agent-1 --since before-install --json",

@@ -343,3 +343,46 @@ func resumeCmd(g *globals) *cobra.Command {
 		},
 	}
 }
+
+func migrateCmd(g *globals) *cobra.Command {
+	var to, token, tokenFile, caFile string
+	c := &cobra.Command{
+		Use:   "migrate SANDBOX --to https://HOST:PORT",
+		Short: "Move a running sandbox to another daemon sharing the object store",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := v1.MigrateRequest{To: to, Token: token}
+			if tokenFile != "" {
+				b, err := os.ReadFile(tokenFile)
+				if err != nil {
+					return fmt.Errorf("--to-token-file: %w", err)
+				}
+				req.Token = strings.TrimSpace(string(b))
+			}
+			if caFile != "" {
+				b, err := os.ReadFile(caFile)
+				if err != nil {
+					return fmt.Errorf("--to-ca: %w", err)
+				}
+				req.CAPEM = string(b)
+			}
+			ctx, cancel := ctx()
+			defer cancel()
+			ctx, stop := withProgress(ctx, "migrate "+args[0])
+			res, err := g.client().Migrate(ctx, args[0], req)
+			stop()
+			if err != nil {
+				return err
+			}
+			return g.print(res, func() {
+				fmt.Printf("%s migrated to %s at checkpoint %s (%d checkpoints there), down %.0f ms\n", res.Sandbox, res.Target, res.Checkpoint, res.Checkpoints, res.DowntimeMS)
+			})
+		},
+	}
+	c.Flags().StringVar(&to, "to", "", "the target daemon's TCP API, https://HOST:PORT (its --listen); it must share this daemon's --store and trust its host key")
+	c.Flags().StringVar(&token, "to-token", os.Getenv("MOLT_TO_TOKEN"), "a token of the sandbox's tenant on the target, with the checkpoint scope (env MOLT_TO_TOKEN)")
+	c.Flags().StringVar(&tokenFile, "to-token-file", "", "read --to-token from this file")
+	c.Flags().StringVar(&caFile, "to-ca", "", "PEM file of the CA that signed the target's certificate (default the system's roots)")
+	_ = c.MarkFlagRequired("to")
+	return c
+}

@@ -97,6 +97,7 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 	}
 	defer unlock()
 	var ck checkpointRec
+	resumed := false
 	if err := m.db.Get(meta.Checkpoints, rec.Head, &ck); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("resume %s: its checkpoint %s is gone: %w", rec.ID, rec.Head, errdefs.ErrFailedPrecondition)
 	}
@@ -104,6 +105,14 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 		if err := m.claim(ctx, rec); err != nil {
 			return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
 		}
+		// A resume that fails gives the claim back: a migration's source
+		// then takes its sandbox back (migrate.go).
+		id := rec.ID
+		defer func() {
+			if !resumed {
+				m.unclaim(ctx, id)
+			}
+		}()
 		if ck.Offloaded {
 			if err := m.fetchCheckpoint(ctx, &ck); err != nil {
 				return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
@@ -121,6 +130,7 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 			return meta.Sandbox{}, err
 		}
 	}
+	resumed = true
 	m.scheduleStandby(rec.ID)
 	return m.report(rec), nil
 }

@@ -65,8 +65,18 @@ func (m *Manager) scheduleUpload(sandboxID, id string) {
 }
 
 // uploadCheckpoint puts checkpoint id into the store unless it is there,
-// and records that it is.
+// records that it is, and trims the local cache.
 func (m *Manager) uploadCheckpoint(ctx context.Context, t *sched.Task, id string) error {
+	if err := m.putCheckpoint(ctx, t, id); err != nil {
+		return err
+	}
+	m.evict()
+	return nil
+}
+
+// putCheckpoint is uploadCheckpoint without the cache's trim, which
+// locks sandboxes: for callers that hold one's lock.
+func (m *Manager) putCheckpoint(ctx context.Context, t *sched.Task, id string) error {
 	// One upload at a time: an offload waits for the background upload
 	// of its checkpoint rather than sending the same content again.
 	m.uploadMu.Lock()
@@ -99,11 +109,7 @@ func (m *Manager) uploadCheckpoint(ctx context.Context, t *sched.Task, id string
 	m.metrics.uploads.WithLabelValues("ok").Inc()
 	m.metrics.storeSent.Add(float64(st.UploadedBytes))
 	m.log.Debug("checkpoint uploaded", "checkpoint", id, "uploaded", st.UploadedBytes, "shared", st.SharedBytes)
-	if err := m.setCheckpoint(id, func(c *checkpointRec) { c.InStore = true }); err != nil {
-		return err
-	}
-	m.evict()
-	return nil
+	return m.setCheckpoint(id, func(c *checkpointRec) { c.InStore = true })
 }
 
 // Offload puts a hibernated sandbox's checkpoint and record into the
@@ -122,7 +128,7 @@ func (m *Manager) Offload(ctx context.Context, ref string) (meta.Sandbox, error)
 		return m.report(rec), nil
 	}
 	progress.Report(ctx, progress.Step{Message: "uploading checkpoint " + rec.Head})
-	if err := m.uploadCheckpoint(ctx, nil, rec.Head); err != nil {
+	if err := m.putCheckpoint(ctx, nil, rec.Head); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("offload %s: %w", rec.ID, err)
 	}
 	rec.Offloaded = true
@@ -276,6 +282,7 @@ func (m *Manager) adopt(ctx context.Context, ref string) error {
 	if err := strictRecord(r.Record, &ck); err != nil || ck.ID != doc.Head || ck.Sandbox != rec.ID || ck.Kind != v1.KindFull {
 		return fmt.Errorf("store: checkpoint %s: its record does not match (%v): %w", doc.Head, err, errdefs.ErrFailedPrecondition)
 	}
+	ck = fromStore(ck)
 	if ck.DataKey != "" {
 		return fmt.Errorf("sandbox %s: its checkpoint is encrypted with a data key of its host's; resuming it on another host is not supported yet: %w", rec.ID, errdefs.ErrNotSupported)
 	}
@@ -293,8 +300,13 @@ func (m *Manager) adopt(ctx context.Context, ref string) error {
 	if rec.IDs.Enabled() {
 		return fmt.Errorf("sandbox %s has a user namespace of this host's ids; resuming it on another host is not supported yet: %w", rec.ID, errdefs.ErrNotSupported)
 	}
+	lineage, err := m.storedLineage(ctx, doc)
+	if err != nil {
+		return err
+	}
+	lineage = append(lineage, ck)
 	rec.State, rec.Init, rec.Offloaded, rec.DiskGroup = v1.StateHibernated, sandbox.Init{}, true, false
-	ck.Parent, ck.InStore, ck.Offloaded = "", true, true
+	rec.Standby, rec.Standbys, rec.StandbyBytes = "", nil, 0
 	if err := os.MkdirAll(m.sbDir(rec.ID), 0o700); err != nil {
 		return err
 	}
@@ -302,10 +314,53 @@ func (m *Manager) adopt(ctx context.Context, ref string) error {
 	if _, _, err := m.makeQgroup(&rec); err != nil {
 		return err
 	}
-	if err := m.db.Put(meta.Checkpoints, ck.ID, ck); err != nil {
-		return err
+	known := map[string]bool{}
+	for _, c := range lineage {
+		known[c.ID] = true
 	}
-	return m.db.Put(meta.Sandboxes, rec.ID, rec)
+	return m.db.Update(func(tx *meta.Tx) error {
+		for _, c := range lineage {
+			if !known[c.Parent] {
+				c.Parent = "" // another sandbox's (a fork's origin), not in the store
+			}
+			var old checkpointRec
+			if err := tx.Get(meta.Checkpoints, c.ID, &old); err == nil && old.Sandbox != rec.ID {
+				return fmt.Errorf("store: checkpoint %s is sandbox %s's here: %w", c.ID, old.Sandbox, errdefs.ErrAlreadyExists)
+			}
+			if err := tx.Put(meta.Checkpoints, c.ID, c); err != nil {
+				return err
+			}
+		}
+		return tx.Put(meta.Sandboxes, rec.ID, rec)
+	})
+}
+
+// storedLineage reads the records of the checkpoints doc names besides
+// its head (a migrated sandbox's lineage), each from its signed recipe;
+// encrypted ones (a data key of the host that took them) are left out.
+func (m *Manager) storedLineage(ctx context.Context, doc remote.SandboxDoc) ([]checkpointRec, error) {
+	var out []checkpointRec
+	for _, id := range doc.Checkpoints {
+		r, err := m.store.Recipe(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s's checkpoint %s: %w", doc.Sandbox, id, err)
+		}
+		var ck checkpointRec
+		if err := strictRecord(r.Record, &ck); err != nil || ck.ID != id || ck.Sandbox != doc.Sandbox || (ck.Kind != v1.KindFull && ck.Kind != v1.KindFS) {
+			return nil, fmt.Errorf("store: checkpoint %s: its record does not match (%v): %w", id, err, errdefs.ErrFailedPrecondition)
+		}
+		if ck.DataKey != "" {
+			continue
+		}
+		out = append(out, fromStore(ck))
+	}
+	return out, nil
+}
+
+// fromStore is ck, adopted from the store: its local copy is to be fetched.
+func fromStore(ck checkpointRec) checkpointRec {
+	ck.InStore, ck.Offloaded, ck.Keep, ck.Pending, ck.Failed = true, true, false, false, false
+	return ck
 }
 
 // claim records in the store that this host runs sandbox rec now.
@@ -323,6 +378,21 @@ func (m *Manager) claim(ctx context.Context, rec sandboxRec) error {
 	}
 	doc.Owner, doc.Epoch = me, doc.Epoch+1
 	return m.store.PutSandbox(ctx, doc)
+}
+
+// unclaim gives back this host's claim on sandbox id, which a resume
+// here made and which failed: another host may resume it.
+func (m *Manager) unclaim(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	doc, err := m.store.Sandbox(ctx, id)
+	if err == nil && doc.Owner == m.cks.Keyring().KeyID() {
+		doc.Owner, doc.Epoch = "", doc.Epoch+1
+		err = m.store.PutSandbox(ctx, doc)
+	}
+	if err != nil {
+		m.log.Warn("store: a failed resume's claim stays", "sandbox", id, "err", err)
+	}
 }
 
 // setCheckpoint changes checkpoint id's record in one transaction.

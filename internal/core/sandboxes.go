@@ -564,6 +564,16 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 		return err
 	}
 	defer unlock()
+	return m.removeHere(ctx, rec, false)
+}
+
+// removeHere removes sandbox rec from this daemon: its processes, its
+// records, its local checkpoints and its root; what is in the object
+// store stays. keepHistory keeps its ledger and turn log (a sandbox
+// that migrated: they do not move with it yet).
+//
+// Preconditions: rec's lock is held.
+func (m *Manager) removeHere(ctx context.Context, rec sandboxRec, keepHistory bool) error {
 	m.dropSpare(rec.ID)
 	if cg, err := cgroup.Load(m.cgroupName(rec.ID)); err == nil {
 		if err := cg.Destroy(ctx); err != nil {
@@ -578,9 +588,11 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	if err := m.net.Remove(rec.ID); err != nil {
 		m.log.Warn("egress: cannot remove the sandbox's network", "sandbox", rec.ID, "err", err)
 	}
-	err = m.db.Update(func(tx *meta.Tx) error {
-		if err := tx.DeletePrefix(meta.Turns, rec.ID+"/"); err != nil {
-			return err
+	err := m.db.Update(func(tx *meta.Tx) error {
+		if !keepHistory {
+			if err := tx.DeletePrefix(meta.Turns, rec.ID+"/"); err != nil {
+				return err
+			}
 		}
 		if err := tx.DeletePrefix(meta.FailedCheckpoints, rec.ID+"/"); err != nil {
 			return err
@@ -608,11 +620,14 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 		return fmt.Errorf("remove %s: %w", rec.ID, err)
 	}
 	m.dropQgroup(rec)
+	m.tenants.Delete(rec.ID)
+	if keepHistory {
+		return nil
+	}
 	if err := m.ledger.Remove(rec.ID); err != nil {
 		m.log.Warn("effect ledger: cannot remove the sandbox's", "sandbox", rec.ID, "err", err)
 	}
 	m.vault.Forget(rec.ID)
-	m.tenants.Delete(rec.ID)
 	return nil
 }
 

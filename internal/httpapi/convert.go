@@ -211,6 +211,11 @@ func toRollbackResult(r meta.RollbackResult) v1.RollbackResult {
 	return out
 }
 
+func toMigrateResult(r meta.Migration) v1.MigrateResult {
+	return v1.MigrateResult{Sandbox: r.Sandbox, Target: r.Target, Checkpoint: r.Checkpoint, Checkpoints: r.Checkpoints,
+		DowntimeMS: r.DowntimeMS, UploadMS: r.UploadMS, ResumeMS: r.ResumeMS}
+}
+
 func toRecoverResult(r meta.RecoverResult) v1.RecoverResult {
 	out := v1.RecoverResult{Sandbox: r.Sandbox, Checkpoint: r.Checkpoint, Turn: r.Turn, Turns: r.Turns,
 		LLMCalls: r.LLMCalls, Commands: r.Commands, Bytes: r.Bytes, DryRun: r.DryRun, Note: r.Note}

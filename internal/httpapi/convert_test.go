@@ -36,6 +36,7 @@ func TestConvertCoversEveryField(t *testing.T) {
 		{"SessionRunResult", meta.SessionRunResult{}, func(v any) any { return toSessionRunResult(v.(meta.SessionRunResult)) }},
 		{"RollbackResult", meta.RollbackResult{}, func(v any) any { return toRollbackResult(v.(meta.RollbackResult)) }},
 		{"ChainVerification", meta.ChainVerification{}, func(v any) any { return toChainVerification(v.(meta.ChainVerification)) }},
+		{"MigrateResult", meta.Migration{}, func(v any) any { return toMigrateResult(v.(meta.Migration)) }},
 		{"RecoverResult", meta.RecoverResult{}, func(v any) any { return toRecoverResult(v.(meta.RecoverResult)) }},
 		{"RecoveryStatus", meta.RecoveryStatus{}, func(v any) any { return toRecoveryStatus(v.(meta.RecoveryStatus)) }},
 		{"ForkResult", meta.ForkResult{}, func(v any) any { return toForkResult(v.(meta.ForkResult)) }},

@@ -43,6 +43,12 @@ type Engine interface {
 	Hibernate(ctx context.Context, ref string) (meta.Sandbox, error)
 	Offload(ctx context.Context, ref string) (meta.Sandbox, error)
 	Resume(ctx context.Context, ref string) (meta.Sandbox, error)
+	// StoredSandbox is sandbox id as the object store's document has it
+	// (ID, name, tenant): one another daemon offloaded or migrated, which
+	// a resume here adopts. Without a store, or not in it: not found.
+	StoredSandbox(ctx context.Context, id string) (meta.Sandbox, error)
+	// MigrateTo moves running sandbox ref to the daemon req names.
+	MigrateTo(ctx context.Context, ref string, req v1.MigrateRequest) (meta.Migration, error)
 
 	// Exec starts a command. A detached one returns its pid and no
 	// connection; otherwise the connection carries api/v1 frames to and

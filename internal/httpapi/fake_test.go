@@ -111,6 +111,12 @@ func (f *fakeEngine) Hibernate(ctx context.Context, ref string) (meta.Sandbox, e
 func (f *fakeEngine) Resume(ctx context.Context, ref string) (meta.Sandbox, error) {
 	return meta.Sandbox{}, f.call("Resume", ref)
 }
+func (f *fakeEngine) StoredSandbox(ctx context.Context, id string) (meta.Sandbox, error) {
+	return meta.Sandbox{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+}
+func (f *fakeEngine) MigrateTo(ctx context.Context, ref string, req v1.MigrateRequest) (meta.Migration, error) {
+	return meta.Migration{}, f.call("MigrateTo", ref)
+}
 func (f *fakeEngine) Exec(ctx context.Context, ref string, req v1.ExecRequest) (int, net.Conn, error) {
 	err := f.call("Exec", ref)
 	if f.exec != nil {

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -30,6 +31,7 @@ const (
 	tList                     // the sandbox list: filtered
 	tCreate                   // a new sandbox: the token's tenant owns it
 	tSandbox                  // path {id}: a sandbox reference
+	tStored                   // path {id}: a sandbox reference, or the full ID of one in the object store
 	tCheckpoint               // path {id}: a checkpoint reference
 	tEffect                   // path {id}: an effect ID
 )
@@ -46,9 +48,13 @@ var (
 	pCreate = policy{tCreate, tenant.ScopeAdmin}
 )
 
-func sb(scope string) policy  { return policy{tSandbox, scope} }
-func ck(scope string) policy  { return policy{tCheckpoint, scope} }
-func eff(scope string) policy { return policy{tEffect, scope} }
+func sb(scope string) policy { return policy{tSandbox, scope} }
+
+// stored is sb for a resume, which may adopt a sandbox of the token's
+// tenant from the object store (a migration's target).
+func stored(scope string) policy { return policy{tStored, scope} }
+func ck(scope string) policy     { return policy{tCheckpoint, scope} }
+func eff(scope string) policy    { return policy{tEffect, scope} }
 
 // apiRoute is one API route and its policy.
 type apiRoute struct {
@@ -77,6 +83,11 @@ func (s *server) guard(p policy, h http.Handler) http.Handler {
 		switch p.target {
 		case tSandbox:
 			id, err = s.ownSandbox(pr, r.PathValue("id"))
+		case tStored:
+			id, err = s.ownSandbox(pr, r.PathValue("id"))
+			if errors.Is(err, errdefs.ErrNotFound) {
+				id, err = s.ownStored(r, pr, r.PathValue("id"))
+			}
 		case tCheckpoint:
 			id, err = s.ownCheckpoint(pr, r.PathValue("id"))
 		case tEffect:
@@ -135,6 +146,15 @@ func matchSandbox(sbs []meta.Sandbox, ref string) (string, bool) {
 		return prefixed[0], true
 	}
 	return "", false
+}
+
+// ownStored checks that sandbox id, not one of this daemon's, is in the
+// object store and pr's tenant's there; only a full ID is looked up.
+func (s *server) ownStored(r *http.Request, pr tenant.Principal, id string) (string, error) {
+	if sb, err := s.m.StoredSandbox(r.Context(), id); err == nil && sb.ID == id && pr.Reaches(sb.ID, sb.Tenant) {
+		return id, nil
+	}
+	return "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 }
 
 // ownCheckpoint resolves ref (an ID, a unique ID prefix, a label, or

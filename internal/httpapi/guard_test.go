@@ -37,6 +37,18 @@ func (e *tenantEngine) Sandbox(ctx context.Context, ref string) (meta.Sandbox, e
 	}
 	return e.fakeEngine.Sandbox(ctx, ref)
 }
+
+// StoredSandbox: sbstorea of a and sbstoreb of b are in the object store
+// only.
+func (e *tenantEngine) StoredSandbox(ctx context.Context, id string) (meta.Sandbox, error) {
+	switch id {
+	case "sbstorea":
+		return meta.Sandbox{ID: id, Tenant: "a"}, nil
+	case "sbstoreb":
+		return meta.Sandbox{ID: id, Tenant: "b"}, nil
+	}
+	return e.fakeEngine.StoredSandbox(ctx, id)
+}
 func (e *tenantEngine) Checkpoints(ref string) ([]meta.Checkpoint, error) {
 	return []meta.Checkpoint{{ID: "ck" + ref[2:], Sandbox: ref, Label: "l"}}, nil
 }
@@ -87,9 +99,10 @@ func path(pattern, id string) (method, p string) {
 func TestTenantIsolation(t *testing.T) {
 	a := tenant.Principal{Tenant: "a", TokenID: "t1", Scopes: tenant.AllScopes}
 	srv, e, s := tenantServer(t, a)
-	foreign := map[target][]string{tSandbox: {"sbbbb", "sbb", "beta"}, tCheckpoint: {"ckbbb", "ckb", "beta:l", "sbbbb:l"}, tEffect: {"effb"}}
-	own := map[target]string{tSandbox: "alpha", tCheckpoint: "sbaaa:l", tEffect: "effa"}
-	ownID := map[target]string{tSandbox: "sbaaa", tCheckpoint: "ckaaa", tEffect: "effa"}
+	foreign := map[target][]string{tSandbox: {"sbbbb", "sbb", "beta"}, tCheckpoint: {"ckbbb", "ckb", "beta:l", "sbbbb:l"}, tEffect: {"effb"},
+		tStored: {"sbbbb", "sbb", "beta", "sbstoreb", "sbstore"}}
+	own := map[target]string{tSandbox: "alpha", tCheckpoint: "sbaaa:l", tEffect: "effa", tStored: "sbstorea"}
+	ownID := map[target]string{tSandbox: "sbaaa", tCheckpoint: "ckaaa", tEffect: "effa", tStored: "sbstorea"}
 	for _, rt := range s.routes {
 		switch rt.policy.target {
 		case tAdmin:
@@ -97,7 +110,7 @@ func TestTenantIsolation(t *testing.T) {
 			if ans := call(t, srv, m, p, "{}"); ans.status != http.StatusForbidden || ans.err.Kind != v1.ErrKindPermissionDenied {
 				t.Errorf("%s: %d %s, want 403 permission_denied", rt.pattern, ans.status, ans.err.Kind)
 			}
-		case tSandbox, tCheckpoint, tEffect:
+		case tSandbox, tCheckpoint, tEffect, tStored:
 			for _, ref := range foreign[rt.policy.target] {
 				e.fakeEngine.called()
 				m, p := path(rt.pattern, ref)

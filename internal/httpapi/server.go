@@ -69,7 +69,9 @@ func newServer(m Engine, co LLMEndpoints, log *slog.Logger, extra ...Route) (*se
 		{"POST /v1/effects/{id}/compensator", eff(tenant.ScopeAdmin), http.HandlerFunc(s.setCompensator)},
 		{"POST /v1/sandboxes/{id}/hibernate", sb(tenant.ScopeCheckpoint), http.HandlerFunc(s.hibernate)},
 		{"POST /v1/sandboxes/{id}/offload", sb(tenant.ScopeCheckpoint), http.HandlerFunc(s.offload)},
-		{"POST /v1/sandboxes/{id}/resume", sb(tenant.ScopeCheckpoint), http.HandlerFunc(s.resume)},
+		{"POST /v1/sandboxes/{id}/resume", stored(tenant.ScopeCheckpoint), http.HandlerFunc(s.resume)},
+		// The daemon connects where the request says: the host admin's.
+		{"POST /v1/sandboxes/{id}/migrate", pAdmin, http.HandlerFunc(s.migrate)},
 		{"GET /v1/checkpoints/{id}", ck(tenant.ScopeRead), http.HandlerFunc(s.checkpointInfo)},
 		{"DELETE /v1/checkpoints/{id}", ck(tenant.ScopeAdmin), http.HandlerFunc(s.checkpointDelete)},
 		{"POST /v1/checkpoints/{id}/verify", ck(tenant.ScopeRead), http.HandlerFunc(s.checkpointVerify)},
@@ -718,6 +720,16 @@ func (s *server) offload(w http.ResponseWriter, r *http.Request) {
 func (s *server) resume(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.m.Resume(r.Context(), r.PathValue("id"))
 	reply(w, toSandbox(sb), err)
+}
+
+func (s *server) migrate(w http.ResponseWriter, r *http.Request) {
+	var req v1.MigrateRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	res, err := s.m.MigrateTo(r.Context(), r.PathValue("id"), req)
+	reply(w, toMigrateResult(res), err)
 }
 
 func (s *server) checkpointChain(w http.ResponseWriter, r *http.Request) {

@@ -54,6 +54,17 @@ type SessionRunResult struct {
 	Replayed bool `json:"replayed,omitempty"`
 }
 
+// Migration is what a migration did (api/v1.MigrateResult).
+type Migration struct {
+	Sandbox     string
+	Target      string
+	Checkpoint  string
+	Checkpoints int
+	DowntimeMS  float64
+	UploadMS    float64
+	ResumeMS    float64
+}
+
 // RollbackResult reports how the rollback was done.
 type RollbackResult struct {
 	Sandbox    string  `json:"sandbox"`

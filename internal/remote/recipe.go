@@ -22,6 +22,7 @@ const (
 	maxExtents  = 4 << 20
 	maxObject   = 64 << 30
 	maxSandbox  = 16 << 20
+	maxLineage  = 10_000
 	maxPackSize = 1 << 30
 )
 

@@ -24,6 +24,10 @@ type SandboxDoc struct {
 	Head    string `json:"head"`
 	// Record is the engine's record of the sandbox, opaque here.
 	Record json.RawMessage `json:"record"`
+	// Checkpoints are the IDs of the sandbox's other checkpoints in the
+	// store (its lineage, for rollbacks after a migration); Head's is
+	// not among them.
+	Checkpoints []string `json:"checkpoints,omitempty"`
 	// Owner is the key of the host that resumed the sandbox ("" while
 	// it waits in the store); Epoch counts the hand-overs.
 	Owner     string             `json:"owner,omitempty"`
@@ -45,8 +49,8 @@ func (d SandboxDoc) signedBytes() ([]byte, error) {
 
 // PutSandbox writes d, signed by this host.
 func (s *Store) PutSandbox(ctx context.Context, d SandboxDoc) error {
-	if !ckstore.IsName(d.Sandbox) || !ckstore.IsName(d.Head) {
-		return fmt.Errorf("store: sandbox %q at %q: not names: %w", d.Sandbox, d.Head, errdefs.ErrInvalidArgument)
+	if !ckstore.IsName(d.Sandbox) || !ckstore.IsName(d.Head) || len(d.Checkpoints) > maxLineage {
+		return fmt.Errorf("store: sandbox %q at %q: not names, or more than %d checkpoints: %w", d.Sandbox, d.Head, maxLineage, errdefs.ErrInvalidArgument)
 	}
 	d.Layout, d.Updated, d.Signature = Layout, time.Now().UTC().Truncate(time.Millisecond), nil
 	sig, err := s.sign(d.signedBytes())
@@ -79,6 +83,14 @@ func (s *Store) Sandbox(ctx context.Context, id string) (SandboxDoc, error) {
 	}
 	if d.Sandbox != id || !ckstore.IsName(d.Head) || d.Signature == nil {
 		return SandboxDoc{}, bad("sandbox %s: document names sandbox %q at %q, or is not signed", id, d.Sandbox, d.Head)
+	}
+	if len(d.Checkpoints) > maxLineage {
+		return SandboxDoc{}, bad("sandbox %s: %d checkpoints, at most %d", id, len(d.Checkpoints), maxLineage)
+	}
+	for _, c := range d.Checkpoints {
+		if !ckstore.IsName(c) || c == d.Head {
+			return SandboxDoc{}, bad("sandbox %s: checkpoint %q: not a name, or its head", id, c)
+		}
 	}
 	sb, err := d.signedBytes()
 	if err != nil {

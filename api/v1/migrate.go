@@ -1,0 +1,30 @@
+package v1
+
+// MigrateRequest moves a running sandbox to another daemon sharing the
+// object store (POST /v1/sandboxes/{id}/migrate; the host admin's).
+type MigrateRequest struct {
+	// To is the target daemon's TCP API, "https://HOST:PORT".
+	To string `json:"to"`
+	// Token is a token of the sandbox's tenant on the target, with the
+	// checkpoint scope.
+	Token string `json:"token"`
+	// CAPEM, if set, is the PEM CA the target's certificate must chain
+	// to (else the system's roots).
+	CAPEM string `json:"ca_pem,omitempty"`
+}
+
+// MigrateResult reports a migration.
+type MigrateResult struct {
+	Sandbox string `json:"sandbox"`
+	Target  string `json:"target"`
+	// Checkpoint is the final checkpoint, taken here and resumed there;
+	// Checkpoints counts those the target can roll back to.
+	Checkpoint  string `json:"checkpoint"`
+	Checkpoints int    `json:"checkpoints"`
+	// DowntimeMS is from the final checkpoint's start to the target's
+	// answer that the sandbox runs; UploadMS and ResumeMS are its parts
+	// for the store's upload and the target's resume.
+	DowntimeMS float64 `json:"downtime_ms"`
+	UploadMS   float64 `json:"upload_ms"`
+	ResumeMS   float64 `json:"resume_ms"`
+}
