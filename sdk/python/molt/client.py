@@ -239,11 +239,23 @@ class Client:
         """Starts a stopped or lost sandbox."""
         return m.SandboxInfo(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/start"))
 
-    def hibernate(self, ref: Ref, *, progress: Optional[Progress] = None) -> m.SandboxInfo:
+    def hibernate(self, ref: Ref, *, offload: bool = False,
+                  progress: Optional[Progress] = None) -> m.SandboxInfo:
         """Takes a full checkpoint of a sandbox and stops it (state
-        ``hibernated``); :meth:`resume` restores it. ``progress`` receives
-        the daemon's reports as they come (see :data:`Progress`)."""
-        return m.SandboxInfo(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/hibernate",
+        ``hibernated``); :meth:`resume` restores it. With ``offload``, the
+        checkpoint then goes to the daemon's object store and its local
+        copy is freed (see :meth:`offload`). ``progress`` receives the
+        daemon's reports as they come (see :data:`Progress`)."""
+        q = "?offload=true" if offload else ""
+        return m.SandboxInfo(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/hibernate{q}",
+                                          progress=progress))
+
+    def offload(self, ref: Ref, *, progress: Optional[Progress] = None) -> m.SandboxInfo:
+        """Puts a hibernated sandbox's checkpoint into the daemon's object
+        store (``molt daemon --store``) and frees its local copy
+        (``offloaded``): :meth:`resume`, on this daemon or any other that
+        shares the store, fetches it back."""
+        return m.SandboxInfo(self._t.call("POST", f"/v1/sandboxes/{_esc(_ref(ref))}/offload",
                                           progress=progress))
 
     def resume(self, ref: Ref, *, progress: Optional[Progress] = None) -> m.SandboxInfo:

@@ -85,7 +85,7 @@ class SandboxInfo(Model):
     from. An inspection adds live details: ``sessions``, ``memory_bytes``,
     ``processes``, ``standby``, ``disk_used_bytes``."""
 
-    _fields = ("id", "name", "tenant", "image", "hostname", "state", "reason", "created", "pid",
+    _fields = ("id", "name", "tenant", "image", "hostname", "state", "reason", "offloaded", "created", "pid",
                "env_names", "secrets", "resources", "seccomp", "head", "forked_from", "standby",
                "standbys", "standby_bytes", "sessions", "memory_bytes", "processes",
                "disk_used_bytes", "limits_tampered", "last_tampered", "network", "address",
@@ -103,7 +103,7 @@ class Checkpoint(Model):
 
     _fields = ("id", "sandbox", "parent", "kind", "label", "created", "stall_ms", "duration_ms",
                "capture", "capture_note", "stall_parts", "bytes_written", "image_bytes", "keep",
-               "pending", "failed", "failed_reason", "data_key", "children")
+               "pending", "failed", "failed_reason", "data_key", "in_store", "offloaded", "children")
 
 
 class RollbackResult(Model):

@@ -104,10 +104,11 @@ class Sandbox:
         self.info = self.client.start(self.id)
         return self.info
 
-    def hibernate(self, *, progress: Any = None) -> m.SandboxInfo:
+    def hibernate(self, *, offload: bool = False, progress: Any = None) -> m.SandboxInfo:
         """Full checkpoint, then stop: the sandbox costs no memory until
-        :meth:`resume`."""
-        self.info = self.client.hibernate(self.id, progress=progress)
+        :meth:`resume`; with ``offload``, no local disk either (its
+        checkpoint waits in the daemon's object store)."""
+        self.info = self.client.hibernate(self.id, offload=offload, progress=progress)
         return self.info
 
     def resume(self, *, progress: Any = None) -> m.SandboxInfo:

@@ -136,6 +136,8 @@ class FakeDaemon(unittest.TestCase):
                 seen.append((method, path, headers, body))
                 if path == "/v1/host":
                     return self.answer(200, {"version": "v", "pool": {"loop": True}})
+                if path in ("/v1/sandboxes/sb1/hibernate?offload=true", "/v1/sandboxes/sb1/offload"):
+                    return self.answer(200, {"id": "sb1", "state": "hibernated", "offloaded": True})
                 if path.startswith("/v1/sandboxes/missing"):
                     return self.answer(404, {"kind": "not_found", "message": "sandbox missing: not found"})
                 if path.endswith("/exec") and headers.get("upgrade") == "molt-exec/1":
@@ -177,6 +179,12 @@ class FakeDaemon(unittest.TestCase):
         self.assertEqual((cm.exception.status, cm.exception.message), (404, "sandbox missing: not found"))
         with self.assertRaises(molt.Internal):
             self.client.sandboxes()
+
+    def test_hibernate_offload(self):
+        self.assertTrue(self.client.hibernate("sb1", offload=True).offloaded)
+        self.assertEqual(self.seen[-1][:2], ("POST", "/v1/sandboxes/sb1/hibernate?offload=true"))
+        self.assertTrue(self.client.offload("sb1").offloaded)
+        self.assertEqual(self.seen[-1][:2], ("POST", "/v1/sandboxes/sb1/offload"))
 
     def test_exec(self):
         r = self.client.exec("sb1", ["cat"], stdin=b"typed", env={"A": "1"}, timeout=1.5)

@@ -354,10 +354,18 @@ export class Client {
 
   /**
    * @param {Ref} r
-   * @param {import("./index.js").ProgressOptions} [o]
+   * @param {import("./index.js").HibernateOptions} [o]
    */
   hibernate(r, o = {}) {
-    return this.lifecycle(r, "hibernate", o.progress);
+    return this.lifecycle(r, o.offload ? "hibernate?offload=true" : "hibernate", o.progress);
+  }
+
+  /**
+   * @param {Ref} r
+   * @param {import("./index.js").ProgressOptions} [o]
+   */
+  offload(r, o = {}) {
+    return this.lifecycle(r, "offload", o.progress);
   }
 
   /**

@@ -129,6 +129,8 @@ export interface SandboxInfo extends Open {
   /** creating, running, stopped, hibernated or lost (`reason` says why). */
   state: string;
   reason?: string;
+  /** Hibernated with its checkpoint in the object store only (hibernate({offload: true})). */
+  offloaded?: boolean;
   created: string;
   pid?: number;
   env_names?: string[];
@@ -166,6 +168,9 @@ export interface Checkpoint extends Open {
   failed?: boolean;
   failed_reason?: string;
   data_key?: string;
+  /** In the daemon's object store; offloaded: its local copy freed (fetched back by any restore). */
+  in_store?: boolean;
+  offloaded?: boolean;
   /** Set by checkpointTree(). */
   children?: Checkpoint[];
 }
@@ -469,6 +474,11 @@ export interface ProgressOptions {
   progress?: (p: Progress) => void;
 }
 
+export interface HibernateOptions extends ProgressOptions {
+  /** Then put the checkpoint into the daemon's object store and free its local copy: resume here or on any daemon sharing the store. */
+  offload?: boolean;
+}
+
 export interface CheckpointOptions extends ProgressOptions {
   /** fs (the default), full (with CRIU) or auto (ends the turn: answers a TurnResult). */
   kind?: "fs" | "full" | "auto";
@@ -626,7 +636,9 @@ export class Client {
   removeSandbox(ref: Ref): Promise<void>;
   stop(ref: Ref): Promise<SandboxInfo>;
   start(ref: Ref): Promise<SandboxInfo>;
-  hibernate(ref: Ref, opts?: ProgressOptions): Promise<SandboxInfo>;
+  hibernate(ref: Ref, opts?: HibernateOptions): Promise<SandboxInfo>;
+  /** A hibernated sandbox into the object store, its local copy freed. */
+  offload(ref: Ref, opts?: ProgressOptions): Promise<SandboxInfo>;
   resume(ref: Ref, opts?: ProgressOptions): Promise<SandboxInfo>;
 
   execStream(ref: Ref, args: readonly string[], opts?: ExecStreamOptions): Promise<ExecStream>;
@@ -694,7 +706,7 @@ export class Sandbox {
   use<T>(fn: (sb: Sandbox) => Promise<T> | T): Promise<T>;
   stop(): Promise<SandboxInfo>;
   start(): Promise<SandboxInfo>;
-  hibernate(opts?: ProgressOptions): Promise<SandboxInfo>;
+  hibernate(opts?: HibernateOptions): Promise<SandboxInfo>;
   resume(opts?: ProgressOptions): Promise<SandboxInfo>;
 
   exec(args: readonly string[], opts?: ExecOptions): Promise<ExecResult>;

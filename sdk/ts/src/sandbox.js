@@ -103,8 +103,12 @@ export class Sandbox {
     return this.info;
   }
 
-  /** Full checkpoint, then stop: the sandbox costs no memory until resume(). */
-  /** @param {import("./index.js").ProgressOptions} [o] */
+  /**
+   * Full checkpoint, then stop: the sandbox costs no memory until resume().
+   * With {offload: true}, no local disk either: its checkpoint waits in the
+   * daemon's object store.
+   * @param {import("./index.js").HibernateOptions} [o]
+   */
   async hibernate(o) {
     this.info = await this.client.hibernate(this.id, o);
     return this.info;

@@ -175,6 +175,9 @@ describe("against a scripted daemon", () => {
         res.end(typeof obj === "string" ? obj : JSON.stringify(obj));
       };
       if (req.url === "/v1/host") return answer(200, { version: "v", pool: { loop: true } });
+      if (req.url === "/v1/sandboxes/sb1/hibernate?offload=true" || req.url === "/v1/sandboxes/sb1/offload") {
+        return answer(200, { id: "sb1", state: "hibernated", offloaded: true });
+      }
       if (req.url?.startsWith("/v1/sandboxes/missing")) {
         return answer(404, { kind: "not_found", message: "sandbox missing: not found" });
       }
@@ -242,6 +245,15 @@ describe("against a scripted daemon", () => {
     await assert.rejects(client.inspectSandbox("missing"),
       (e) => e instanceof molt.NotFound && e.status === 404 && e.message === "sandbox missing: not found");
     await assert.rejects(client.sandboxes(), molt.Internal);
+  });
+
+  test("hibernate with offload", async () => {
+    const sb = await client.hibernate("sb1", { offload: true });
+    assert.equal(sb.offloaded, true);
+    assert.equal(seen[seen.length - 1].url, "/v1/sandboxes/sb1/hibernate?offload=true");
+    assert.equal(seen[seen.length - 1].method, "POST");
+    assert.equal((await client.offload("sb1")).offloaded, true);
+    assert.equal(seen[seen.length - 1].url, "/v1/sandboxes/sb1/offload");
   });
 
   test("NDJSON progress", async () => {
