@@ -78,7 +78,8 @@ FUZZ_ALL := ./api/v1:FuzzReadFrame:20000x ./api/v1:FuzzValidEnv:100000x \
 	./internal/image:FuzzImportTar:300x ./internal/image:FuzzUnpackLayers:300x ./internal/ckstore:FuzzDecodeManifest:20000x \
 	./internal/seccomp:FuzzParseOCI:100000x ./internal/egress:FuzzClientHello:100000x \
 	./internal/egress/ledger:FuzzLedgerFile:3000x ./internal/audit:FuzzVerify:5000x \
-	./internal/criu:FuzzValidateImages:3000x ./internal/bundle:FuzzRead:2000x
+	./internal/criu:FuzzValidateImages:3000x ./internal/bundle:FuzzRead:2000x \
+	./internal/remote:FuzzDecodeRecipe:3000x
 FUZZ_TARGETS ?= $(FUZZ_ALL)
 fuzz:
 	@# Every fuzz target of the repository is in the list.

@@ -28,7 +28,7 @@ func keyring(t *testing.T) *ckstore.Keyring {
 
 // artifact writes a checkpoint's objects and a file tree and returns
 // its Source.
-func artifact(t *testing.T, id string, pages []byte, note string) Source {
+func artifact(t testing.TB, id string, pages []byte, note string) Source {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "images"), 0o700); err != nil {
@@ -63,7 +63,7 @@ func artifact(t *testing.T, id string, pages []byte, note string) Source {
 		Manifest: []byte(`{"manifest":"` + id + `"}`), Dir: dir, Objects: objs, Tree: tree}
 }
 
-func randomPages(t *testing.T, n int) []byte {
+func randomPages(t testing.TB, n int) []byte {
 	b := make([]byte, n*4096)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
