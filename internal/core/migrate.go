@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -191,7 +190,7 @@ func (m *Manager) handOver(ctx context.Context, rec sandboxRec, head string) (in
 	}
 	hib := rec
 	hib.State, hib.Offloaded = v1.StateHibernated, true
-	if doc.Record, err = json.Marshal(hib); err != nil {
+	if doc.Record, err = storedRecord(hib); err != nil {
 		return 0, err
 	}
 	if old, err := m.store.Sandbox(ctx, rec.ID); err == nil {

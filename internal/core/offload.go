@@ -132,7 +132,7 @@ func (m *Manager) Offload(ctx context.Context, ref string) (meta.Sandbox, error)
 		return meta.Sandbox{}, fmt.Errorf("offload %s: %w", rec.ID, err)
 	}
 	rec.Offloaded = true
-	rb, err := json.Marshal(rec)
+	rb, err := storedRecord(rec)
 	if err != nil {
 		return meta.Sandbox{}, err
 	}
@@ -297,6 +297,9 @@ func (m *Manager) adopt(ctx context.Context, ref string) error {
 			return fmt.Errorf("sandbox %s: the name %q is sandbox %s's here: %w", rec.ID, rec.Name, other.ID, errdefs.ErrAlreadyExists)
 		}
 	}
+	if rec.Network == v1.NetworkEgress {
+		return fmt.Errorf("sandbox %s has egress (its address, its proxy's CA and its ledger are its host's); resuming it on another host is not supported yet: %w", rec.ID, errdefs.ErrNotSupported)
+	}
 	if rec.IDs.Enabled() {
 		return fmt.Errorf("sandbox %s has a user namespace of this host's ids; resuming it on another host is not supported yet: %w", rec.ID, errdefs.ErrNotSupported)
 	}
@@ -361,6 +364,14 @@ func (m *Manager) storedLineage(ctx context.Context, doc remote.SandboxDoc) ([]c
 func fromStore(ck checkpointRec) checkpointRec {
 	ck.InStore, ck.Offloaded, ck.Keep, ck.Pending, ck.Failed = true, true, false, false, false
 	return ck
+}
+
+// storedRecord is sandbox rec's record as the store's document holds
+// it: without its egress (the private key of its proxy's CA is this
+// host's, and an egress sandbox is not adopted elsewhere).
+func storedRecord(rec sandboxRec) ([]byte, error) {
+	rec.Egress = nil
+	return json.Marshal(rec)
 }
 
 // claim records in the store that this host runs sandbox rec now.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strings"
 	"path/filepath"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/objstore"
 	"github.com/molt-sh/molt/internal/objstore/s3test"
 )
@@ -222,3 +224,20 @@ func TestStoreCache(t *testing.T) {
 // testCgroup is the cgroup of sandbox id of a manager with the default
 // cgroup parent.
 func testCgroup(id string) string { return "molt/" + id }
+
+// TestStoredRecordKeepsNoKey: the store's copy of a sandbox's record
+// holds no private key of its egress proxy's CA.
+func TestStoredRecordKeepsNoKey(t *testing.T) {
+	rec := sandboxRec{Sandbox: meta.Sandbox{ID: "sb0000000001", Network: v1.NetworkEgress,
+		Egress: &meta.Egress{CAKey: "PRIVATE-KEY-MATERIAL", CACert: "cert"}}}
+	b, err := storedRecord(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "PRIVATE-KEY-MATERIAL") {
+		t.Fatalf("the stored record holds the CA's key: %s", b)
+	}
+	if !strings.Contains(string(b), v1.NetworkEgress) {
+		t.Fatalf("the stored record lost its network (adopt refuses egress by it): %s", b)
+	}
+}
