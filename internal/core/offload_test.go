@@ -5,8 +5,8 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"strings"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
