@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	v1 "github.com/molt-sh/molt/api/v1"
-	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
 )
 
@@ -33,18 +32,11 @@ func (t managerTarget) String() string { return t.m.cfg.Root }
 // and session.
 func TestMigrate(t *testing.T) {
 	bucket := testBucket(t)
-	root2 := t.TempDir()
-	if _, err := ckstore.LoadKeyring(filepath.Join(root2, "keys"), nil); err != nil {
-		t.Fatal(err)
-	}
-	m := openManagerStore(t, bucket, filepath.Join(root2, "keys", "host.pub"))
+	m, second := trustingHosts(t, bucket)
 	requireCRIU(t, m)
 	ctx := context.Background()
 	sb := newSandbox(t, m)
-	if err := os.WriteFile(filepath.Join(m.sbRoot(sb.ID), "w.py"), []byte(counterWriter), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run(t, m, sb.ID, "python3 /w.py >/dev/null 2>&1 &")
+	startCounter(t, m, sb.ID)
 	run(t, m, sb.ID, "echo early > /f; V=early")
 	early, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
@@ -70,7 +62,7 @@ func TestMigrate(t *testing.T) {
 		t.Fatalf("the store's document after a refused migration: %+v, %v", doc, err)
 	}
 
-	m2 := openManagerStoreAt(t, root2, bucket, filepath.Join(m.cfg.Root, "keys", "host.pub"))
+	m2 := second()
 	mg, err := m.Migrate(ctx, sb.ID, managerTarget{m2})
 	if err != nil {
 		t.Fatal(err)
@@ -136,16 +128,12 @@ func (t lostAnswer) Resume(ctx context.Context, id string) (string, error) {
 // copy and may not resume it while the target holds it.
 func TestMigrateAnswerLost(t *testing.T) {
 	bucket := testBucket(t)
-	root2 := t.TempDir()
-	if _, err := ckstore.LoadKeyring(filepath.Join(root2, "keys"), nil); err != nil {
-		t.Fatal(err)
-	}
-	m := openManagerStore(t, bucket, filepath.Join(root2, "keys", "host.pub"))
+	m, second := trustingHosts(t, bucket)
 	requireCRIU(t, m)
 	ctx := context.Background()
 	sb := newSandbox(t, m)
 	run(t, m, sb.ID, "V=here")
-	m2 := openManagerStoreAt(t, root2, bucket, filepath.Join(m.cfg.Root, "keys", "host.pub"))
+	m2 := second()
 	if _, err := m.Migrate(ctx, sb.ID, lostAnswer{managerTarget{m2}}); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("a migration whose answer was lost: %v", err)
 	}

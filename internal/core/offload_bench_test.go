@@ -10,7 +10,6 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
-	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/objstore/s3test"
 	"github.com/molt-sh/molt/internal/units"
 )
@@ -53,13 +52,9 @@ func BenchmarkStoreResume(b *testing.B) {
 
 func benchStoreResume(b *testing.B, size int64) {
 	bucket := s3test.Start(b).OpenBucket(b, "")
-	root2 := b.TempDir()
-	if _, err := ckstore.LoadKeyring(filepath.Join(root2, "keys"), nil); err != nil {
-		b.Fatal(err)
-	}
-	m1 := openManagerStore(b, bucket, filepath.Join(root2, "keys", "host.pub"))
+	m1, second := trustingHosts(b, bucket)
 	requireCRIU(b, m1)
-	m2 := openManagerStoreAt(b, root2, bucket, filepath.Join(m1.cfg.Root, "keys", "host.pub"))
+	m2 := second()
 	ctx := context.Background()
 	sb, err := m1.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{MemoryBytes: size + 1<<30}})
 	if err != nil {

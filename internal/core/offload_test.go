@@ -33,6 +33,30 @@ func openManagerStoreAt(t testing.TB, root string, b objstore.Bucket, pubs ...st
 	return openManagerConfig(t, Config{Root: root, TrustedKeys: pubs, Store: b, CgroupParent: "molt-test-" + filepath.Base(root)})
 }
 
+// trustingHosts opens a manager on store b standing for one host, and
+// returns it with the opener of a second (another root and pool) that
+// trusts it and that it trusts: the second's key is made first.
+func trustingHosts(t testing.TB, b objstore.Bucket) (*Manager, func() *Manager) {
+	t.Helper()
+	root2 := t.TempDir()
+	if _, err := ckstore.LoadKeyring(filepath.Join(root2, "keys"), nil); err != nil {
+		t.Fatal(err)
+	}
+	m := openManagerStore(t, b, filepath.Join(root2, "keys", "host.pub"))
+	return m, func() *Manager {
+		return openManagerStoreAt(t, root2, b, filepath.Join(m.cfg.Root, "keys", "host.pub"))
+	}
+}
+
+// startCounter runs counterWriter in sandbox id of m, in the background.
+func startCounter(t *testing.T, m *Manager, id string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(m.sbRoot(id), "w.py"), []byte(counterWriter), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, id, "python3 /w.py >/dev/null 2>&1 &")
+}
+
 // counting waits until the counter writer of sandbox sb (root) has
 // counted past n, and returns the count.
 func counting(t *testing.T, root string, n int) int {
@@ -55,19 +79,11 @@ func counting(t *testing.T, root string, n int) int {
 // it was, and the first daemon may not resume it any more.
 func TestOffloadResumeAnywhere(t *testing.T) {
 	bucket := testBucket(t)
-	// The two daemons trust each other: the second's key is made first.
-	root2 := t.TempDir()
-	if _, err := ckstore.LoadKeyring(filepath.Join(root2, "keys"), nil); err != nil {
-		t.Fatal(err)
-	}
-	m := openManagerStore(t, bucket, filepath.Join(root2, "keys", "host.pub"))
+	m, second := trustingHosts(t, bucket)
 	requireCRIU(t, m)
 	ctx := context.Background()
 	sb := newSandbox(t, m)
-	if err := os.WriteFile(filepath.Join(m.sbRoot(sb.ID), "w.py"), []byte(counterWriter), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run(t, m, sb.ID, "python3 /w.py >/dev/null 2>&1 &")
+	startCounter(t, m, sb.ID)
 	counting(t, m.sbRoot(sb.ID), 20)
 	if _, err := m.Offload(ctx, sb.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("offload of a running sandbox: %v", err)
@@ -124,7 +140,7 @@ func TestOffloadResumeAnywhere(t *testing.T) {
 	if err := untrusting.Remove(ctx, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatal(err)
 	}
-	m2 := openManagerStoreAt(t, root2, bucket, filepath.Join(m.cfg.Root, "keys", "host.pub"))
+	m2 := second()
 	got2, err := m2.Resume(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)
