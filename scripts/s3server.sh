@@ -25,8 +25,12 @@ log() { echo "s3server.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
 
 # ok BIN: the binary runs and reports the version it was built as.
+# The output is read whole first: grep -q leaving a pipe at its first
+# match would kill the writer with SIGPIPE, which pipefail reports as a
+# failure whenever the binary had lines left to write.
 ok() {
-	[[ -x $1 ]] && timeout 30 "$1" --version 2>/dev/null | grep -qx "Version *: *$VERSION"
+	local out
+	[[ -x $1 ]] && out=$(timeout 30 "$1" --version 2>/dev/null) && grep -qx "Version *: *$VERSION" <<<"$out"
 }
 
 if ok "$BIN"; then
