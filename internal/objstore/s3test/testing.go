@@ -1,3 +1,4 @@
+// Package s3test runs the S3 server of package s3server for a test.
 package s3test
 
 import (
@@ -7,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/molt-sh/molt/internal/objstore"
+	"github.com/molt-sh/molt/internal/objstore/s3server"
 	"github.com/molt-sh/molt/internal/testutil"
 )
 
@@ -17,10 +19,10 @@ import (
 // first). On failure, the tail of the server's log is printed.
 func Start(t testing.TB) Server {
 	t.Helper()
-	if _, err := Binary(); err != nil {
-		testutil.Unavailable(t, fmt.Sprintf("%v: build it with `%s` (or `make deps`) from the repository's root", err, BuildCommand))
+	if _, err := s3server.Binary(); err != nil {
+		testutil.Unavailable(t, fmt.Sprintf("%v: build it with `%s` (or `make deps`) from the repository's root", err, s3server.BuildCommand))
 	}
-	p, err := StartProcess(t.Context(), t.TempDir())
+	p, err := s3server.StartProcess(t.Context(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,8 +33,11 @@ func Start(t testing.TB) Server {
 			t.Logf("the S3 server's log ends with:\n%s", p.LogTail(4096))
 		}
 	})
-	return p.Server
+	return Server{p.Server}
 }
+
+// Server is a running server for a test.
+type Server struct{ s3server.Server }
 
 var prefixes atomic.Int64
 

@@ -1,4 +1,4 @@
-// Package s3test runs a real S3-compatible server for tests and
+// Package s3server runs a real S3-compatible server for tests and
 // benchmarks: versitygw (the Versity S3 Gateway) with its posix backend,
 // built from the Go module proxy by scripts/s3server.sh, on a free
 // loopback port, over a data directory of its own, with random root
@@ -6,9 +6,9 @@
 // requests go over HTTP to the server process (docs/storage.md, "The S3
 // server of the tests").
 //
-// Start is for tests (it stops the server at cleanup); StartProcess is
-// for anything else, which must Stop it.
-package s3test
+// StartProcess starts one, which the caller must Stop; package s3test
+// wraps it for tests.
+package s3server
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package s3test
+package s3server
 
 import (
 	"errors"
@@ -10,12 +10,21 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/molt-sh/molt/internal/testutil"
 )
 
-func TestStartStop(t *testing.T) {
+// needBinary skips t without the server's binary, or fails it under
+// MOLT_REQUIRE_PRIVILEGED=1.
+func needBinary(t *testing.T) {
+	t.Helper()
 	if _, err := Binary(); err != nil {
-		Start(t) // skips, or fails under MOLT_REQUIRE_PRIVILEGED=1
+		testutil.Unavailable(t, err.Error()+": build it with `"+BuildCommand+"` (or `make deps`)")
 	}
+}
+
+func TestStartStop(t *testing.T) {
+	needBinary(t)
 	dir := t.TempDir()
 	p, err := StartProcess(t.Context(), dir)
 	if err != nil {
@@ -49,9 +58,7 @@ func TestStartStop(t *testing.T) {
 
 // TestDiedReported: a server that dies is an error at Stop.
 func TestDiedReported(t *testing.T) {
-	if _, err := Binary(); err != nil {
-		Start(t)
-	}
+	needBinary(t)
 	p, err := StartProcess(t.Context(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
