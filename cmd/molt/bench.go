@@ -27,7 +27,7 @@ func benchCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().BoolVar(&benchHardening, "hardening", true, "false switches off the hardening that can be switched off, to measure its cost: no seccomp filter, no default memory, pids or CPU limits, no disk quotas (masks, dropped capabilities, the device filter and the cgroup namespace stay)")
 	c.PersistentFlags().BoolVar(&benchDynMods, "cgroup-favordynmods", true, "the benchmark daemon's --cgroup-favordynmods; false also clears the option on the host's cgroup2 mount first")
 	c.PersistentFlags().BoolVar(&benchEncrypt, "encrypt", false, "give the benchmark daemon a random key-encryption key: encryption at rest on (bench encryption compares both side by side)")
-	c.AddCommand(benchEncryptionCmd(g), benchFSCmd(g), benchCRCmd(g), benchRollbackCmd(g), benchSearchCmd(g), benchForkCmd(g), turnsBenchCmd(g), benchEgressCmd(g), benchRecoveryCmd(g), benchImagesCmd(g), recoveryAgentCmd())
+	c.AddCommand(benchEncryptionCmd(g), benchFSCmd(g), benchCRCmd(g), benchRollbackCmd(g), benchSearchCmd(g), benchForkCmd(g), turnsBenchCmd(g), benchEgressCmd(g), benchRecoveryCmd(g), benchImagesCmd(g), benchFleetCmd(g), recoveryAgentCmd())
 	return c
 }
 

@@ -37,6 +37,9 @@ var miniEnv = map[string]string{"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R",
 type replayer struct {
 	c   *client.Client
 	cfg TurnsConfig
+	// beforeRemove, if set, runs once a replay is done, before its
+	// sandbox goes (the fleet bench waits there for its uploads).
+	beforeRemove func(ctx context.Context, run *TurnsRun)
 }
 
 // setup creates the sandbox of a trajectory with the layout its commands
@@ -135,6 +138,9 @@ func (r *replayer) replay(ctx context.Context, t Trajectory, mode string, maxTur
 		if err := r.sumCheckpoints(ctx, sb, &run); err != nil {
 			return run, err
 		}
+	}
+	if r.beforeRemove != nil {
+		r.beforeRemove(ctx, &run)
 	}
 	return run, nil
 }
