@@ -96,8 +96,11 @@ func (m *Manager) putCheckpoint(ctx context.Context, t *sched.Task, id string) e
 	if err != nil {
 		return err
 	}
+	// The snapshot was taken before the record's time, and for a full
+	// checkpoint while the sandbox was frozen, at most its stall before.
+	snapshot := ck.Created.Add(-time.Duration(ck.StallMS * float64(time.Millisecond)))
 	src := remote.Source{Checkpoint: ck.ID, Sandbox: ck.Sandbox, Record: rb, Manifest: mf,
-		Dir: m.ckDir(ck.ID), Objects: ck.Objects, Tree: m.ckFS(ck.ID)}
+		Dir: m.ckDir(ck.ID), Objects: ck.Objects, Tree: m.ckFS(ck.ID), Snapshot: snapshot, Parent: ck.Parent}
 	if t != nil {
 		src.Charge = func(n int64) error { return t.Charge(ctx, n) }
 	}

@@ -585,6 +585,9 @@ func (m *Manager) removeHere(ctx context.Context, rec sandboxRec, keepHistory bo
 	m.dropStandby(rec.ID, false)
 	m.removeRetired(rec.ID)
 	m.turnForget(rec.ID)
+	if m.store != nil {
+		m.store.Forget(rec.ID)
+	}
 	if err := m.net.Remove(rec.ID); err != nil {
 		m.log.Warn("egress: cannot remove the sandbox's network", "sandbox", rec.ID, "err", err)
 	}

@@ -152,7 +152,7 @@ func (s *Store) FetchTree(ctx context.Context, r Recipe, dst string) error {
 	}
 	defer x.Close()
 	pr, pw := io.Pipe()
-	h := sha256.New()
+	h := newCutHasher(r.Tree.Cuts)
 	go func() { pw.CloseWithError(s.read(ctx, r, *r.Tree, io.MultiWriter(pw, h))) }()
 	defer pr.Close()
 	tr := tar.NewReader(pr)
@@ -173,7 +173,7 @@ func (s *Store) FetchTree(ctx context.Context, r Recipe, dst string) error {
 	if _, err := io.Copy(zeroOnly{}, pr); err != nil {
 		return fmt.Errorf("store: checkpoint %s: file tree: %w", r.Checkpoint, err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != r.Tree.SHA256 {
+	if got := h.Sum(); got != r.Tree.SHA256 {
 		return bad("checkpoint %s: file tree of SHA-256 %s, the recipe says %s", r.Checkpoint, got, r.Tree.SHA256)
 	}
 	return x.Finish()

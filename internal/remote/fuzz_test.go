@@ -54,6 +54,21 @@ func FuzzDecodeRecipe(f *testing.F) {
 			if n != o.Size {
 				t.Fatalf("accepted object %s of %d bytes with extents of %d", o.Name, o.Size, n)
 			}
+			if o.Cuts != nil {
+				t.Fatalf("accepted chunk lengths for object %s", o.Name)
+			}
+		}
+		if r.Tree != nil {
+			var n int64
+			for _, c := range r.Tree.Cuts {
+				if c <= 0 || c > maxChunk {
+					t.Fatalf("accepted a tree chunk of %d bytes", c)
+				}
+				n += int64(c)
+			}
+			if n != r.Tree.Size {
+				t.Fatalf("accepted a tree of %d bytes cut into %d", r.Tree.Size, n)
+			}
 		}
 	})
 }

@@ -48,18 +48,12 @@ type packer struct {
 // add stores chunk c (unless the store has it) and returns its extent.
 // The extent's Pack is filled in when its pack closes, before flush
 // returns.
-func (p *packer) add(ctx context.Context, c []byte) (*Extent, error) {
+func (p *packer) add(ctx context.Context, c []byte) (*Extent, [sha256.Size]byte, error) {
 	h := sha256.Sum256(c)
 	p.stats.Chunks++
-	if l, ok := p.s.lookup(h); ok {
+	if e, ok := p.known(h, int32(len(c))); ok {
 		p.stats.SharedBytes += int64(len(c))
-		return &Extent{Pack: p.s.packName(l.pack), Off: l.off, Len: int64(l.len)}, nil
-	}
-	if l, ok := p.cur[h]; ok {
-		p.stats.SharedBytes += int64(len(c))
-		e := &Extent{Off: l.off, Len: int64(l.len)}
-		p.pending = append(p.pending, e)
-		return e, nil
+		return e, h, nil
 	}
 	e := &Extent{Off: int64(p.buf.Len()), Len: int64(len(c))}
 	p.buf.Write(c)
@@ -71,10 +65,24 @@ func (p *packer) add(ctx context.Context, c []byte) (*Extent, error) {
 	p.pending = append(p.pending, e)
 	if p.buf.Len() >= packTarget {
 		if err := p.flush(ctx); err != nil {
-			return nil, err
+			return nil, h, err
 		}
 	}
-	return e, nil
+	return e, h, nil
+}
+
+// known returns the extent of the chunk of SHA-256 h and length n if
+// the store or the pack being filled has it.
+func (p *packer) known(h [sha256.Size]byte, n int32) (*Extent, bool) {
+	if l, ok := p.s.lookup(h); ok && l.len == n {
+		return &Extent{Pack: p.s.packName(l.pack), Off: l.off, Len: int64(l.len)}, true
+	}
+	if l, ok := p.cur[h]; ok && l.len == n {
+		e := &Extent{Off: l.off, Len: int64(l.len)}
+		p.pending = append(p.pending, e)
+		return e, true
+	}
+	return nil, false
 }
 
 // flush uploads the pack being filled (index after pack: an index names

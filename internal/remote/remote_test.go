@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -196,8 +197,15 @@ func TestRefusesDamage(t *testing.T) {
 		func(r *Recipe) { r.Objects[0].Extents[0].P = 99 },
 		func(r *Recipe) { r.Layout = 2 },
 		func(r *Recipe) { r.Packs[0] = "../x" },
+		func(r *Recipe) { r.Tree.Cuts[0]++ },                 // chunks beyond the tree's size
+		func(r *Recipe) { r.Tree.Cuts = r.Tree.Cuts[1:] },    // short of it
+		func(r *Recipe) { r.Tree.Cuts[0] = -r.Tree.Cuts[0] }, // a negative chunk
+		func(r *Recipe) { r.Objects[0].Cuts = []int32{int32(r.Objects[0].Size)} },
 	} {
 		h := r
+		tree := *r.Tree
+		tree.Cuts = append([]int32(nil), r.Tree.Cuts...)
+		h.Tree = &tree
 		h.Objects = append([]Object(nil), r.Objects...)
 		h.Objects[0].Extents = append([]Extent(nil), r.Objects[0].Extents...)
 		h.Packs = append([]string(nil), r.Packs...)
@@ -208,6 +216,95 @@ func TestRefusesDamage(t *testing.T) {
 		if _, err := s.Recipe(ctx, "ck0000000001"); err == nil {
 			t.Fatalf("hostile recipe %+v accepted", h.Objects[0])
 		}
+	}
+}
+
+// TestTreeReuse: a sandbox's next upload reads only the files that
+// changed since its last one (by inode, size, mode, mtime and ctime),
+// and what it stores fetches back to the new tree; files changed close
+// before the snapshot are not remembered.
+func TestTreeReuse(t *testing.T) {
+	ctx := context.Background()
+	b, _ := objstore.NewDir(t.TempDir())
+	s, err := Open(ctx, b, keyring(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := artifact(t, "ck0000000001", randomPages(t, 4), "one")
+	upload := func(id string, snapshot time.Time) (Recipe, Stats) {
+		t.Helper()
+		src.Parent, src.Checkpoint, src.Snapshot = src.Checkpoint, id, snapshot
+		r, st, err := s.Upload(ctx, src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, st
+	}
+	fetched := func(r Recipe, name string) string {
+		t.Helper()
+		dst := t.TempDir()
+		if err := s.FetchTree(ctx, r, dst); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(dst, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	// Files written just now: too close to a snapshot taken now.
+	upload("ck0000000001", time.Now())
+	if _, st := upload("ck0000000002", time.Now()); st.ReusedBytes != 0 {
+		t.Fatalf("reused %d bytes of files changed within %v of the snapshot", st.ReusedBytes, racyWindow)
+	}
+	later := time.Now().Add(time.Hour)
+	r1, _ := upload("ck0000000003", later)
+	big := int64(3<<20 + 17)
+	r2, st := upload("ck0000000004", later)
+	if st.ReusedBytes < big {
+		t.Fatalf("an unchanged tree reused %d bytes, want var/big's %d at least (%+v)", st.ReusedBytes, big, st)
+	}
+	if r2.Tree.SHA256 != r1.Tree.SHA256 || r2.Tree.Size != r1.Tree.Size {
+		t.Fatalf("the same tree stored as %s (%d bytes), then as %s (%d bytes)", r1.Tree.SHA256, r1.Tree.Size, r2.Tree.SHA256, r2.Tree.Size)
+	}
+	// Changed in place, same size, its times put back: ctime moved.
+	p := filepath.Join(src.Tree, "var/big")
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("CHANGED"), 1<<20+5); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.Chtimes(p, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	r3, st := upload("ck0000000005", later)
+	if st.ReusedBytes >= big {
+		t.Fatalf("a changed file was taken from the cache (%+v)", st)
+	}
+	if got := fetched(r3, "var/big"); got[1<<20+5:1<<20+12] != "CHANGED" {
+		t.Fatalf("the fetched var/big lacks the change")
+	}
+	if got := fetched(r1, "var/big"); got[1<<20+5:1<<20+12] == "CHANGED" {
+		t.Fatalf("the earlier checkpoint's var/big has the later change")
+	}
+	// A checkpoint whose parent is not the last one uploaded (taken
+	// after a rollback) reuses nothing: its files changed from another
+	// tree.
+	src.Checkpoint = "ck0000000003"
+	if _, st := upload("ck0000000006", later); st.ReusedBytes != 0 {
+		t.Fatalf("a checkpoint after a rollback reused %d bytes", st.ReusedBytes)
+	}
+	// Nor does another sandbox's.
+	src.Sandbox = "sb0000000002"
+	if _, st := upload("ck0000000007", later); st.ReusedBytes != 0 {
+		t.Fatalf("another sandbox reused %d bytes", st.ReusedBytes)
 	}
 }
 

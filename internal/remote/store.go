@@ -29,6 +29,8 @@ type Store struct {
 	chunks map[[sha256.Size]byte]loc
 	// +checklocks:mu
 	loaded bool
+
+	trees treeCache
 }
 
 // Stats describes one upload.
@@ -40,6 +42,9 @@ type Stats struct {
 	// Packs and UploadedBytes are what was written (indexes included).
 	Packs         int64 `json:"packs"`
 	UploadedBytes int64 `json:"uploaded_bytes"`
+	// ReusedBytes are the bytes of the file tree's unchanged files,
+	// neither read nor hashed (their chunks remembered).
+	ReusedBytes int64 `json:"reused_bytes"`
 }
 
 type layoutDoc struct {

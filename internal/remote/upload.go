@@ -1,15 +1,12 @@
 package remote
 
 import (
-	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"path"
@@ -18,7 +15,6 @@ import (
 	"time"
 
 	"github.com/molt-sh/molt/internal/ckstore"
-	"github.com/molt-sh/molt/internal/image"
 	"github.com/molt-sh/molt/internal/pagestore"
 )
 
@@ -35,6 +31,13 @@ type Source struct {
 	Objects []ckstore.Object
 	// Tree is the root of the checkpoint's file tree, "" for none.
 	Tree string
+	// Snapshot is an instant no later than the snapshot Tree is: files
+	// changed well before it are remembered for the upload of a child
+	// checkpoint, which then reads only what changed. Zero: nothing is.
+	Snapshot time.Time
+	// Parent is the checkpoint whose tree this one's changed from (the
+	// sandbox's head when it was taken).
+	Parent string
 	// Charge, if set, is called with the bytes about to be uploaded
 	// (a scheduler paces the upload there); its error ends the upload.
 	Charge func(int64) error
@@ -70,7 +73,7 @@ func (s *Store) Upload(ctx context.Context, src Source) (Recipe, Stats, error) {
 	var tree *Object
 	var treeExt []*Extent
 	if src.Tree != "" {
-		t, ex, err := p.tree(ctx, src.Tree)
+		t, ex, err := p.tree(ctx, src)
 		if err != nil {
 			return Recipe{}, st, fmt.Errorf("store: upload the files of checkpoint %s: %w", src.Checkpoint, err)
 		}
@@ -174,7 +177,7 @@ func (p *packer) object(ctx context.Context, file string, o ckstore.Object) ([]*
 		if k > 0 {
 			h.Write(buf[:k])
 			n += int64(k)
-			e, aerr := p.add(ctx, buf[:k])
+			e, _, aerr := p.add(ctx, buf[:k])
 			if aerr != nil {
 				return nil, aerr
 			}
@@ -197,104 +200,3 @@ func (p *packer) object(ctx context.Context, file string, o ckstore.Object) ([]*
 }
 
 var errCorrupt = bad("local object damaged")
-
-// chunker is the writer under a tar.Writer: it cuts what was written
-// into chunks where told to, and at every MiB.
-type chunker struct {
-	ctx context.Context
-	p   *packer
-	buf []byte
-	ex  []*Extent
-	h   hash.Hash
-	n   int64
-	err error
-}
-
-func (c *chunker) Write(b []byte) (int, error) {
-	if c.err != nil {
-		return 0, c.err
-	}
-	n := len(b)
-	c.h.Write(b)
-	c.n += int64(len(b))
-	for len(b) > 0 {
-		k := min(len(b), maxChunk-len(c.buf))
-		c.buf = append(c.buf, b[:k]...)
-		b = b[k:]
-		if len(c.buf) == maxChunk {
-			if err := c.cut(); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return n, nil
-}
-
-func (c *chunker) cut() error {
-	if c.err != nil || len(c.buf) == 0 {
-		return c.err
-	}
-	e, err := c.p.add(c.ctx, c.buf)
-	if err != nil {
-		c.err = err
-		return err
-	}
-	c.ex = append(c.ex, e)
-	c.buf = c.buf[:0]
-	return nil
-}
-
-// tree stores the file tree at root as a tar stream (image.WalkTree's:
-// what the hardened extractor reads back), cut at every entry's header
-// and contents, so that an unchanged file is a chunk the store has.
-// Device nodes are left out: the restoring host makes its own.
-func (p *packer) tree(ctx context.Context, root string) (Object, []*Extent, error) {
-	c := &chunker{ctx: ctx, p: p, h: sha256.New()}
-	bw := bufio.NewWriterSize(c, 64<<10)
-	tw := tar.NewWriter(bw)
-	flushCut := func() error {
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		if err := bw.Flush(); err != nil {
-			return err
-		}
-		return c.cut()
-	}
-	err := image.WalkTree(ctx, "store: file tree", root, func(h *tar.Header, r io.Reader) error {
-		if h.Typeflag == tar.TypeChar || h.Typeflag == tar.TypeBlock {
-			return nil
-		}
-		if err := flushCut(); err != nil { // the previous entry's padding stays with it
-			return err
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			return fmt.Errorf("%s: %w", h.Name, err)
-		}
-		if err := bw.Flush(); err != nil {
-			return err
-		}
-		if err := c.cut(); err != nil {
-			return err
-		}
-		if r != nil {
-			if _, err := io.CopyN(tw, r, h.Size); err != nil {
-				return fmt.Errorf("%s: %w", h.Name, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return Object{}, nil, err
-	}
-	if err := tw.Close(); err != nil {
-		return Object{}, nil, err
-	}
-	if err := bw.Flush(); err != nil {
-		return Object{}, nil, err
-	}
-	if err := c.cut(); err != nil {
-		return Object{}, nil, err
-	}
-	return Object{Name: "fs.tar", Size: c.n, SHA256: hex.EncodeToString(c.h.Sum(nil))}, c.ex, nil
-}

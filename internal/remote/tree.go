@@ -1,0 +1,302 @@
+package remote
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/image"
+)
+
+// The file tree of a checkpoint is stored as one tar stream
+// (image.WalkTree's: what the hardened extractor reads back), cut into
+// chunks: each entry's header blocks, then its contents and padding
+// every MiB, then the end-of-archive blocks. The recipe lists the
+// chunks' lengths (Object.Cuts), and the tree's SHA-256 is that of the
+// chunks' SHA-256s one after the other: a file a sandbox did not touch
+// since its last upload is then neither read nor hashed again, its
+// chunks known from that upload (treeCache).
+
+// trailer ends a tar stream: two zero blocks.
+var trailer = make([]byte, 2*512)
+
+// fileKey is what a regular file must still be for its chunks to be
+// reused: the same name, inode, size, mode and change times. The
+// kernel sets a file's ctime on every change to its contents or
+// metadata, and nothing in a sandbox can set it back.
+type fileKey struct {
+	name         string
+	ino, size    uint64
+	mode         uint32
+	mtime, ctime int64 // ns
+}
+
+// chunkRef is a chunk by content.
+type chunkRef struct {
+	sum [sha256.Size]byte
+	len int32
+}
+
+// treeCache holds, per sandbox, the chunks of the files of its last
+// uploaded tree, and which checkpoint's tree that was: only a child of
+// that checkpoint (Source.Parent) uses them, whose files changed from
+// that tree forward (after a rollback, the parent is the checkpoint
+// rolled back to). It is bounded by sandboxes (least recently uploaded
+// go first).
+type treeCache struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	bySandbox map[string]*sandboxFiles
+	// +checklocks:mu
+	tick uint64
+}
+
+type sandboxFiles struct {
+	used       uint64
+	checkpoint string
+	files      map[fileKey][]chunkRef
+}
+
+// maxCachedSandboxes bounds treeCache: a few MiB per sandbox of a
+// Debian image's size.
+const maxCachedSandboxes = 256
+
+// racyWindow: a file changed this close before its tree's snapshot is
+// not remembered, since a change just after the snapshot could leave
+// its ctime as it was (the kernel's file times advance by clock ticks).
+const racyWindow = 2 * time.Second
+
+// get returns the files of sandbox sb's tree at checkpoint ck, nil if
+// those are not the ones remembered.
+func (c *treeCache) get(sb, ck string) map[fileKey][]chunkRef {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f := c.bySandbox[sb]; f != nil && ck != "" && f.checkpoint == ck {
+		return f.files
+	}
+	return nil
+}
+
+func (c *treeCache) put(sb, ck string, files map[fileKey][]chunkRef) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bySandbox == nil {
+		c.bySandbox = map[string]*sandboxFiles{}
+	}
+	c.tick++
+	c.bySandbox[sb] = &sandboxFiles{used: c.tick, checkpoint: ck, files: files}
+	for len(c.bySandbox) > maxCachedSandboxes {
+		oldest, at := "", uint64(0)
+		for id, f := range c.bySandbox {
+			if oldest == "" || f.used < at {
+				oldest, at = id, f.used
+			}
+		}
+		delete(c.bySandbox, oldest)
+	}
+}
+
+// Forget drops what the store remembers of sandbox sb's files.
+func (s *Store) Forget(sb string) {
+	s.trees.mu.Lock()
+	defer s.trees.mu.Unlock()
+	delete(s.trees.bySandbox, sb)
+}
+
+// treeWriter cuts a tar stream into chunks as it is written.
+type treeWriter struct {
+	ctx   context.Context
+	p     *packer
+	ex    []*Extent
+	cuts  []int32
+	sums  hash.Hash // of the chunks' SHA-256s
+	n     int64
+	buf   []byte
+	reuse int64 // bytes taken from the cache
+}
+
+// chunk stores b as one chunk (b at most maxChunk bytes).
+func (w *treeWriter) chunk(b []byte) ([sha256.Size]byte, error) {
+	e, sum, err := w.p.add(w.ctx, b)
+	if err != nil {
+		return sum, err
+	}
+	w.note(e, sum, len(b))
+	return sum, nil
+}
+
+func (w *treeWriter) note(e *Extent, sum [sha256.Size]byte, n int) {
+	w.ex = append(w.ex, e)
+	w.cuts = append(w.cuts, int32(n))
+	w.sums.Write(sum[:])
+	w.n += int64(n)
+}
+
+// reused adds the chunks of refs if the store still has every one.
+func (w *treeWriter) reused(refs []chunkRef) bool {
+	exts := make([]*Extent, len(refs))
+	for i, r := range refs {
+		e, ok := w.p.known(r.sum, r.len)
+		if !ok {
+			return false
+		}
+		exts[i] = e
+	}
+	for i, r := range refs {
+		w.note(exts[i], r.sum, int(r.len))
+		w.reuse += int64(r.len)
+	}
+	return true
+}
+
+// contents stores a regular file's size bytes and its padding to a
+// block, a chunk per MiB, and returns the chunks.
+func (w *treeWriter) contents(r io.Reader, size int64) ([]chunkRef, error) {
+	if w.buf == nil {
+		w.buf = make([]byte, maxChunk)
+	}
+	padded := size + (512-size%512)%512
+	var refs []chunkRef
+	for off := int64(0); off < padded; {
+		k := int(min(int64(maxChunk), padded-off))
+		b := w.buf[:k]
+		data := int(max(0, min(int64(k), size-off)))
+		if _, err := io.ReadFull(r, b[:data]); err != nil {
+			return nil, err
+		}
+		clear(b[data:])
+		sum, err := w.chunk(b)
+		if err != nil {
+			return nil, err
+		}
+		refs = append(refs, chunkRef{sum: sum, len: int32(k)})
+		off += int64(k)
+	}
+	return refs, nil
+}
+
+// tree stores the file tree of src, reusing the chunks of the files its
+// parent's upload stored where they did not change, and remembers its
+// own for its children (src.Snapshot: those changed well before it).
+// Device nodes are left out: the restoring host makes its own.
+func (p *packer) tree(ctx context.Context, src Source) (Object, []*Extent, error) {
+	root, sb, snapshot := src.Tree, src.Sandbox, src.Snapshot
+	w := &treeWriter{ctx: ctx, p: p, sums: sha256.New()}
+	old := p.s.trees.get(sb, src.Parent)
+	files := map[fileKey][]chunkRef{}
+	limit := snapshot.Add(-racyWindow).UnixNano()
+	var hb bytes.Buffer
+	err := image.WalkTree(ctx, "store: file tree", root, func(h *tar.Header, r io.Reader) error {
+		if h.Typeflag == tar.TypeChar || h.Typeflag == tar.TypeBlock {
+			return nil
+		}
+		hb.Reset()
+		if err := tar.NewWriter(&hb).WriteHeader(h); err != nil {
+			return fmt.Errorf("%s: %w", h.Name, err)
+		}
+		for b := hb.Bytes(); len(b) > 0; {
+			k := min(len(b), maxChunk)
+			if _, err := w.chunk(b[:k]); err != nil {
+				return err
+			}
+			b = b[k:]
+		}
+		if r == nil || h.Size == 0 {
+			return nil
+		}
+		key, keyed := fileKeyOf(h.Name, r)
+		if keyed && old != nil {
+			if refs, ok := old[key]; ok && w.reused(refs) {
+				files[key] = refs
+				return nil
+			}
+		}
+		refs, err := w.contents(r, h.Size)
+		if err != nil {
+			return fmt.Errorf("%s: %w", h.Name, err)
+		}
+		if keyed && !snapshot.IsZero() && key.ctime < limit && key.mtime < limit {
+			files[key] = refs
+		}
+		return nil
+	})
+	if err != nil {
+		return Object{}, nil, err
+	}
+	if _, err := w.chunk(trailer); err != nil {
+		return Object{}, nil, err
+	}
+	if !snapshot.IsZero() {
+		p.s.trees.put(sb, src.Checkpoint, files)
+	}
+	p.stats.ReusedBytes += w.reuse
+	return Object{Name: "fs.tar", Size: w.n, SHA256: hex.EncodeToString(w.sums.Sum(nil)), Cuts: w.cuts}, w.ex, nil
+}
+
+// fileKeyOf is the key of the regular file r (an *os.File WalkTree
+// opened), false if it cannot be had.
+func fileKeyOf(name string, r io.Reader) (fileKey, bool) {
+	f, ok := r.(*os.File)
+	if !ok {
+		return fileKey{}, false
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fileKey{}, false
+	}
+	return fileKey{name: name, ino: st.Ino, size: uint64(st.Size), mode: st.Mode,
+		mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}, true
+}
+
+// cutHasher computes a tree's SHA-256 (that of its chunks' SHA-256s) as
+// its stream is written, cutting it where cuts say.
+type cutHasher struct {
+	cuts []int32
+	cur  hash.Hash
+	left int64
+	sums hash.Hash
+	err  error
+}
+
+func newCutHasher(cuts []int32) *cutHasher {
+	return &cutHasher{cuts: cuts, cur: sha256.New(), sums: sha256.New()}
+}
+
+func (c *cutHasher) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 {
+		if c.left == 0 {
+			if len(c.cuts) == 0 {
+				return 0, bad("file tree longer than its chunks")
+			}
+			c.left, c.cuts = int64(c.cuts[0]), c.cuts[1:]
+		}
+		k := min(int64(len(b)), c.left)
+		c.cur.Write(b[:k])
+		b, c.left = b[k:], c.left-k
+		if c.left == 0 {
+			c.sums.Write(c.cur.Sum(nil))
+			c.cur.Reset()
+		}
+	}
+	return n, nil
+}
+
+// Sum is the tree's SHA-256, "" if the stream ended inside a chunk or
+// before its last.
+func (c *cutHasher) Sum() string {
+	if c.left != 0 || len(c.cuts) != 0 {
+		return ""
+	}
+	return hex.EncodeToString(c.sums.Sum(nil))
+}
