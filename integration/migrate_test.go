@@ -14,20 +14,11 @@ import (
 	"github.com/molt-sh/molt/internal/objstore/s3test"
 )
 
-// listenAddr picks a free port of 127.0.0.1 for a TLS listener.
-func listenAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// TestMigrateBetweenDaemons runs two daemons on this machine with their
-// own roots, cgroups and TLS listeners, sharing one S3 store and
-// trusting each other's host keys, and migrates a tenant's sandbox with
+// TestMigrateBetweenDaemons runs two daemons on this machine as two
+// hosts: their own roots, cgroups, network namespaces and TLS listeners
+// on a bridge between them (netns_test.go), sharing one S3 store served
+// to them over that network and trusting each other's host keys, and
+// migrates a tenant's sandbox with
 // a shell session and a counter running from the first to the second
 // through the second's TCP API (TLS, a token of the tenant there). On
 // the target the counter goes on and the session keeps its variable;
@@ -39,7 +30,9 @@ func TestMigrateBetweenDaemons(t *testing.T) {
 		t.Skip("no TLS certificate in this run")
 	}
 	requireCRIU(t)
+	fab := startFabric(t, 2)
 	srv := s3test.Start(t)
+	endpoint := "http://" + forward(t, strings.TrimPrefix(srv.Endpoint, "http://"))
 	creds := []string{"AWS_ACCESS_KEY_ID=" + srv.AccessKey, "AWS_SECRET_ACCESS_KEY=" + srv.SecretKey}
 	dirA, dirB := t.TempDir(), t.TempDir()
 	for _, d := range []string{dirA, dirB} {
@@ -48,13 +41,15 @@ func TestMigrateBetweenDaemons(t *testing.T) {
 		}
 	}
 	flags := func(d, trust string) []string {
-		return []string{"--store", "s3://" + srv.Bucket + "/it-" + strings.ToLower(t.Name()), "--store-endpoint", srv.Endpoint,
+		return []string{"--store", "s3://" + srv.Bucket + "/it-" + strings.ToLower(t.Name()), "--store-endpoint", endpoint,
 			"--trust-key", filepath.Join(trust, "root", "keys", "host.pub"), "--listen", "tcp://" + d,
 			"--tls-cert", filepath.Join(env.tlsDir, "cert.pem"), "--tls-key", filepath.Join(env.tlsDir, "key.pem")}
 	}
-	listenA, listenB := listenAddr(t), listenAddr(t)
-	a := startHost(t, "a", dirA, creds, flags(listenA, dirB)...)
-	b := startHost(t, "b", dirB, creds, flags(listenB, dirA)...)
+	// Each host has its namespace's ports to itself.
+	listenA, listenB := net.JoinHostPort(hostIPs[0].String(), "7443"), net.JoinHostPort(hostIPs[1].String(), "7443")
+	a := startHostIn(t, "a", dirA, fab.netns[0], creds, flags(listenA, dirB)...)
+	b := startHostIn(t, "b", dirB, fab.netns[1], creds, flags(listenB, dirA)...)
+
 	for _, h := range []host{a, b} {
 		h.must(t, "tenant", "create", "acme")
 	}
@@ -69,8 +64,28 @@ func TestMigrateBetweenDaemons(t *testing.T) {
 	a.must(t, "exec", sb, "--session", "agent", "--", "V=late")
 
 	// A target that does not answer: the sandbox runs on at the source.
-	if r := a.molt(t, "migrate", sb, "--to", "https://127.0.0.1:1", "--to-token", tokB, "--to-ca", ca); r.code == 0 {
+	// The address is a listener on this machine's loopback, which host
+	// a, in a network namespace of its own, does not reach.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- struct{}{}
+			c.Close()
+		}
+	}()
+	r := a.molt(t, "migrate", sb, "--to", "https://"+ln.Addr().String(), "--to-token", tokB, "--to-ca", ca)
+	ln.Close()
+	if r.code == 0 {
 		t.Fatalf("a migration to nowhere succeeded: %s", r.stdout)
+	}
+	select {
+	case <-accepted:
+		t.Fatal("host a reached this machine's loopback: its network is not its own")
+	default:
 	}
 	if out := a.must(t, "exec", sb, "--session", "agent", "--", "echo $V"); out != "late\n" {
 		t.Fatalf("the source's session after a failed migration: %q", out)

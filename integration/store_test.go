@@ -26,13 +26,24 @@ type host struct {
 // ends.
 func startHost(t *testing.T, name, dir string, env []string, args ...string) host {
 	t.Helper()
+	return startHostIn(t, name, dir, "", env, args...)
+}
+
+// startHostIn is startHost with the daemon in the network namespace
+// netns (a path; "" for this one).
+func startHostIn(t *testing.T, name, dir, netns string, env []string, args ...string) host {
+	t.Helper()
 	h := host{root: filepath.Join(dir, "root"), socket: filepath.Join(dir, "molt.sock")}
 	logFile := filepath.Join(dir, "daemon.log")
 	logf, err := os.Create(logFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin(), append([]string{"daemon", "--root", h.root, "--socket", h.socket, "--pool-size", "8G", "--cgroup-parent", "molt-it-" + name}, args...)...)
+	argv := append([]string{bin(), "daemon", "--root", h.root, "--socket", h.socket, "--pool-size", "8G", "--cgroup-parent", "molt-it-" + name}, args...)
+	if netns != "" {
+		argv = append([]string{"nsenter", "--net=" + netns, "--"}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -19,8 +19,9 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 )
 
-// tlsSetup writes a self-signed certificate for 127.0.0.1 (it is its own
-// CA) and picks a free port for the daemon's TLS listener.
+// tlsSetup writes a self-signed certificate for 127.0.0.1 and the test
+// hosts' addresses (netns_test.go; it is its own CA) and picks a free
+// port for the daemon's TLS listener.
 func tlsSetup(tmp string) (string, error) {
 	env.tlsDir = filepath.Join(tmp, "tls")
 	if err := os.MkdirAll(env.tlsDir, 0o700); err != nil {
@@ -32,7 +33,7 @@ func tlsSetup(tmp string) (string, error) {
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "molt test"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, IsCA: true, BasicConstraintsValid: true,
+		IPAddresses: append([]net.IP{net.IPv4(127, 0, 0, 1)}, hostIPs...), IsCA: true, BasicConstraintsValid: true,
 		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {

@@ -151,8 +151,12 @@ func (s *Store) FetchTree(ctx context.Context, r Recipe, dst string) error {
 		return err
 	}
 	defer x.Close()
+	cuts, err := decodeCuts(r.Tree.Cuts, r.Tree.Size)
+	if err != nil {
+		return err
+	}
 	pr, pw := io.Pipe()
-	h := newCutHasher(r.Tree.Cuts)
+	h := newCutHasher(cuts)
 	go func() { pw.CloseWithError(s.read(ctx, r, *r.Tree, io.MultiWriter(pw, h))) }()
 	defer pr.Close()
 	tr := tar.NewReader(pr)

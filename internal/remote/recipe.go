@@ -40,14 +40,15 @@ type Extent struct {
 // SHA-256 (of the bytes stored, as the checkpoint's record has them) and
 // where its bytes are.
 //
-// The file tree is cut: Cuts are the lengths of its chunks in order, and
-// its SHA256 is that of its chunks' SHA-256s one after the other.
+// The file tree is cut: Cuts are the lengths of its chunks in order
+// (encodeCuts), and its SHA256 is that of its chunks' SHA-256s one after
+// the other.
 type Object struct {
 	Name    string   `json:"name"`
 	Size    int64    `json:"size"`
 	SHA256  string   `json:"sha256"`
 	Extents []Extent `json:"extents"`
-	Cuts    []int32  `json:"cuts,omitempty"`
+	Cuts    string   `json:"cuts,omitempty"`
 }
 
 // Recipe says how to rebuild one checkpoint's artifact from the store.
@@ -121,25 +122,6 @@ func (o Object) check(what string, names bool, packs int) error {
 	return nil
 }
 
-// checkCuts checks a file tree's chunk lengths: each a chunk's, adding
-// up to its size. Other objects have none.
-func (o Object) checkCuts(what string) error {
-	if len(o.Cuts) > maxExtents {
-		return bad("%s: %d chunks", what, len(o.Cuts))
-	}
-	var sum int64
-	for _, c := range o.Cuts {
-		if c <= 0 || c > maxChunk {
-			return bad("%s: a chunk of %d bytes", what, c)
-		}
-		sum += int64(c)
-	}
-	if sum != o.Size {
-		return bad("%s: chunks of %d bytes for a size of %d", what, sum, o.Size)
-	}
-	return nil
-}
-
 // decodeRecipe decodes and checks a recipe read from the store: its
 // shape, its names and extents and its signature by a key k trusts.
 func decodeRecipe(b []byte, id string, k *ckstore.Keyring) (Recipe, error) {
@@ -170,7 +152,7 @@ func decodeRecipe(b []byte, id string, k *ckstore.Keyring) (Recipe, error) {
 		if err := o.check("checkpoint "+id, true, len(r.Packs)); err != nil {
 			return Recipe{}, err
 		}
-		if o.Cuts != nil {
+		if o.Cuts != "" {
 			return Recipe{}, bad("checkpoint %s: object %s: chunk lengths are for the file tree", id, o.Name)
 		}
 		if seen[o.Name] {
@@ -183,10 +165,10 @@ func decodeRecipe(b []byte, id string, k *ckstore.Keyring) (Recipe, error) {
 		if err := r.Tree.check("checkpoint "+id+": file tree", false, len(r.Packs)); err != nil {
 			return Recipe{}, err
 		}
-		if err := r.Tree.checkCuts("checkpoint " + id + ": file tree"); err != nil {
-			return Recipe{}, err
+		if _, err := decodeCuts(r.Tree.Cuts, r.Tree.Size); err != nil {
+			return Recipe{}, fmt.Errorf("checkpoint %s: file tree: %w", id, err)
 		}
-		extents += len(r.Tree.Extents) + len(r.Tree.Cuts)
+		extents += len(r.Tree.Extents)
 	}
 	if extents > maxExtents {
 		return Recipe{}, bad("checkpoint %s: %d extents", id, extents)

@@ -197,14 +197,14 @@ func TestRefusesDamage(t *testing.T) {
 		func(r *Recipe) { r.Objects[0].Extents[0].P = 99 },
 		func(r *Recipe) { r.Layout = 2 },
 		func(r *Recipe) { r.Packs[0] = "../x" },
-		func(r *Recipe) { r.Tree.Cuts[0]++ },                 // chunks beyond the tree's size
-		func(r *Recipe) { r.Tree.Cuts = r.Tree.Cuts[1:] },    // short of it
-		func(r *Recipe) { r.Tree.Cuts[0] = -r.Tree.Cuts[0] }, // a negative chunk
-		func(r *Recipe) { r.Objects[0].Cuts = []int32{int32(r.Objects[0].Size)} },
+		func(r *Recipe) { r.Tree.Cuts = editCuts(t, r.Tree, func(c []int32) []int32 { c[0] += 512; return c }) }, // beyond the tree's size
+		func(r *Recipe) { r.Tree.Cuts = editCuts(t, r.Tree, func(c []int32) []int32 { return c[1:] }) },          // short of it
+		func(r *Recipe) { r.Tree.Cuts = "" },
+		func(r *Recipe) { r.Tree.Cuts += "!" },
+		func(r *Recipe) { r.Objects[0].Cuts = encodeCuts([]int32{512}) },
 	} {
 		h := r
 		tree := *r.Tree
-		tree.Cuts = append([]int32(nil), r.Tree.Cuts...)
 		h.Tree = &tree
 		h.Objects = append([]Object(nil), r.Objects...)
 		h.Objects[0].Extents = append([]Extent(nil), r.Objects[0].Extents...)
@@ -214,8 +214,20 @@ func TestRefusesDamage(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := s.Recipe(ctx, "ck0000000001"); err == nil {
-			t.Fatalf("hostile recipe %+v accepted", h.Objects[0])
+			t.Fatalf("hostile recipe %+v (tree %+v) accepted", h.Objects[0], h.Tree)
 		}
+	}
+	// The tree's chunks cut elsewhere (lengths that still add up): its
+	// hash over the chunks' hashes differs, found as it is fetched.
+	h := r
+	tree := *r.Tree
+	tree.Cuts = editCuts(t, r.Tree, func(c []int32) []int32 { return append([]int32{c[0] + c[1]}, c[2:]...) })
+	h.Tree = &tree
+	if err := s.FetchTree(ctx, h, t.TempDir()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("a tree cut elsewhere: %v", err)
+	}
+	if err := s.FetchTree(ctx, r, t.TempDir()); err != nil {
+		t.Fatalf("the tree as uploaded: %v", err)
 	}
 }
 
@@ -306,6 +318,16 @@ func TestTreeReuse(t *testing.T) {
 	if _, st := upload("ck0000000007", later); st.ReusedBytes != 0 {
 		t.Fatalf("another sandbox reused %d bytes", st.ReusedBytes)
 	}
+}
+
+// editCuts returns the tree's chunk lengths changed by edit, encoded.
+func editCuts(t *testing.T, tree *Object, edit func([]int32) []int32) string {
+	t.Helper()
+	c, err := decodeCuts(tree.Cuts, tree.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return encodeCuts(edit(c))
 }
 
 func TestSandboxDoc(t *testing.T) {

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"hash"
@@ -22,10 +24,10 @@ import (
 // (image.WalkTree's: what the hardened extractor reads back), cut into
 // chunks: each entry's header blocks, then its contents and padding
 // every MiB, then the end-of-archive blocks. The recipe lists the
-// chunks' lengths (Object.Cuts), and the tree's SHA-256 is that of the
-// chunks' SHA-256s one after the other: a file a sandbox did not touch
-// since its last upload is then neither read nor hashed again, its
-// chunks known from that upload (treeCache).
+// chunks' lengths (Object.Cuts, encodeCuts), and the tree's SHA-256 is
+// that of its chunks' SHA-256s one after the other: a file a sandbox
+// did not touch since its last upload is then neither read nor hashed
+// again, its chunks known from that upload (treeCache).
 
 // trailer ends a tar stream: two zero blocks.
 var trailer = make([]byte, 2*512)
@@ -159,28 +161,42 @@ func (w *treeWriter) reused(refs []chunkRef) bool {
 	return true
 }
 
-// contents stores a regular file's size bytes and its padding to a
-// block, a chunk per MiB, and returns the chunks.
-func (w *treeWriter) contents(r io.Reader, size int64) ([]chunkRef, error) {
+// entry stores one entry: its header blocks hdr (a chunk of their own,
+// so that a file's contents are shared whatever its metadata), then
+// size bytes of r and the padding to a block, a chunk per MiB; it
+// returns the chunks.
+func (w *treeWriter) entry(hdr []byte, r io.Reader, size int64) ([]chunkRef, error) {
+	var refs []chunkRef
+	add := func(b []byte) error {
+		sum, err := w.chunk(b)
+		if err == nil {
+			refs = append(refs, chunkRef{sum: sum, len: int32(len(b))})
+		}
+		return err
+	}
+	for b := hdr; len(b) > 0; b = b[min(len(b), maxChunk):] {
+		if err := add(b[:min(len(b), maxChunk)]); err != nil {
+			return nil, err
+		}
+	}
+	if size == 0 {
+		return refs, nil
+	}
 	if w.buf == nil {
 		w.buf = make([]byte, maxChunk)
 	}
 	padded := size + (512-size%512)%512
-	var refs []chunkRef
 	for off := int64(0); off < padded; {
-		k := int(min(int64(maxChunk), padded-off))
-		b := w.buf[:k]
-		data := int(max(0, min(int64(k), size-off)))
+		b := w.buf[:min(int64(maxChunk), padded-off)]
+		data := max(0, min(int64(len(b)), size-off))
 		if _, err := io.ReadFull(r, b[:data]); err != nil {
 			return nil, err
 		}
 		clear(b[data:])
-		sum, err := w.chunk(b)
-		if err != nil {
+		if err := add(b); err != nil {
 			return nil, err
 		}
-		refs = append(refs, chunkRef{sum: sum, len: int32(k)})
-		off += int64(k)
+		off += int64(len(b))
 	}
 	return refs, nil
 }
@@ -204,16 +220,12 @@ func (p *packer) tree(ctx context.Context, src Source) (Object, []*Extent, error
 		if err := tar.NewWriter(&hb).WriteHeader(h); err != nil {
 			return fmt.Errorf("%s: %w", h.Name, err)
 		}
-		for b := hb.Bytes(); len(b) > 0; {
-			k := min(len(b), maxChunk)
-			if _, err := w.chunk(b[:k]); err != nil {
-				return err
-			}
-			b = b[k:]
+		size := h.Size
+		if r == nil {
+			size = 0
 		}
-		if r == nil || h.Size == 0 {
-			return nil
-		}
+		// A file whose name, inode, size, mode and times are those it
+		// had in the parent's tree: the same header, the same bytes.
 		key, keyed := fileKeyOf(h.Name, r)
 		if keyed && old != nil {
 			if refs, ok := old[key]; ok && w.reused(refs) {
@@ -221,7 +233,7 @@ func (p *packer) tree(ctx context.Context, src Source) (Object, []*Extent, error
 				return nil
 			}
 		}
-		refs, err := w.contents(r, h.Size)
+		refs, err := w.entry(hb.Bytes(), r, size)
 		if err != nil {
 			return fmt.Errorf("%s: %w", h.Name, err)
 		}
@@ -240,7 +252,46 @@ func (p *packer) tree(ctx context.Context, src Source) (Object, []*Extent, error
 		p.s.trees.put(sb, src.Checkpoint, files)
 	}
 	p.stats.ReusedBytes += w.reuse
-	return Object{Name: "fs.tar", Size: w.n, SHA256: hex.EncodeToString(w.sums.Sum(nil)), Cuts: w.cuts}, w.ex, nil
+	return Object{Name: "fs.tar", Size: w.n, SHA256: hex.EncodeToString(w.sums.Sum(nil)), Cuts: encodeCuts(w.cuts)}, w.ex, nil
+}
+
+// encodeCuts encodes chunk lengths for a recipe: each (a multiple of
+// the tar block, 512 bytes) as the uvarint of its blocks, base64.
+func encodeCuts(cuts []int32) string {
+	b := make([]byte, 0, 2*len(cuts))
+	for _, c := range cuts {
+		b = binary.AppendUvarint(b, uint64(c/512))
+	}
+	return base64.RawStdEncoding.EncodeToString(b)
+}
+
+// decodeCuts decodes and checks what encodeCuts made: every length a
+// chunk's, adding up to size.
+func decodeCuts(s string, size int64) ([]int32, error) {
+	if int64(len(s)) > 4*maxExtents {
+		return nil, bad("chunk lengths of %d bytes", len(s))
+	}
+	b, err := base64.RawStdEncoding.Strict().DecodeString(s)
+	if err != nil {
+		return nil, bad("chunk lengths: %v", err)
+	}
+	var cuts []int32
+	var sum int64
+	for len(b) > 0 {
+		v, n := binary.Uvarint(b)
+		if n <= 0 || v == 0 || v > maxChunk/512 {
+			return nil, bad("a chunk length of %d blocks", v)
+		}
+		b = b[n:]
+		cuts = append(cuts, int32(v*512))
+		if sum += int64(v * 512); sum > size {
+			break
+		}
+	}
+	if sum != size {
+		return nil, bad("chunks of %d bytes for a size of %d", sum, size)
+	}
+	return cuts, nil
 }
 
 // fileKeyOf is the key of the regular file r (an *os.File WalkTree
