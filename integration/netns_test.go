@@ -19,8 +19,6 @@ import (
 //	host ns (fabricIP) ─┐
 //	host A  (hostIPs[0]) ─┤ bridge (namespace "fabric")
 //	host B  (hostIPs[1]) ─┘
-const fabricNet = "10.231.17."
-
 var (
 	fabricIP = net.IPv4(10, 231, 17, 1)
 	hostIPs  = []net.IP{net.IPv4(10, 231, 17, 2), net.IPv4(10, 231, 17, 3)}

@@ -165,7 +165,8 @@ func RunFleet(ctx context.Context, e *daemon.Ephemeral, cfg FleetConfig) (FleetR
 // sharedWaits are the LLM waits of each trajectory, fixed by its first
 // replay and reused by every later one, whatever its mode.
 type sharedWaits struct {
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	waits [][]time.Duration
 }
 

@@ -316,7 +316,6 @@ type cutHasher struct {
 	cur  hash.Hash
 	left int64
 	sums hash.Hash
-	err  error
 }
 
 func newCutHasher(cuts []int32) *cutHasher {
