@@ -2,9 +2,7 @@ package integration
 
 import (
 	"encoding/json"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,15 +25,7 @@ func TestBenchFleetSmoke(t *testing.T) {
 		"export MODE=x && echo two >> a.txt",
 		"cat a.txt",
 	}
-	var turns []map[string]any
-	for i, c := range cmds {
-		turns = append(turns, map[string]any{"i": i, "kind": "shell", "command": c})
-	}
-	line, _ := json.Marshal(map[string]any{"agent": bench.AgentOpenHands, "task_id": "smoke__fleet-1", "turns": turns})
-	data := filepath.Join(dir, "traj.jsonl")
-	if err := os.WriteFile(data, append(line, '\n'), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	data := writeTrajectory(t, dir, "smoke__fleet-1", cmds)
 	start := time.Now()
 	cmd := exec.Command(env.bin, "--json", "bench", "fleet", "--data", data, "--runs", "1", "--sandboxes", "2",
 		"--max-turns", "4", "--dir", dir)

@@ -31,15 +31,7 @@ func TestBenchRecoverySmoke(t *testing.T) {
 		"echo two-$APP_MODE >> log.txt",
 		"cat log.txt",
 	}
-	var turns []map[string]any
-	for i, c := range cmds {
-		turns = append(turns, map[string]any{"i": i, "kind": "shell", "command": c})
-	}
-	line, _ := json.Marshal(map[string]any{"agent": bench.AgentOpenHands, "task_id": "smoke__smoke-1", "turns": turns})
-	data := filepath.Join(dir, "traj.jsonl")
-	if err := os.WriteFile(data, append(line, '\n'), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	data := writeTrajectory(t, dir, "smoke__smoke-1", cmds)
 	// Script: c0 c1 pay(e1) c2 c3 pay(e2): six turns, crash points in
 	// [1, 4]. A seed whose three crashes include one after e1 was paid.
 	seed := uint64(0)
@@ -117,4 +109,24 @@ func TestBenchRecoverySmoke(t *testing.T) {
 	if len(kinds) != 3 {
 		t.Errorf("crash kinds %v, want agent, sandbox and daemon", kinds)
 	}
+}
+
+// writeTrajectory writes a trajectories file of one OpenHands
+// trajectory (a session agent) whose turns run cmds, and returns its
+// path.
+func writeTrajectory(t *testing.T, dir, task string, cmds []string) string {
+	t.Helper()
+	var turns []map[string]any
+	for i, c := range cmds {
+		turns = append(turns, map[string]any{"i": i, "kind": "shell", "command": c})
+	}
+	line, err := json.Marshal(map[string]any{"agent": bench.AgentOpenHands, "task_id": task, "turns": turns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "traj.jsonl")
+	if err := os.WriteFile(data, append(line, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return data
 }

@@ -239,6 +239,12 @@ func benchForkCmd(g *globals) *cobra.Command {
 // under dir, with the default image built (from the cache after the
 // first build), and removes everything afterwards.
 func withDaemon(ctx context.Context, dir, cacheDir string, fn func(*daemon.Ephemeral) error) error {
+	return withDaemonConfig(ctx, dir, cacheDir, nil, fn)
+}
+
+// withDaemonConfig is withDaemon with tweak applied to the daemon's
+// configuration after bench's own flags.
+func withDaemonConfig(ctx context.Context, dir, cacheDir string, tweak func(*core.Config), fn func(*daemon.Ephemeral) error) error {
 	if benchSeccomp != v1.SeccompDefault && benchSeccomp != v1.SeccompUnconfined {
 		return fmt.Errorf("--seccomp %q: want %s or %s", benchSeccomp, v1.SeccompDefault, v1.SeccompUnconfined)
 	}
@@ -246,7 +252,13 @@ func withDaemon(ctx context.Context, dir, cacheDir string, fn func(*daemon.Ephem
 		benchSeccomp = v1.SeccompUnconfined
 	}
 	fmt.Fprintln(os.Stderr, "bench: sandboxes' seccomp filter:", benchSeccomp, "hardening:", benchHardening)
-	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, benchTweak, benchOptions()...)
+	cfg := func(c *core.Config) {
+		benchTweak(c)
+		if tweak != nil {
+			tweak(c)
+		}
+	}
+	e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, cfg, benchOptions()...)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/bench"
 	"github.com/molt-sh/molt/internal/core"
 	"github.com/molt-sh/molt/internal/daemon"
@@ -63,38 +62,24 @@ func benchFleetCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer stop()
-			tweak := func(c *core.Config) {
-				benchTweak(c)
-				c.Store = bucket
-			}
-			e, err := daemon.StartEphemeralWith(ctx, dir, cacheDir, version, tweak, benchOptions()...)
-			if err != nil {
-				return err
-			}
-			defer func() {
-				if err := e.Close(); err != nil {
-					fmt.Fprintln(os.Stderr, "molt: cleanup:", err)
+			tweak := func(c *core.Config) { c.Store = bucket }
+			return withDaemonConfig(ctx, dir, cacheDir, tweak, func(e *daemon.Ephemeral) error {
+				res, err := bench.RunFleet(ctx, e, bench.FleetConfig{
+					Image: "default", Trajectories: sel, Sizes: sizes, MaxTurns: maxTurns,
+					Waits:      bench.WaitConfig{Scale: scale, Default: wait, Max: waitMax},
+					CmdTimeout: cmdTO, DrainTimeout: drain, CriuPath: core.DefaultCriuPath,
+					Store: bucket.Stats, StoreName: name, Project: bench.ProjectConfig{
+						Cores: proj.Cores, PerCore: proj.PerCore, Hosts: proj.Hosts, TurnInterval: interval},
+					Progress: os.Stderr,
+				})
+				if err != nil {
+					return err
 				}
-			}()
-			fmt.Fprintln(os.Stderr, "bench: building the default image (cached after the first build)")
-			if _, err := e.Client.BuildImage(ctx, v1.ImageBuildRequest{Name: "default"}, nil); err != nil {
-				return err
-			}
-			res, err := bench.RunFleet(ctx, e, bench.FleetConfig{
-				Image: "default", Trajectories: sel, Sizes: sizes, MaxTurns: maxTurns,
-				Waits:      bench.WaitConfig{Scale: scale, Default: wait, Max: waitMax},
-				CmdTimeout: cmdTO, DrainTimeout: drain, CriuPath: core.DefaultCriuPath,
-				Store: bucket.Stats, StoreName: name, Project: bench.ProjectConfig{
-					Cores: proj.Cores, PerCore: proj.PerCore, Hosts: proj.Hosts, TurnInterval: interval},
-				Progress: os.Stderr,
-			})
-			if err != nil {
-				return err
-			}
-			return g.print(res, func() {
-				fmt.Printf("molt bench fleet: sandboxes %s, %d trajectories, modes none and auto\n", joinInts(sizes), res.Trajectories)
-				bench.PrintHost(os.Stdout, res.Host)
-				bench.PrintFleet(os.Stdout, res)
+				return g.print(res, func() {
+					fmt.Printf("molt bench fleet: sandboxes %s, %d trajectories, modes none and auto\n", joinInts(sizes), res.Trajectories)
+					bench.PrintHost(os.Stdout, res.Host)
+					bench.PrintFleet(os.Stdout, res)
+				})
 			})
 		},
 	}

@@ -77,6 +77,7 @@ var examples = map[string]string{
 	"molt bench search":   "  molt bench search --budget 10s --rounds 3",
 	"molt bench fork":     "  molt bench fork --n 8 --rounds 3",
 	"molt bench egress":   "  molt bench egress --requests 200 --rounds 3",
+	"molt bench fleet":    "  molt bench fleet\n  molt bench fleet --sandboxes 4,8 --max-turns 10\n  molt bench fleet --store s3://bucket/bench --store-endpoint https://s3.example.net",
 	"molt bench recovery": "  molt bench recovery --trajectories 20 --crashes 3",
 	"molt bench turns":    "  molt bench turns\n  molt bench turns --runs 3 --modes off,auto",
 }
