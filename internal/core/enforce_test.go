@@ -109,13 +109,16 @@ func sandboxLimitsOK(t *testing.T, m *Manager, id string, res meta.Resources, wh
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Read together with the rooms they hold: rooms are lent and given
+	// back, limits written, under m.lim.mu, and background work (a
+	// standby's preparation) may lend one at any time.
+	m.lim.mu.Lock()
 	got, err := cg.Limits()
+	want := m.withRoomsLocked(id, res)
+	m.lim.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.lim.mu.Lock()
-	want := m.withRoomsLocked(id, res)
-	m.lim.mu.Unlock()
 	want.MemoryMax &^= int64(os.Getpagesize() - 1)
 	got.IOWeight = want.IOWeight
 	if got != want {
