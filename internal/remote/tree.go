@@ -216,14 +216,6 @@ func (p *packer) tree(ctx context.Context, src Source) (Object, []*Extent, error
 		if h.Typeflag == tar.TypeChar || h.Typeflag == tar.TypeBlock {
 			return nil
 		}
-		hb.Reset()
-		if err := tar.NewWriter(&hb).WriteHeader(h); err != nil {
-			return fmt.Errorf("%s: %w", h.Name, err)
-		}
-		size := h.Size
-		if r == nil {
-			size = 0
-		}
 		// A file whose name, inode, size, mode and times are those it
 		// had in the parent's tree: the same header, the same bytes.
 		key, keyed := fileKeyOf(h.Name, r)
@@ -232,6 +224,14 @@ func (p *packer) tree(ctx context.Context, src Source) (Object, []*Extent, error
 				files[key] = refs
 				return nil
 			}
+		}
+		hb.Reset()
+		if err := tar.NewWriter(&hb).WriteHeader(h); err != nil {
+			return fmt.Errorf("%s: %w", h.Name, err)
+		}
+		size := h.Size
+		if r == nil {
+			size = 0
 		}
 		refs, err := w.entry(hb.Bytes(), r, size)
 		if err != nil {
