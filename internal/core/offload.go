@@ -134,12 +134,24 @@ func (m *Manager) Offload(ctx context.Context, ref string) (meta.Sandbox, error)
 	if err := m.putCheckpoint(ctx, nil, rec.Head); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("offload %s: %w", rec.ID, err)
 	}
+	// Its other checkpoints go with it (those the background has not
+	// uploaded yet, first), so that a rollback after a resume elsewhere
+	// reaches them as after a migration.
+	lineage, err := m.uploadLineage(ctx, rec.ID, false)
+	if err != nil {
+		return meta.Sandbox{}, fmt.Errorf("offload %s: %w", rec.ID, err)
+	}
 	rec.Offloaded = true
 	rb, err := storedRecord(rec)
 	if err != nil {
 		return meta.Sandbox{}, err
 	}
 	doc := remote.SandboxDoc{Sandbox: rec.ID, Name: rec.Name, Tenant: rec.Tenant, Head: rec.Head, Record: rb}
+	for _, id := range lineage {
+		if id != rec.Head {
+			doc.Checkpoints = append(doc.Checkpoints, id)
+		}
+	}
 	if old, err := m.store.Sandbox(ctx, rec.ID); err == nil {
 		doc.Epoch = old.Epoch + 1
 	}

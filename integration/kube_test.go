@@ -1,0 +1,339 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	kv1 "github.com/molt-sh/molt/api/kube/v1alpha1"
+	moltclient "github.com/molt-sh/molt/client"
+	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/kube"
+	"github.com/molt-sh/molt/internal/objstore/s3test"
+)
+
+// kubeAssets is the directory of kube-apiserver and etcd, built by
+// scripts/kube-assets.sh (make deps): KUBEBUILDER_ASSETS, else the
+// script's cache. Without them the test skips, unless
+// MOLT_REQUIRE_PRIVILEGED=1, where it fails.
+func kubeAssets(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		cache := os.Getenv("MOLT_KUBE_CACHE")
+		if cache == "" {
+			cache = "/var/cache/molt/kube"
+		}
+		dir = filepath.Join(cache, "v1.37.2", "bin")
+	}
+	for _, f := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			msg := fmt.Sprintf("no %s in %s: scripts/kube-assets.sh (make deps) builds it", f, dir)
+			if os.Getenv("MOLT_REQUIRE_PRIVILEGED") == "1" {
+				t.Fatal(msg)
+			}
+			t.Skip(msg)
+		}
+	}
+	return dir
+}
+
+// lockedLog collects the managers' logs, shown when the test fails.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	return len(p), nil
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(tail(l.buf, 20000))
+}
+
+// TestKubernetes runs molt's controller and two node agents against a
+// real kube-apiserver and etcd (envtest), the agents backed by two molt
+// daemons with their own roots on one S3 bucket, as two nodes: a
+// Sandbox is placed by capacity, checkpointed (SandboxCheckpoint),
+// forked on the node that holds the checkpoint, suspended into the
+// store and unbound, resumed on the other node (the first is cordoned)
+// with its session and counter, rolled back there to the checkpoint
+// taken on the first (SandboxRollback), and deleted (its finalizer
+// removes the molt sandbox).
+func TestKubernetes(t *testing.T) {
+	requireCRIU(t)
+	assets := kubeAssets(t)
+
+	srv := s3test.Start(t)
+	creds := []string{"AWS_ACCESS_KEY_ID=" + srv.AccessKey, "AWS_SECRET_ACCESS_KEY=" + srv.SecretKey}
+	store := []string{"--store", "s3://" + srv.Bucket + "/it-kube", "--store-endpoint", srv.Endpoint}
+	dirA, dirB := t.TempDir(), t.TempDir()
+	for _, d := range []string{dirA, dirB} {
+		if _, err := ckstore.LoadKeyring(filepath.Join(d, "root", "keys"), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub := func(d string) string { return filepath.Join(d, "root", "keys", "host.pub") }
+	hostA := startHost(t, "ka", dirA, creds, append(store, "--trust-key", pub(dirB))...)
+	hostB := startHost(t, "kb", dirB, creds, append(store, "--trust-key", pub(dirA))...)
+	hosts := map[string]host{"node-a": hostA, "node-b": hostB}
+
+	logs := &lockedLog{}
+	ctrl.SetLogger(zap.New(zap.WriteTo(logs), zap.UseDevMode(true)))
+	tenv := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "deploy", "kubernetes", "crd")},
+		ErrorIfCRDPathMissing: true,
+		BinaryAssetsDirectory: assets,
+	}
+	cfg, err := tenv.Start()
+	if err != nil {
+		t.Fatalf("envtest (kube-apiserver and etcd from %s): %v", assets, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		if err := tenv.Stop(); err != nil {
+			t.Errorf("envtest stop: %v", err)
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("controller and agents' log ends with:\n%s", logs)
+		}
+	})
+	const heartbeat = time.Second
+	start := func(name string, mgr ctrl.Manager, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := mgr.Start(ctx); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		}()
+	}
+	opts := kube.ManagerOptions{MetricsAddr: "0"}
+	mgr, err := kube.NewControllerManager(cfg, &kube.Scheduler{Heartbeat: heartbeat}, opts)
+	start("controller", mgr, err)
+	for node, h := range hosts {
+		a := &kube.Agent{Daemon: moltclient.New(h.socket), Node: node, Capacity: 4, Heartbeat: heartbeat}
+		mgr, err := kube.NewAgentManager(cfg, a, opts)
+		start("agent "+node, mgr, err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: kube.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "default"
+	key := func(name string) types.NamespacedName { return types.NamespacedName{Namespace: ns, Name: name} }
+	wait := func(what string, timeout time.Duration, fn func() (bool, string)) {
+		t.Helper()
+		deadline := time.Now().Add(timeout)
+		for {
+			ok, state := fn()
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not after %s; last: %s", what, timeout, state)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	sandbox := func(name string) kv1.Sandbox {
+		t.Helper()
+		var sb kv1.Sandbox
+		if err := c.Get(ctx, key(name), &sb); err != nil {
+			t.Fatalf("get sandbox %s: %v", name, err)
+		}
+		return sb
+	}
+	waitPhase := func(name string, phase kv1.SandboxPhase) kv1.Sandbox {
+		t.Helper()
+		var sb kv1.Sandbox
+		wait("sandbox "+name+" "+string(phase), 3*time.Minute, func() (bool, string) {
+			sb = sandbox(name)
+			return sb.Status.Phase == phase, fmt.Sprintf("%+v labels %v", sb.Status, sb.Labels)
+		})
+		return sb
+	}
+	create := func(obj client.Object) {
+		t.Helper()
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatalf("create %s: %v", obj.GetName(), err)
+		}
+	}
+	exec := func(sb kv1.Sandbox, script string) string {
+		t.Helper()
+		return hosts[sb.Status.NodeName].must(t, "exec", sb.Status.SandboxID, "--session", "s", "--", script)
+	}
+	// The nodes are reported.
+	wait("both MoltNodes heard from", time.Minute, func() (bool, string) {
+		var l kv1.MoltNodeList
+		if err := c.List(ctx, &l); err != nil {
+			return false, err.Error()
+		}
+		n := 0
+		for _, m := range l.Items {
+			if m.Status.HeartbeatTime != nil {
+				n++
+			}
+		}
+		return n == 2, fmt.Sprintf("%d nodes", n)
+	})
+
+	// The API refuses a Sandbox with both an image and a source.
+	bad := &kv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bad"},
+		Spec: kv1.SandboxSpec{Image: image, Source: &kv1.SandboxSource{CheckpointName: "x"}}}
+	if err := c.Create(ctx, bad); err == nil || !apierrors.IsInvalid(err) {
+		t.Fatalf("a Sandbox with an image and a source: %v", err)
+	}
+
+	// Placed by room: the first on node-a (a tie, by name), the second
+	// on node-b, the third on node-a again.
+	for i, want := range []string{"node-a", "node-b", "node-a"} {
+		name := fmt.Sprintf("s%d", i+1)
+		create(&kv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: kv1.SandboxSpec{Image: image}})
+		sb := waitPhase(name, kv1.SandboxRunning)
+		if sb.Status.NodeName != want || sb.Labels[kv1.NodeLabel] != want {
+			t.Fatalf("sandbox %s on %s (label %q), want %s", name, sb.Status.NodeName, sb.Labels[kv1.NodeLabel], want)
+		}
+		if out := hosts[want].must(t, "ls"); !strings.Contains(out, sb.Status.SandboxID) {
+			t.Fatalf("%s's daemon does not list %s:\n%s", want, sb.Status.SandboxID, out)
+		}
+	}
+	s1 := sandbox("s1")
+	exec(s1, "export X=42; echo stored > /root/f")
+	hostA.must(t, "exec", s1.Status.SandboxID, "-d", "--", "sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done")
+
+	// A checkpoint, taken by node-a's agent; node-a then reports it held.
+	create(&kv1.SandboxCheckpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "c1"}, Spec: kv1.SandboxCheckpointSpec{SandboxName: "s1"}})
+	var ck kv1.SandboxCheckpoint
+	wait("checkpoint c1", 2*time.Minute, func() (bool, string) {
+		if err := c.Get(ctx, key("c1"), &ck); err != nil {
+			return false, err.Error()
+		}
+		return ck.Status.Phase == kv1.OperationSucceeded, fmt.Sprintf("%+v", ck.Status)
+	})
+	if ck.Status.NodeName != "node-a" || ck.Status.SandboxID != s1.Status.SandboxID || ck.Status.CheckpointID == "" {
+		t.Fatalf("checkpoint c1: %+v", ck.Status)
+	}
+	wait("node-a reports c1 held", 30*time.Second, func() (bool, string) {
+		var n kv1.MoltNode
+		if err := c.Get(ctx, types.NamespacedName{Name: "node-a"}, &n); err != nil {
+			return false, err.Error()
+		}
+		return slices.Contains(n.Status.Checkpoints, ck.Status.CheckpointID), fmt.Sprintf("%v", n.Status.Checkpoints)
+	})
+	exec(s1, "echo changed > /root/f")
+
+	// A fork of it goes where the checkpoint is held, though node-b has
+	// more room (node-a runs two sandboxes, node-b one).
+	create(&kv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "f1"}, Spec: kv1.SandboxSpec{Source: &kv1.SandboxSource{CheckpointName: "c1"}}})
+	f1 := waitPhase("f1", kv1.SandboxRunning)
+	if f1.Status.NodeName != "node-a" {
+		t.Fatalf("fork f1 on %s, want node-a (which holds c1)", f1.Status.NodeName)
+	}
+	if out := exec(f1, "echo $X; cat /root/f"); out != "42\nstored\n" {
+		t.Fatalf("fork f1 of c1: %q", out)
+	}
+
+	// Suspended: hibernated into the store, then unbound.
+	patchSpec := func(name string, fn func(*kv1.Sandbox)) {
+		t.Helper()
+		sb := sandbox(name)
+		old := sb.DeepCopy()
+		fn(&sb)
+		if err := c.Patch(ctx, &sb, client.MergeFrom(old)); err != nil {
+			t.Fatalf("patch %s: %v", name, err)
+		}
+	}
+	patchSpec("s1", func(sb *kv1.Sandbox) { sb.Spec.OperatingMode = kv1.Suspended })
+	wait("s1 suspended and unbound", 3*time.Minute, func() (bool, string) {
+		sb := sandbox("s1")
+		return sb.Status.Phase == kv1.SandboxSuspended && sb.Status.Offloaded && sb.Labels[kv1.NodeLabel] == "",
+			fmt.Sprintf("%+v labels %v", sb.Status, sb.Labels)
+	})
+
+	// node-a cordoned, s1 resumes on node-b from the store, its session
+	// and its counter as they were.
+	var na kv1.MoltNode
+	if err := c.Get(ctx, types.NamespacedName{Name: "node-a"}, &na); err != nil {
+		t.Fatal(err)
+	}
+	old := na.DeepCopy()
+	na.Spec.Unschedulable = true
+	if err := c.Patch(ctx, &na, client.MergeFrom(old)); err != nil {
+		t.Fatal(err)
+	}
+	patchSpec("s1", func(sb *kv1.Sandbox) { sb.Spec.OperatingMode = kv1.Running })
+	s1 = waitPhase("s1", kv1.SandboxRunning)
+	if s1.Status.NodeName != "node-b" {
+		t.Fatalf("s1 resumed on %s, want node-b (node-a is unschedulable)", s1.Status.NodeName)
+	}
+	if out := exec(s1, "echo $X; cat /root/f; a=$(cat /tmp/n); sleep 0.3; b=$(cat /tmp/n); [ $b -gt $a ] && echo counting"); out != "42\nchanged\ncounting\n" {
+		t.Fatalf("s1 on node-b: %q", out)
+	}
+
+	// Rolled back on node-b to the checkpoint node-a took.
+	create(&kv1.SandboxRollback{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "r1"}, Spec: kv1.SandboxRollbackSpec{SandboxName: "s1", CheckpointName: "c1"}})
+	var rb kv1.SandboxRollback
+	wait("rollback r1", 3*time.Minute, func() (bool, string) {
+		if err := c.Get(ctx, key("r1"), &rb); err != nil {
+			return false, err.Error()
+		}
+		return rb.Status.Phase == kv1.OperationSucceeded || rb.Status.Phase == kv1.OperationFailed, fmt.Sprintf("%+v", rb.Status)
+	})
+	if rb.Status.Phase != kv1.OperationSucceeded || rb.Status.NodeName != "node-b" {
+		t.Fatalf("rollback r1: %+v", rb.Status)
+	}
+	if out := exec(s1, "echo $X; cat /root/f"); out != "42\nstored\n" {
+		t.Fatalf("s1 after the rollback to c1: %q", out)
+	}
+	// A rollback to another sandbox's checkpoint is refused, not retried.
+	create(&kv1.SandboxRollback{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "r2"}, Spec: kv1.SandboxRollbackSpec{SandboxName: "s2", CheckpointName: "c1"}})
+	wait("rollback r2 refused", time.Minute, func() (bool, string) {
+		if err := c.Get(ctx, key("r2"), &rb); err != nil {
+			return false, err.Error()
+		}
+		return rb.Status.Phase == kv1.OperationFailed && strings.Contains(rb.Status.Message, "of sandbox s1"), fmt.Sprintf("%+v", rb.Status)
+	})
+
+	// Deleted: the agent removes the molt sandbox, then the resource goes.
+	id := s1.Status.SandboxID
+	if err := c.Delete(ctx, &s1); err != nil {
+		t.Fatal(err)
+	}
+	wait("s1 deleted", 2*time.Minute, func() (bool, string) {
+		err := c.Get(ctx, key("s1"), &kv1.Sandbox{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	if out := hostB.must(t, "ls"); strings.Contains(out, id) {
+		t.Fatalf("node-b still lists %s after its Sandbox was deleted:\n%s", id, out)
+	}
+}
