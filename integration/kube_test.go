@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,7 +14,10 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -137,17 +141,37 @@ func TestKubernetes(t *testing.T) {
 			}
 		}()
 	}
-	opts := kube.ManagerOptions{MetricsAddr: "0"}
-	mgr, err := kube.NewControllerManager(cfg, &kube.Scheduler{Heartbeat: heartbeat}, opts)
-	start("controller", mgr, err)
-	for node, h := range hosts {
-		a := &kube.Agent{Daemon: moltclient.New(h.socket), Node: node, Capacity: 4, Heartbeat: heartbeat}
-		mgr, err := kube.NewAgentManager(cfg, a, opts)
-		start("agent "+node, mgr, err)
-	}
 	c, err := client.New(cfg, client.Options{Scheme: kube.Scheme()})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The deployment's own RBAC, applied; its workloads, validated by
+	// the apiserver (dry run: nothing runs them here).
+	deploy := filepath.Join("..", "deploy", "kubernetes")
+	applyManifests(t, c, filepath.Join(deploy, "rbac.yaml"), false)
+	applyManifests(t, c, filepath.Join(deploy, "controller.yaml"), true)
+	applyManifests(t, c, filepath.Join(deploy, "node.yaml"), true)
+	// The controller and the agents run as their service accounts.
+	as := func(sa string) *rest.Config {
+		cc := rest.CopyConfig(cfg)
+		cc.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:molt-system:" + sa}
+		return cc
+	}
+	opts := kube.ManagerOptions{MetricsAddr: "0"}
+	mgr, err := kube.NewControllerManager(as("molt-controller"), &kube.Scheduler{Heartbeat: heartbeat}, opts)
+	start("controller", mgr, err)
+	for node, h := range hosts {
+		a := &kube.Agent{Daemon: moltclient.New(h.socket), Node: node, Capacity: 4, Heartbeat: heartbeat}
+		mgr, err := kube.NewAgentManager(as("molt-node-agent"), a, opts)
+		start("agent "+node, mgr, err)
+	}
+	// A node agent may not make sandboxes (RBAC is enforced).
+	ac, err := client.New(as("molt-node-agent"), client.Options{Scheme: kube.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ac.Create(ctx, &kv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "by-agent"}, Spec: kv1.SandboxSpec{Image: image}}); !apierrors.IsForbidden(err) {
+		t.Fatalf("a node agent creating a Sandbox: %v, want forbidden", err)
 	}
 	const ns = "default"
 	key := func(name string) types.NamespacedName { return types.NamespacedName{Namespace: ns, Name: name} }
@@ -335,5 +359,40 @@ func TestKubernetes(t *testing.T) {
 	})
 	if out := hostB.must(t, "ls"); strings.Contains(out, id) {
 		t.Fatalf("node-b still lists %s after its Sandbox was deleted:\n%s", id, out)
+	}
+}
+
+// applyManifests creates every object of the YAML file path (a dry run
+// if dryRun); an object that exists already is left.
+func applyManifests(t *testing.T, c client.Client, path string, dryRun bool) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	var opts []client.CreateOption
+	if dryRun {
+		opts = append(opts, client.DryRunAll)
+	}
+	n := 0
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		n++
+		if err := c.Create(context.Background(), &u, opts...); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("%s: %s %s: %v", path, u.GetKind(), u.GetName(), err)
+		}
+	}
+	if n == 0 {
+		t.Fatalf("%s holds no object", path)
 	}
 }
