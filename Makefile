@@ -10,19 +10,29 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # touched with MU held (internal/core/doc.go, "Locks").
 CHECKLOCKS := gvisor.dev/gvisor/tools/checklocks/cmd/checklocks@v0.0.0-20260905035102-160fafc42237
 
-.PHONY: all deps build demo test test-python test-ts lint lint-bpf fuzz race-core bench-fs clean
+.PHONY: all deps build generate demo test test-python test-ts lint lint-bpf fuzz race-core bench-fs clean
 
 all: build
 
 # The S3 server of the tests (versitygw) is built from the Go module
-# proxy once, into /var/cache/molt/s3 (docs/storage.md).
+# proxy once, into /var/cache/molt/s3 (docs/storage.md); so are the
+# kube-apiserver and etcd of the Kubernetes tests, into
+# /var/cache/molt/kube (docs/kubernetes.md, "Tests").
 deps:
 	@scripts/deps.sh
 	@scripts/criu.sh >/dev/null
 	@scripts/s3server.sh >/dev/null
+	@scripts/kube-assets.sh >/dev/null
 
 build: deps
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/molt ./cmd/molt
+
+# The Kubernetes API's deep copies and CRDs (api/kube, deploy/kubernetes/crd),
+# made by controller-gen, pinned in tools/codegen. `make lint` checks
+# that the committed files are what it makes.
+CONTROLLER_GEN = cd tools/codegen && $(GO) tool controller-gen
+generate:
+	$(CONTROLLER_GEN) object paths=../../api/kube/... crd:maxDescLen=400 output:crd:artifacts:config=../../deploy/kubernetes/crd
 
 # Runs a scripted agent session on a temporary root and cleans up.
 demo: build
@@ -37,7 +47,7 @@ demo: build
 # `make race-core` runs it.
 test: build lint
 	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
-	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 30m ./api/... ./client ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/turn ./internal/ns ./internal/pid1 ./internal/template
+	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 30m ./api/... ./client ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/turn ./internal/ns ./internal/pid1 ./internal/template ./internal/kube
 	MOLT_REQUIRE_PRIVILEGED=1 $(PYTHON) sdk/python/tests/live.py --molt bin/molt
 	MOLT_REQUIRE_PRIVILEGED=1 $(NODE) sdk/ts/test/live.mjs --molt bin/molt
 
@@ -105,6 +115,8 @@ lint: lint-bpf
 	@# -wrappers=false: the analyzer reports the compiler's wrapper
 	@# functions at no position, where no annotation can answer it.
 	$(GO) run $(CHECKLOCKS) -test=false -wrappers=false ./...
+	@# The generated Kubernetes files are current.
+	@$(MAKE) -s generate && git diff --exit-code --stat -- api/kube deploy/kubernetes/crd || { echo "api/kube or deploy/kubernetes/crd differ from what controller-gen makes: run make generate" >&2; exit 1; }
 	@# No production file over 800 lines, no function over 120.
 	$(GO) run ./internal/tools/sizes
 	@# pid1.bin is committed (so go build needs no C toolchain) and must be

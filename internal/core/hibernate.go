@@ -81,6 +81,15 @@ func (m *Manager) thawSandbox(id string) error {
 // know is adopted from the store (offload.go).
 func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) {
 	r, err := m.lookupSandbox(ref)
+	if err == nil && r.Offloaded && m.store != nil {
+		dropped, derr := m.dropMovedOn(ctx, r.ID)
+		if derr != nil {
+			return meta.Sandbox{}, fmt.Errorf("resume %s: %w", ref, derr)
+		}
+		if dropped {
+			ref, err = r.ID, errdefs.ErrNotFound
+		}
+	}
 	if errors.Is(err, errdefs.ErrNotFound) && m.store != nil {
 		progress.Report(ctx, progress.Step{Message: "looking up sandbox " + ref + " in the store"})
 		if aerr := m.adopt(ctx, ref); aerr != nil {

@@ -389,6 +389,37 @@ func storedRecord(rec sandboxRec) ([]byte, error) {
 	return json.Marshal(rec)
 }
 
+// dropMovedOn removes this daemon's record of sandbox id, offloaded
+// from here, once the store's document has moved past it: another host
+// resumed the sandbox since, ran it and offloaded it again, so the
+// document's head is not the record's. Resuming the record would
+// restore an older state; the caller adopts the sandbox afresh from the
+// document instead. What the store holds stays, and so do the turn log
+// and ledger kept here (as after a migration). A document claimed by
+// another host is left to claim to refuse.
+func (m *Manager) dropMovedOn(ctx context.Context, id string) (bool, error) {
+	rec, unlock, err := m.lockHibernated(id, "resume")
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	if !rec.Offloaded {
+		return false, nil
+	}
+	doc, err := m.store.Sandbox(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	if doc.Owner != "" || doc.Head == rec.Head {
+		return false, nil
+	}
+	m.log.Info("resume: the store's sandbox moved on since it was offloaded here; adopting it afresh", "sandbox", id, "here", rec.Head, "store", doc.Head)
+	if err := m.removeHere(ctx, rec, true); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 // claim records in the store that this host runs sandbox rec now.
 func (m *Manager) claim(ctx context.Context, rec sandboxRec) error {
 	doc, err := m.store.Sandbox(ctx, rec.ID)
