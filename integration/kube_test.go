@@ -306,15 +306,19 @@ func TestKubernetes(t *testing.T) {
 
 	// node-a cordoned, s1 resumes on node-b from the store, its session
 	// and its counter as they were.
-	var na kv1.MoltNode
-	if err := c.Get(ctx, types.NamespacedName{Name: "node-a"}, &na); err != nil {
-		t.Fatal(err)
+	cordon := func(name string, on bool) {
+		t.Helper()
+		var n kv1.MoltNode
+		if err := c.Get(ctx, types.NamespacedName{Name: name}, &n); err != nil {
+			t.Fatal(err)
+		}
+		old := n.DeepCopy()
+		n.Spec.Unschedulable = on
+		if err := c.Patch(ctx, &n, client.MergeFrom(old)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	old := na.DeepCopy()
-	na.Spec.Unschedulable = true
-	if err := c.Patch(ctx, &na, client.MergeFrom(old)); err != nil {
-		t.Fatal(err)
-	}
+	cordon("node-a", true)
 	patchSpec("s1", func(sb *kv1.Sandbox) { sb.Spec.OperatingMode = kv1.Running })
 	s1 = waitPhase("s1", kv1.SandboxRunning)
 	if s1.Status.NodeName != "node-b" {
@@ -348,6 +352,26 @@ func TestKubernetes(t *testing.T) {
 		return rb.Status.Phase == kv1.OperationFailed && strings.Contains(rb.Status.Message, "of sandbox s1"), fmt.Sprintf("%+v", rb.Status)
 	})
 
+	// Suspended again, and resumed back on node-a (node-b cordoned now),
+	// which still has its own older record of the sandbox: what runs is
+	// the state node-b suspended.
+	exec(s1, "echo on b > /root/g")
+	patchSpec("s1", func(sb *kv1.Sandbox) { sb.Spec.OperatingMode = kv1.Suspended })
+	wait("s1 suspended and unbound again", 3*time.Minute, func() (bool, string) {
+		sb := sandbox("s1")
+		return sb.Status.Phase == kv1.SandboxSuspended && sb.Labels[kv1.NodeLabel] == "", fmt.Sprintf("%+v labels %v", sb.Status, sb.Labels)
+	})
+	cordon("node-b", true)
+	cordon("node-a", false)
+	patchSpec("s1", func(sb *kv1.Sandbox) { sb.Spec.OperatingMode = kv1.Running })
+	s1 = waitPhase("s1", kv1.SandboxRunning)
+	if s1.Status.NodeName != "node-a" {
+		t.Fatalf("s1 resumed on %s, want node-a", s1.Status.NodeName)
+	}
+	if out := exec(s1, "echo $X; cat /root/f /root/g"); out != "42\nstored\non b\n" {
+		t.Fatalf("s1 back on node-a: %q", out)
+	}
+
 	// Deleted: the agent removes the molt sandbox, then the resource goes.
 	id := s1.Status.SandboxID
 	if err := c.Delete(ctx, &s1); err != nil {
@@ -357,8 +381,8 @@ func TestKubernetes(t *testing.T) {
 		err := c.Get(ctx, key("s1"), &kv1.Sandbox{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
-	if out := hostB.must(t, "ls"); strings.Contains(out, id) {
-		t.Fatalf("node-b still lists %s after its Sandbox was deleted:\n%s", id, out)
+	if out := hostA.must(t, "ls"); strings.Contains(out, id) {
+		t.Fatalf("node-a still lists %s after its Sandbox was deleted:\n%s", id, out)
 	}
 }
 
