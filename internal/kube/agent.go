@@ -79,7 +79,7 @@ func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	a.poke = make(chan struct{}, 1)
 	mine := func(o client.Object) bool { return o.GetLabels()[kv1.NodeLabel] == a.Node }
-	if err := ctrl.NewControllerManagedBy(mgr).Named("molt-agent-sandbox-" + a.Node).
+	if err := ctrl.NewControllerManagedBy(mgr).Named("molt-agent-sandbox-"+a.Node).
 		For(&kv1.Sandbox{}, builderPredicate(mine)).
 		Complete(reconcile.Func(a.reconcileSandbox)); err != nil {
 		return err

@@ -12,8 +12,8 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 // GroupVersion is the group and version of these resources.
@@ -21,16 +21,19 @@ var GroupVersion = schema.GroupVersion{Group: "molt.sh", Version: "v1alpha1"}
 
 var (
 	// SchemeBuilder registers the resources.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 	// AddToScheme adds them to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
-func init() {
-	SchemeBuilder.Register(&Sandbox{}, &SandboxList{},
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion,
+		&Sandbox{}, &SandboxList{},
 		&SandboxCheckpoint{}, &SandboxCheckpointList{},
 		&SandboxRollback{}, &SandboxRollbackList{},
 		&MoltNode{}, &MoltNodeList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
 }
 
 // Labels and finalizers of the resources.
