@@ -361,6 +361,8 @@ func TestKubernetes(t *testing.T) {
 		sb := sandbox("s1")
 		return sb.Status.Phase == kv1.SandboxSuspended && sb.Labels[kv1.NodeLabel] == "", fmt.Sprintf("%+v labels %v", sb.Status, sb.Labels)
 	})
+	// A checkpoint asked while it runs nowhere is taken once it runs.
+	create(&kv1.SandboxCheckpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "c2"}, Spec: kv1.SandboxCheckpointSpec{SandboxName: "s1", Kind: kv1.CheckpointFiles}})
 	cordon("node-b", true)
 	cordon("node-a", false)
 	patchSpec("s1", func(sb *kv1.Sandbox) { sb.Spec.OperatingMode = kv1.Running })
@@ -371,6 +373,12 @@ func TestKubernetes(t *testing.T) {
 	if out := exec(s1, "echo $X; cat /root/f /root/g"); out != "42\nstored\non b\n" {
 		t.Fatalf("s1 back on node-a: %q", out)
 	}
+	wait("checkpoint c2, asked while s1 was suspended", 2*time.Minute, func() (bool, string) {
+		if err := c.Get(ctx, key("c2"), &ck); err != nil {
+			return false, err.Error()
+		}
+		return ck.Status.Phase == kv1.OperationSucceeded && ck.Status.NodeName == "node-a", fmt.Sprintf("%+v", ck.Status)
+	})
 
 	// Deleted: the agent removes the molt sandbox, then the resource goes.
 	id := s1.Status.SandboxID

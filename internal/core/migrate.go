@@ -118,6 +118,10 @@ func (m *Manager) migratable(rec sandboxRec) error {
 	if rec.Network == v1.NetworkEgress {
 		return fmt.Errorf("the sandbox's egress (its address, its proxy's CA and its ledger) is this host's; moving it to another host is not supported yet: %w", errdefs.ErrNotSupported)
 	}
+	// Its turn log and ledger must be able to move (not sealed).
+	if _, err := m.exportHistory(rec.ID); err != nil {
+		return err
+	}
 	cks, err := m.checkpointsOf(rec.ID)
 	if err != nil {
 		return err
@@ -187,6 +191,9 @@ func (m *Manager) handOver(ctx context.Context, rec sandboxRec, head string) (in
 		if id != head {
 			doc.Checkpoints = append(doc.Checkpoints, id)
 		}
+	}
+	if err := m.putHistory(ctx, rec.ID, &doc); err != nil {
+		return 0, err
 	}
 	hib := rec
 	hib.State, hib.Offloaded = v1.StateHibernated, true

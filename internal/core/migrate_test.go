@@ -44,6 +44,13 @@ func TestMigrate(t *testing.T) {
 	}
 	run(t, m, sb.ID, "echo late > /f; V=late")
 	counting(t, m.sbRoot(sb.ID), 10)
+	// A turn ended and an effect declared: the turn log and the ledger
+	// move with the sandbox.
+	t1 := endTurn(t, m, sb.ID)
+	eff, err := m.DeclareEffect(ctx, sb.ID, v1.EffectDeclareRequest{Method: "POST", URL: "https://pay.example/charge", Status: 200, IdempotencyKey: "k-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// A target that does not trust the source's key refuses it.
 	untrusting := openManagerStore(t, bucket)
@@ -90,6 +97,15 @@ func TestMigrate(t *testing.T) {
 	}
 	if _, err := m.Resume(ctx, sb.ID); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("the source resumed the sandbox the target runs: %v", err)
+	}
+	if turns, err := m2.Turns(sb.ID); err != nil || len(turns) == 0 || turns[len(turns)-1].Turn != t1.Turn {
+		t.Fatalf("the target's turn log: %+v, %v; want turn %d last", turns, err, t1.Turn)
+	}
+	if effs, _, err := m2.Effects(ctx, sb.ID, ""); err != nil || len(effs) != 1 || effs[0].ID != eff.ID {
+		t.Fatalf("the target's ledger: %+v, %v; want %s", effs, err, eff.ID)
+	}
+	if t2 := endTurn(t, m2, sb.ID); t2.Turn != t1.Turn+1 {
+		t.Fatalf("the next turn on the target is %d, want %d", t2.Turn, t1.Turn+1)
 	}
 
 	// Back to the checkpoint taken on the source.

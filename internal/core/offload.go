@@ -152,6 +152,13 @@ func (m *Manager) Offload(ctx context.Context, ref string) (meta.Sandbox, error)
 			doc.Checkpoints = append(doc.Checkpoints, id)
 		}
 	}
+	// A history this host seals stays here (and so does the sandbox: its
+	// checkpoints are sealed too, and no other host adopts them).
+	if err := m.putHistory(ctx, rec.ID, &doc); errors.Is(err, errdefs.ErrNotSupported) {
+		m.log.Info("offload: the sandbox's turn log and ledger stay on this host", "sandbox", rec.ID, "reason", err)
+	} else if err != nil {
+		return meta.Sandbox{}, fmt.Errorf("offload %s: %w", rec.ID, err)
+	}
 	if old, err := m.store.Sandbox(ctx, rec.ID); err == nil {
 		doc.Epoch = old.Epoch + 1
 	}
@@ -323,6 +330,10 @@ func (m *Manager) adopt(ctx context.Context, ref string) error {
 		return err
 	}
 	lineage = append(lineage, ck)
+	hist, err := m.storedHistory(ctx, doc)
+	if err != nil {
+		return err
+	}
 	rec.State, rec.Init, rec.Offloaded, rec.DiskGroup = v1.StateHibernated, sandbox.Init{}, true, false
 	rec.Standby, rec.Standbys, rec.StandbyBytes = "", nil, 0
 	if err := os.MkdirAll(m.sbDir(rec.ID), 0o700); err != nil {
@@ -330,6 +341,11 @@ func (m *Manager) adopt(ctx context.Context, ref string) error {
 	}
 	// Its disk quota, as a sandbox created here has it.
 	if _, _, err := m.makeQgroup(&rec); err != nil {
+		return err
+	}
+	// Its turn log and ledger first: a failure from here leaves no
+	// record, and a retry writes them again.
+	if err := m.installHistory(rec.ID, hist); err != nil {
 		return err
 	}
 	known := map[string]bool{}

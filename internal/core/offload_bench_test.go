@@ -51,6 +51,10 @@ func BenchmarkStoreResume(b *testing.B) {
 }
 
 func benchStoreResume(b *testing.B, size int64) {
+	// Room for a hibernation, a migration's checkpoint and fetched
+	// copies, pages shared by content between them.
+	testPoolSize = max(8<<30, 3*size+4<<30)
+	defer func() { testPoolSize = 0 }()
 	bucket := s3test.Start(b).OpenBucket(b, "")
 	m1, second := trustingHosts(b, bucket)
 	requireCRIU(b, m1)
@@ -110,12 +114,30 @@ func benchStoreResume(b *testing.B, size int64) {
 			here, there = there, here
 		}
 	}
+	var tDown, tMigUp, tMigResume time.Duration
+	var migrations int
+	migrate := func() {
+		for range 2 { // there and back
+			mg, err := here.Migrate(ctx, sb.ID, managerTarget{there})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+			tDown += ms(mg.DowntimeMS)
+			tMigUp += ms(mg.UploadMS)
+			tMigResume += ms(mg.ResumeMS)
+			migrations++
+			here, there = there, here
+		}
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if i%2 == 0 {
 			local()
 			store()
+			migrate()
 		} else {
+			migrate()
 			store()
 			local()
 		}
@@ -126,6 +148,8 @@ func benchStoreResume(b *testing.B, size int64) {
 	b.ReportMetric(msPer(tStore, uploads), "store-resume-ms")
 	b.ReportMetric(msPer(tUpload, uploads), "offload-ms")
 	b.ReportMetric(float64(tStore)/float64(uploads)/(float64(tLocal)/float64(b.N)), "store/local")
-	b.Logf("%s: resume from the local pool %.0f ms, from the store %.0f ms; offload %.0f ms (%d offloads); store traffic %+v",
-		units.Bytes(size), msPer(tLocal, b.N), msPer(tStore, uploads), msPer(tUpload, uploads), uploads, bucket.Stats())
+	b.ReportMetric(msPer(tDown, migrations), "migrate-downtime-ms")
+	b.Logf("%s: resume from the local pool %.0f ms, from the store %.0f ms; offload %.0f ms (%d offloads); migration downtime %.0f ms (upload %.0f ms, target's resume %.0f ms; %d migrations); store traffic %+v",
+		units.Bytes(size), msPer(tLocal, b.N), msPer(tStore, uploads), msPer(tUpload, uploads), uploads,
+		msPer(tDown, migrations), msPer(tMigUp, migrations), msPer(tMigResume, migrations), migrations, bucket.Stats())
 }

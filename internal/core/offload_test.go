@@ -30,8 +30,12 @@ func openManagerStoreAt(t testing.TB, root string, b objstore.Bucket, pubs ...st
 	t.Helper()
 	// A cgroup parent of its own: two managers stand for two hosts, and
 	// a sandbox keeps its ID from one to the other.
-	return openManagerConfig(t, Config{Root: root, TrustedKeys: pubs, Store: b, CgroupParent: "molt-test-" + filepath.Base(root)})
+	return openManagerConfig(t, Config{Root: root, TrustedKeys: pubs, Store: b, CgroupParent: "molt-test-" + filepath.Base(root), PoolSize: testPoolSize})
 }
+
+// testPoolSize is the pools' size of the managers on a store (0: the
+// default): benchmarks of large sandboxes raise it.
+var testPoolSize int64
 
 // trustingHosts opens a manager on store b standing for one host, and
 // returns it with the opener of a second (another root and pool) that

@@ -11,9 +11,11 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -84,17 +86,64 @@ func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(reconcile.Func(a.reconcileSandbox)); err != nil {
 		return err
 	}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("molt-agent-checkpoint-" + a.Node).
+	// A checkpoint or a rollback asked of a sandbox that runs nowhere yet
+	// (or elsewhere) is looked at again when the sandbox comes here.
+	if err := ctrl.NewControllerManagedBy(mgr).Named("molt-agent-checkpoint-"+a.Node).
 		For(&kv1.SandboxCheckpoint{}).
+		Watches(&kv1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(a.pendingOf(&kv1.SandboxCheckpointList{}))).
 		Complete(reconcile.Func(a.reconcileCheckpoint)); err != nil {
 		return err
 	}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("molt-agent-rollback-" + a.Node).
+	if err := ctrl.NewControllerManagedBy(mgr).Named("molt-agent-rollback-"+a.Node).
 		For(&kv1.SandboxRollback{}).
+		Watches(&kv1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(a.pendingOf(&kv1.SandboxRollbackList{}))).
+		Watches(&kv1.SandboxCheckpoint{}, handler.EnqueueRequestsFromMapFunc(a.rollbacksTo)).
 		Complete(reconcile.Func(a.reconcileRollback)); err != nil {
 		return err
 	}
 	return mgr.Add(manager.RunnableFunc(a.heartbeat))
+}
+
+// pendingOf maps a Sandbox to the unfinished checkpoints or rollbacks
+// (list's kind) of it.
+func (a *Agent) pendingOf(list client.ObjectList) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []reconcile.Request {
+		l := list.DeepCopyObject().(client.ObjectList)
+		if err := a.Client.List(ctx, l, client.InNamespace(o.GetNamespace())); err != nil {
+			return nil
+		}
+		var reqs []reconcile.Request
+		switch l := l.(type) {
+		case *kv1.SandboxCheckpointList:
+			for _, ck := range l.Items {
+				if ck.Spec.SandboxName == o.GetName() && ck.Status.Phase != kv1.OperationSucceeded && ck.Status.Phase != kv1.OperationFailed {
+					reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ck.Namespace, Name: ck.Name}})
+				}
+			}
+		case *kv1.SandboxRollbackList:
+			for _, rb := range l.Items {
+				if rb.Spec.SandboxName == o.GetName() && rb.Status.Phase != kv1.OperationSucceeded && rb.Status.Phase != kv1.OperationFailed {
+					reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: rb.Namespace, Name: rb.Name}})
+				}
+			}
+		}
+		return reqs
+	}
+}
+
+// rollbacksTo maps a SandboxCheckpoint to the unfinished rollbacks to it.
+func (a *Agent) rollbacksTo(ctx context.Context, o client.Object) []reconcile.Request {
+	var l kv1.SandboxRollbackList
+	if err := a.Client.List(ctx, &l, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, rb := range l.Items {
+		if rb.Spec.CheckpointName == o.GetName() && rb.Status.Phase != kv1.OperationSucceeded && rb.Status.Phase != kv1.OperationFailed {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: rb.Namespace, Name: rb.Name}})
+		}
+	}
+	return reqs
 }
 
 // mine gets the Sandbox name of namespace ns if it is bound to this node.
@@ -205,9 +254,11 @@ func (a *Agent) run(ctx context.Context, sb *kv1.Sandbox) error {
 			return err
 		}
 		id = made
-		// Recorded before anything else can fail.
-		if err := a.setStatus(ctx, sb, func(st *kv1.SandboxStatus) { st.SandboxID, st.NodeName = id, a.Node }); err != nil {
-			return err
+		// Recorded before anything else can fail, over any concurrent
+		// write (the controller's condition): a fork is not found again
+		// by name.
+		if err := a.recordID(ctx, sb, id); err != nil {
+			return fmt.Errorf("sandbox %s made, but not recorded (it stays on the node): %w", id, err)
 		}
 	}
 	info, err := a.Daemon.Sandbox(ctx, id)
@@ -299,6 +350,23 @@ func (a *Agent) suspend(ctx context.Context, sb *kv1.Sandbox) error {
 	return a.setStatus(ctx, sb, func(st *kv1.SandboxStatus) {
 		st.Phase, st.NodeName, st.Head, st.Offloaded, st.Message = kv1.SandboxSuspended, a.Node, info.Head, true, ""
 		setReady(st, sb.Generation, metav1.ConditionFalse, ReasonSuspended, "hibernated to the object store")
+	})
+}
+
+// recordID writes molt's ID of sb's sandbox into its status, reading sb
+// again after each conflict.
+func (a *Agent) recordID(ctx context.Context, sb *kv1.Sandbox, id string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		err := a.setStatus(ctx, sb, func(st *kv1.SandboxStatus) { st.SandboxID, st.NodeName = id, a.Node })
+		if apierrors.IsConflict(err) {
+			if gerr := a.Client.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: sb.Name}, sb); gerr != nil {
+				return gerr
+			}
+			if sb.Status.SandboxID != "" && sb.Status.SandboxID != id {
+				return fmt.Errorf("the Sandbox records sandbox %s already", sb.Status.SandboxID)
+			}
+		}
+		return err // a conflict is tried again, over what was just read
 	})
 }
 

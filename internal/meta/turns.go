@@ -1,6 +1,9 @@
 package meta
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // The turn log's records (bucket Turns) and what ending a turn reports.
 
@@ -171,3 +174,7 @@ type LLMCall struct {
 	// Replayed: answered from the record by a fast-forward.
 	Replayed bool `json:"replayed,omitempty"`
 }
+
+// TurnKey is turn n of sandbox id's key in bucket Turns: its numbers
+// zero-padded, so that keys sort as turns do.
+func TurnKey(id string, n int) string { return fmt.Sprintf("%s/%09d", id, n) }

@@ -1,7 +1,10 @@
 package remote
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +31,9 @@ type SandboxDoc struct {
 	// store (its lineage, for rollbacks after a migration); Head's is
 	// not among them.
 	Checkpoints []string `json:"checkpoints,omitempty"`
+	// History is the sandbox's history object (the engine's turn log
+	// and effect ledger, opaque here), by content: PutHistory.
+	History *Blob `json:"history,omitempty"`
 	// Owner is the key of the host that resumed the sandbox ("" while
 	// it waits in the store); Epoch counts the hand-overs.
 	Owner     string             `json:"owner,omitempty"`
@@ -37,6 +43,48 @@ type SandboxDoc struct {
 }
 
 func sandboxKey(id string) string { return "sandboxes/" + id + ".json" }
+
+// Blob names an object by content: its SHA-256 (hex) and size.
+type Blob struct {
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// MaxHistory bounds a history object.
+const MaxHistory = 512 << 20
+
+func historyKey(id, sum string) string { return "history/" + id + "/" + sum }
+
+// PutHistory writes b as sandbox id's history object, named by its
+// content (a document naming an older one still reads it), and returns
+// the Blob a document names it by.
+func (s *Store) PutHistory(ctx context.Context, id string, b []byte) (Blob, error) {
+	if !ckstore.IsName(id) || len(b) > MaxHistory {
+		return Blob{}, fmt.Errorf("store: history of %q: not a name, or %d bytes (at most %d): %w", id, len(b), MaxHistory, errdefs.ErrInvalidArgument)
+	}
+	sum := sha256.Sum256(b)
+	h := Blob{SHA256: hex.EncodeToString(sum[:]), Size: int64(len(b))}
+	if err := s.b.Put(ctx, historyKey(id, h.SHA256), bytes.NewReader(b), h.Size); err != nil {
+		return Blob{}, fmt.Errorf("store: write the history of %s: %w", id, err)
+	}
+	return h, nil
+}
+
+// History reads sandbox id's history object h (from a checked
+// document) and checks its content against h.
+func (s *Store) History(ctx context.Context, id string, h Blob) ([]byte, error) {
+	if !ckstore.IsName(id) || len(h.SHA256) != sha256.Size*2 || strings.Trim(h.SHA256, "0123456789abcdef") != "" || h.Size < 0 || h.Size > MaxHistory {
+		return nil, bad("history of %q: %+v is not a history object's name", id, h)
+	}
+	b, err := readAll(ctx, s.b, historyKey(id, h.SHA256), h.Size)
+	if err != nil {
+		return nil, fmt.Errorf("store: the history of %s: %w", id, err)
+	}
+	if sum := sha256.Sum256(b); int64(len(b)) != h.Size || hex.EncodeToString(sum[:]) != h.SHA256 {
+		return nil, bad("the history of %s does not match its document (%d bytes)", id, len(b))
+	}
+	return b, nil
+}
 
 func (d SandboxDoc) signedBytes() ([]byte, error) {
 	d.Signature = nil

@@ -17,7 +17,7 @@ import (
 // "<sandbox>/<turn number, 9 digits>" so that a prefix scan lists a
 // sandbox's turns oldest first.
 
-func turnKey(id string, n int) string { return fmt.Sprintf("%s/%09d", id, n) }
+func turnKey(id string, n int) string { return meta.TurnKey(id, n) }
 
 // lastTurn is the number of sandbox id's last logged turn (0: none).
 func (t *Tracker) lastTurn(id string) int {
