@@ -145,34 +145,6 @@ func TestKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The deployment's own RBAC, applied; its workloads, validated by
-	// the apiserver (dry run: nothing runs them here).
-	deploy := filepath.Join("..", "deploy", "kubernetes")
-	applyManifests(t, c, filepath.Join(deploy, "rbac.yaml"), false)
-	applyManifests(t, c, filepath.Join(deploy, "controller.yaml"), true)
-	applyManifests(t, c, filepath.Join(deploy, "node.yaml"), true)
-	// The controller and the agents run as their service accounts.
-	as := func(sa string) *rest.Config {
-		cc := rest.CopyConfig(cfg)
-		cc.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:molt-system:" + sa}
-		return cc
-	}
-	opts := kube.ManagerOptions{MetricsAddr: "0"}
-	mgr, err := kube.NewControllerManager(as("molt-controller"), &kube.Scheduler{Heartbeat: heartbeat}, opts)
-	start("controller", mgr, err)
-	for node, h := range hosts {
-		a := &kube.Agent{Daemon: moltclient.New(h.socket), Node: node, Capacity: 4, Heartbeat: heartbeat}
-		mgr, err := kube.NewAgentManager(as("molt-node-agent"), a, opts)
-		start("agent "+node, mgr, err)
-	}
-	// A node agent may not make sandboxes (RBAC is enforced).
-	ac, err := client.New(as("molt-node-agent"), client.Options{Scheme: kube.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ac.Create(ctx, &kv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "by-agent"}, Spec: kv1.SandboxSpec{Image: image}}); !apierrors.IsForbidden(err) {
-		t.Fatalf("a node agent creating a Sandbox: %v, want forbidden", err)
-	}
 	const ns = "default"
 	key := func(name string) types.NamespacedName { return types.NamespacedName{Namespace: ns, Name: name} }
 	wait := func(what string, timeout time.Duration, fn func() (bool, string)) {
@@ -188,6 +160,63 @@ func TestKubernetes(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
+	}
+	// The deployment's own RBAC, applied; its workloads, validated by
+	// the apiserver (dry run: nothing runs them here).
+	deploy := filepath.Join("..", "deploy", "kubernetes")
+	applyManifests(t, c, filepath.Join(deploy, "rbac.yaml"), false)
+	applyManifests(t, c, filepath.Join(deploy, "agent-policy.yaml"), false)
+	applyManifests(t, c, filepath.Join(deploy, "controller.yaml"), true)
+	applyManifests(t, c, filepath.Join(deploy, "node.yaml"), true)
+	// The controller and the agents run as their service accounts, an
+	// agent's with its node's name as a token bound to its pod carries it.
+	as := func(sa, node string) *rest.Config {
+		cc := rest.CopyConfig(cfg)
+		cc.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:molt-system:" + sa}
+		if node != "" {
+			cc.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {node}}
+		}
+		return cc
+	}
+	// A node agent may not make sandboxes (RBAC), nor touch another
+	// node's (the admission policy, once the apiserver has loaded it).
+	ac, err := client.New(as("molt-node-agent", "node-a"), client.Options{Scheme: kube.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ac.Create(ctx, &kv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "by-agent"}, Spec: kv1.SandboxSpec{Image: image}}); !apierrors.IsForbidden(err) {
+		t.Fatalf("a node agent creating a Sandbox: %v, want forbidden", err)
+	}
+	other := &kv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "on-b", Labels: map[string]string{kv1.NodeLabel: "node-b"}},
+		Spec: kv1.SandboxSpec{Image: image, OperatingMode: kv1.Suspended}}
+	if err := c.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	wait("the admission policy refuses node-a's agent node-b's sandbox", time.Minute, func() (bool, string) {
+		var sb kv1.Sandbox
+		if err := ac.Get(ctx, key("on-b"), &sb); err != nil {
+			return false, err.Error()
+		}
+		old := sb.DeepCopy()
+		sb.Status.Message = "from node-a"
+		err := ac.Status().Patch(ctx, &sb, client.MergeFrom(old))
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "bound to its node"), fmt.Sprint(err)
+	})
+	for _, mn := range []string{"node-b", "node-c"} {
+		if err := ac.Create(ctx, &kv1.MoltNode{ObjectMeta: metav1.ObjectMeta{Name: mn}, Spec: kv1.MoltNodeSpec{Capacity: 1}}); !apierrors.IsForbidden(err) {
+			t.Fatalf("node-a's agent making MoltNode %s: %v, want forbidden", mn, err)
+		}
+	}
+	if err := c.Delete(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	opts := kube.ManagerOptions{MetricsAddr: "0"}
+	mgr, err := kube.NewControllerManager(as("molt-controller", ""), &kube.Scheduler{Heartbeat: heartbeat}, opts)
+	start("controller", mgr, err)
+	for node, h := range hosts {
+		a := &kube.Agent{Daemon: moltclient.New(h.socket), Node: node, Capacity: 4, Heartbeat: heartbeat}
+		mgr, err := kube.NewAgentManager(as("molt-node-agent", node), a, opts)
+		start("agent "+node, mgr, err)
 	}
 	sandbox := func(name string) kv1.Sandbox {
 		t.Helper()

@@ -421,7 +421,7 @@ func (a *Agent) reconcileCheckpoint(ctx context.Context, req reconcile.Request) 
 		if err != nil {
 			if permanent(err) {
 				return reconcile.Result{}, a.setCheckpoint(ctx, &ck, func(st *kv1.SandboxCheckpointStatus) {
-					st.Phase, st.Message = kv1.OperationFailed, err.Error()
+					st.Phase, st.NodeName, st.Message = kv1.OperationFailed, a.Node, err.Error()
 				})
 			}
 			return reconcile.Result{}, fmt.Errorf("checkpoint %s: %w", id, err)
