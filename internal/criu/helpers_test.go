@@ -75,7 +75,15 @@ type counter struct {
 func startCounter(t testing.TB, heap int) *counter {
 	t.Helper()
 	portFile := filepath.Join(t.TempDir(), "port")
-	cmd := exec.Command(python(t), "-c", counterScript, strconv.Itoa(heap), portFile)
+	c := startScript(t, counterScript, strconv.Itoa(heap), portFile)
+	c.port = waitPort(t, portFile)
+	return c
+}
+
+// startScript runs a Python script with args as startCounter does.
+func startScript(t testing.TB, script string, args ...string) *counter {
+	t.Helper()
+	cmd := exec.Command(python(t), append([]string{"-c", script}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -86,15 +94,24 @@ func startCounter(t testing.TB, heap int) *counter {
 		close(c.exited)
 	}()
 	t.Cleanup(c.kill)
-	deadline := time.Now().Add(10 * time.Second)
+	return c
+}
+
+// waitPort returns the port a script wrote to portFile.
+func waitPort(t testing.TB, portFile string) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		b, err := os.ReadFile(portFile)
 		if err == nil {
-			c.port, _ = strconv.Atoi(string(b))
-			return c
+			port, err := strconv.Atoi(string(b))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return port
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("counter did not start")
+			t.Fatal("the script did not start")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -143,6 +143,11 @@ type RestoreOptions struct {
 	// daemon (userfaultfd): Restore returns before the memory is in place.
 	// ErrNotSupported where userfaultfd's non-cooperative mode is missing.
 	LazyPages bool
+	// PageServer, with LazyPages, is a connected stream socket the
+	// lazy-pages daemon asks for the lazy pages (ServePages answers on
+	// its other end), instead of reading them from ImagesDir: the
+	// restore itself still reads the pages that are not lazy there.
+	PageServer *os.File
 
 	ManageCgroups bool
 	CgroupMode    string

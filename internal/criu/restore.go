@@ -71,7 +71,7 @@ func (t *Tool) Restore(ctx context.Context, o RestoreOptions) (RestoreResult, er
 		if !fs.lazyPages {
 			return res, &Error{Op: "restore", Err: fmt.Errorf("lazy pages: %s: %w", fs.lazyReason, errdefs.ErrNotSupported)}
 		}
-		if lazy, err = t.startLazyPages(ctx, o.ImagesDir, dirs.workPath, o.LogLevel); err != nil {
+		if lazy, err = t.startLazyPages(ctx, o.ImagesDir, dirs.workPath, o.LogLevel, o.PageServer); err != nil {
 			return res, err
 		}
 	}
@@ -141,7 +141,7 @@ type lazyDaemon struct {
 // startLazyPages starts CRIU's lazy-pages daemon for imagesDir and returns
 // once it listens on its socket in workDir. The daemon is not bound to
 // ctx once started: the restored tree needs it until every page is in.
-func (t *Tool) startLazyPages(ctx context.Context, imagesDir, workDir string, level int) (*lazyDaemon, error) {
+func (t *Tool) startLazyPages(ctx context.Context, imagesDir, workDir string, level int, ps *os.File) (*lazyDaemon, error) {
 	if level == 0 {
 		level = DefaultLogLevel
 	}
@@ -155,6 +155,11 @@ func (t *Tool) startLazyPages(ctx context.Context, imagesDir, workDir string, le
 	d.cmd = exec.Command(t.path, "lazy-pages",
 		"--images-dir", imagesDir, "--work-dir", workDir,
 		"--log-file", lazyLog, "-v"+strconv.Itoa(level))
+	if ps != nil {
+		// The socket is the daemon's descriptor 3.
+		d.cmd.Args = append(d.cmd.Args, "--page-server", "--ps-socket", "3")
+		d.cmd.ExtraFiles = []*os.File{ps}
+	}
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
 		return nil, &Error{Op: "lazy-pages", Err: fmt.Errorf("start %s: %w", t.path, err)}

@@ -107,12 +107,52 @@ func (s *Store) fetch(ctx context.Context, p piece) fetched {
 func (s *Store) FetchObjects(ctx context.Context, r Recipe, dir string) (int64, error) {
 	var total int64
 	for _, o := range r.Objects {
-		if err := s.fetchObject(ctx, r, o, dir); err != nil {
-			return total, fmt.Errorf("store: checkpoint %s: %s: %w", r.Checkpoint, o.Name, err)
+		if err := s.FetchObject(ctx, r, o, dir); err != nil {
+			return total, err
 		}
 		total += o.Size
 	}
 	return total, nil
+}
+
+// FetchObject writes object o of r into dir as FetchObjects does.
+func (s *Store) FetchObject(ctx context.Context, r Recipe, o Object, dir string) error {
+	if err := s.fetchObject(ctx, r, o, dir); err != nil {
+		return fmt.Errorf("store: checkpoint %s: %s: %w", r.Checkpoint, o.Name, err)
+	}
+	return nil
+}
+
+// ReadAt reads len(p) bytes of object o of r from offset off (not
+// checked: the caller checks what it reads against hashes it trusts).
+func (s *Store) ReadAt(ctx context.Context, r Recipe, o Object, p []byte, off int64) error {
+	if off < 0 || off+int64(len(p)) > o.Size {
+		return fmt.Errorf("store: checkpoint %s: %s: bytes %d+%d of %d: %w", r.Checkpoint, o.Name, off, len(p), o.Size, errdefs.ErrInvalidArgument)
+	}
+	var at int64 // the object's offset of extent e
+	for _, e := range o.Extents {
+		if len(p) == 0 {
+			break
+		}
+		if off >= at+e.Len {
+			at += e.Len
+			continue
+		}
+		if e.P < 0 || e.P >= len(r.Packs) {
+			return bad("object %s: extent of pack %d", o.Name, e.P)
+		}
+		n := min(int64(len(p)), at+e.Len-off)
+		f := s.fetch(ctx, piece{pack: r.Packs[e.P], off: e.Off + off - at, len: n})
+		if f.err != nil {
+			return fmt.Errorf("store: checkpoint %s: %s: %w", r.Checkpoint, o.Name, f.err)
+		}
+		copy(p, f.b)
+		p, off, at = p[n:], off+n, at+e.Len
+	}
+	if len(p) > 0 {
+		return bad("object %s: its extents end before its size", o.Name)
+	}
+	return nil
 }
 
 func (s *Store) fetchObject(ctx context.Context, r Recipe, o Object, dir string) error {
