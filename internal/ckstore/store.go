@@ -260,6 +260,11 @@ func (r Reader) Open(objs []Object, thorough bool) (Restore, error) {
 	return Restore{Images: r.s.Images(r.id), FS: r.s.FS(r.id)}, nil
 }
 
+// CheckManifest checks the artifact's manifest as Open does, thoroughly,
+// without verifying the objects: for an artifact whose objects are
+// checked otherwise as they arrive.
+func (r Reader) CheckManifest(objs []Object) error { return r.checkManifest(objs, true) }
+
 // checkManifest checks that the artifact's manifest is there and is its
 // own, and, with a keyring, that a signed manifest's signature verifies
 // with a trusted key and that it lists the objects the engine's record

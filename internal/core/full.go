@@ -390,7 +390,9 @@ func (m *Manager) stagingPrefix() string {
 func (m *Manager) pageIndex(head string) *pagestore.Index {
 	return m.cks.PageIndex(head, func(id string) (ckstore.Ref, bool) {
 		var c checkpointRec
-		if err := m.db.Get(meta.Checkpoints, id, &c); err != nil {
+		// An offloaded checkpoint's local files, if any, are a fetch
+		// under way: no page is shared from them.
+		if err := m.db.Get(meta.Checkpoints, id, &c); err != nil || c.Offloaded {
 			return ckstore.Ref{}, false
 		}
 		return ckstore.Ref{ID: c.ID, Parent: c.Parent, Full: c.Kind == v1.KindFull, Objects: c.Objects}, true
@@ -423,8 +425,11 @@ func (m *Manager) processSource(ck checkpointRec) (checkpointRec, bool) {
 // once it runs is the old tree killed and the root switched. Any failure
 // before that leaves the sandbox as it was.
 func (m *Manager) rollbackProcesses(ctx context.Context, rec *sandboxRec, ck, procs checkpointRec) (meta.RollbackResult, error) {
-	if err := m.verify(procs, false); err != nil {
-		return meta.RollbackResult{}, err
+	// A lazy resume's pages are checked as they come (lazy.go).
+	if lazyFrom(ctx, procs.ID) == nil {
+		if err := m.verify(procs, false); err != nil {
+			return meta.RollbackResult{}, err
+		}
 	}
 	next := filepath.Join(m.sbDir(rec.ID), "root.next")
 	if err := removeTree(next); err != nil {
@@ -544,6 +549,16 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	if err != nil {
 		return sandbox.Init{}, err
 	}
+	lf := lazyFrom(ctx, ck.ID)
+	if lf == nil {
+		// A checkpoint being fetched lazily for a resume is whole once
+		// that fetch is done (it holds the fetch lock until then).
+		if err := m.ensureLocal(ctx, &ck); err != nil {
+			return sandbox.Init{}, err
+		}
+	} else {
+		spare = false
+	}
 	cg, err := m.loadCgroup(*rec)
 	if err != nil {
 		return sandbox.Init{}, err
@@ -598,11 +613,21 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	if err != nil {
 		return sandbox.Init{}, err
 	}
+	if lf != nil {
+		opts.LazyPages, opts.PageServer = true, lf.theirs
+	}
 	res, err := tool.Restore(ctx, opts)
+	if lf != nil {
+		lf.theirs.Close() // the daemon has its own
+	}
 	if err != nil {
 		return sandbox.Init{}, fmt.Errorf("restore: %w", err)
 	}
 	init, err := sandbox.Adopt(res.Pid)
+	if err == nil && lf != nil {
+		// From here the tree is the fetch's to kill if a page fails.
+		err = lf.started(init)
+	}
 	if err == nil && rec.Network == v1.NetworkEgress {
 		// Before the tree runs (it was restored stopped, or is a fork
 		// that has run for microseconds at most).

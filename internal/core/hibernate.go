@@ -123,8 +123,13 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 			}
 		}()
 		if ck.Offloaded {
-			if err := m.fetchCheckpoint(ctx, &ck); err != nil {
+			lf, err := m.startFetch(ctx, &ck)
+			if err != nil {
 				return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
+			}
+			if lf != nil {
+				ctx = withLazy(ctx, lf)
+				defer lf.abandon() // unless the restore ran
 			}
 		}
 	}

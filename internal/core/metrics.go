@@ -30,6 +30,7 @@ type metrics struct {
 	storeSent prometheus.Counter
 	fetches   prometheus.Counter
 	evictions prometheus.Counter
+	lazy      *prometheus.CounterVec // lazy resumes by result (lazy.go)
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}
@@ -83,8 +84,11 @@ func newMetrics(m *Manager) *metrics {
 	x.evictions = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "molt_store_evictions_total", Help: "Local copies of stored checkpoints freed by the --store-cache bound.",
 	})
+	x.lazy = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "molt_store_lazy_resumes_total", Help: "Resumes from the object store that restored before the memory was fetched, by result (ok: every page came and was checked; failed: the tree was killed or the restore failed).",
+	}, []string{"result"})
 	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks, x.forksHot, x.decisions, x.captureWait, x.turnDecide,
-		x.uploads, x.storeSent, x.fetches, x.evictions)
+		x.uploads, x.storeSent, x.fetches, x.evictions, x.lazy)
 	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "molt_pending_checkpoints", Help: "Full checkpoints captured and not yet committed (the persist queue).",
 	}, func() float64 {

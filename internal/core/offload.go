@@ -538,6 +538,16 @@ func (m *Manager) ensureLocal(ctx context.Context, ck *checkpointRec) error {
 	if !ck.Offloaded {
 		return nil
 	}
+	if err := m.fetchLocked(ctx, ck); err != nil {
+		return err
+	}
+	// Not under fetchMu: eviction takes sandboxes' locks, and a sandbox's
+	// lock may be held by one waiting for fetchMu.
+	m.evict()
+	return nil
+}
+
+func (m *Manager) fetchLocked(ctx context.Context, ck *checkpointRec) error {
 	m.fetchMu.Lock()
 	defer m.fetchMu.Unlock()
 	var cur checkpointRec
@@ -545,11 +555,7 @@ func (m *Manager) ensureLocal(ctx context.Context, ck *checkpointRec) error {
 		*ck = cur
 		return nil
 	}
-	if err := m.fetchCheckpoint(ctx, ck); err != nil {
-		return err
-	}
-	m.evict()
-	return nil
+	return m.fetchCheckpoint(ctx, ck)
 }
 
 // touch notes a use of checkpoint id.

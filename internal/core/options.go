@@ -23,6 +23,9 @@ type options struct {
 	noTemplateCapture bool
 	// noDiskQuota leaves quotas off in the pool (quota.go).
 	noDiskQuota bool
+	// noLazyResume makes a resume from the store fetch every page
+	// before the restore (lazy.go).
+	noLazyResume bool
 }
 
 // WithoutScheduler runs checkpoint background work unscheduled, each job
@@ -47,3 +50,8 @@ func WithoutTemplateCapture() Option { return func(o *options) { o.noTemplateCap
 
 // WithoutDiskQuota leaves btrfs quotas off in the pool.
 func WithoutDiskQuota() Option { return func(o *options) { o.noDiskQuota = true } }
+
+// WithoutLazyResume makes a resume from the store fetch and check every
+// page before the restore, instead of restoring with the lazy-pages
+// daemon and bringing the memory on demand (lazy.go).
+func WithoutLazyResume() Option { return func(o *options) { o.noLazyResume = true } }

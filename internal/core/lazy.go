@@ -1,0 +1,561 @@
+package core
+
+// Lazy resume from the store: the restored tree runs before its memory
+// is here. Everything but the private memory pages comes first, as an
+// eager fetch brings it (small images, page hash lists, the file tree,
+// the pages a restore reads itself); CRIU then restores with its
+// lazy-pages daemon, which asks a page server (criu.ServePages) for the
+// rest: a page a task faults on first, the others in the background.
+// The page server reads them from the store in blocks, checks every
+// page against its hash (the hash list was checked against the signed
+// recipe), writes them into the checkpoint's local copy and serves
+// them from there; a prefetcher fills the blocks nobody asked for, so
+// that the local copy is whole soon whatever the tree does. Once it
+// is, the checkpoint is local again, as after an eager fetch.
+//
+// A page that fails its check, or a store that fails, kills the tree
+// before the lazy-pages daemon lets go of its memory: a task never
+// runs on a page that is not the one dumped.
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/criu"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/progress"
+	"github.com/molt-sh/molt/internal/remote"
+	"github.com/molt-sh/molt/internal/revert"
+	"github.com/molt-sh/molt/internal/sandbox"
+)
+
+// Lazy fetching reads pages in blocks of lazyBlock bytes (aligned in
+// the page image), lazyPrefetch of them in flight in the background.
+const (
+	lazyBlock    = 1 << 20
+	lazyPrefetch = 4
+)
+
+// lazyFetch is one checkpoint coming from the store while its restored
+// tree runs.
+type lazyFetch struct {
+	m      *Manager
+	ck     checkpointRec
+	r      remote.Recipe
+	pm     *criu.PageMap
+	images map[string]*lazyImage // by page image name (pages-N.img)
+	ctx    context.Context
+	cancel context.CancelFunc
+	start  time.Time
+
+	// ours is the page server's end of the socket the lazy-pages
+	// daemon asks on, theirs the daemon's (given to the restore).
+	ours, theirs *os.File
+	served       chan struct{} // closed when the page server is done
+
+	fetched atomic.Int64 // page bytes read from the store
+	asked   atomic.Int64 // page bytes the daemon asked for
+
+	mu      sync.Mutex
+	init    sandbox.Init // +checklocks:mu
+	running bool         // the restore returned a tree +checklocks:mu
+	ended   bool         // abandoned or finished +checklocks:mu
+	dropped bool         // abandoned +checklocks:mu
+	err     error        // the first failure +checklocks:mu
+	closed  bool         // ours closed +checklocks:mu
+}
+
+// lazyImage is one page image filled lazily.
+type lazyImage struct {
+	name   string
+	obj    remote.Object
+	f      *os.File
+	hashes []byte // a SHA-256 per page, checked
+
+	mu     sync.Mutex
+	have   []bool                // per block +checklocks:mu
+	wait   map[int]chan struct{} // blocks being fetched +checklocks:mu
+	missed int                   // blocks not yet here +checklocks:mu
+}
+
+type lazyKey struct{}
+
+// withLazy marks ctx as the context of the lazy restore of lf.
+func withLazy(ctx context.Context, lf *lazyFetch) context.Context {
+	return context.WithValue(ctx, lazyKey{}, lf)
+}
+
+// lazyFrom returns the lazy fetch of checkpoint id the restore of ctx
+// restores from, or nil.
+func lazyFrom(ctx context.Context, id string) *lazyFetch {
+	lf, _ := ctx.Value(lazyKey{}).(*lazyFetch)
+	if lf == nil || lf.ck.ID != id {
+		return nil
+	}
+	return lf
+}
+
+// lazyResumable says whether checkpoint ck, offloaded, may be resumed
+// lazily, or why not.
+func (m *Manager) lazyResumable(ck checkpointRec) string {
+	switch {
+	case m.opts.noLazyResume:
+		return "lazy resume switched off"
+	case ck.Kind != v1.KindFull:
+		return "no processes"
+	case ck.DataKey != "":
+		return "sealed pages are fetched whole"
+	case m.criu == nil || !m.criu.Probe(context.Background()).LazyPages:
+		return "CRIU cannot restore lazily here"
+	}
+	return ""
+}
+
+// startFetch brings offloaded checkpoint ck for a resume: lazily if it
+// can (the fetch returned then holds m.fetchMu until its pages are all
+// here, or abandon), else eagerly (ck is then local, and nil returned).
+// Either way ck is then restored from as if it were local.
+func (m *Manager) startFetch(ctx context.Context, ck *checkpointRec) (*lazyFetch, error) {
+	m.fetchMu.Lock()
+	lf, err := m.fetchLazy(ctx, *ck)
+	if err != nil || lf == nil {
+		m.fetchMu.Unlock()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if lf == nil {
+		if err := m.ensureLocal(ctx, ck); err != nil {
+			return nil, err
+		}
+		return nil, nil
+	}
+	ck.Offloaded = false
+	lf.ck.Offloaded = false
+	return lf, nil
+}
+
+// fetchLazy makes the local copy of offloaded checkpoint ck whole but
+// for its lazy pages, and returns the fetch that brings them once the
+// tree is restored (nil: fetch ck eagerly; the reason is logged). The
+// caller holds m.fetchMu; it passes to the fetch, which releases it
+// when it is done, or to abandon.
+func (m *Manager) fetchLazy(ctx context.Context, ck checkpointRec) (*lazyFetch, error) {
+	if why := m.lazyResumable(ck); why != "" {
+		m.log.Debug("store: resuming eagerly", "checkpoint", ck.ID, "why", why)
+		return nil, nil
+	}
+	progress.Report(ctx, progress.Step{Message: "fetching checkpoint " + ck.ID + " from the store, its memory on demand"})
+	r, err := m.store.Recipe(ctx, ck.ID)
+	if err != nil {
+		return nil, err
+	}
+	if !sameObjects(r, ck.Objects) {
+		m.log.Info("store: lazy resume: the recipe lists other objects than the record; fetching eagerly", "checkpoint", ck.ID)
+		return nil, nil
+	}
+	if err := m.room("fetch "+ck.ID, r.Size()); err != nil {
+		return nil, err
+	}
+	lf := &lazyFetch{m: m, ck: ck, r: r, images: map[string]*lazyImage{}, start: time.Now()}
+	rv := revert.Logged(m.log, "lazy fetch")
+	defer rv.Fail()
+	_ = m.cks.Delete(ck.ID) // what a failed fetch left
+	if _, err := m.cks.Create(ck.ID); err != nil {
+		return nil, err
+	}
+	rv.Add(func() error { return m.cks.Delete(ck.ID) })
+	dir := m.ckDir(ck.ID)
+	hashOf := map[string]bool{}
+	for _, o := range r.Objects {
+		if name, ok := strings.CutPrefix(o.Name, ckstore.PageHashDir+"/"); ok {
+			hashOf[name] = true
+		}
+	}
+	var lazy []remote.Object
+	for _, o := range r.Objects {
+		name, ok := strings.CutPrefix(o.Name, ckstore.ImagesDir+"/")
+		if ok && strings.HasPrefix(name, "pages-") && hashOf[name] && o.Size >= lazyBlock && o.Size%criu.PageSize == 0 {
+			lazy = append(lazy, o)
+			continue
+		}
+		if err := m.store.FetchObject(ctx, r, o, dir); err != nil {
+			return nil, err
+		}
+	}
+	rv.Add(lf.closeFiles)
+	for _, o := range lazy {
+		li, err := openLazyImage(dir, o)
+		if err != nil {
+			return nil, err
+		}
+		lf.images[li.name] = li
+	}
+	tree := filepath.Join(dir, "fs.fetch")
+	if err := fsnap.CreateSubvolume(tree); err != nil {
+		return nil, err
+	}
+	if err := m.store.FetchTree(ctx, r, tree); err != nil {
+		return nil, err
+	}
+	if err := sandbox.MakeDevNodes(tree); err != nil {
+		return nil, err
+	}
+	if err := fsnap.SnapshotIn(tree, m.ckFS(ck.ID), true, m.groupsOfID(ck.Sandbox)...); err != nil {
+		return nil, err
+	}
+	if err := removeTree(tree); err != nil {
+		return nil, err
+	}
+	// The manifests as fetchCheckpoint writes them; the signed one is
+	// checked against the record here, as a restore's verification
+	// would (which cannot hash pages that are not here yet).
+	if err := m.cks.Backend().PutManifest(ck.ID, r.Manifest); err != nil {
+		return nil, err
+	}
+	if err := m.cks.Reader(ck.ID).CheckManifest(ck.Objects); err != nil {
+		return nil, fmt.Errorf("checkpoint %s fetched from the store: %w", ck.ID, err)
+	}
+	if err := m.cks.Backend().PutManifest(ck.ID, m.committedManifest(ck)); err != nil {
+		return nil, err
+	}
+	if lf.pm, err = criu.ReadPageMap(m.cks.Images(ck.ID)); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
+	}
+	for name, n := range lf.pm.Pages() {
+		if li := lf.images[name]; li != nil && n*criu.PageSize != uint64(li.obj.Size) {
+			return nil, fmt.Errorf("checkpoint %s: %s holds %d bytes, its pagemap counts %d pages: %w", ck.ID, name, li.obj.Size, n, errdefs.ErrFailedPrecondition)
+		}
+	}
+	lf.ctx, lf.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	rv.Add(func() error { lf.cancel(); return nil })
+	// The pages the restore reads itself.
+	for _, run := range lf.pm.Eager() {
+		if li := lf.images[run.Image]; li != nil {
+			if err := lf.ensure(li, int64(run.Index), int64(run.Pages)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	lf.ours, lf.theirs = os.NewFile(uintptr(fds[0]), "page server"), os.NewFile(uintptr(fds[1]), "lazy pages")
+	lf.served = make(chan struct{})
+	rv.Success()
+	go lf.serve()
+	return lf, nil
+}
+
+func openLazyImage(dir string, o remote.Object) (*lazyImage, error) {
+	name := strings.TrimPrefix(o.Name, ckstore.ImagesDir+"/")
+	hashes, err := os.ReadFile(filepath.Join(dir, ckstore.PageHashDir, name))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(hashes)) != o.Size/criu.PageSize*sha256.Size {
+		return nil, fmt.Errorf("%s: %d bytes of page hashes for %d pages: %w", name, len(hashes), o.Size/criu.PageSize, errdefs.ErrFailedPrecondition)
+	}
+	fd, err := unix.Open(filepath.Join(dir, o.Name), unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), o.Name)
+	if err := f.Truncate(o.Size); err != nil {
+		f.Close()
+		return nil, err
+	}
+	blocks := int((o.Size + lazyBlock - 1) / lazyBlock)
+	return &lazyImage{name: name, obj: o, f: f, hashes: hashes, have: make([]bool, blocks), wait: map[int]chan struct{}{}, missed: blocks}, nil
+}
+
+func (lf *lazyFetch) closeFiles() error {
+	for _, li := range lf.images {
+		li.f.Close()
+	}
+	return nil
+}
+
+// ensure makes pages [index, index+n) of li local and checked.
+func (lf *lazyFetch) ensure(li *lazyImage, index, n int64) error {
+	if index < 0 || n < 0 || (index+n)*criu.PageSize > li.obj.Size {
+		return fmt.Errorf("%s: pages %d+%d beyond its %d bytes", li.name, index, n, li.obj.Size)
+	}
+	for b := int(index * criu.PageSize / lazyBlock); int64(b)*lazyBlock < (index+n)*criu.PageSize; b++ {
+		if err := lf.block(li, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// block makes block b of li local, fetching it unless it is here or
+// being fetched.
+func (lf *lazyFetch) block(li *lazyImage, b int) error {
+	li.mu.Lock()
+	if li.have[b] {
+		li.mu.Unlock()
+		return nil
+	}
+	if ch := li.wait[b]; ch != nil {
+		li.mu.Unlock()
+		select {
+		case <-ch:
+		case <-lf.ctx.Done():
+			return lf.ctx.Err()
+		}
+		li.mu.Lock()
+		ok := li.have[b]
+		li.mu.Unlock()
+		if !ok {
+			err := lf.failed()
+			if err == nil {
+				err = errors.New("its fetch failed")
+			}
+			return fmt.Errorf("%s: block %d: %w", li.name, b, err)
+		}
+		return nil
+	}
+	ch := make(chan struct{})
+	li.wait[b] = ch
+	li.mu.Unlock()
+	err := lf.fetchBlock(li, b)
+	li.mu.Lock()
+	delete(li.wait, b)
+	if err == nil {
+		li.have[b] = true
+		li.missed--
+	}
+	li.mu.Unlock()
+	close(ch)
+	if err != nil {
+		lf.fail(err)
+	}
+	return err
+}
+
+// fetchBlock reads block b of li from the store, checks each page
+// against its hash and writes it to the local copy.
+func (lf *lazyFetch) fetchBlock(li *lazyImage, b int) error {
+	off := int64(b) * lazyBlock
+	buf := make([]byte, min(lazyBlock, li.obj.Size-off))
+	if err := lf.m.store.ReadAt(lf.ctx, lf.r, li.obj, buf, off); err != nil {
+		return err
+	}
+	for p := 0; p < len(buf); p += criu.PageSize {
+		page := (off + int64(p)) / criu.PageSize
+		sum := sha256.Sum256(buf[p : p+criu.PageSize])
+		if string(sum[:]) != string(li.hashes[page*sha256.Size:(page+1)*sha256.Size]) {
+			return fmt.Errorf("checkpoint %s: %s: page %d from the store is not the page dumped: %w", lf.ck.ID, li.name, page, errdefs.ErrFailedPrecondition)
+		}
+	}
+	if _, err := li.f.WriteAt(buf, off); err != nil {
+		return err
+	}
+	lf.fetched.Add(int64(len(buf)))
+	return nil
+}
+
+// read is the page server's source: pages come from the local copy once
+// they are there.
+func (lf *lazyFetch) read(image string, index uint64, n int, buf []byte) error {
+	li := lf.images[image]
+	if li == nil {
+		// A page image fetched whole.
+		f, err := os.Open(filepath.Join(lf.m.cks.Images(lf.ck.ID), image))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = f.ReadAt(buf, int64(index)*criu.PageSize)
+		return err
+	}
+	lf.asked.Add(int64(len(buf)))
+	if err := lf.ensure(li, int64(index), int64(n)); err != nil {
+		return err
+	}
+	_, err := li.f.ReadAt(buf, int64(index)*criu.PageSize)
+	return err
+}
+
+// serve answers the lazy-pages daemon until it has every page.
+func (lf *lazyFetch) serve() {
+	defer close(lf.served)
+	err := criu.ServePages(lf.ours, lf.pm, lf.read)
+	if err != nil {
+		lf.fail(err)
+		return
+	}
+	lf.closeOurs()
+}
+
+// fail records the fetch's first failure and kills the restored tree,
+// if there is one, before the lazy-pages daemon is let go: its tasks
+// must not run on memory that never came.
+func (lf *lazyFetch) fail(err error) {
+	lf.mu.Lock()
+	if lf.dropped {
+		lf.mu.Unlock()
+		return
+	}
+	if lf.err == nil {
+		lf.err = err
+		lf.m.log.Error("store: lazy resume failed: the restored tree is killed", "sandbox", lf.ck.Sandbox, "checkpoint", lf.ck.ID, "err", err)
+	}
+	init, running := lf.init, lf.running
+	lf.mu.Unlock()
+	lf.cancel()
+	if running {
+		_ = init.Signal(unix.SIGKILL)
+		waitGone(init, 5*time.Second)
+		lf.closeOurs()
+	}
+	// Without a tree yet, the restore ends it (started).
+}
+
+// failed is the fetch's first failure, nil if none.
+func (lf *lazyFetch) failed() error {
+	lf.mu.Lock()
+	defer lf.mu.Unlock()
+	return lf.err
+}
+
+func (lf *lazyFetch) closeOurs() {
+	lf.mu.Lock()
+	defer lf.mu.Unlock()
+	if !lf.closed {
+		lf.closed = true
+		lf.ours.Close()
+	}
+}
+
+// started is told the restored tree, and starts filling the rest. If
+// the fetch failed meanwhile, the tree is killed and the error returned.
+func (lf *lazyFetch) started(init sandbox.Init) error {
+	lf.mu.Lock()
+	lf.init, lf.running = init, true
+	err := lf.err
+	lf.mu.Unlock()
+	if err != nil {
+		_ = init.Signal(unix.SIGKILL)
+		waitGone(init, 5*time.Second)
+		lf.closeOurs()
+	}
+	// fill ends the fetch either way (a failed one at once).
+	go lf.fill()
+	return err
+}
+
+// abandon ends a fetch whose restore did not happen: its partial copy
+// goes, and m.fetchMu is released.
+func (lf *lazyFetch) abandon() {
+	lf.mu.Lock()
+	if lf.running || lf.ended {
+		lf.mu.Unlock()
+		return
+	}
+	lf.ended, lf.dropped = true, true
+	lf.mu.Unlock()
+	lf.cancel()
+	lf.closeOurs()
+	lf.theirs.Close()
+	<-lf.served
+	lf.closeFiles()
+	_ = lf.m.cks.Delete(lf.ck.ID)
+	lf.m.metrics.lazy.WithLabelValues("failed").Inc()
+	lf.m.fetchMu.Unlock()
+}
+
+// fill fetches the blocks nobody asked for, then makes the checkpoint
+// local (or deletes the partial copy if anything failed), and releases
+// m.fetchMu.
+func (lf *lazyFetch) fill() {
+	m := lf.m
+	var wg sync.WaitGroup
+	work := make(chan [2]any)
+	for range lazyPrefetch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for w := range work {
+				_ = lf.block(w[0].(*lazyImage), w[1].(int))
+			}
+		}()
+	}
+	for _, li := range lf.images {
+		for b := range li.have {
+			select {
+			case work <- [2]any{li, b}:
+			case <-lf.ctx.Done():
+			}
+		}
+	}
+	close(work)
+	wg.Wait()
+	err := lf.finish()
+	lf.mu.Lock()
+	lf.ended = true
+	if err != nil && lf.err == nil {
+		lf.err = err
+	}
+	lf.mu.Unlock()
+	if err != nil {
+		m.log.Error("store: lazy resume: the checkpoint's local copy is not whole; it stays in the store", "checkpoint", lf.ck.ID, "err", err)
+		_ = m.cks.Delete(lf.ck.ID)
+		m.metrics.lazy.WithLabelValues("failed").Inc()
+	} else {
+		m.log.Info("store: lazy resume: every page is local", "checkpoint", lf.ck.ID, "sandbox", lf.ck.Sandbox,
+			"fetched_bytes", lf.fetched.Load(), "asked_bytes", lf.asked.Load(), "took", time.Since(lf.start).Round(time.Millisecond))
+		m.metrics.fetches.Inc()
+		m.metrics.lazy.WithLabelValues("ok").Inc()
+	}
+	m.fetchMu.Unlock()
+	if err == nil {
+		m.evict()
+	}
+	// The daemon may still be asking for pages it has not moved yet:
+	// the files stay open for it (if evicted meanwhile, unlinked).
+	<-lf.served
+	lf.closeFiles()
+}
+
+// finish makes the checkpoint local once every block is: its files
+// synced, its objects remembered as checked (every page was, against a
+// hash list checked against the record), its record no longer
+// offloaded.
+func (lf *lazyFetch) finish() error {
+	if err := lf.failed(); err != nil {
+		return err
+	}
+	for _, li := range lf.images {
+		li.mu.Lock()
+		missed := li.missed
+		li.mu.Unlock()
+		if missed != 0 {
+			return fmt.Errorf("%s: %d blocks missing", li.name, missed)
+		}
+		if err := li.f.Sync(); err != nil {
+			return err
+		}
+	}
+	if err := fsnap.SyncFS(lf.m.ckDir(lf.ck.ID)); err != nil {
+		return err
+	}
+	lf.m.cks.Remember(lf.ck.ID, lf.ck.Objects)
+	return lf.m.setCheckpoint(lf.ck.ID, func(c *checkpointRec) { c.Offloaded = false })
+}
+
