@@ -209,6 +209,8 @@ type Manager struct {
 	// store is the object store of Config.Store, nil without one.
 	store    *remote.Store
 	fetchMu  sync.Mutex // one fetch from the store at a time
+	lazyMu   sync.Mutex
+	lazies   map[*lazyFetch]bool // lazy fetches under way (lazy.go) +checklocks:lazyMu
 	uploadMu sync.Mutex // one upload to the store at a time
 	usedMu   sync.Mutex
 	used     map[string]time.Time // +checklocks:usedMu
@@ -371,6 +373,7 @@ func (m *Manager) Close() error {
 	m.turns.Close()
 	m.pipe.wg.Wait()
 	m.closeOnce.Do(func() { close(m.closing) })
+	m.closeLazy()
 	if m.sch != nil {
 		// Queued standby and GC jobs are dropped (start-up removes what
 		// GC would have); running ones end first.
@@ -544,6 +547,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 				}
 			}
 		}
+		m.endLazyFetch(ctx, s)
 		_ = s.Init.Signal(unix.SIGCONT)
 	}
 	ents, _ = os.ReadDir(m.path("sandboxes"))

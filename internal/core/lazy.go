@@ -32,10 +32,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/progress"
 	"github.com/molt-sh/molt/internal/remote"
 	"github.com/molt-sh/molt/internal/revert"
@@ -48,6 +50,9 @@ const (
 	lazyBlock    = 1 << 20
 	lazyPrefetch = 4
 )
+
+// errLazyGone: the checkpoint being fetched was deleted meanwhile.
+var errLazyGone = errors.New("the checkpoint was deleted")
 
 // lazyFetch is one checkpoint coming from the store while its restored
 // tree runs.
@@ -65,6 +70,7 @@ type lazyFetch struct {
 	// daemon asks on, theirs the daemon's (given to the restore).
 	ours, theirs *os.File
 	served       chan struct{} // closed when the page server is done
+	finished     chan struct{} // closed when the fetch ended (done)
 
 	fetched atomic.Int64 // page bytes read from the store
 	asked   atomic.Int64 // page bytes the daemon asked for
@@ -143,9 +149,80 @@ func (m *Manager) startFetch(ctx context.Context, ck *checkpointRec) (*lazyFetch
 		}
 		return nil, nil
 	}
+	// Until every page is here, a marker says so: a daemon that dies
+	// meanwhile takes CRIU's lazy-pages daemon with it (its socket
+	// closes), which lets the tree's tasks fault in zero pages; the next
+	// start kills such a tree (endLazyFetch).
+	if err := os.WriteFile(m.lazyMarker(ck.Sandbox), []byte(ck.ID), 0o600); err != nil {
+		lf.abandon()
+		return nil, err
+	}
+	m.lazyMu.Lock()
+	if m.lazies == nil {
+		m.lazies = map[*lazyFetch]bool{}
+	}
+	m.lazies[lf] = true
+	m.lazyMu.Unlock()
 	ck.Offloaded = false
 	lf.ck.Offloaded = false
 	return lf, nil
+}
+
+// lazyMarker is the file that says sandbox id's memory is being fetched.
+func (m *Manager) lazyMarker(id string) string { return filepath.Join(m.sbDir(id), "lazy-fetch") }
+
+// done ends lazy fetch lf's bookkeeping: its marker and its place in
+// m.lazies, then closes lf.finished.
+func (lf *lazyFetch) done() {
+	m := lf.m
+	_ = os.Remove(m.lazyMarker(lf.ck.Sandbox))
+	m.lazyMu.Lock()
+	delete(m.lazies, lf)
+	m.lazyMu.Unlock()
+	close(lf.finished)
+}
+
+// closeLazy lets the lazy fetches under way finish (lazyCloseWait at
+// most) before the daemon goes: the trees they serve need every page.
+// One that does not finish in time has its tree killed.
+func (m *Manager) closeLazy() {
+	m.lazyMu.Lock()
+	var lfs []*lazyFetch
+	for lf := range m.lazies {
+		lfs = append(lfs, lf)
+	}
+	m.lazyMu.Unlock()
+	deadline := time.After(lazyCloseWait)
+	for _, lf := range lfs {
+		select {
+		case <-lf.finished:
+			continue
+		case <-deadline:
+		}
+		lf.fail(errors.New("the daemon is stopping"))
+		<-lf.finished
+	}
+}
+
+// lazyCloseWait is how long Close waits for lazy fetches under way.
+var lazyCloseWait = time.Minute
+
+// endLazyFetch, at start, kills the tree of sandbox s if a lazy fetch of
+// its memory was under way when the previous daemon stopped: pages it
+// never got read as zeros since.
+func (m *Manager) endLazyFetch(ctx context.Context, s sandboxRec) {
+	b, err := os.ReadFile(m.lazyMarker(s.ID))
+	if err != nil {
+		return
+	}
+	m.log.Error("the daemon stopped while this sandbox's memory was being fetched from the store: its processes are killed (start or resume it again)", "sandbox", s.ID, "checkpoint", strings.TrimSpace(string(b)))
+	if cg, err := cgroup.Load(m.cgroupName(s.ID)); err == nil {
+		if err := cg.Kill(ctx); err != nil {
+			m.log.Warn("cannot kill the processes of a sandbox", "sandbox", s.ID, "err", err)
+		}
+	}
+	_ = s.Init.Signal(unix.SIGKILL)
+	_ = os.Remove(m.lazyMarker(s.ID))
 }
 
 // fetchLazy makes the local copy of offloaded checkpoint ck whole but
@@ -255,7 +332,7 @@ func (m *Manager) fetchLazy(ctx context.Context, ck checkpointRec) (*lazyFetch, 
 		return nil, err
 	}
 	lf.ours, lf.theirs = os.NewFile(uintptr(fds[0]), "page server"), os.NewFile(uintptr(fds[1]), "lazy pages")
-	lf.served = make(chan struct{})
+	lf.served, lf.finished = make(chan struct{}), make(chan struct{})
 	rv.Success()
 	go lf.serve()
 	return lf, nil
@@ -478,6 +555,7 @@ func (lf *lazyFetch) abandon() {
 	_ = lf.m.cks.Delete(lf.ck.ID)
 	lf.m.metrics.lazy.WithLabelValues("failed").Inc()
 	lf.m.fetchMu.Unlock()
+	lf.done()
 }
 
 // fill fetches the blocks nobody asked for, then makes the checkpoint
@@ -513,11 +591,15 @@ func (lf *lazyFetch) fill() {
 		lf.err = err
 	}
 	lf.mu.Unlock()
-	if err != nil {
+	switch {
+	case errors.Is(err, errLazyGone):
+		m.log.Info("store: lazy resume: the checkpoint was deleted before all its pages came (its sandbox moved or went)", "checkpoint", lf.ck.ID)
+		_ = m.cks.Delete(lf.ck.ID)
+	case err != nil:
 		m.log.Error("store: lazy resume: the checkpoint's local copy is not whole; it stays in the store", "checkpoint", lf.ck.ID, "err", err)
 		_ = m.cks.Delete(lf.ck.ID)
 		m.metrics.lazy.WithLabelValues("failed").Inc()
-	} else {
+	default:
 		m.log.Info("store: lazy resume: every page is local", "checkpoint", lf.ck.ID, "sandbox", lf.ck.Sandbox,
 			"fetched_bytes", lf.fetched.Load(), "asked_bytes", lf.asked.Load(), "took", time.Since(lf.start).Round(time.Millisecond))
 		m.metrics.fetches.Inc()
@@ -531,6 +613,7 @@ func (lf *lazyFetch) fill() {
 	// the files stay open for it (if evicted meanwhile, unlinked).
 	<-lf.served
 	lf.closeFiles()
+	lf.done()
 }
 
 // finish makes the checkpoint local once every block is: its files
@@ -540,6 +623,10 @@ func (lf *lazyFetch) fill() {
 func (lf *lazyFetch) finish() error {
 	if err := lf.failed(); err != nil {
 		return err
+	}
+	var cur checkpointRec
+	if err := lf.m.db.Get(meta.Checkpoints, lf.ck.ID, &cur); err != nil {
+		return errLazyGone
 	}
 	for _, li := range lf.images {
 		li.mu.Lock()

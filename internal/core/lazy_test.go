@@ -234,3 +234,36 @@ func counterValue(c prometheus.Counter) float64 {
 	}
 	return d.GetCounter().GetValue()
 }
+
+// TestLazyMarkerAtStart: a daemon that stopped while a sandbox's memory
+// was being fetched lazily left its marker; the next start kills that
+// sandbox's tree (its tasks could be reading zero pages since) and
+// leaves another sandbox running.
+func TestLazyMarkerAtStart(t *testing.T) {
+	m := openManager(t)
+	ctx := context.Background()
+	hit, spared := newSandbox(t, m), newSandbox(t, m)
+	for _, sb := range []string{hit.ID, spared.ID} {
+		run(t, m, sb, "sleep 1000 >/dev/null 2>&1 &")
+	}
+	if err := os.WriteFile(m.lazyMarker(hit.ID), []byte("0123456789ab"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A daemon restart: the sandboxes run on, the pool stays mounted.
+	m.Close()
+	m, err := Open(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeManager(t, m)
+	eventually(t, "the marked sandbox's tree is gone", func() bool {
+		got, err := m.Sandbox(ctx, hit.ID)
+		return err == nil && got.State == v1.StateLost
+	})
+	if got, err := m.Sandbox(ctx, spared.ID); err != nil || got.State != v1.StateRunning {
+		t.Fatalf("the other sandbox: %+v, %v", got, err)
+	}
+	if _, err := os.Stat(m.lazyMarker(hit.ID)); !os.IsNotExist(err) {
+		t.Fatalf("the marker stays: %v", err)
+	}
+}

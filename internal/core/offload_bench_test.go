@@ -25,8 +25,11 @@ import (
 //   - local: Hibernate then Resume on the first daemon (the resume timed);
 //   - store: Hibernate, Offload (timed: the upload, with the store
 //     already holding what earlier checkpoints uploaded), then Resume on
-//     the second daemon (timed: fetch, thorough verification, restore),
-//     and back the same way.
+//     the second daemon, and back the same way, twice: eager (timed:
+//     fetch and check every page, restore), lazy, lazy, eager (lazy:
+//     the resume timed until it returns with the tree running, and
+//     until every page is local and checked; nothing else runs before);
+//   - migrate: there and back (the target resumes lazily).
 //
 // Sizes come from MOLT_BENCH_SIZES (default "100M,1G"; "4G" needs a
 // host with room for three copies):
@@ -78,8 +81,12 @@ func benchStoreResume(b *testing.B, size int64) {
 			b.Fatal("the process did not fill its memory")
 		}
 	}
-	var tLocal, tUpload, tStore time.Duration
+	var tLocal, tUpload time.Duration
 	var uploads int
+	// Resumes from the store, eager and lazy; for lazy ones also the
+	// time until every page is local.
+	var tStore, tWhole [2]time.Duration
+	var resumes [2]int
 	here, there := m1, m2
 	local := func() {
 		if _, err := here.Hibernate(ctx, sb.ID); err != nil {
@@ -92,21 +99,39 @@ func benchStoreResume(b *testing.B, size int64) {
 		tLocal += time.Since(start)
 	}
 	store := func() {
-		for range 2 { // there and back: the sandbox ends where it began
+		// There and back twice, the sandbox ends where it began: eager,
+		// lazy, lazy, eager.
+		for _, lazy := range []int{0, 1, 1, 0} {
 			if _, err := here.Hibernate(ctx, sb.ID); err != nil {
 				b.Fatal(err)
 			}
 			start := time.Now()
-			if _, err := here.Offload(ctx, sb.ID); err != nil {
+			got, err := here.Offload(ctx, sb.ID)
+			if err != nil {
 				b.Fatal(err)
 			}
 			tUpload += time.Since(start)
 			uploads++
+			there.opts.noLazyResume = lazy == 0
 			start = time.Now()
 			if _, err := there.Resume(ctx, sb.ID); err != nil {
 				b.Fatal(err)
 			}
-			tStore += time.Since(start)
+			tStore[lazy] += time.Since(start)
+			resumes[lazy]++
+			// Settled: every page local before anything else runs.
+			for {
+				ck, err := there.CheckpointInfo(got.Head)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !ck.Offloaded {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			tWhole[lazy] += time.Since(start)
+			there.opts.noLazyResume = false
 			// The daemon it left forgets it (its copy is in the store).
 			if err := here.Remove(ctx, sb.ID); err != nil {
 				b.Fatal(err)
@@ -144,12 +169,16 @@ func benchStoreResume(b *testing.B, size int64) {
 	}
 	b.StopTimer()
 	msPer := func(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
-	b.ReportMetric(msPer(tLocal, b.N), "local-resume-ms")
-	b.ReportMetric(msPer(tStore, uploads), "store-resume-ms")
+	local1 := msPer(tLocal, b.N)
+	eager, lazy, whole := msPer(tStore[0], resumes[0]), msPer(tStore[1], resumes[1]), msPer(tWhole[1], resumes[1])
+	b.ReportMetric(local1, "local-resume-ms")
+	b.ReportMetric(eager, "store-eager-resume-ms")
+	b.ReportMetric(lazy, "store-lazy-resume-ms")
+	b.ReportMetric(whole, "store-lazy-whole-ms")
+	b.ReportMetric(eager/lazy, "eager/lazy")
 	b.ReportMetric(msPer(tUpload, uploads), "offload-ms")
-	b.ReportMetric(float64(tStore)/float64(uploads)/(float64(tLocal)/float64(b.N)), "store/local")
 	b.ReportMetric(msPer(tDown, migrations), "migrate-downtime-ms")
-	b.Logf("%s: resume from the local pool %.0f ms, from the store %.0f ms; offload %.0f ms (%d offloads); migration downtime %.0f ms (upload %.0f ms, target's resume %.0f ms; %d migrations); store traffic %+v",
-		units.Bytes(size), msPer(tLocal, b.N), msPer(tStore, uploads), msPer(tUpload, uploads), uploads,
+	b.Logf("%s: resume from the local pool %.0f ms; from the store eager %.0f ms, lazy %.0f ms (eager/lazy %.2f; every page local after %.0f ms); offload %.0f ms (%d offloads); migration downtime (lazy resume) %.0f ms (upload %.0f ms, target's resume %.0f ms; %d migrations); store traffic %+v",
+		units.Bytes(size), local1, eager, lazy, eager/lazy, whole, msPer(tUpload, uploads), uploads,
 		msPer(tDown, migrations), msPer(tMigUp, migrations), msPer(tMigResume, migrations), migrations, bucket.Stats())
 }
