@@ -211,7 +211,7 @@ type Manager struct {
 	fetchMu  sync.Mutex // one fetch from the store at a time
 	lazyMu   sync.Mutex
 	lazies   map[*lazyFetch]bool // lazy fetches under way (lazy.go) +checklocks:lazyMu
-	uploadMu sync.Mutex // one upload to the store at a time
+	uploadMu sync.Mutex          // one upload to the store at a time
 	usedMu   sync.Mutex
 	used     map[string]time.Time // +checklocks:usedMu
 	// keys are the tenants' data keys (Root/keys/data): encryption at

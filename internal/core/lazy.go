@@ -645,4 +645,3 @@ func (lf *lazyFetch) finish() error {
 	lf.m.cks.Remember(lf.ck.ID, lf.ck.Objects)
 	return lf.m.setCheckpoint(lf.ck.ID, func(c *checkpointRec) { c.Offloaded = false })
 }
-
