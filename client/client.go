@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,6 +25,7 @@ import (
 	"sync"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
 )
 
 // DefaultSocket is the daemon's socket unless MOLT_SOCKET says otherwise.
@@ -91,6 +93,30 @@ func (c *Client) socket() string {
 // ("https://HOST:PORT"), with a tenant's token.
 func NewRemote(endpoint, token string, cfg *tls.Config) *Client {
 	return &Client{Endpoint: endpoint, Token: token, TLSConfig: cfg}
+}
+
+// ForMigration returns a client for the target daemon of a migration
+// request (its TCP API, TLS checked against req's CA if set, else the
+// system's roots; the token of the sandbox's tenant there), and the
+// target's endpoint.
+func ForMigration(req v1.MigrateRequest) (*Client, string, error) {
+	u, err := url.Parse(req.To)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.User != nil {
+		return nil, "", fmt.Errorf("migrate: target %q: want https://HOST:PORT: %w", req.To, errdefs.ErrInvalidArgument)
+	}
+	if req.Token == "" {
+		return nil, "", fmt.Errorf("migrate: a token of the sandbox's tenant on the target is needed: %w", errdefs.ErrInvalidArgument)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if req.CAPEM != "" {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(req.CAPEM)) {
+			return nil, "", fmt.Errorf("migrate: the target's CA: no PEM certificate: %w", errdefs.ErrInvalidArgument)
+		}
+		cfg.RootCAs = pool
+	}
+	endpoint := "https://" + u.Host
+	return NewRemote(endpoint, req.Token, cfg), endpoint, nil
 }
 
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {

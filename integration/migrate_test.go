@@ -3,9 +3,13 @@ package integration
 import (
 	"encoding/json"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,13 +58,32 @@ func TestMigrateBetweenDaemons(t *testing.T) {
 		h.must(t, "tenant", "create", "acme")
 	}
 	tokA := strings.TrimSpace(a.must(t, "token", "create", "--tenant", "acme", "--scope", "admin"))
-	tokB := strings.TrimSpace(b.must(t, "token", "create", "--tenant", "acme", "--scope", "checkpoint"))
+	// The admin scope: it also sets the sandbox's LLM endpoint there.
+	tokB := strings.TrimSpace(b.must(t, "token", "create", "--tenant", "acme", "--scope", "admin"))
 	ca := filepath.Join(env.tlsDir, "cert.pem")
 	sb := strings.TrimSpace(a.must(t, "--endpoint", "https://"+listenA, "--token", tokA, "--tls-ca", ca, "create", image))
 
 	a.must(t, "exec", sb, "--session", "agent", "--", "V=early; cd /tmp")
 	a.must(t, "exec", "--detach", sb, "--", "sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /c; sleep 0.05; done")
 	early := strings.TrimSpace(a.must(t, "checkpoint", sb, "--kind", "full", "--wait", "--label", "early"))
+
+	// An LLM endpoint with a credential header, to an upstream both
+	// hosts reach.
+	llm := &fakeLLM{script: []string{"echo moved"}}
+	var authMu sync.Mutex
+	var auths []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		authMu.Lock()
+		auths = append(auths, r.Header.Get("Authorization"))
+		authMu.Unlock()
+		llm.ServeHTTP(w, r)
+	}))
+	defer up.Close()
+	upstream := "http://" + forward(t, strings.TrimPrefix(up.URL, "http://")) + "/v1"
+	var ep v1.LLMEndpoint
+	if err := json.Unmarshal([]byte(a.must(t, "--json", "llm", sb, "--upstream", upstream, "--header", "Authorization: Bearer up-secret")), &ep); err != nil {
+		t.Fatal(err)
+	}
 	a.must(t, "exec", sb, "--session", "agent", "--", "V=late")
 
 	// A target that does not answer: the sandbox runs on at the source.
@@ -100,6 +123,25 @@ func TestMigrateBetweenDaemons(t *testing.T) {
 	if r := a.molt(t, "inspect", sb); r.code == 0 {
 		t.Fatalf("the source still lists the migrated sandbox: %s", r.stdout)
 	}
+	// The endpoint moved: same token, the target's address, the source's
+	// header on what reaches the upstream.
+	if res.LLMEndpoint == nil || res.Note != "" {
+		t.Fatalf("the LLM endpoint did not move: %+v", res)
+	}
+	if !strings.Contains(res.LLMEndpoint.URL, "/t/"+ep.Token+"/v1") || res.LLMEndpoint.Upstream != upstream {
+		t.Fatalf("the moved endpoint %+v; it was %+v", res.LLMEndpoint, ep)
+	}
+	call := `import json, sys, urllib.request
+req = urllib.request.Request(sys.argv[1] + "/chat/completions", data=json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(), headers={"Content-Type": "application/json"})
+print(json.load(urllib.request.urlopen(req, timeout=30))["choices"][0]["message"]["content"])`
+	if out, err := exec.Command("nsenter", "--net="+fab.netns[1], "python3", "-c", call, res.LLMEndpoint.URL).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "echo moved" {
+		t.Fatalf("a call to the moved endpoint on the target: %v: %s", err, out)
+	}
+	authMu.Lock()
+	if len(auths) != 1 || auths[0] != "Bearer up-secret" {
+		t.Fatalf("the upstream saw Authorization %q", auths)
+	}
+	authMu.Unlock()
 	if out := b.must(t, "exec", sb, "--session", "agent", "--", "echo $V; pwd"); out != "late\n/tmp\n" {
 		t.Fatalf("the session on the target: %q", out)
 	}

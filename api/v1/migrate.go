@@ -27,4 +27,10 @@ type MigrateResult struct {
 	DowntimeMS float64 `json:"downtime_ms"`
 	UploadMS   float64 `json:"upload_ms"`
 	ResumeMS   float64 `json:"resume_ms"`
+	// LLMEndpoint is the sandbox's LLM endpoint on the target, with its
+	// token (the one it had here): give the agent this URL. Nil if the
+	// sandbox had none, or if it could not be moved (Note says why).
+	LLMEndpoint *LLMEndpoint `json:"llm_endpoint,omitempty"`
+	// Note says what did not move, if anything.
+	Note string `json:"note,omitempty"`
 }

@@ -204,6 +204,11 @@ type LLMEndpointRequest struct {
 	Header map[string]string `json:"header,omitempty"`
 	// Ignore is the sandbox's ignore list for turn decisions.
 	Ignore []string `json:"ignore,omitempty"`
+	// Token, if set, is the endpoint's token (32 to 128 characters of
+	// A-Z, a-z, 0-9, '-' and '_'); else a random one is made. A migration
+	// passes the endpoint's own, so that the agent's URL keeps its token
+	// on the target.
+	Token string `json:"token,omitempty"`
 }
 
 // LLMEndpoint is a sandbox's LLM endpoint.

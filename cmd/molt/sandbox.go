@@ -376,11 +376,17 @@ func migrateCmd(g *globals) *cobra.Command {
 			}
 			return g.print(res, func() {
 				fmt.Printf("%s migrated to %s at checkpoint %s (%d checkpoints there), down %.0f ms\n", res.Sandbox, res.Target, res.Checkpoint, res.Checkpoints, res.DowntimeMS)
+				if res.LLMEndpoint != nil {
+					fmt.Printf("its LLM endpoint there (same token): %s\n", res.LLMEndpoint.URL)
+				}
+				if res.Note != "" {
+					fmt.Println("note:", res.Note)
+				}
 			})
 		},
 	}
 	c.Flags().StringVar(&to, "to", "", "the target daemon's TCP API, https://HOST:PORT (its --listen); it must share this daemon's --store and trust its host key")
-	c.Flags().StringVar(&token, "to-token", os.Getenv("MOLT_TO_TOKEN"), "a token of the sandbox's tenant on the target, with the checkpoint scope (env MOLT_TO_TOKEN)")
+	c.Flags().StringVar(&token, "to-token", os.Getenv("MOLT_TO_TOKEN"), "a token of the sandbox's tenant on the target, with the checkpoint scope, or admin to move the sandbox's LLM endpoint too (env MOLT_TO_TOKEN)")
 	c.Flags().StringVar(&tokenFile, "to-token-file", "", "read --to-token from this file")
 	c.Flags().StringVar(&caFile, "to-ca", "", "PEM file of the CA that signed the target's certificate (default the system's roots)")
 	_ = c.MarkFlagRequired("to")

@@ -21,9 +21,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +60,9 @@ type endpoint struct {
 	gate    string
 	proxy   *llmproxy.Proxy
 	info    v1.LLMEndpoint
+	// req is the request that set it, with its token: what a migration
+	// sets on the target (Export).
+	req v1.LLMEndpointRequest
 
 	mu sync.Mutex
 	// By call ID, until recorded.
@@ -104,10 +110,16 @@ func (c *Coordinator) Set(ctx context.Context, ref string, req v1.LLMEndpointReq
 	for k, v := range req.Header {
 		h.Set(k, v)
 	}
-	token, err := newToken()
-	if err != nil {
-		return v1.LLMEndpoint{}, err
+	token := req.Token
+	if token == "" {
+		if token, err = newToken(); err != nil {
+			return v1.LLMEndpoint{}, err
+		}
+	} else if !tokenRE.MatchString(token) {
+		return v1.LLMEndpoint{}, fmt.Errorf("llm endpoint token: want 32 to 128 characters of A-Z, a-z, 0-9, '-' and '_': %w", errdefs.ErrInvalidArgument)
 	}
+	ep.req = req
+	ep.req.Token = token
 	// Responses are recorded whole (a recovery replays them); the turn
 	// log bounds what it keeps per sandbox.
 	p, err := llmproxy.New(llmproxy.Config{Upstream: u, Hooks: ep, Header: h, Logger: c.log, Expose: req.Expose, Token: token,
@@ -144,6 +156,26 @@ func (c *Coordinator) Set(ctx context.Context, ref string, req v1.LLMEndpointReq
 	shown.URL = "http://" + host + "/t/" + token + "/v1"
 	shown.Token = token
 	return shown, nil
+}
+
+// tokenRE is what an endpoint token given by the caller must be.
+var tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{32,128}$`)
+
+// Export returns what set sandbox id's LLM endpoint, its token
+// included, for a migration to set it on the target; the listen
+// address and exposure are this host's and are left out. false: none.
+func (c *Coordinator) Export(id string) (v1.LLMEndpointRequest, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ep := c.eps[id]
+	if ep == nil {
+		return v1.LLMEndpointRequest{}, false
+	}
+	req := ep.req
+	req.Listen, req.Expose = "", false
+	req.Header = maps.Clone(req.Header)
+	req.Ignore = slices.Clone(req.Ignore)
+	return req, true
 }
 
 // newToken makes an endpoint token: 192 random bits, URL-safe.

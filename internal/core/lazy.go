@@ -45,9 +45,12 @@ import (
 )
 
 // Lazy fetching reads pages in blocks of lazyBlock bytes (aligned in
-// the page image), lazyPrefetch of them in flight in the background.
+// the page image); in the background, lazyPrefetch reads of up to
+// lazyRun blocks are in flight.
+// The prefetchers read lazyRun blocks at once.
 const (
 	lazyBlock    = 1 << 20
+	lazyRun      = 8
 	lazyPrefetch = 4
 )
 
@@ -136,6 +139,13 @@ func (m *Manager) lazyResumable(ck checkpointRec) string {
 // Either way ck is then restored from as if it were local.
 func (m *Manager) startFetch(ctx context.Context, ck *checkpointRec) (*lazyFetch, error) {
 	m.fetchMu.Lock()
+	var cur checkpointRec
+	if err := m.db.Get(meta.Checkpoints, ck.ID, &cur); err == nil && !cur.Offloaded {
+		// Fetched meanwhile (a verification, a standby).
+		m.fetchMu.Unlock()
+		*ck = cur
+		return nil, nil
+	}
 	lf, err := m.fetchLazy(ctx, *ck)
 	if err != nil || lf == nil {
 		m.fetchMu.Unlock()
@@ -381,7 +391,7 @@ func (lf *lazyFetch) ensure(li *lazyImage, index, n int64) error {
 }
 
 // block makes block b of li local, fetching it unless it is here or
-// being fetched.
+// being fetched (then it waits for that fetch).
 func (lf *lazyFetch) block(li *lazyImage, b int) error {
 	li.mu.Lock()
 	if li.have[b] {
@@ -410,26 +420,51 @@ func (lf *lazyFetch) block(li *lazyImage, b int) error {
 	ch := make(chan struct{})
 	li.wait[b] = ch
 	li.mu.Unlock()
-	err := lf.fetchBlock(li, b)
+	return lf.fetchBlocks(li, b, []chan struct{}{ch})
+}
+
+// prefetch makes blocks b.. of li local, up to n of them, in one read
+// from the store: those neither here nor being fetched, from b on until
+// the first that is.
+func (lf *lazyFetch) prefetch(li *lazyImage, b, n int) {
 	li.mu.Lock()
-	delete(li.wait, b)
-	if err == nil {
-		li.have[b] = true
-		li.missed--
+	var chs []chan struct{}
+	for k := b; k < b+n && k < len(li.have) && !li.have[k] && li.wait[k] == nil; k++ {
+		ch := make(chan struct{})
+		li.wait[k] = ch
+		chs = append(chs, ch)
 	}
 	li.mu.Unlock()
-	close(ch)
+	if len(chs) > 0 {
+		_ = lf.fetchBlocks(li, b, chs)
+	}
+}
+
+// fetchBlocks fetches the len(chs) blocks of li from b, which the caller
+// claimed (chs are their wait channels), and ends the claims.
+func (lf *lazyFetch) fetchBlocks(li *lazyImage, b int, chs []chan struct{}) error {
+	err := lf.fetchRange(li, b, len(chs))
+	li.mu.Lock()
+	for k, ch := range chs {
+		delete(li.wait, b+k)
+		if err == nil {
+			li.have[b+k] = true
+			li.missed--
+		}
+		close(ch)
+	}
+	li.mu.Unlock()
 	if err != nil {
 		lf.fail(err)
 	}
 	return err
 }
 
-// fetchBlock reads block b of li from the store, checks each page
-// against its hash and writes it to the local copy.
-func (lf *lazyFetch) fetchBlock(li *lazyImage, b int) error {
+// fetchRange reads blocks [b, b+n) of li from the store, checks each
+// page against its hash and writes them to the local copy.
+func (lf *lazyFetch) fetchRange(li *lazyImage, b, n int) error {
 	off := int64(b) * lazyBlock
-	buf := make([]byte, min(lazyBlock, li.obj.Size-off))
+	buf := make([]byte, min(int64(n)*lazyBlock, li.obj.Size-off))
 	if err := lf.m.store.ReadAt(lf.ctx, lf.r, li.obj, buf, off); err != nil {
 		return err
 	}
@@ -563,27 +598,38 @@ func (lf *lazyFetch) abandon() {
 // m.fetchMu.
 func (lf *lazyFetch) fill() {
 	m := lf.m
+	type run struct {
+		li *lazyImage
+		b  int
+	}
 	var wg sync.WaitGroup
-	work := make(chan [2]any)
+	work := make(chan run)
 	for range lazyPrefetch {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for w := range work {
-				_ = lf.block(w[0].(*lazyImage), w[1].(int))
+				lf.prefetch(w.li, w.b, lazyRun)
 			}
-		}()
+		})
 	}
 	for _, li := range lf.images {
-		for b := range li.have {
+		for b := 0; b < len(li.have); b += lazyRun {
 			select {
-			case work <- [2]any{li, b}:
+			case work <- run{li, b}:
 			case <-lf.ctx.Done():
 			}
 		}
 	}
 	close(work)
 	wg.Wait()
+	// What a fault was fetching when its run came, or what failed.
+	for _, li := range lf.images {
+		for b := range li.have {
+			if lf.ctx.Err() != nil {
+				break
+			}
+			_ = lf.block(li, b)
+		}
+	}
 	err := lf.finish()
 	lf.mu.Lock()
 	lf.ended = true
@@ -626,6 +672,10 @@ func (lf *lazyFetch) finish() error {
 	}
 	var cur checkpointRec
 	if err := lf.m.db.Get(meta.Checkpoints, lf.ck.ID, &cur); err != nil {
+		return errLazyGone
+	}
+	if _, err := os.Stat(lf.m.ckDir(lf.ck.ID)); err != nil {
+		// Freed meanwhile (a migration's source frees its copies).
 		return errLazyGone
 	}
 	for _, li := range lf.images {

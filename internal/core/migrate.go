@@ -2,11 +2,8 @@ package core
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
@@ -247,23 +244,11 @@ func (m *Manager) migrateFailed(ctx context.Context, rec sandboxRec, head string
 // MigrateTo migrates sandbox ref to the daemon whose TCP API req names
 // (Migrate), reached over TLS with a token of the sandbox's tenant there.
 func (m *Manager) MigrateTo(ctx context.Context, ref string, req v1.MigrateRequest) (meta.Migration, error) {
-	u, err := url.Parse(req.To)
-	if err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.User != nil {
-		return meta.Migration{}, fmt.Errorf("migrate: target %q: want https://HOST:PORT: %w", req.To, errdefs.ErrInvalidArgument)
+	c, endpoint, err := client.ForMigration(req)
+	if err != nil {
+		return meta.Migration{}, err
 	}
-	if req.Token == "" {
-		return meta.Migration{}, fmt.Errorf("migrate: a token of the sandbox's tenant on the target is needed: %w", errdefs.ErrInvalidArgument)
-	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if req.CAPEM != "" {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM([]byte(req.CAPEM)) {
-			return meta.Migration{}, fmt.Errorf("migrate: the target's CA: no PEM certificate: %w", errdefs.ErrInvalidArgument)
-		}
-		cfg.RootCAs = pool
-	}
-	endpoint := "https://" + u.Host
-	return m.Migrate(ctx, ref, remoteTarget{c: client.NewRemote(endpoint, req.Token, cfg), endpoint: endpoint})
+	return m.Migrate(ctx, ref, remoteTarget{c: c, endpoint: endpoint})
 }
 
 // remoteTarget is a daemon's TCP API as a migration's target.

@@ -52,9 +52,14 @@ func TestConvertCoversEveryField(t *testing.T) {
 	}
 }
 
-// derived are wire fields made from differently shaped domain fields;
-// each has a test of its own (TestConvertEgress).
-var derived = map[reflect.Type]map[string]bool{reflect.TypeOf(v1.Sandbox{}): {"Address": true, "Egress": true, "EnvNames": true}}
+// derived are wire fields made from differently shaped domain fields,
+// or by the handler (a migration's LLM endpoint, which the engine does
+// not own); each has a test of its own (TestConvertEgress,
+// TestMigrateBetweenDaemons).
+var derived = map[reflect.Type]map[string]bool{
+	reflect.TypeOf(v1.Sandbox{}):       {"Address": true, "Egress": true, "EnvNames": true},
+	reflect.TypeOf(v1.MigrateResult{}): {"LLMEndpoint": true, "Note": true},
+}
 
 // TestConvertEnvNamesOnly: a sandbox's environment reaches the wire as
 // names, never values, and its secrets as names.

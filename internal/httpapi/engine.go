@@ -97,4 +97,7 @@ type LLMEndpoints interface {
 	Get(ctx context.Context, ref string) (v1.LLMEndpoint, error)
 	// Remove closes the endpoint of the sandbox with this ID, if any.
 	Remove(id string)
+	// Export is what set the endpoint of the sandbox with this ID, its
+	// token included, for a migration to set it on the target.
+	Export(id string) (v1.LLMEndpointRequest, bool)
 }

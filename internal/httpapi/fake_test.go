@@ -196,6 +196,9 @@ func (l fakeLLM) Get(ctx context.Context, ref string) (v1.LLMEndpoint, error) {
 	return v1.LLMEndpoint{}, l.f.call("LLM.Get", ref)
 }
 func (l fakeLLM) Remove(id string) { _ = l.f.call("LLM.Remove", id) }
+func (l fakeLLM) Export(id string) (v1.LLMEndpointRequest, bool) {
+	return v1.LLMEndpointRequest{}, l.f.call("LLM.Export", id) == nil
+}
 
 // fakeServer serves the API of an empty fake engine.
 func fakeServer(t *testing.T) (*httptest.Server, *fakeEngine) {

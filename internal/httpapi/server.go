@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/client"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/tenant"
@@ -728,8 +729,36 @@ func (s *server) migrate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	res, err := s.m.MigrateTo(r.Context(), r.PathValue("id"), req)
-	reply(w, toMigrateResult(res), err)
+	ctx := r.Context()
+	// The LLM endpoint's settings (credentials in its headers) go to the
+	// target over the migration's own TLS channel, never to the store.
+	var llm v1.LLMEndpointRequest
+	moving := false
+	if sb, err := s.m.Sandbox(ctx, r.PathValue("id")); err == nil {
+		llm, moving = s.co.Export(sb.ID)
+	}
+	res, err := s.m.MigrateTo(ctx, r.PathValue("id"), req)
+	out := toMigrateResult(res)
+	if err == nil && moving {
+		out.LLMEndpoint, out.Note = s.moveLLM(ctx, req, res.Sandbox, llm)
+		s.co.Remove(res.Sandbox)
+	}
+	reply(w, out, err)
+}
+
+// moveLLM sets a migrated sandbox's LLM endpoint on the target, with the
+// token the agent's URL holds; it returns the target's endpoint, or a
+// note saying why it did not move.
+func (s *server) moveLLM(ctx context.Context, req v1.MigrateRequest, id string, llm v1.LLMEndpointRequest) (*v1.LLMEndpoint, string) {
+	c, _, err := client.ForMigration(req)
+	if err == nil {
+		var ep v1.LLMEndpoint
+		if ep, err = c.SetLLM(ctx, id, llm); err == nil {
+			return &ep, ""
+		}
+	}
+	s.log.Warn("migrate: the sandbox's LLM endpoint did not move", "sandbox", id, "err", err)
+	return nil, fmt.Sprintf("the LLM endpoint did not move (setting it on the target needs a token with the admin scope there): %v; set it there with the same upstream and headers", err)
 }
 
 func (s *server) checkpointChain(w http.ResponseWriter, r *http.Request) {
