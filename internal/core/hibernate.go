@@ -106,6 +106,7 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 	}
 	defer unlock()
 	var ck checkpointRec
+	var lf *lazyFetch
 	resumed := false
 	if err := m.db.Get(meta.Checkpoints, rec.Head, &ck); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("resume %s: its checkpoint %s is gone: %w", rec.ID, rec.Head, errdefs.ErrFailedPrecondition)
@@ -123,7 +124,8 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 			}
 		}()
 		if ck.Offloaded {
-			lf, err := m.startFetch(ctx, &ck)
+			var err error
+			lf, err = m.startFetch(ctx, &ck)
 			if err != nil {
 				return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
 			}
@@ -136,6 +138,10 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 	m.enforceLimits(&rec, "restore")
 	progress.Report(ctx, progress.Step{Message: "restoring from checkpoint " + ck.ID})
 	if _, err := m.rollbackProcesses(ctx, &rec, ck, ck); err != nil {
+		if lf != nil && lf.failed() != nil {
+			// The tree was killed because its memory could not come.
+			err = lf.failed()
+		}
 		return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
 	}
 	if rec.Offloaded {
