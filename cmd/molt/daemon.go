@@ -62,7 +62,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	var poolSize, nodeSize, cacheDir, budget, sbBudget, ioBudget, diskReserve, defaultDisk, defMemory, defPids, defCPUs string
 	var defIOWeight int64
 	var workers, criuLog int
-	var dynMods, cow, tmpl, diskQuota, userns, lazyResume bool
+	var dynMods, cow, tmpl, diskQuota, userns bool
 	var usernsBase uint32
 	var frozenDeadline time.Duration
 	var sockGroup string
@@ -143,8 +143,7 @@ func daemonCmd(g *globals) *cobra.Command {
 					Egress: core.EgressConfig{Range: egressRange, Uplink: eg.uplink, DNS: eg.dns, CAFile: eg.caFile,
 						CompensateAttempts: eg.comp.attempts, CompensateBackoff: eg.comp.backoff, CompensateTimeout: eg.comp.timeout}},
 				Options: slices.Concat(without(dynMods, core.WithoutFavorDynMods()), without(cow, core.WithoutCOWCapture()),
-					without(tmpl, core.WithoutTemplateCapture()), without(diskQuota, core.WithoutDiskQuota()),
-					without(lazyResume, core.WithoutLazyResume())),
+					without(tmpl, core.WithoutTemplateCapture()), without(diskQuota, core.WithoutDiskQuota()), without(eg.store.lazy, core.WithoutLazyResume())),
 				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs}, Listen: eg.listen, TLS: eg.tls, UI: eg.ui.addr, UIExpose: eg.ui.expose, UITokenFile: eg.ui.tokenFile,
 			})
 		},
@@ -163,7 +162,6 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&defaultDisk, "default-disk", "0", "disk quota of a sandbox created without --disk: its root and its checkpoints' files together, past which its writes fail with EDQUOT (0: none; sandboxes together are still kept out of --disk-reserve)")
 	c.Flags().BoolVar(&diskQuota, "disk-quota", true, "turn btrfs simple quotas on in the pool (Linux 6.7+; the pool then no longer mounts on older kernels) for per-sandbox disk quotas")
 	c.Flags().StringVar(&ioBudget, "sched-io", "0", "bytes per second background jobs may write, as 200M (0: unlimited)")
-	c.Flags().BoolVar(&lazyResume, "lazy-resume", true, "a resume from the --store restores as soon as the process images and the pages CRIU reads itself are here, and brings the rest of the memory on demand (CRIU's lazy-pages daemon, userfaultfd), each page checked against its hash; false fetches and checks every page first")
 	c.Flags().BoolVar(&cow, "cow-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory write-protect it in the frozen window and copy the pages after the thaw (single-threaded processes without shared memory; others are copied frozen, and the checkpoint says why)")
 	c.Flags().BoolVar(&tmpl, "template-capture", true, "full checkpoints of sandboxes with over 32 MiB of private memory copy every process in the frozen window (an injected clone each) and dump the copies with CRIU after the thaw, when the tree allows it (single-threaded processes, no shared memory, sockets or terminals, no signal pending, empty pipes); others take the --cow-capture path, and the checkpoint says why")
 	c.Flags().BoolVar(&dynMods, "cgroup-favordynmods", true, "set favordynmods on the host's cgroup2 mount and keep it set: cgroup moves (every restore, fork and standby does some) skip an RCU grace period each; forks and exits host-wide cost a little more")

@@ -17,6 +17,7 @@ type storeFlags struct {
 	url, endpoint, region string
 	cache                 sizeFlag
 	cgroupParent          string
+	lazy                  bool
 }
 
 func (f *storeFlags) add(c *cobra.Command) {
@@ -24,6 +25,7 @@ func (f *storeFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&f.endpoint, "store-endpoint", "", "URL of the S3-compatible server of --store (default Amazon S3)")
 	c.Flags().StringVar(&f.region, "store-region", "", "region --store's requests are signed for (default AWS_REGION, else us-east-1)")
 	c.Flags().StringVar(&f.cgroupParent, "cgroup-parent", "molt", "cgroup (in every hierarchy) the sandboxes' cgroups are made in; daemons sharing a machine need their own")
+	c.Flags().BoolVar(&f.lazy, "lazy-resume", true, "a resume from the --store restores as soon as the process images and the pages CRIU reads itself are here, and brings the rest of the memory on demand (CRIU's lazy-pages daemon, userfaultfd), each page checked against its hash; false fetches and checks every page first")
 	c.Flags().Var(&f.cache, "store-cache", "bound the local copies of checkpoints that are in --store to this size: the least recently used are freed and fetched back when a restore needs them (0: keep them all)")
 }
 

@@ -207,11 +207,13 @@ type Manager struct {
 
 	cks *ckstore.Store // the checkpoint artifacts, in pool/checkpoints
 	// store is the object store of Config.Store, nil without one.
-	store    *remote.Store
-	fetchMu  sync.Mutex // one fetch from the store at a time
-	lazyMu   sync.Mutex
-	lazies   map[*lazyFetch]bool // lazy fetches under way (lazy.go) +checklocks:lazyMu
-	uploadMu sync.Mutex          // one upload to the store at a time
+	store   *remote.Store
+	fetchMu sync.Mutex // one fetch from the store at a time
+	lazyMu  sync.Mutex
+	// lazies are the lazy fetches under way (lazy.go).
+	// +checklocks:lazyMu
+	lazies   map[*lazyFetch]bool
+	uploadMu sync.Mutex // one upload to the store at a time
 	usedMu   sync.Mutex
 	used     map[string]time.Time // +checklocks:usedMu
 	// keys are the tenants' data keys (Root/keys/data): encryption at

@@ -80,20 +80,32 @@ type lazyFetch struct {
 
 	// ours is the page server's end of the socket the lazy-pages
 	// daemon asks on, theirs the daemon's (given to the restore).
-	ours, theirs *os.File
-	served       chan struct{} // closed when the page server is done
-	finished     chan struct{} // closed when the fetch ended (done)
+	ours     *os.File
+	theirs   *os.File
+	served   chan struct{} // closed when the page server is done
+	finished chan struct{} // closed when the fetch ended (done)
 
 	fetched atomic.Int64 // page bytes read from the store
 	asked   atomic.Int64 // page bytes the daemon asked for
 
-	mu      sync.Mutex
-	init    sandbox.Init // +checklocks:mu
-	running bool         // the restore returned a tree +checklocks:mu
-	ended   bool         // abandoned or finished +checklocks:mu
-	dropped bool         // abandoned +checklocks:mu
-	err     error        // the first failure +checklocks:mu
-	closed  bool         // ours closed +checklocks:mu
+	mu sync.Mutex
+	// tree is the restored tree's init, once running (the restore
+	// returned).
+	// +checklocks:mu
+	tree sandbox.Init
+	// +checklocks:mu
+	running bool
+	// ended: abandoned or finished; dropped: abandoned.
+	// +checklocks:mu
+	ended bool
+	// +checklocks:mu
+	dropped bool
+	// err is the first failure.
+	// +checklocks:mu
+	err error
+	// closed: ours is closed.
+	// +checklocks:mu
+	closed bool
 }
 
 // lazyImage is one page image filled lazily.
@@ -103,10 +115,15 @@ type lazyImage struct {
 	f      *os.File
 	hashes []byte // a SHA-256 per page, checked
 
-	mu     sync.Mutex
-	have   []bool                // per block +checklocks:mu
-	wait   map[int]chan struct{} // blocks being fetched +checklocks:mu
-	missed int                   // blocks not yet here +checklocks:mu
+	mu sync.Mutex
+	// have says, per block, whether it is here; wait holds the blocks
+	// being fetched; missed counts those not yet here.
+	// +checklocks:mu
+	have []bool
+	// +checklocks:mu
+	wait map[int]chan struct{}
+	// +checklocks:mu
+	missed int
 }
 
 type lazyKey struct{}
@@ -146,6 +163,11 @@ func (m *Manager) lazyResumable(ck checkpointRec) string {
 // can (the fetch returned then holds m.fetchMu until its pages are all
 // here, or abandon), else eagerly (ck is then local, and nil returned).
 // Either way ck is then restored from as if it were local.
+//
+// m.fetchMu passes from startFetch to abandon or fill, a hand-off the
+// analyzer cannot follow.
+//
+// +checklocksignore
 func (m *Manager) startFetch(ctx context.Context, ck *checkpointRec) (*lazyFetch, error) {
 	m.fetchMu.Lock()
 	var cur checkpointRec
@@ -557,7 +579,7 @@ func (lf *lazyFetch) fail(err error) {
 		lf.err = err
 		lf.m.log.Error("store: lazy resume failed: the restored tree is killed", "sandbox", lf.ck.Sandbox, "checkpoint", lf.ck.ID, "err", err)
 	}
-	init, running := lf.init, lf.running
+	init, running := lf.tree, lf.running
 	lf.mu.Unlock()
 	lf.cancel()
 	if running {
@@ -588,7 +610,7 @@ func (lf *lazyFetch) closeOurs() {
 // the fetch failed meanwhile, the tree is killed and the error returned.
 func (lf *lazyFetch) started(init sandbox.Init) error {
 	lf.mu.Lock()
-	lf.init, lf.running = init, true
+	lf.tree, lf.running = init, true
 	err := lf.err
 	lf.mu.Unlock()
 	if err != nil {
@@ -603,6 +625,11 @@ func (lf *lazyFetch) started(init sandbox.Init) error {
 
 // abandon ends a fetch whose restore did not happen: its partial copy
 // goes, and m.fetchMu is released.
+//
+// m.fetchMu passes from startFetch to abandon or fill, a hand-off the
+// analyzer cannot follow.
+//
+// +checklocksignore
 func (lf *lazyFetch) abandon() {
 	lf.mu.Lock()
 	if lf.running || lf.ended {
@@ -625,6 +652,11 @@ func (lf *lazyFetch) abandon() {
 // fill fetches the blocks nobody asked for, then makes the checkpoint
 // local (or deletes the partial copy if anything failed), and releases
 // m.fetchMu.
+//
+// m.fetchMu passes from startFetch to abandon or fill, a hand-off the
+// analyzer cannot follow.
+//
+// +checklocksignore
 func (lf *lazyFetch) fill() {
 	m := lf.m
 	type run struct {
@@ -718,7 +750,9 @@ func (lf *lazyFetch) finish() error {
 			return err
 		}
 	}
-	if err := fsnap.SyncFS(lf.m.ckDir(lf.ck.ID)); err != nil {
+	if err := fsnap.SyncFS(lf.m.ckDir(lf.ck.ID)); errors.Is(err, os.ErrNotExist) {
+		return errLazyGone
+	} else if err != nil {
 		return err
 	}
 	lf.m.cks.Remember(lf.ck.ID, lf.ck.Objects)

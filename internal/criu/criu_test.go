@@ -152,13 +152,7 @@ func TestPostDumpFails(t *testing.T) {
 }
 
 func TestLazyRestore(t *testing.T) {
-	tool := realTool(t)
-	ctx := testCtx(t)
-	if f, err := tool.features(ctx); err != nil {
-		t.Fatal(err)
-	} else if !f.lazyPages {
-		testutil.Unavailable(t, "lazy pages: "+f.lazyReason)
-	}
+	tool, ctx := lazyTool(t)
 	c := startCounter(t, 20<<20)
 	before := waitCount(t, c.port, 3)
 	images, dumpWork, restoreWork := dirs3(t)
@@ -188,6 +182,19 @@ func TestLazyRestore(t *testing.T) {
 	}
 	t.Logf("lazy restore returned in %.1f ms, all pages in %v later", rs.Stats.TotalMS, time.Since(restored).Round(time.Millisecond))
 	waitCount(t, c.port, before+3)
+}
+
+// lazyTool is realTool where CRIU restores lazily, and a test context.
+func lazyTool(t *testing.T) (*Tool, context.Context) {
+	t.Helper()
+	tool := realTool(t)
+	ctx := testCtx(t)
+	if f, err := tool.features(ctx); err != nil {
+		t.Fatal(err)
+	} else if !f.lazyPages {
+		testutil.Unavailable(t, "lazy pages: "+f.lazyReason)
+	}
+	return tool, ctx
 }
 
 func TestDumpMissingPid(t *testing.T) {

@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // hasherScript holds heap bytes of random data and answers every
@@ -64,13 +62,7 @@ func askHashes(t *testing.T, port int) (now, first string) {
 // through ServePages, as a resume from the store serves them: the
 // restored process reads back exactly the memory it had.
 func TestLazyRestoreFromPageServer(t *testing.T) {
-	tool := realTool(t)
-	ctx := testCtx(t)
-	if f, err := tool.features(ctx); err != nil {
-		t.Fatal(err)
-	} else if !f.lazyPages {
-		testutil.Unavailable(t, "lazy pages: "+f.lazyReason)
-	}
+	tool, ctx := lazyTool(t)
 	images, dumpWork, restoreWork := dirs3(t)
 	portFile := filepath.Join(t.TempDir(), "port")
 	c := startScript(t, hasherScript, strconv.Itoa(24<<20), portFile)
@@ -116,12 +108,7 @@ func TestLazyRestoreFromPageServer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ours, theirs := os.NewFile(uintptr(fds[0]), "page server"), os.NewFile(uintptr(fds[1]), "lazy pages")
-	defer ours.Close()
+	ours, theirs := socketPair(t)
 	var pages atomic.Uint64
 	served1 := make(chan error, 1)
 	go func() {
@@ -194,13 +181,7 @@ func TestPageServerRefuses(t *testing.T) {
 		"unknown cmd":   {make([]byte, psiSize), func(string, uint64, int, []byte) error { return nil }},
 	} {
 		t.Run(name, func(t *testing.T) {
-			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a, b := os.NewFile(uintptr(fds[0]), "a"), os.NewFile(uintptr(fds[1]), "b")
-			defer a.Close()
-			defer b.Close()
+			a, b := socketPair(t)
 			if _, err := b.Write(tc.req); err != nil {
 				t.Fatal(err)
 			}
@@ -212,13 +193,7 @@ func TestPageServerRefuses(t *testing.T) {
 		})
 	}
 	// A good request, then the daemon's goodbye.
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := os.NewFile(uintptr(fds[0]), "a"), os.NewFile(uintptr(fds[1]), "b")
-	defer a.Close()
-	defer b.Close()
+	a, b := socketPair(t)
 	closeReq := make([]byte, psiSize)
 	closeReq[0], closeReq[1] = psIovClose&0xff, psIovClose>>8
 	b.Write(append(request(7, 0x11000, 2), closeReq...))
@@ -242,4 +217,17 @@ func TestPageServerRefuses(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// socketPair returns the two ends of a stream socket pair, closed when
+// t ends.
+func socketPair(t *testing.T) (*os.File, *os.File) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := os.NewFile(uintptr(fds[0]), "page server"), os.NewFile(uintptr(fds[1]), "lazy pages")
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
 }
