@@ -273,10 +273,14 @@ func forkDelete(t *testing.T, bctx context.Context, m *core.Manager, node chrome
 	if len(after) != len(before)+1 || forked == "" {
 		t.Fatalf("sandboxes after the page's fork: %d, want %d", len(after), len(before)+1)
 	}
+	// The delete button of the fork's own bar: until the fork's detail
+	// is drawn, the page still shows the sandbox selected before, with
+	// a delete button of its own.
+	del := chromedp.CSS(fmt.Sprintf(`.bar[data-sandbox=%q] #act-delete`, forked))
 	if err := chromedp.Do(bctx,
 		chromedp.Click(chromedp.CSS(fmt.Sprintf(`nav .sb[data-id=%q]`, forked))),
-		chromedp.WaitVisible(chromedp.CSS(`#act-delete`)),
-		chromedp.Click(chromedp.CSS(`#act-delete`)),
+		chromedp.WaitVisible(del),
+		chromedp.Click(del),
 		chromedp.WaitVisible(chromedp.CSS(`#modal-ok`)),
 		shot("webui-delete.png"),
 		chromedp.Click(chromedp.CSS(`#modal-ok`)),

@@ -167,7 +167,7 @@ function drawDetail() {
 
 function sandboxBar(sb) {
   const enc = encodeURIComponent(sb.id);
-  const bar = el("div", { class: "bar" });
+  const bar = el("div", { class: "bar", "data-sandbox": sb.id });
   if (sb.state === "hibernated") {
     bar.append(el("button", { id: "act-resume", onclick: () => confirmAction("Resume " + sbName(sb),
       "Restore the hibernated sandbox's processes.", () => api("POST", "/v1/sandboxes/" + enc + "/resume", {}).then(() => "")) }, "Resume"));
