@@ -334,20 +334,7 @@ func (m *Manager) fetchLazy(ctx context.Context, ck checkpointRec) (*lazyFetch, 
 		}
 		lf.images[li.name] = li
 	}
-	tree := filepath.Join(dir, "fs.fetch")
-	if err := fsnap.CreateSubvolume(tree); err != nil {
-		return nil, err
-	}
-	if err := m.store.FetchTree(ctx, r, tree); err != nil {
-		return nil, err
-	}
-	if err := sandbox.MakeDevNodes(tree); err != nil {
-		return nil, err
-	}
-	if err := fsnap.SnapshotIn(tree, m.ckFS(ck.ID), true, m.groupsOfID(ck.Sandbox)...); err != nil {
-		return nil, err
-	}
-	if err := removeTree(tree); err != nil {
+	if err := m.fetchTree(ctx, ck, r); err != nil {
 		return nil, err
 	}
 	// The manifests as fetchCheckpoint writes them; the signed one is

@@ -210,20 +210,7 @@ func (m *Manager) fetchCheckpoint(ctx context.Context, ck *checkpointRec) error 
 	if _, err := m.store.FetchObjects(ctx, r, m.ckDir(ck.ID)); err != nil {
 		return err
 	}
-	tree := filepath.Join(m.ckDir(ck.ID), "fs.fetch")
-	if err := fsnap.CreateSubvolume(tree); err != nil {
-		return err
-	}
-	if err := m.store.FetchTree(ctx, r, tree); err != nil {
-		return err
-	}
-	if err := sandbox.MakeDevNodes(tree); err != nil {
-		return err
-	}
-	if err := fsnap.SnapshotIn(tree, m.ckFS(ck.ID), true, m.groupsOfID(ck.Sandbox)...); err != nil {
-		return err
-	}
-	if err := removeTree(tree); err != nil {
+	if err := m.fetchTree(ctx, *ck, r); err != nil {
 		return err
 	}
 	// The manifest as this host's records have it now (signed here): its
@@ -262,6 +249,26 @@ func (m *Manager) fetchCheckpoint(ctx context.Context, ck *checkpointRec) error 
 	rv.Success()
 	m.metrics.fetches.Inc()
 	return nil
+}
+
+// fetchTree extracts recipe r's file tree into a scratch subvolume of
+// checkpoint ck's artifact (device nodes made by the host) and snapshots
+// it read-only as the artifact's files.
+func (m *Manager) fetchTree(ctx context.Context, ck checkpointRec, r remote.Recipe) error {
+	tree := filepath.Join(m.ckDir(ck.ID), "fs.fetch")
+	if err := fsnap.CreateSubvolume(tree); err != nil {
+		return err
+	}
+	if err := m.store.FetchTree(ctx, r, tree); err != nil {
+		return err
+	}
+	if err := sandbox.MakeDevNodes(tree); err != nil {
+		return err
+	}
+	if err := fsnap.SnapshotIn(tree, m.ckFS(ck.ID), true, m.groupsOfID(ck.Sandbox)...); err != nil {
+		return err
+	}
+	return removeTree(tree)
 }
 
 // sameObjects reports whether recipe r lists exactly the objects objs.
