@@ -16,6 +16,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/objstore/s3test"
+	"github.com/molt-sh/molt/internal/testutil"
 )
 
 // TestMigrateBetweenDaemons runs two daemons on this machine as two
@@ -134,7 +135,7 @@ func TestMigrateBetweenDaemons(t *testing.T) {
 	call := `import json, sys, urllib.request
 req = urllib.request.Request(sys.argv[1] + "/chat/completions", data=json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(), headers={"Content-Type": "application/json"})
 print(json.load(urllib.request.urlopen(req, timeout=30))["choices"][0]["message"]["content"])`
-	if out, err := exec.Command("nsenter", "--net="+fab.netns[1], "python3", "-c", call, res.LLMEndpoint.URL).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "echo moved" {
+	if out, err := exec.Command("nsenter", "--net="+fab.netns[1], testutil.Python(t), "-c", call, res.LLMEndpoint.URL).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "echo moved" {
 		t.Fatalf("a call to the moved endpoint on the target: %v: %s", err, out)
 	}
 	authMu.Lock()
