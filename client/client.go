@@ -539,6 +539,13 @@ func (c *Client) Resume(ctx context.Context, ref string) (v1.Sandbox, error) {
 	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/resume", nil, &sb)
 }
 
+// ResumeWith is Resume with a request body: a migration's source hands
+// the target what moves with the sandbox but not through the store.
+func (c *Client) ResumeWith(ctx context.Context, ref string, req v1.ResumeRequest) (v1.Sandbox, error) {
+	var sb v1.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/resume", req, &sb)
+}
+
 // Migrate moves a running sandbox to the daemon req.To, which shares
 // this daemon's object store and trusts its host key; the sandbox runs
 // there, and no longer here, when it returns without error. The host

@@ -59,13 +59,19 @@ type fetched struct {
 // fetch runs one request inside sandbox sb.
 func fetch(t *testing.T, sb, method, url, body string, extra ...string) fetched {
 	t.Helper()
+	return fetchAt(t, env.socket, sb, method, url, body, extra...)
+}
+
+// fetchAt is fetch in a sandbox of the daemon of socket.
+func fetchAt(t *testing.T, socket, sb, method, url, body string, extra ...string) fetched {
+	t.Helper()
 	args := []string{strconv.Quote(method), strconv.Quote(url)}
 	if body != "" {
 		args = append(args, "body="+strconv.Quote(body))
 	}
 	args = append(args, extra...)
 	script := pyFetch + "fetch(" + strings.Join(args, ", ") + ")\n"
-	r := moltIn(t, script, "exec", sb, "--", "python3", "-")
+	r := moltAt(t, socket, script, "exec", sb, "--", "python3", "-")
 	if r.code != 0 {
 		t.Fatalf("fetch %s %s in %s: exit %d: %s", method, url, sb, r.code, r.stderr)
 	}
@@ -98,8 +104,20 @@ func labCA(t *testing.T, sb string) string {
 
 func effects(t *testing.T, sb string, args ...string) []v1.Effect {
 	t.Helper()
+	return effectsAt(t, env.socket, sb, args...)
+}
+
+// effectsAt is effects of a sandbox of the daemon of socket.
+func effectsAt(t *testing.T, socket, sb string, args ...string) []v1.Effect {
+	t.Helper()
+	r := moltAt(t, socket, "", append([]string{"--json", "effects", sb}, args...)...)
+	if r.code != 0 {
+		t.Fatalf("molt effects %s: exit %d: %s", sb, r.code, r.stderr)
+	}
 	var l []v1.Effect
-	mustJSON(t, &l, append([]string{"effects", sb}, args...)...)
+	if err := json.Unmarshal([]byte(r.stdout), &l); err != nil {
+		t.Fatalf("molt effects %s: %q: %v", sb, r.stdout, err)
+	}
 	return l
 }
 

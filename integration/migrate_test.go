@@ -2,9 +2,11 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -15,6 +17,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/egress/netlab"
 	"github.com/molt-sh/molt/internal/objstore/s3test"
 	"github.com/molt-sh/molt/internal/testutil"
 )
@@ -31,37 +34,8 @@ import (
 // checkpoint taken on the source restores that checkpoint's session.
 // It logs the migration's downtime.
 func TestMigrateBetweenDaemons(t *testing.T) {
-	if env.tlsDir == "" {
-		t.Skip("no TLS certificate in this run")
-	}
-	requireCRIU(t)
-	fab := startFabric(t, 2)
-	srv := s3test.Start(t)
-	endpoint := "http://" + forward(t, strings.TrimPrefix(srv.Endpoint, "http://"))
-	creds := []string{"AWS_ACCESS_KEY_ID=" + srv.AccessKey, "AWS_SECRET_ACCESS_KEY=" + srv.SecretKey}
-	dirA, dirB := t.TempDir(), t.TempDir()
-	for _, d := range []string{dirA, dirB} {
-		if _, err := ckstore.LoadKeyring(filepath.Join(d, "root", "keys"), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	flags := func(d, trust string) []string {
-		return []string{"--store", "s3://" + srv.Bucket + "/it-" + strings.ToLower(t.Name()), "--store-endpoint", endpoint,
-			"--trust-key", filepath.Join(trust, "root", "keys", "host.pub"), "--listen", "tcp://" + d,
-			"--tls-cert", filepath.Join(env.tlsDir, "cert.pem"), "--tls-key", filepath.Join(env.tlsDir, "key.pem")}
-	}
-	// Each host has its namespace's ports to itself.
-	listenA, listenB := net.JoinHostPort(hostIPs[0].String(), "7443"), net.JoinHostPort(hostIPs[1].String(), "7443")
-	a := startHostIn(t, "a", dirA, fab.netns[0], creds, flags(listenA, dirB)...)
-	b := startHostIn(t, "b", dirB, fab.netns[1], creds, flags(listenB, dirA)...)
-
-	for _, h := range []host{a, b} {
-		h.must(t, "tenant", "create", "acme")
-	}
-	tokA := strings.TrimSpace(a.must(t, "token", "create", "--tenant", "acme", "--scope", "admin"))
-	// The admin scope: it also sets the sandbox's LLM endpoint there.
-	tokB := strings.TrimSpace(b.must(t, "token", "create", "--tenant", "acme", "--scope", "admin"))
-	ca := filepath.Join(env.tlsDir, "cert.pem")
+	hs := startMigrationHosts(t, nil, nil)
+	a, b, fab, listenA, listenB, tokA, tokB, ca := hs.a, hs.b, hs.fab, hs.listenA, hs.listenB, hs.tokA, hs.tokB, hs.ca
 	sb := strings.TrimSpace(a.must(t, "--endpoint", "https://"+listenA, "--token", tokA, "--tls-ca", ca, "create", image))
 
 	a.must(t, "exec", sb, "--session", "agent", "--", "V=early; cd /tmp")
@@ -158,5 +132,155 @@ print(json.load(urllib.request.urlopen(req, timeout=30))["choices"][0]["message"
 	b.must(t, "rollback", sb, early)
 	if out := b.must(t, "exec", sb, "--session", "agent", "--", "echo $V"); out != "early\n" {
 		t.Fatalf("after a rollback on the target to the source's checkpoint %s: %q", early, out)
+	}
+}
+
+// migrationHosts are two daemons on this machine acting as two hosts
+// (TestMigrateBetweenDaemons), each with tenant acme and an admin token
+// of it, and the CA of their TLS certificate.
+type migrationHosts struct {
+	a, b             host
+	fab              fabric
+	listenA, listenB string
+	tokA, tokB       string
+	ca               string
+}
+
+// startMigrationHosts starts them, with extra daemon flags for each.
+func startMigrationHosts(t *testing.T, argsA, argsB []string) migrationHosts {
+	t.Helper()
+	if env.tlsDir == "" {
+		t.Skip("no TLS certificate in this run")
+	}
+	requireCRIU(t)
+	fab := startFabric(t, 2)
+	srv := s3test.Start(t)
+	endpoint := "http://" + forward(t, strings.TrimPrefix(srv.Endpoint, "http://"))
+	creds := []string{"AWS_ACCESS_KEY_ID=" + srv.AccessKey, "AWS_SECRET_ACCESS_KEY=" + srv.SecretKey}
+	dirA, dirB := t.TempDir(), t.TempDir()
+	for _, d := range []string{dirA, dirB} {
+		if _, err := ckstore.LoadKeyring(filepath.Join(d, "root", "keys"), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flags := func(d, trust string) []string {
+		return []string{"--store", "s3://" + srv.Bucket + "/it-" + strings.ToLower(t.Name()), "--store-endpoint", endpoint,
+			"--trust-key", filepath.Join(trust, "root", "keys", "host.pub"), "--listen", "tcp://" + d,
+			"--tls-cert", filepath.Join(env.tlsDir, "cert.pem"), "--tls-key", filepath.Join(env.tlsDir, "key.pem")}
+	}
+	// Each host has its namespace's ports to itself.
+	listenA, listenB := net.JoinHostPort(hostIPs[0].String(), "7443"), net.JoinHostPort(hostIPs[1].String(), "7443")
+	a := startHostIn(t, "a", dirA, fab.netns[0], creds, append(flags(listenA, dirB), argsA...)...)
+	b := startHostIn(t, "b", dirB, fab.netns[1], creds, append(flags(listenB, dirA), argsB...)...)
+
+	for _, h := range []host{a, b} {
+		h.must(t, "tenant", "create", "acme")
+	}
+	tokA := strings.TrimSpace(a.must(t, "token", "create", "--tenant", "acme", "--scope", "admin"))
+	// The admin scope: it also sets the sandbox's LLM endpoint there.
+	tokB := strings.TrimSpace(b.must(t, "token", "create", "--tenant", "acme", "--scope", "admin"))
+	return migrationHosts{a: a, b: b, fab: fab, listenA: listenA, listenB: listenB, tokA: tokA, tokB: tokB,
+		ca: filepath.Join(env.tlsDir, "cert.pem")}
+}
+
+// TestMigrateEgress migrates a sandbox with egress and TLS inspection
+// between two hosts whose egress ranges differ, both reaching the test
+// internet. What must move with it: its ledger (the payment made on the
+// source is listed on the target, and after a rollback on the target to
+// a checkpoint taken on the source the same payment is answered from
+// the ledger, not sent again), its inspection CA (the target inspects
+// its HTTPS with the CA its trust store holds: the key came over the
+// migration's channel), and its network (an address of the target's
+// range; a connection open to the world at the final checkpoint, bound
+// to the source's address, is restored and reset, not a failed restore).
+func TestMigrateEgress(t *testing.T) {
+	if env.lab == nil {
+		t.Skip("no test internet in this run")
+	}
+	requireEgress(t)
+	lab := []string{"--egress-uplink", env.lab.Name, "--egress-dns", env.lab.DNSAddr().String(), "--egress-ca", env.lab.CAFile}
+	hs := startMigrationHosts(t, append([]string{"--egress-range", "10.210.0.0/16"}, lab...), append([]string{"--egress-range", "10.211.0.0/16"}, lab...))
+	a, b := hs.a, hs.b
+	sb := strings.TrimSpace(a.must(t, "--endpoint", "https://"+hs.listenA, "--token", hs.tokA, "--tls-ca", hs.ca,
+		"create", image, "--network", "egress", "--egress-inspect"))
+	address := func(h host) netip.Addr {
+		t.Helper()
+		var info v1.Sandbox
+		if err := json.Unmarshal([]byte(h.must(t, "--json", "inspect", sb)), &info); err != nil {
+			t.Fatal(err)
+		}
+		ip, err := netip.ParseAddr(info.Address)
+		if err != nil {
+			t.Fatalf("sandbox address %q: %v", info.Address, err)
+		}
+		return ip
+	}
+	if ip := address(a); !netip.MustParsePrefix("10.210.0.0/16").Contains(ip) {
+		t.Fatalf("address on the source %v", ip)
+	}
+	httpsHello := "https://" + netlab.WebName + "/hello"
+	if f := fetchAt(t, a.socket, sb, "GET", httpsHello, ""); f.Status != 200 || f.Body != hello || f.Ledger == "" {
+		t.Fatalf("inspected HTTPS on the source: %+v", f)
+	}
+	before := strings.TrimSpace(a.must(t, "checkpoint", sb, "--kind", "full", "--wait"))
+	paid := env.lab.PayCount()
+	first := fetchAt(t, a.socket, sb, "POST", payURL, payBody(13))
+	if first.Status != 200 || env.lab.PayCount() != paid+1 {
+		t.Fatalf("the payment on the source: %+v", first)
+	}
+	// A connection to the world open at the final checkpoint.
+	if r := moltAt(t, a.socket, fmt.Sprintf(holder, netlab.WebName), "exec", sb, "--", "sh", "-c", "cat > /tmp/holder.py"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	a.must(t, "exec", sb, "--detach", "--", "python3", "/tmp/holder.py")
+	waitFileAt(t, a, sb, "/tmp/holder.ready", 30*time.Second)
+
+	var res v1.MigrateResult
+	out := a.must(t, "--json", "migrate", sb, "--to", "https://"+hs.listenB, "--to-token", hs.tokB, "--to-ca", hs.ca)
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("migrate: %q: %v", out, err)
+	}
+	t.Logf("migrated with egress: downtime %.0f ms", res.DowntimeMS)
+	if ip := address(b); !netip.MustParsePrefix("10.211.0.0/16").Contains(ip) {
+		t.Fatalf("address on the target %v, want one of its range", ip)
+	}
+	if out := waitFileAt(t, b, sb, "/tmp/holder.out", 20*time.Second); !strings.HasPrefix(out, "reset") && out != "eof" {
+		t.Fatalf("the connection open at the migration: %q, want a reset", out)
+	}
+	if f := fetchAt(t, b.socket, sb, "GET", httpsHello, ""); f.Status != 200 || f.Body != hello || f.Ledger == "" {
+		t.Fatalf("inspected HTTPS on the target: %+v", f)
+	}
+	l := effectsAt(t, b.socket, sb)
+	pay, ok := findEffect(l, func(e v1.Effect) bool { return e.Method == "POST" && e.State == "completed" })
+	if !ok || pay.URL != payURL {
+		t.Fatalf("the source's payment is not in the target's ledger: %+v", l)
+	}
+	if _, ok := findEffect(l, func(e v1.Effect) bool { return e.Proto == "https" && e.URL == httpsHello }); !ok {
+		t.Fatalf("the target's inspected HTTPS request is not in its ledger: %+v", l)
+	}
+	b.must(t, "rollback", sb, before)
+	again := fetchAt(t, b.socket, sb, "POST", payURL, payBody(13))
+	if again.Status != 200 || again.Body != first.Body || again.Replayed != pay.ID {
+		t.Fatalf("the payment after a rollback on the target to the source's checkpoint: %+v, want %s's answer replayed", again, pay.ID)
+	}
+	if n := env.lab.PayCount() - paid; n != 1 {
+		t.Fatalf("the payment service got %d payments, want 1", n)
+	}
+}
+
+// waitFileAt waits for path in sandbox sb of host h to hold something
+// and returns it.
+func waitFileAt(t *testing.T, h host, sb, path string, d time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		r := h.molt(t, "exec", sb, "--", "cat", path)
+		if r.code == 0 && r.stdout != "" {
+			return r.stdout
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s in %s: nothing after %v", path, sb, d)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -1,5 +1,7 @@
 package v1
 
+import "errors"
+
 // MigrateRequest moves a running sandbox to another daemon sharing the
 // object store (POST /v1/sandboxes/{id}/migrate; the host admin's).
 type MigrateRequest struct {
@@ -33,4 +35,29 @@ type MigrateResult struct {
 	LLMEndpoint *LLMEndpoint `json:"llm_endpoint,omitempty"`
 	// Note says what did not move, if anything.
 	Note string `json:"note,omitempty"`
+}
+
+// ResumeRequest is the optional body of POST /v1/sandboxes/{id}/resume.
+type ResumeRequest struct {
+	// Handover is what a migration's source daemon gives the target with
+	// the resume, over their TLS channel: what must move with the
+	// sandbox but never goes to the object store.
+	Handover *Handover `json:"handover,omitempty"`
+}
+
+// Handover: see ResumeRequest.
+type Handover struct {
+	// EgressCAKey is the PEM private key of the sandbox's TLS inspection
+	// CA (egress with inspection). The target takes it only if it
+	// matches the certificate in the store's signed record of the
+	// sandbox, and only when it adopts the sandbox from the store.
+	EgressCAKey string `json:"egress_ca_key,omitempty"`
+}
+
+// Validate bounds a resume request.
+func (r ResumeRequest) Validate() error {
+	if r.Handover != nil && len(r.Handover.EgressCAKey) > 64<<10 {
+		return errors.New("handover: egress_ca_key: over 64 KiB")
+	}
+	return nil
 }

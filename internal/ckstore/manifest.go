@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -75,6 +76,9 @@ type Manifest struct {
 	// LedgerHead: the sandbox's effect ledger head when the checkpoint
 	// was taken (a rollback rewinds the ledger there).
 	LedgerHead string `json:"ledger_head,omitempty"`
+	// EgressAddr: the sandbox's egress address when its processes were
+	// dumped (their sockets bind it).
+	EgressAddr netip.Addr `json:"egress_addr,omitzero"`
 	// Turn: the turn whose end took the checkpoint (0: none).
 	Turn int `json:"turn,omitempty"`
 	// DataKey is the ID of the tenant data key that sealed the images

@@ -271,7 +271,7 @@ func (m *Manager) manifestOf(ck checkpointRec, committed bool) ckstore.Manifest 
 		Format: ckstore.Format, ID: ck.ID, Sandbox: ck.Sandbox, Parent: ck.Parent, Kind: ck.Kind, Label: ck.Label,
 		Image: ck.Image, Created: ck.Created, Molt: m.cfg.Version, Kernel: m.kernel,
 		Arch: runtime.GOARCH, CRIU: ck.CRIU, ExternalNet: ck.ExternalNet,
-		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects, LedgerHead: ck.LedgerHead, Turn: ck.Turn, DataKey: ck.DataKey, KeyTenant: ck.KeyTenant,
+		ExternalUTS: ck.ExternalUTS, ExternalIPC: ck.ExternalIPC, IDs: ck.IDs, Objects: ck.Objects, LedgerHead: ck.LedgerHead, EgressAddr: ck.EgressAddr, Turn: ck.Turn, DataKey: ck.DataKey, KeyTenant: ck.KeyTenant,
 		Tenant: ck.Tenant, ImportedFrom: ck.ImportedFrom, ImportSigner: ck.ImportSigner,
 		ParentDigest: m.digestOf(ck.Parent),
 		Committed:    committed, Keep: ck.Keep, Capture: ck.Capture, CaptureNote: ck.CaptureNote,

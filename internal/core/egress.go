@@ -239,9 +239,10 @@ func (m *Manager) netRegister(rec *sandboxRec) error {
 			used[a] = true
 		}
 	}
-	// A new sandbox, or a fork (which comes with its parent's address),
-	// gets an address of its own.
-	if !rec.Egress.Addr.IsValid() || used[rec.Egress.Addr] {
+	// A new sandbox, a fork (which comes with its parent's address),
+	// or a sandbox from another host whose address is taken here or is
+	// not in this host's range, gets an address of its own.
+	if !m.net.Assignable(rec.Egress.Addr) || used[rec.Egress.Addr] {
 		a, err := m.net.Alloc(used)
 		if err != nil {
 			return fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
@@ -313,18 +314,19 @@ func (m *Manager) endpoint(rec sandboxRec) *egress.Endpoint {
 	return ep
 }
 
-// netPrepare gives the network namespace a restore of rec's tree will
-// join a veth with rec's address (CRIU binds restored sockets to it).
-func (m *Manager) netPrepare(rec sandboxRec, netns *os.File) error {
+// netPrepare gives the network namespace a restore of rec's tree from
+// ck will join a veth with rec's address, and ck's if it differs, for
+// the restore (CRIU binds restored sockets to it).
+func (m *Manager) netPrepare(rec sandboxRec, ck checkpointRec, netns *os.File) error {
 	if rec.Network != v1.NetworkEgress || m.net == nil || !m.net.Known(rec.ID) {
 		return nil
 	}
-	return m.net.Prepare(rec.ID, netns)
+	return m.net.Prepare(rec.ID, netns, ck.EgressAddr)
 }
 
 // prepareSpareNet is netPrepare for the network namespace of the
 // spare CRIU pid.
-func (m *Manager) prepareSpareNet(rec sandboxRec, pid int) error {
+func (m *Manager) prepareSpareNet(rec sandboxRec, ck checkpointRec, pid int) error {
 	if rec.Network != v1.NetworkEgress || m.net == nil || !m.net.Known(rec.ID) {
 		return nil
 	}
@@ -333,7 +335,7 @@ func (m *Manager) prepareSpareNet(rec sandboxRec, pid int) error {
 		return err
 	}
 	defer f.Close()
-	return m.net.Prepare(rec.ID, f)
+	return m.net.Prepare(rec.ID, f, ck.EgressAddr)
 }
 
 // netActivate routes rec's address to the tree of init, now the
@@ -583,4 +585,46 @@ func (m *Manager) DeclareEffect(ctx context.Context, ref string, req v1.EffectDe
 	}
 	r, err = m.ledger.Begin(rec.ID, r)
 	return m.effectView(r), err
+}
+
+// adoptEgress checks that sandbox rec, adopted from the store, can have
+// its egress here, and gives it its inspection CA's key from h (a
+// migration's source hands it over; the store never holds it). Its
+// address is given by netRegister.
+func (m *Manager) adoptEgress(rec *sandboxRec, h *v1.Handover) error {
+	if rec.Network != v1.NetworkEgress {
+		return nil
+	}
+	if rec.Egress == nil {
+		return fmt.Errorf("sandbox %s has egress, but the store's record of it does not say how (a record from an older molt): %w", rec.ID, errdefs.ErrFailedPrecondition)
+	}
+	if m.net == nil {
+		return fmt.Errorf("sandbox %s has egress, which this daemon does not run: %w", rec.ID, errdefs.ErrFailedPrecondition)
+	}
+	if err := m.net.Probe(); err != nil {
+		return fmt.Errorf("sandbox %s has egress, which is unsupported here: %w: %w", rec.ID, err, errdefs.ErrFailedPrecondition)
+	}
+	e, err := handedOver(rec.ID, *rec.Egress, h)
+	if err != nil {
+		return err
+	}
+	rec.Egress = &e
+	return nil
+}
+
+// handedOver is egress e of sandbox id, adopted from the store, with its
+// inspection CA's private key from h, which must match e's certificate
+// (the signed record's); e unchanged without inspection.
+func handedOver(id string, e meta.Egress, h *v1.Handover) (meta.Egress, error) {
+	if e.CACert == "" {
+		return e, nil
+	}
+	if h == nil || h.EgressCAKey == "" {
+		return e, fmt.Errorf("sandbox %s inspects its TLS with a CA whose private key stayed with the host that offloaded it: move it with molt migrate, which hands the key over, or resume it there: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := egress.ParseCA([]byte(e.CACert), []byte(h.EgressCAKey)); err != nil {
+		return e, fmt.Errorf("sandbox %s: the handed-over key of its inspection CA: %v: %w", id, err, errdefs.ErrInvalidArgument)
+	}
+	e.CAKey = h.EgressCAKey
+	return e, nil
 }

@@ -143,6 +143,9 @@ func (m *Manager) fullCheckpointLocked(ctx context.Context, rec sandboxRec, o ck
 	}, Image: rec.Image, CRIU: tool.Probe(ctx).Version, ExternalNet: c.Outside&unix.CLONE_NEWNET != 0,
 		ExternalUTS: c.Outside&unix.CLONE_NEWUTS != 0, ExternalIPC: c.Outside&unix.CLONE_NEWIPC != 0, IDs: rec.IDs,
 		LedgerHead: ledgerHead, Turn: o.turn}
+	if rec.Egress != nil {
+		ck.EgressAddr = rec.Egress.Addr
+	}
 	// The consistent instant is captured and the sandbox runs on. The
 	// rest (storing the images, the manifest, the commit) runs in the
 	// background: the checkpoint is pending until committed. The sandbox
@@ -714,7 +717,7 @@ func (m *Manager) restoreNamespaces(rec sandboxRec, cg *cgroup.Cgroup, ck checkp
 		}
 	}
 	if s != nil && outside&unix.CLONE_NEWNET != 0 {
-		if err := m.prepareSpareNet(rec, s.Pid()); err != nil {
+		if err := m.prepareSpareNet(rec, ck, s.Pid()); err != nil {
 			m.log.Info("egress: spare not used", "sandbox", rec.ID, "err", err)
 			s.Kill()
 			s = nil
@@ -735,7 +738,7 @@ func (m *Manager) restoreNamespaces(rec sandboxRec, cg *cgroup.Cgroup, ck checkp
 	cleanups = append(cleanups, func() { ns.Close(nss) })
 	for _, r := range nss {
 		if r.Type == unix.CLONE_NEWNET {
-			if err := m.netPrepare(rec, r.File); err != nil {
+			if err := m.netPrepare(rec, ck, r.File); err != nil {
 				return release, fmt.Errorf("restore: %w", err)
 			}
 		}

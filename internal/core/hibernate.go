@@ -80,6 +80,12 @@ func (m *Manager) thawSandbox(id string) error {
 // offloaded to the store is fetched first; one this daemon does not
 // know is adopted from the store (offload.go).
 func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) {
+	return m.ResumeWith(ctx, ref, v1.ResumeRequest{})
+}
+
+// ResumeWith is Resume with what a migration's source hands over
+// (req.Handover), used if the sandbox is adopted from the store.
+func (m *Manager) ResumeWith(ctx context.Context, ref string, req v1.ResumeRequest) (meta.Sandbox, error) {
 	r, err := m.lookupSandbox(ref)
 	if err == nil && r.Offloaded && m.store != nil {
 		dropped, derr := m.dropMovedOn(ctx, r.ID)
@@ -92,7 +98,7 @@ func (m *Manager) Resume(ctx context.Context, ref string) (meta.Sandbox, error) 
 	}
 	if errors.Is(err, errdefs.ErrNotFound) && m.store != nil {
 		progress.Report(ctx, progress.Step{Message: "looking up sandbox " + ref + " in the store"})
-		if aerr := m.adopt(ctx, ref); aerr != nil {
+		if aerr := m.adopt(ctx, ref, req.Handover); aerr != nil {
 			return meta.Sandbox{}, fmt.Errorf("resume %s: %w", ref, aerr)
 		}
 	} else if err == nil {

@@ -37,9 +37,9 @@ import (
 // makes one of the TCP API's client (TLS and a token), tests one of
 // another Manager.
 type MigrateTarget interface {
-	// Resume resumes sandbox id from the store and returns its state on
-	// the target.
-	Resume(ctx context.Context, id string) (string, error)
+	// Resume resumes sandbox id from the store, with req (what the
+	// source hands over), and returns its state on the target.
+	Resume(ctx context.Context, id string, req v1.ResumeRequest) (string, error)
 	// String names the target in errors and logs.
 	String() string
 }
@@ -86,7 +86,7 @@ func (m *Manager) Migrate(ctx context.Context, ref string, to MigrateTarget) (me
 	progress.Report(ctx, progress.Step{Message: "resuming on " + to.String()})
 	m.crashpoint("migrate:handed-over")
 	res := time.Now()
-	state, err := to.Resume(ctx, rec.ID)
+	state, err := to.Resume(ctx, rec.ID, handover(rec))
 	if err == nil && state != v1.StateRunning {
 		err = fmt.Errorf("the target reports the sandbox %s: %w", state, errdefs.ErrUnavailable)
 	}
@@ -112,8 +112,8 @@ func (m *Manager) migratable(rec sandboxRec) error {
 	if rec.IDs.Enabled() {
 		return fmt.Errorf("the sandbox has a user namespace of this host's ids; moving it to another host is not supported yet: %w", errdefs.ErrNotSupported)
 	}
-	if rec.Network == v1.NetworkEgress {
-		return fmt.Errorf("the sandbox's egress (its address, its proxy's CA and its ledger) is this host's; moving it to another host is not supported yet: %w", errdefs.ErrNotSupported)
+	if c := rec.Compensation; c != nil && c.State == v1.CompensationRunning {
+		return fmt.Errorf("the sandbox's compensations of its rollback to %s are under way: %w", c.Checkpoint, errdefs.ErrFailedPrecondition)
 	}
 	// Its turn log and ledger must be able to move (not sealed).
 	if _, err := m.exportHistory(rec.ID); err != nil {
@@ -129,6 +129,16 @@ func (m *Manager) migratable(rec sandboxRec) error {
 		}
 	}
 	return nil
+}
+
+// handover is what the target of sandbox rec's migration gets with its
+// resume, over the migration's TLS channel: the private key of its
+// egress proxy's CA, which the store never holds.
+func handover(rec sandboxRec) v1.ResumeRequest {
+	if rec.Egress == nil || rec.Egress.CAKey == "" {
+		return v1.ResumeRequest{}
+	}
+	return v1.ResumeRequest{Handover: &v1.Handover{EgressCAKey: rec.Egress.CAKey}}
 }
 
 // uploadLineage uploads sandbox id's committed checkpoints the store
@@ -257,8 +267,8 @@ type remoteTarget struct {
 	endpoint string
 }
 
-func (t remoteTarget) Resume(ctx context.Context, id string) (string, error) {
-	sb, err := t.c.Resume(ctx, id)
+func (t remoteTarget) Resume(ctx context.Context, id string, req v1.ResumeRequest) (string, error) {
+	sb, err := t.c.ResumeWith(ctx, id, req)
 	return sb.State, err
 }
 

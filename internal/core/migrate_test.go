@@ -15,8 +15,8 @@ import (
 // daemon's client of the target's TCP API is.
 type managerTarget struct{ m *Manager }
 
-func (t managerTarget) Resume(ctx context.Context, id string) (string, error) {
-	sb, err := t.m.Resume(ctx, id)
+func (t managerTarget) Resume(ctx context.Context, id string, req v1.ResumeRequest) (string, error) {
+	sb, err := t.m.ResumeWith(ctx, id, req)
 	return sb.State, err
 }
 
@@ -132,8 +132,8 @@ func TestMigrate(t *testing.T) {
 // answer (a timeout on the way back).
 type lostAnswer struct{ managerTarget }
 
-func (t lostAnswer) Resume(ctx context.Context, id string) (string, error) {
-	if _, err := t.m.Resume(ctx, id); err != nil {
+func (t lostAnswer) Resume(ctx context.Context, id string, req v1.ResumeRequest) (string, error) {
+	if _, err := t.m.ResumeWith(ctx, id, req); err != nil {
 		return "", err
 	}
 	return "", errors.New("connection reset by peer")

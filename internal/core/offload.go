@@ -288,7 +288,7 @@ func sameObjects(r remote.Recipe, objs []ckstore.Object) bool {
 // adopt makes sandbox ref, offloaded to the store by this or another
 // daemon, one of this daemon's: its record and its head checkpoint's,
 // which a resume then fetches. Only an ID is looked up in the store.
-func (m *Manager) adopt(ctx context.Context, ref string) error {
+func (m *Manager) adopt(ctx context.Context, ref string, h *v1.Handover) error {
 	if m.store == nil {
 		return fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
 	}
@@ -326,8 +326,8 @@ func (m *Manager) adopt(ctx context.Context, ref string) error {
 			return fmt.Errorf("sandbox %s: the name %q is sandbox %s's here: %w", rec.ID, rec.Name, other.ID, errdefs.ErrAlreadyExists)
 		}
 	}
-	if rec.Network == v1.NetworkEgress {
-		return fmt.Errorf("sandbox %s has egress (its address, its proxy's CA and its ledger are its host's); resuming it on another host is not supported yet: %w", rec.ID, errdefs.ErrNotSupported)
+	if err := m.adoptEgress(&rec, h); err != nil {
+		return err
 	}
 	if rec.IDs.Enabled() {
 		return fmt.Errorf("sandbox %s has a user namespace of this host's ids; resuming it on another host is not supported yet: %w", rec.ID, errdefs.ErrNotSupported)
@@ -359,7 +359,13 @@ func (m *Manager) adopt(ctx context.Context, ref string) error {
 	for _, c := range lineage {
 		known[c.ID] = true
 	}
-	return m.db.Update(func(tx *meta.Tx) error {
+	// Its address here (its own if free and in this host's range).
+	if rec.Network == v1.NetworkEgress {
+		if err := m.netRegister(&rec); err != nil {
+			return err
+		}
+	}
+	err = m.db.Update(func(tx *meta.Tx) error {
 		for _, c := range lineage {
 			if !known[c.Parent] {
 				c.Parent = "" // another sandbox's (a fork's origin), not in the store
@@ -374,6 +380,10 @@ func (m *Manager) adopt(ctx context.Context, ref string) error {
 		}
 		return tx.Put(meta.Sandboxes, rec.ID, rec)
 	})
+	if err != nil && rec.Network == v1.NetworkEgress {
+		_ = m.net.Remove(rec.ID)
+	}
+	return err
 }
 
 // storedLineage reads the records of the checkpoints doc names besides
@@ -405,10 +415,14 @@ func fromStore(ck checkpointRec) checkpointRec {
 }
 
 // storedRecord is sandbox rec's record as the store's document holds
-// it: without its egress (the private key of its proxy's CA is this
-// host's, and an egress sandbox is not adopted elsewhere).
+// it: without the private key of its egress proxy's CA, which goes to
+// another host only with a migration's resume (v1.Handover).
 func storedRecord(rec sandboxRec) ([]byte, error) {
-	rec.Egress = nil
+	if rec.Egress != nil {
+		e := *rec.Egress
+		e.CAKey = ""
+		rec.Egress = &e
+	}
 	return json.Marshal(rec)
 }
 

@@ -2,7 +2,9 @@ package core
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/egress"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/objstore"
@@ -257,7 +260,52 @@ func TestStoredRecordKeepsNoKey(t *testing.T) {
 	if strings.Contains(string(b), "PRIVATE-KEY-MATERIAL") {
 		t.Fatalf("the stored record holds the CA's key: %s", b)
 	}
-	if !strings.Contains(string(b), v1.NetworkEgress) {
-		t.Fatalf("the stored record lost its network (adopt refuses egress by it): %s", b)
+	var back sandboxRec
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Network != v1.NetworkEgress || back.Egress == nil || back.Egress.CACert != "cert" {
+		t.Fatalf("the stored record lost its egress (the target needs its policy and certificate): %s", b)
+	}
+	if rec.Egress.CAKey != "PRIVATE-KEY-MATERIAL" {
+		t.Fatal("storedRecord changed the sandbox's own record")
+	}
+}
+
+// TestHandedOver: a sandbox with TLS inspection adopted from the store
+// takes its CA's key only from a migration's handover, and only the key
+// of the certificate its signed record holds.
+func TestHandedOver(t *testing.T) {
+	mk := func() (cert, key string) {
+		ca, err := egress.NewCA("molt sandbox test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, err := ca.KeyPEM()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(ca.CertPEM()), string(k)
+	}
+	cert, key := mk()
+	_, otherKey := mk()
+	e := meta.Egress{Addr: netip.MustParseAddr("10.201.0.2"), CACert: cert}
+	if _, err := handedOver("sb", e, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("no handover: %v, want failed_precondition", err)
+	}
+	if _, err := handedOver("sb", e, &v1.Handover{EgressCAKey: otherKey}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("another CA's key: %v, want invalid_argument", err)
+	}
+	if _, err := handedOver("sb", e, &v1.Handover{EgressCAKey: "garbage"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a key that is no PEM: %v, want invalid_argument", err)
+	}
+	got, err := handedOver("sb", e, &v1.Handover{EgressCAKey: key})
+	if err != nil || got.CAKey != key || got.CACert != cert || got.Addr != e.Addr {
+		t.Errorf("its own key: %+v, %v", got, err)
+	}
+	// Without inspection there is no key to hand over.
+	plain := meta.Egress{Addr: e.Addr}
+	if got, err := handedOver("sb", plain, nil); err != nil || got.CAKey != "" || got.Addr != plain.Addr {
+		t.Errorf("no inspection: %+v, %v", got, err)
 	}
 }

@@ -106,7 +106,7 @@ func (m *Manager) checkpointOnDisk(id string) (checkpointRec, string) {
 		BytesWritten: mf.BytesWritten, ImageBytes: ckstore.ImageBytes(mf.Objects), Keep: mf.Keep, DataKey: mf.DataKey,
 		ImportedFrom: mf.ImportedFrom, ImportSigner: mf.ImportSigner,
 	}, Image: mf.Image, KeyTenant: mf.KeyTenant, Tenant: mf.Tenant, Objects: mf.Objects, CRIU: mf.CRIU,
-		ExternalNet: mf.ExternalNet, ExternalUTS: mf.ExternalUTS, ExternalIPC: mf.ExternalIPC, IDs: mf.IDs, LedgerHead: mf.LedgerHead, Turn: mf.Turn}
+		ExternalNet: mf.ExternalNet, ExternalUTS: mf.ExternalUTS, ExternalIPC: mf.ExternalIPC, IDs: mf.IDs, LedgerHead: mf.LedgerHead, EgressAddr: mf.EgressAddr, Turn: mf.Turn}
 	if !mf.Committed {
 		m.log.Warn("rebuilding a complete checkpoint whose manifest was not marked committed", "checkpoint", id)
 	}

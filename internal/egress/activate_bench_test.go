@@ -25,7 +25,7 @@ func BenchmarkActivate(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := h.Prepare("sb", next); err != nil {
+		if err := h.Prepare("sb", next, netip.Addr{}); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()

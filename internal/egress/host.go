@@ -158,6 +158,14 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
+// Assignable reports whether a is a sandbox's address in this host's
+// range: not the gateway's, nor in the uplink's link. An address another
+// host gave (a sandbox that migrated here) may not be.
+func (h *Host) Assignable(a netip.Addr) bool {
+	up, _ := h.uplinkAddrs()
+	return a.Is4() && h.cfg.Range.Contains(a) && h.Gateway().Less(a) && a.Less(up.Prev())
+}
+
 // Alloc returns the lowest address of the range no sandbox in used has.
 func (h *Host) Alloc(used map[netip.Addr]bool) (netip.Addr, error) {
 	up, _ := h.uplinkAddrs()

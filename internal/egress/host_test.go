@@ -336,7 +336,7 @@ func TestHostReaddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer standby.Close()
-	if err := h.Prepare("parent", standby); err != nil {
+	if err := h.Prepare("parent", standby, netip.Addr{}); err != nil {
 		t.Fatal(err)
 	}
 	before := h.links("parent")
@@ -476,6 +476,62 @@ func TestHostStaleLink(t *testing.T) {
 	}
 	if c, err := dialFrom(tree, "203.0.113.10:80"); err != nil {
 		t.Fatalf("traffic on the new veth: %v", err)
+	} else {
+		c.Close()
+	}
+}
+
+// TestHostBindOnly: a restore's namespace prepared with the address the
+// images were dumped with (a fork's parent's, another host's) can bind
+// it, never sends from it, and loses it once the restore is settled.
+func TestHostBindOnly(t *testing.T) {
+	_, upPath := world(t)
+	h := NewHost(Config{ID: "t4", Uplink: upPath, Ledger: &flowRecords{}})
+	defer h.Close()
+	ep := &Endpoint{ID: "sb", Addr: netip.MustParseAddr("10.201.0.9")}
+	if err := h.Add(ep); err != nil {
+		t.Fatal(err)
+	}
+	restore, err := ns.NewNet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer restore.Close()
+	dumped := netip.MustParseAddr("10.210.0.2")
+	if err := h.Prepare("sb", restore, dumped); err != nil {
+		t.Fatal(err)
+	}
+	bind := func() error {
+		return ns.Do(restore, unix.CLONE_NEWNET, func() error {
+			l, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: dumped.AsSlice()})
+			if err == nil {
+				l.Close()
+			}
+			return err
+		})
+	}
+	if err := bind(); err != nil {
+		t.Fatalf("bind the images' address after Prepare: %v", err)
+	}
+	if err := h.ActivateNS("sb", restore); err != nil {
+		t.Fatal(err)
+	}
+	c, err := dialFrom(restore, "203.0.113.10:80")
+	if err != nil {
+		t.Fatalf("the restored tree's traffic: %v", err)
+	}
+	if got := c.LocalAddr().(*net.TCPAddr).IP.String(); got != ep.Addr.String() {
+		t.Errorf("a connection from the restored tree has source %s, want the sandbox's %v", got, ep.Addr)
+	}
+	c.Close()
+	if err := dropBindOnly(restore); err != nil {
+		t.Fatal(err)
+	}
+	if err := bind(); !errors.Is(err, syscall.EADDRNOTAVAIL) {
+		t.Fatalf("bind the images' address once settled: %v, want EADDRNOTAVAIL", err)
+	}
+	if c, err := dialFrom(restore, "203.0.113.10:80"); err != nil {
+		t.Fatalf("the sandbox's traffic once settled: %v", err)
 	} else {
 		c.Close()
 	}

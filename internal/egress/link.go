@@ -93,11 +93,66 @@ func inode(f *os.File) (uint64, error) {
 // the sandbox's address, routes and MAC inside, not yet routed to from
 // the router: a restore into netns can bind the sandbox's address, and a
 // standby waits there until Activate.
-func (h *Host) Prepare(id string, netnsFile *os.File) error {
+//
+// bind names the address the images to be restored were dumped with,
+// if it is not the sandbox's own (a fork's parent's, or the address the
+// sandbox had on the host it migrated from): their sockets bind it, and
+// IPv4 binds only a local address (CRIU sets IP_FREEBIND for IPv6
+// alone). It is added with host scope, so the kernel never picks it as
+// a source, and ResetWorld removes it once the tree is restored. Were a
+// packet sent from it anyway, the router's strict reverse-path filter
+// drops it: the router routes that address to another veth, or to none.
+func (h *Host) Prepare(id string, netnsFile *os.File, bind netip.Addr) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	_, err := h.prepare(id, netnsFile)
-	return err
+	l, err := h.prepare(id, netnsFile)
+	if err != nil || !bind.Is4() || bind == l.addr {
+		return err
+	}
+	return addBindOnly(netnsFile, bind)
+}
+
+// addBindOnly adds a to the sandbox interface of netns with host scope.
+func addBindOnly(netnsFile *os.File, a netip.Addr) error {
+	sh, err := netlink.NewHandleAt(nsHandle(netnsFile))
+	if err != nil {
+		return err
+	}
+	defer sh.Close()
+	in, err := sh.LinkByName(sandboxIface)
+	if err != nil {
+		return err
+	}
+	err = sh.AddrAdd(in, &netlink.Addr{IPNet: ipnet(a, 32), Scope: int(netlink.SCOPE_HOST)})
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("egress: the images' address %v: %w", a, err)
+	}
+	return nil
+}
+
+// dropBindOnly removes the host-scoped addresses of netns's sandbox
+// interface (Prepare's bind).
+func dropBindOnly(netnsFile *os.File) error {
+	sh, err := netlink.NewHandleAt(nsHandle(netnsFile))
+	if err != nil {
+		return err
+	}
+	defer sh.Close()
+	in, err := sh.LinkByName(sandboxIface)
+	if err != nil {
+		return nil // no interface: nothing was added
+	}
+	addrs, err := sh.AddrList(in, netlink.FAMILY_V4)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, a := range addrs {
+		if a.Scope == int(netlink.SCOPE_HOST) {
+			errs = append(errs, sh.AddrDel(in, &a))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // +checklocks:h.mu
@@ -273,7 +328,8 @@ func (h *Host) ActivateNS(id string, f *os.File) error {
 // connections of the tree that was checkpointed, long gone, and a
 // process waiting on one would wait forever; it sees a reset
 // (ECONNABORTED) instead. Connections inside the sandbox (loopback) are
-// left alone. Call it before the tree runs (a standby, a tree restored
+// left alone. Then the address Prepare added for the images' sockets
+// alone goes. Call it before the tree runs (a standby, a tree restored
 // stopped), so no connection it makes afterwards is touched.
 func ResetWorld(pid int) error {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
@@ -281,7 +337,7 @@ func ResetWorld(pid int) error {
 		return err
 	}
 	defer f.Close()
-	return resetWorldConns(f)
+	return errors.Join(resetWorldConns(f), dropBindOnly(f))
 }
 
 // resetWorldConns destroys the TCP sockets of network namespace netns

@@ -42,7 +42,7 @@ type Engine interface {
 	Start(ctx context.Context, ref string) (meta.Sandbox, error)
 	Hibernate(ctx context.Context, ref string) (meta.Sandbox, error)
 	Offload(ctx context.Context, ref string) (meta.Sandbox, error)
-	Resume(ctx context.Context, ref string) (meta.Sandbox, error)
+	ResumeWith(ctx context.Context, ref string, req v1.ResumeRequest) (meta.Sandbox, error)
 	// StoredSandbox is sandbox id as the object store's document has it
 	// (ID, name, tenant): one another daemon offloaded or migrated, which
 	// a resume here adopts. Without a store, or not in it: not found.

@@ -108,7 +108,7 @@ func (f *fakeEngine) Hibernate(ctx context.Context, ref string) (meta.Sandbox, e
 	}
 	return meta.Sandbox{}, f.call("Hibernate", ref)
 }
-func (f *fakeEngine) Resume(ctx context.Context, ref string) (meta.Sandbox, error) {
+func (f *fakeEngine) ResumeWith(ctx context.Context, ref string, req v1.ResumeRequest) (meta.Sandbox, error) {
 	return meta.Sandbox{}, f.call("Resume", ref)
 }
 func (f *fakeEngine) StoredSandbox(ctx context.Context, id string) (meta.Sandbox, error) {

@@ -719,7 +719,12 @@ func (s *server) offload(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) resume(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.m.Resume(r.Context(), r.PathValue("id"))
+	var req v1.ResumeRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := s.m.ResumeWith(r.Context(), r.PathValue("id"), req)
 	reply(w, toSandbox(sb), err)
 }
 

@@ -111,6 +111,11 @@ type CheckpointRecord struct {
 	// taken: a rollback to it rewinds the ledger there (effects
 	// recorded later become orphans), a fork starts its ledger there.
 	LedgerHead string `json:"ledger_head,omitempty"`
+	// EgressAddr is the sandbox's egress address when its processes were
+	// dumped: the images' sockets bind it, so a restore by a sandbox
+	// with another address (a fork, a sandbox that migrated) adds it
+	// for the restore (egress.Host.Prepare).
+	EgressAddr netip.Addr `json:"egress_addr,omitzero"`
 	// Turn is the turn whose end took the checkpoint (0: none did).
 	Turn int `json:"turn,omitempty"`
 	// KeyTenant is the tenant whose data key DataKey is ("" the host's).
