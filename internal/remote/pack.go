@@ -125,7 +125,7 @@ func (s *Store) loadIndex(ctx context.Context) error {
 	}
 	for _, k := range keys {
 		name, ok := cutIdx(k)
-		if !ok || s.knowsPack(name) {
+		if !ok || s.knowsPack(name) || s.goneByGC(name) {
 			continue
 		}
 		b, err := readAll(ctx, s.b, k, int64(maxPackSize/minChunkForIdx*idxEntry))

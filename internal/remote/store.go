@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sync"
+	"time"
 
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -29,6 +30,14 @@ type Store struct {
 	chunks map[[sha256.Size]byte]loc
 	// +checklocks:mu
 	loaded bool
+	// The GC state (gc.go) as the last upload read it: its generation,
+	// when, and the packs it condemned or deleted.
+	// +checklocks:mu
+	gcGen int64
+	// +checklocks:mu
+	gcSynced time.Time
+	// +checklocks:mu
+	gcGone map[string]bool
 
 	trees treeCache
 }
@@ -100,6 +109,14 @@ func (s *Store) knowsPack(name string) bool {
 	defer s.mu.Unlock()
 	_, ok := s.packIdx[name]
 	return ok
+}
+
+// goneByGC reports whether the last look at gc.json found pack name
+// condemned or deleted.
+func (s *Store) goneByGC(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gcGone[name]
 }
 
 // indexPack adds the chunks of pack name, whose index is idx.

@@ -55,7 +55,7 @@ func (s *Store) Upload(ctx context.Context, src Source) (Recipe, Stats, error) {
 	if !ckstore.IsName(src.Checkpoint) || !ckstore.IsName(src.Sandbox) {
 		return Recipe{}, st, fmt.Errorf("store: upload of checkpoint %q of sandbox %q: not names", src.Checkpoint, src.Sandbox)
 	}
-	if err := s.ensureIndex(ctx); err != nil {
+	if err := s.syncGC(ctx); err != nil {
 		return Recipe{}, st, err
 	}
 	p := &packer{s: s, charge: src.Charge, stats: &st}
@@ -92,6 +92,10 @@ func (s *Store) Upload(ctx context.Context, src Source) (Recipe, Stats, error) {
 		r.Tree = tree
 	}
 	r.Uploaded = time.Now().UTC().Truncate(time.Millisecond)
+	// The last look at gc.json before the commit (gc.go).
+	if err := s.checkGC(ctx, r.Packs); err != nil {
+		return Recipe{}, st, err
+	}
 	if err := s.putSigned(ctx, recipeKey(src.Checkpoint), &r); err != nil {
 		return Recipe{}, st, err
 	}

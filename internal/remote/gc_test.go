@@ -1,0 +1,235 @@
+package remote
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/molt-sh/molt/internal/ckstore"
+	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/objstore"
+)
+
+// packsOf lists the names of the packs in the bucket.
+func packsOf(t *testing.T, b objstore.Bucket) map[string]bool {
+	t.Helper()
+	keys, err := b.List(context.Background(), "packs/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, k := range keys {
+		if name, ok := packOf(strings.TrimSuffix(k, ".idx")); ok {
+			out[name] = true
+		}
+	}
+	return out
+}
+
+// fetchesWhole fetches checkpoint id from a store opened afresh and
+// checks its pages.
+func fetchesWhole(t *testing.T, b objstore.Bucket, k *ckstore.Keyring, id string, pages []byte) Recipe {
+	t.Helper()
+	ctx := context.Background()
+	s, err := Open(ctx, b, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Recipe(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := s.FetchObjects(ctx, r, dir); err != nil {
+		t.Fatalf("fetch %s: %v", id, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "images/pages-1.img")); err != nil || !bytes.Equal(got, pages) {
+		t.Fatalf("%s: fetched pages differ (%v)", id, err)
+	}
+	if err := s.FetchTree(ctx, r, t.TempDir()); err != nil {
+		t.Fatalf("fetch the tree of %s: %v", id, err)
+	}
+	return r
+}
+
+// TestGC: a pack only a deleted recipe named is condemned by one run,
+// kept through the grace period, deleted by a run after it; what live
+// recipes name stays and fetches whole; an uploader whose index knew
+// the deleted pack stores its chunks afresh.
+func TestGC(t *testing.T) {
+	ctx := context.Background()
+	b, err := objstore.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := keyring(t)
+	s, err := Open(ctx, b, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GC(ctx, GCOptions{Grace: time.Second}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("a grace of a second: %v, want invalid_argument", err)
+	}
+	p1, p2 := randomPages(t, 256), randomPages(t, 256)
+	if _, _, err := s.Upload(ctx, artifact(t, "ck0000000002", p2, "two")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Upload(ctx, artifact(t, "ck0000000001", p1, "one")); err != nil {
+		t.Fatal(err)
+	}
+	before := packsOf(t, b)
+	r2, err := s.Recipe(ctx, "ck0000000002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named2 := map[string]bool{}
+	for _, p := range r2.Packs {
+		named2[p] = true
+	}
+	var only1 []string // packs of ck1 alone
+	for p := range before {
+		if !named2[p] {
+			only1 = append(only1, p)
+		}
+	}
+	if len(only1) == 0 {
+		t.Fatal("ck1's pages share every pack with ck2")
+	}
+	// An old history object, named by no document.
+	if _, err := s.PutHistory(ctx, "sb0000000001", []byte(`{"turns":[]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "ck0000000001"); err != nil {
+		t.Fatal(err)
+	}
+
+	t0 := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
+	run := func(at time.Duration, dry bool) GCReport {
+		t.Helper()
+		rep, err := s.GC(ctx, GCOptions{Grace: time.Hour, DryRun: dry, Now: func() time.Time { return t0.Add(at) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	if rep := run(0, false); rep.Condemned != len(only1)+1 || rep.DeletedPacks != 0 || rep.Recipes != 1 {
+		t.Fatalf("first run: %+v, want %d packs and a history condemned, nothing deleted", rep, len(only1))
+	}
+	if rep := run(30*time.Minute, false); rep.Waiting != len(only1)+1 || rep.DeletedPacks != 0 {
+		t.Fatalf("within the grace period: %+v", rep)
+	}
+	if rep := run(2*time.Hour, true); rep.DeletedPacks != len(only1) || len(packsOf(t, b)) != len(before) {
+		t.Fatalf("dry run: %+v, or it deleted something", rep)
+	}
+	rep := run(2*time.Hour, false)
+	if rep.DeletedPacks != len(only1) || rep.DeletedHistory != 1 || rep.DeletedBytes < int64(len(p1)) {
+		t.Fatalf("after the grace period: %+v, want %d packs and the history deleted, at least %d bytes", rep, len(only1), len(p1))
+	}
+	left := packsOf(t, b)
+	for _, p := range only1 {
+		if left[p] {
+			t.Errorf("pack %s of the deleted checkpoint is still there", p)
+		}
+	}
+	for _, p := range r2.Packs {
+		if !left[p] {
+			t.Errorf("pack %s of a live checkpoint was deleted", p)
+		}
+	}
+	fetchesWhole(t, b, k, "ck0000000002", p2)
+
+	// s's index had ck1's pages: an upload of them stores them afresh
+	// instead of naming a deleted pack.
+	_, st, err := s.Upload(ctx, artifact(t, "ck0000000003", p1, "three"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.UploadedBytes < int64(len(p1)) {
+		t.Fatalf("the upload of deleted pages sent %d bytes: it named deleted packs", st.UploadedBytes)
+	}
+	fetchesWhole(t, b, k, "ck0000000003", p1)
+}
+
+// hookBucket runs hook before the n-th Stat of gc.json.
+type hookBucket struct {
+	objstore.Bucket
+	n    int
+	seen int
+	hook func()
+}
+
+func (h *hookBucket) Stat(ctx context.Context, key string) (int64, error) {
+	if key == gcKey {
+		h.seen++
+		if h.seen == h.n {
+			h.hook()
+		}
+	}
+	return h.Bucket.Stat(ctx, key)
+}
+
+// TestGCRefusesCommit: an upload that shares the chunks of a pack no
+// recipe names, while a GC condemns that pack, does not write its
+// recipe; retried, it stores the chunks afresh and commits.
+func TestGCRefusesCommit(t *testing.T) {
+	ctx := context.Background()
+	dir, err := objstore.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb := &hookBucket{Bucket: dir}
+	k := keyring(t)
+	s, err := Open(ctx, hb, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages := randomPages(t, 128)
+	if _, _, err := s.Upload(ctx, artifact(t, "ck0000000001", pages, "one")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "ck0000000001"); err != nil {
+		t.Fatal(err)
+	}
+	// The second upload's check before its commit is gc.json's next
+	// look (its start is the one before); a GC by another host runs
+	// just before it.
+	gc, err := Open(ctx, dir, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb.n, hb.seen = hb.seen+2, hb.seen
+	hb.hook = func() {
+		if rep, err := gc.GC(ctx, GCOptions{Grace: time.Hour}); err != nil || rep.Condemned == 0 {
+			t.Errorf("gc: %+v, %v", rep, err)
+		}
+	}
+	_, _, err = s.Upload(ctx, artifact(t, "ck0000000002", pages, "one"))
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("an upload naming a pack condemned meanwhile: %v, want unavailable", err)
+	}
+	if _, err := s.Recipe(ctx, "ck0000000002"); err == nil {
+		t.Fatal("the refused upload wrote its recipe")
+	}
+	_, st, err := s.Upload(ctx, artifact(t, "ck0000000002", pages, "one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.UploadedBytes < int64(len(pages)) {
+		t.Fatalf("the retry sent %d bytes: it shares condemned packs", st.UploadedBytes)
+	}
+	r := fetchesWhole(t, dir, k, "ck0000000002", pages)
+	gone, err := gc.readGC(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range r.Packs {
+		if gone.gone()[p] {
+			t.Fatalf("the committed recipe names condemned pack %s", p)
+		}
+	}
+}
