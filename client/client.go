@@ -546,6 +546,13 @@ func (c *Client) ResumeWith(ctx context.Context, ref string, req v1.ResumeReques
 	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+esc(ref)+"/resume", req, &sb)
 }
 
+// StoreGC runs a garbage collection over the daemon's object store
+// (the host admin's).
+func (c *Client) StoreGC(ctx context.Context, req v1.StoreGCRequest) (v1.StoreGCReport, error) {
+	var rep v1.StoreGCReport
+	return rep, c.do(ctx, "POST", "/v1/store/gc", req, &rep)
+}
+
 // Migrate moves a running sandbox to the daemon req.To, which shares
 // this daemon's object store and trusts its host key; the sandbox runs
 // there, and no longer here, when it returns without error. The host

@@ -53,7 +53,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		daemonCmd(g), hostCmd(g), imageCmd(g), createCmd(g), lsCmd(g), inspectCmd(g), rmCmd(g),
 		stopCmd(g), startCmd(g), execCmd(g), commitCmd(g), checkpointCmd(g), checkpointsCmd(g), rollbackCmd(g), recoverCmd(g),
-		forkCmd(g), hibernateCmd(g), resumeCmd(g), migrateCmd(g), turnCmd(g), turnsCmd(g), effectsCmd(g), consumeCmd(g), compensatorCmd(g), llmCmd(g), auditCmd(g), tenantCmd(g), tokenCmd(g), keyCmd(g), benchCmd(g), demoCmd(g),
+		forkCmd(g), hibernateCmd(g), resumeCmd(g), migrateCmd(g), storeCmd(g), turnCmd(g), turnsCmd(g), effectsCmd(g), consumeCmd(g), compensatorCmd(g), llmCmd(g), auditCmd(g), tenantCmd(g), tokenCmd(g), keyCmd(g), benchCmd(g), demoCmd(g),
 	)
 	// cobra's completion command, made now so that it takes examples
 	// too; sandbox, checkpoint, image and effect names complete from

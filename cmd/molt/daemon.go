@@ -145,7 +145,7 @@ func daemonCmd(g *globals) *cobra.Command {
 				Options: slices.Concat(without(dynMods, core.WithoutFavorDynMods()), without(cow, core.WithoutCOWCapture()),
 					without(tmpl, core.WithoutTemplateCapture()), without(diskQuota, core.WithoutDiskQuota()), without(eg.store.lazy, core.WithoutLazyResume())),
 				Socket: g.socket, SocketAccess: daemon.SocketAccess{Group: gid, UIDs: sockUIDs}, Listen: eg.listen, TLS: eg.tls, UI: eg.ui.addr, UIExpose: eg.ui.expose, UITokenFile: eg.ui.tokenFile,
-			})
+				StoreGCEvery: eg.store.gcEvery, StoreGCGrace: eg.store.gcGrace})
 		},
 	}
 	c.Flags().StringArrayVar(&trustKeys, "trust-key", nil, "public key file (another host's ROOT/keys/host.pub) whose signed checkpoints this host accepts, besides its own and ROOT/keys/trusted/*.pub (repeatable)")

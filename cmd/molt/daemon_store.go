@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/molt-sh/molt/internal/keys"
 	"github.com/molt-sh/molt/internal/objstore"
+	"github.com/molt-sh/molt/internal/remote"
 	"github.com/spf13/cobra"
 )
 
@@ -18,6 +20,7 @@ type storeFlags struct {
 	cache                 sizeFlag
 	cgroupParent          string
 	lazy                  bool
+	gcEvery, gcGrace      time.Duration
 }
 
 func (f *storeFlags) add(c *cobra.Command) {
@@ -26,15 +29,20 @@ func (f *storeFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&f.region, "store-region", "", "region --store's requests are signed for (default AWS_REGION, else us-east-1)")
 	c.Flags().StringVar(&f.cgroupParent, "cgroup-parent", "molt", "cgroup (in every hierarchy) the sandboxes' cgroups are made in; daemons sharing a machine need their own")
 	c.Flags().BoolVar(&f.lazy, "lazy-resume", true, "a resume from the --store restores as soon as the process images and the pages CRIU reads itself are here, and brings the rest of the memory on demand (CRIU's lazy-pages daemon, userfaultfd), each page checked against its hash; false fetches and checks every page first")
+	c.Flags().DurationVar(&f.gcEvery, "store-gc-every", 0, "run a garbage collection over --store this often (0: never; molt store gc runs one): packs and histories nothing names are deleted a grace period after a run first finds them so; let one daemon of those sharing a store do it")
+	c.Flags().DurationVar(&f.gcGrace, "store-gc-grace", time.Hour, "how long --store-gc-every's runs keep what nothing names before deleting it (at least 1m; every upload must finish within it)")
 	c.Flags().Var(&f.cache, "store-cache", "bound the local copies of checkpoints that are in --store to this size: the least recently used are freed and fetched back when a restore needs them (0: keep them all)")
 }
 
 // open opens the store, nil without --store.
 func (f *storeFlags) open(ctx context.Context) (objstore.Bucket, error) {
+	if f.gcEvery < 0 || f.gcGrace < remote.MinGCGrace {
+		return nil, fmt.Errorf("--store-gc-every must not be negative, and --store-gc-grace at least %v", remote.MinGCGrace)
+	}
 	switch {
 	case f.url == "":
-		if f.endpoint != "" || f.region != "" || f.cache != 0 {
-			return nil, fmt.Errorf("--store-endpoint, --store-region and --store-cache need --store")
+		if f.endpoint != "" || f.region != "" || f.cache != 0 || f.gcEvery != 0 {
+			return nil, fmt.Errorf("--store-endpoint, --store-region, --store-cache and --store-gc-every need --store")
 		}
 		return nil, nil
 	case strings.HasPrefix(f.url, "s3://"):

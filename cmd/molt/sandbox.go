@@ -392,3 +392,35 @@ func migrateCmd(g *globals) *cobra.Command {
 	_ = c.MarkFlagRequired("to")
 	return c
 }
+
+func storeCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "store", Short: "The daemon's object store (molt daemon --store)"}
+	var grace time.Duration
+	var dry bool
+	gc := &cobra.Command{
+		Use:   "gc",
+		Short: "Delete what nothing in the object store names any more, a grace period after a run first finds it so",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := v1.StoreGCRequest{GraceSeconds: int64(grace / time.Second), DryRun: dry}
+			ctx, cancel := ctx()
+			defer cancel()
+			rep, err := g.client().StoreGC(ctx, req)
+			if err != nil {
+				return err
+			}
+			return g.print(rep, func() {
+				verb := "deleted"
+				if rep.DryRun {
+					verb = "would delete"
+				}
+				fmt.Printf("run %d: %d recipes, %d sandboxes, %d packs; %s %d packs and %d histories (%s); %d newly condemned, %d waiting out the grace period, %d named again\n",
+					rep.Generation, rep.Recipes, rep.Sandboxes, rep.Packs, verb, rep.DeletedPacks, rep.DeletedHistory, units.Bytes(rep.DeletedBytes), rep.Condemned, rep.Waiting, rep.Revived)
+			})
+		},
+	}
+	gc.Flags().DurationVar(&grace, "grace", v1.DefaultStoreGCGrace, "how long what nothing names is kept after a run first finds it so (at least 1m; every upload must finish within it)")
+	gc.Flags().BoolVar(&dry, "dry-run", false, "report what would be deleted, and change nothing")
+	c.AddCommand(gc)
+	return c
+}

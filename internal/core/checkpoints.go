@@ -480,6 +480,12 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
 	if err := m.deleteCheckpoint(ck); err != nil {
 		return err
 	}
+	// Its recipe in the store goes, unless the sandbox is offloaded: its
+	// document there names the checkpoint, and another host may have
+	// resumed it.
+	if sb.ID == ck.Sandbox && !sb.Offloaded {
+		m.dropStored(ck.Sandbox, sb.Head, []string{ck.ID}, false)
+	}
 	m.pruneTurns(ck.Sandbox)
 	return nil
 }

@@ -170,6 +170,10 @@ type Manager struct {
 	ledger   *ledger.Ledger // every sandbox's effects
 	netMu    sync.Mutex     // address allocation
 	compWG   sync.WaitGroup // compensations resumed at start-up (compensate.go)
+	// The worker deleting from the store what removed checkpoints and
+	// sandboxes had there (storedrop.go).
+	dropWG   sync.WaitGroup
+	dropWake chan struct{}
 
 	idBlocks idBlocks // user namespace blocks being handed out
 
@@ -289,6 +293,7 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 		locks:    map[string]*sync.Mutex{},
 		copying:  map[string]chan struct{}{},
 		closing:  make(chan struct{}),
+		dropWake: make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(&m.opts)
@@ -363,6 +368,7 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	m.resumeCompensations()
+	m.startDrops()
 	return m, nil
 }
 
@@ -396,6 +402,10 @@ func (m *Manager) Close() error {
 	m.quota.wg.Wait()
 	m.disk.Close()
 	m.compWG.Wait()
+	m.dropWG.Wait()
+	if c, ok := m.cfg.Store.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 	m.closeEgress()
 	m.closeViews()
 	return m.db.Close()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -105,6 +106,11 @@ func (m *Manager) putCheckpoint(ctx context.Context, t *sched.Task, id string) e
 		src.Charge = func(n int64) error { return t.Charge(ctx, n) }
 	}
 	_, st, err := m.store.Upload(ctx, src)
+	if errors.Is(err, errdefs.ErrUnavailable) && ctx.Err() == nil {
+		// A GC condemned a pack it shared (remote/gc.go): once more,
+		// sharing none of those.
+		_, st, err = m.store.Upload(ctx, src)
+	}
 	if err != nil {
 		m.metrics.uploads.WithLabelValues("failed").Inc()
 		return err
@@ -112,7 +118,14 @@ func (m *Manager) putCheckpoint(ctx context.Context, t *sched.Task, id string) e
 	m.metrics.uploads.WithLabelValues("ok").Inc()
 	m.metrics.storeSent.Add(float64(st.UploadedBytes))
 	m.log.Debug("checkpoint uploaded", "checkpoint", id, "uploaded", st.UploadedBytes, "shared", st.SharedBytes)
-	return m.setCheckpoint(id, func(c *checkpointRec) { c.InStore = true })
+	err = m.setCheckpoint(id, func(c *checkpointRec) { c.InStore = true })
+	if errors.Is(err, errdefs.ErrNotFound) {
+		// Deleted while it was uploaded: its recipe must not outlive it.
+		if derr := m.store.Delete(ctx, id); derr != nil {
+			m.log.Warn("store: the recipe of a checkpoint deleted during its upload stays", "checkpoint", id, "err", derr)
+		}
+	}
+	return err
 }
 
 // Offload puts a hibernated sandbox's checkpoint and record into the
@@ -393,6 +406,12 @@ func (m *Manager) storedLineage(ctx context.Context, doc remote.SandboxDoc) ([]c
 	var out []checkpointRec
 	for _, id := range doc.Checkpoints {
 		r, err := m.store.Recipe(ctx, id)
+		if errors.Is(err, fs.ErrNotExist) {
+			// Deleted on the host that held the sandbox after the
+			// document was written: not one to roll back to.
+			m.log.Info("adopt: a checkpoint the store's document names is gone", "sandbox", doc.Sandbox, "checkpoint", id)
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("sandbox %s's checkpoint %s: %w", doc.Sandbox, id, err)
 		}
@@ -650,4 +669,19 @@ func (m *Manager) evict() {
 			m.metrics.evictions.Inc()
 		}
 	}
+}
+
+// StoreGC runs one garbage collection over the object store (see
+// remote.Store.GC): packs and history objects nothing names go, a grace
+// period after a run first found them so.
+func (m *Manager) StoreGC(ctx context.Context, o remote.GCOptions) (remote.GCReport, error) {
+	if err := m.storeReady(); err != nil {
+		return remote.GCReport{}, fmt.Errorf("store gc: %w", err)
+	}
+	rep, err := m.store.GC(ctx, o)
+	if err == nil && !o.DryRun {
+		m.log.Info("store gc", "recipes", rep.Recipes, "packs", rep.Packs, "condemned", rep.Condemned, "waiting", rep.Waiting,
+			"deleted_packs", rep.DeletedPacks, "deleted_history", rep.DeletedHistory, "deleted_bytes", rep.DeletedBytes)
+	}
+	return rep, err
 }

@@ -614,10 +614,18 @@ func (m *Manager) removeHere(ctx context.Context, rec sandboxRec, keepHistory bo
 	if err != nil {
 		return err
 	}
+	var stored []string
 	for _, c := range cks {
 		if err := m.deleteCheckpoint(c); err != nil {
 			return fmt.Errorf("remove %s: %w", rec.ID, err)
 		}
+		if c.InStore {
+			stored = append(stored, c.ID)
+		}
+	}
+	if !keepHistory {
+		// Removed, not moved: what it has in the store goes too.
+		m.dropStored(rec.ID, rec.Head, stored, true)
 	}
 	if err := removeTree(m.sbDir(rec.ID)); err != nil {
 		return fmt.Errorf("remove %s: %w", rec.ID, err)

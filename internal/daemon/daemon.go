@@ -38,6 +38,10 @@ type Config struct {
 	UI          string
 	UIExpose    bool
 	UITokenFile string
+	// StoreGCEvery, if set, runs a garbage collection over the object
+	// store that often, with grace period StoreGCGrace (storegc.go).
+	StoreGCEvery time.Duration
+	StoreGCGrace time.Duration
 }
 
 // Run serves until ctx is done. Sandboxes keep running after it returns.
@@ -74,6 +78,9 @@ func Run(ctx context.Context, cfg Config) error {
 	tenants := tenant.New(m.DB())
 	shred := func(name string) error { _, err := m.ShredDataKeys(name); return err }
 	admin := append(httpapi.TenantRoutes(tenants, ownsSandboxes(m), shred), httpapi.KeyRoutes(m)...)
+	admin = append(admin, httpapi.StoreRoutes(m)...)
+	stopGC := startStoreGC(m, cfg.StoreGCEvery, cfg.StoreGCGrace, log)
+	defer stopGC()
 	api := auditedAPI(m, co, alog, log, admin...)
 	srv := &http.Server{Handler: api, ConnContext: peerContext, ReadHeaderTimeout: 10 * time.Second}
 	if cfg.Listen != "" {

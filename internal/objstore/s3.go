@@ -58,6 +58,7 @@ const maxPrefix = 256
 // context's cancellation ends any request.
 type S3 struct {
 	client   *minio.Client
+	tr       *http.Transport
 	bucket   string
 	prefix   string // "" or a ValidKey, objects are prefix/key
 	endpoint string // for messages
@@ -102,7 +103,7 @@ func OpenS3(ctx context.Context, rawURL string, o S3Options) (*S3, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &S3{bucket: bucket, prefix: prefix, endpoint: ep.String()}
+	s := &S3{bucket: bucket, prefix: prefix, endpoint: ep.String(), tr: tr}
 	lookup := minio.BucketLookupPath
 	if aws {
 		lookup = minio.BucketLookupAuto
@@ -503,6 +504,12 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 	}
 	return nil
 }
+
+// CloseIdleConnections closes the connections to the server no request
+// uses: a user of the bucket that stops (a daemon) leaves none open (an
+// S3 server shutting down waits for connections that never sent a
+// request).
+func (s *S3) CloseIdleConnections() { s.tr.CloseIdleConnections() }
 
 // countingTransport counts a bucket's requests and the bytes of their
 // bodies.

@@ -181,7 +181,6 @@ type GCReport struct {
 	Recipes   int `json:"recipes"`
 	Sandboxes int `json:"sandboxes"`
 	Packs     int `json:"packs"`
-	LivePacks int `json:"live_packs"`
 	// Condemned are newly condemned objects; Waiting those condemned by
 	// an earlier run, within the grace period; Revived those condemned
 	// before and named again.

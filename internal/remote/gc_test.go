@@ -202,7 +202,7 @@ func TestGCRefusesCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hb.n, hb.seen = hb.seen+2, hb.seen
+	hb.n = hb.seen + 2
 	hb.hook = func() {
 		if rep, err := gc.GC(ctx, GCOptions{Grace: time.Hour}); err != nil || rep.Condemned == 0 {
 			t.Errorf("gc: %+v, %v", rep, err)

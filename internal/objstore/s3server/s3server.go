@@ -198,9 +198,10 @@ func (p *Process) ready(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the server (SIGTERM, SIGKILL after 10 s) and waits for it.
+// Stop ends the server (SIGTERM, SIGKILL after 20 s) and waits for it.
 // It is an error if the server had exited by itself, or did not exit
-// on SIGTERM.
+// on SIGTERM. (versitygw waits up to 10 s for open connections, then
+// exits: the bound is beyond that.)
 func (p *Process) Stop() error {
 	select {
 	case <-p.done:
@@ -211,11 +212,11 @@ func (p *Process) Stop() error {
 	select {
 	case <-p.done:
 		return nil
-	case <-time.After(10 * time.Second):
+	case <-time.After(20 * time.Second):
 	}
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	<-p.done
-	return errors.New("the S3 server did not exit on SIGTERM within 10 s")
+	return errors.New("the S3 server did not exit on SIGTERM within 20 s")
 }
 
 // Exited reports whether the process has ended.
