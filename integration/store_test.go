@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/objstore/s3test"
 )
@@ -182,5 +183,18 @@ func TestHibernateToStoreResumeElsewhere(t *testing.T) {
 	a.must(t, "resume", sb)
 	if out := a.must(t, "exec", sb, "--session", "s", "--", "echo $X; cat /root/f"); out != "42\nmoved on\n" {
 		t.Fatalf("the first host resumed %q, not the state the second offloaded", out)
+	}
+	// The store's GC through the CLI: a dry run reads the recipes and
+	// the document, and changes nothing; a grace period too short for an
+	// upload is refused.
+	var rep v1.StoreGCReport
+	if err := json.Unmarshal([]byte(a.must(t, "--json", "store", "gc", "--dry-run")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if !rep.DryRun || rep.Recipes < 2 || rep.Sandboxes != 1 || rep.Packs == 0 || rep.DeletedPacks != 0 {
+		t.Fatalf("store gc --dry-run: %+v", rep)
+	}
+	if r := a.molt(t, "store", "gc", "--grace", "1s"); r.code == 0 || !strings.Contains(r.stderr, "grace") {
+		t.Fatalf("store gc --grace 1s: exit %d, %s", r.code, r.stderr)
 	}
 }

@@ -32,6 +32,10 @@ type storeDrop struct {
 	Whole   bool     `json:"whole,omitempty"`
 }
 
+// dropRetry is how long the worker waits before it tries again what the
+// store failed (tests raise it).
+var dropRetry = time.Minute
+
 func (m *Manager) dropDir() string { return m.path("store-drops") }
 
 // dropStored queues a deletion (see storeDrop).
@@ -78,7 +82,7 @@ func (m *Manager) startDrops() {
 			case <-ctx.Done():
 				return
 			case <-m.dropWake:
-			case <-time.After(time.Minute): // retry what failed
+			case <-time.After(dropRetry): // retry what failed
 			}
 		}
 	}()

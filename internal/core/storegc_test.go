@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/remote"
 )
 
@@ -138,3 +140,72 @@ func fetchFile(t *testing.T, m *Manager, id, name string, want []byte) {
 	}
 }
 
+
+// TestStoreDrops: the deletions queued in the pool are done by the
+// worker in order, stay queued while the store fails them, and leave
+// alone a sandbox whose document another host claimed.
+func TestStoreDrops(t *testing.T) {
+	// The worker does only what it is woken for: this test calls doDrops.
+	// (Put back after the manager's close: cleanups run last first.)
+	old := dropRetry
+	t.Cleanup(func() { dropRetry = old })
+	dropRetry = time.Hour
+	m := openManagerStore(t, testBucket(t))
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	ck, err := m.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFS, Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.putCheckpoint(ctx, nil, ck.ID); err != nil {
+		t.Fatal(err)
+	}
+	queue := func(d storeDrop) string {
+		t.Helper()
+		if err := os.MkdirAll(m.dropDir(), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(d)
+		p := filepath.Join(m.dropDir(), "00000000-"+d.Sandbox+".json")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	inStore := func() bool {
+		_, err := m.store.Recipe(ctx, ck.ID)
+		return err == nil
+	}
+	// Another host claimed the sandbox: its recipes are its.
+	doc := remote.SandboxDoc{Sandbox: sb.ID, Head: ck.ID, Record: []byte(`{}`), Owner: "ed25519:0000000000000000"}
+	if err := m.store.PutSandbox(ctx, doc); err != nil {
+		t.Fatal(err)
+	}
+	p := queue(storeDrop{Sandbox: sb.ID, Head: ck.ID, Recipes: []string{ck.ID}, Whole: true})
+	m.doDrops(ctx)
+	if !inStore() {
+		t.Fatal("a drop deleted the recipe of a sandbox another host claimed")
+	}
+	if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the done drop is still queued: %v", err)
+	}
+	// A store that fails: it stays queued.
+	doc.Owner = ""
+	if err := m.store.PutSandbox(ctx, doc); err != nil {
+		t.Fatal(err)
+	}
+	p = queue(storeDrop{Sandbox: sb.ID, Head: ck.ID, Recipes: []string{ck.ID}, Whole: true})
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	m.doDrops(cctx)
+	if _, err := os.Stat(p); err != nil || !inStore() {
+		t.Fatalf("a drop the store failed: queued %v, recipe there %v", err, inStore())
+	}
+	m.doDrops(ctx)
+	if inStore() {
+		t.Fatal("the recipe of a sandbox offloaded here and removed is still in the store")
+	}
+	if _, err := m.store.Sandbox(ctx, sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("its document: %v", err)
+	}
+}
