@@ -140,7 +140,6 @@ func fetchFile(t *testing.T, m *Manager, id, name string, want []byte) {
 	}
 }
 
-
 // TestStoreDrops: the deletions queued in the pool are done by the
 // worker in order, stay queued while the store fails them, and leave
 // alone a sandbox whose document another host claimed.
