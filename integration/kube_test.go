@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -408,6 +409,35 @@ func TestKubernetes(t *testing.T) {
 		}
 		return ck.Status.Phase == kv1.OperationSucceeded && ck.Status.NodeName == "node-a", fmt.Sprintf("%+v", ck.Status)
 	})
+
+	// A node agent changes nothing of a checkpoint but its finalizer.
+	var c2 kv1.SandboxCheckpoint
+	if err := ac.Get(ctx, key("c2"), &c2); err != nil {
+		t.Fatal(err)
+	}
+	if !controllerutil.ContainsFinalizer(&c2, kv1.CheckpointFinalizer) {
+		t.Fatalf("checkpoint c2 has finalizers %v, want %s", c2.Finalizers, kv1.CheckpointFinalizer)
+	}
+	c2.Labels = map[string]string{"by": "agent"}
+	if err := ac.Update(ctx, &c2); !apierrors.IsForbidden(err) {
+		t.Fatalf("node-a's agent labelling a checkpoint: %v, want forbidden", err)
+	}
+	// Deleted: node-a's agent deletes the molt checkpoint, then the
+	// resource goes.
+	c2id := ck.Status.CheckpointID
+	if r := hostA.molt(t, "checkpoint", "inspect", c2id); r.code != 0 {
+		t.Fatalf("node-a does not have checkpoint %s of c2: %s", c2id, r.stderr)
+	}
+	if err := c.Delete(ctx, &ck); err != nil {
+		t.Fatal(err)
+	}
+	wait("c2 deleted", 2*time.Minute, func() (bool, string) {
+		err := c.Get(ctx, key("c2"), &kv1.SandboxCheckpoint{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	if r := hostA.molt(t, "checkpoint", "inspect", c2id); r.code == 0 {
+		t.Fatalf("node-a still has checkpoint %s after its SandboxCheckpoint was deleted", c2id)
+	}
 
 	// Deleted: the agent removes the molt sandbox, then the resource goes.
 	id := s1.Status.SandboxID

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"k8s.io/client-go/tools/events"
 	"slices"
 	"time"
 
@@ -45,6 +46,7 @@ type Daemon interface {
 	HibernateOffload(ctx context.Context, ref string) (v1.Sandbox, error)
 	Offload(ctx context.Context, ref string) (v1.Sandbox, error)
 	Resume(ctx context.Context, ref string) (v1.Sandbox, error)
+	DeleteCheckpoint(ctx context.Context, ref string) error
 }
 
 // Agent is the node agent: one per node, next to the node's molt daemon.
@@ -61,6 +63,9 @@ type Agent struct {
 	Capacity int32
 	// Heartbeat is the interval of the MoltNode's status reports.
 	Heartbeat time.Duration
+	// Events records what the agent did as Kubernetes Events (nil:
+	// none).
+	Events events.EventRecorder
 
 	poke chan struct{}
 }
@@ -383,7 +388,20 @@ func (a *Agent) setStatus(ctx context.Context, sb *kv1.Sandbox, fn func(*kv1.San
 	if apiEqual(old.Status, sb.Status) {
 		return nil
 	}
-	return a.Client.Status().Patch(ctx, sb, client.MergeFromWithOptions(old, client.MergeFromWithOptimisticLock{}))
+	if err := a.Client.Status().Patch(ctx, sb, client.MergeFromWithOptions(old, client.MergeFromWithOptimisticLock{})); err != nil {
+		return err
+	}
+	if st := sb.Status; st.Phase != old.Status.Phase {
+		note := "on node " + a.Node
+		if st.SandboxID != "" {
+			note = "molt sandbox " + st.SandboxID + " " + note
+		}
+		if st.Message != "" {
+			note += ": " + st.Message
+		}
+		emit(a.Events, sb, st.Phase == kv1.SandboxFailed, string(st.Phase), "Reconcile", note)
+	}
+	return nil
 }
 
 func (a *Agent) reconcileCheckpoint(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -391,12 +409,20 @@ func (a *Agent) reconcileCheckpoint(ctx context.Context, req reconcile.Request) 
 	if err := a.Client.Get(ctx, req.NamespacedName, &ck); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	if ck.DeletionTimestamp != nil {
+		return a.deleteCheckpoint(ctx, &ck)
+	}
 	if ck.Status.Phase == kv1.OperationSucceeded || ck.Status.Phase == kv1.OperationFailed {
 		return reconcile.Result{}, nil
 	}
 	sb, ok, err := a.mine(ctx, ck.Namespace, ck.Spec.SandboxName)
 	if err != nil || !ok {
 		return reconcile.Result{}, err
+	}
+	// Before the checkpoint is taken: a deletion from then on deletes it.
+	if !controllerutil.ContainsFinalizer(&ck, kv1.CheckpointFinalizer) {
+		controllerutil.AddFinalizer(&ck, kv1.CheckpointFinalizer)
+		return reconcile.Result{}, a.Client.Update(ctx, &ck) // the update brings it back
 	}
 	if sb.Status.Phase != kv1.SandboxRunning || sb.Status.SandboxID == "" {
 		return reconcile.Result{RequeueAfter: time.Second}, nil // not yet
@@ -438,10 +464,71 @@ func (a *Agent) reconcileCheckpoint(ctx context.Context, req reconcile.Request) 
 	return reconcile.Result{}, nil
 }
 
+// deleteCheckpoint handles a SandboxCheckpoint being deleted: the node
+// agent of its sandbox deletes the molt checkpoint (and any taken for it
+// whose status write was lost: by label), then lets the resource go. A
+// sandbox that is gone took its checkpoints with it, and one that runs
+// nowhere (suspended into the store) keeps the checkpoint under its
+// document there: then the agent of the node that took it lets the
+// resource go.
+func (a *Agent) deleteCheckpoint(ctx context.Context, ck *kv1.SandboxCheckpoint) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(ck, kv1.CheckpointFinalizer) {
+		return reconcile.Result{}, nil
+	}
+	sb, ok, err := a.mine(ctx, ck.Namespace, ck.Spec.SandboxName)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	switch {
+	case ok && sb.Status.SandboxID == "":
+		// Not made yet: nothing was taken.
+	case ok:
+		ids := []string{}
+		if ck.Status.CheckpointID != "" {
+			ids = append(ids, ck.Status.CheckpointID)
+		}
+		if l, err := a.Daemon.Checkpoints(ctx, sb.Status.SandboxID); err == nil {
+			for _, c := range l {
+				if c.Label == "k8s-"+string(ck.UID) && c.ID != ck.Status.CheckpointID {
+					ids = append(ids, c.ID)
+				}
+			}
+		}
+		for _, id := range ids {
+			err := a.Daemon.DeleteCheckpoint(ctx, id)
+			if errors.Is(err, v1.ErrFailedPrecondition) {
+				// The head of a hibernated sandbox: kept until it moves.
+				return reconcile.Result{RequeueAfter: 30 * time.Second}, a.setCheckpoint(ctx, ck, func(st *kv1.SandboxCheckpointStatus) {
+					st.Message = "not deleted yet: " + err.Error()
+				})
+			}
+			if err != nil && !errors.Is(err, v1.ErrNotFound) {
+				return reconcile.Result{}, fmt.Errorf("delete checkpoint %s: %w", id, err)
+			}
+		}
+	case sb != nil && sb.Labels[kv1.NodeLabel] != "":
+		return reconcile.Result{}, nil // its node's agent deletes it
+	case ck.Status.NodeName != "" && ck.Status.NodeName != a.Node:
+		return reconcile.Result{}, nil // the agent of the node that took it lets it go
+	}
+	controllerutil.RemoveFinalizer(ck, kv1.CheckpointFinalizer)
+	return reconcile.Result{}, client.IgnoreNotFound(a.Client.Update(ctx, ck))
+}
+
 func (a *Agent) setCheckpoint(ctx context.Context, ck *kv1.SandboxCheckpoint, fn func(*kv1.SandboxCheckpointStatus)) error {
 	old := ck.DeepCopy()
 	fn(&ck.Status)
-	return a.Client.Status().Patch(ctx, ck, client.MergeFromWithOptions(old, client.MergeFromWithOptimisticLock{}))
+	if err := a.Client.Status().Patch(ctx, ck, client.MergeFromWithOptions(old, client.MergeFromWithOptimisticLock{})); err != nil {
+		return err
+	}
+	switch st := ck.Status; {
+	case st.Phase == old.Status.Phase:
+	case st.Phase == kv1.OperationSucceeded:
+		emit(a.Events, ck, false, "Taken", "Checkpoint", "checkpoint "+st.CheckpointID+" of molt sandbox "+st.SandboxID+" on node "+a.Node)
+	case st.Phase == kv1.OperationFailed:
+		emit(a.Events, ck, true, "Failed", "Checkpoint", st.Message)
+	}
+	return nil
 }
 
 func (a *Agent) reconcileRollback(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -492,7 +579,17 @@ func (a *Agent) reconcileRollback(ctx context.Context, req reconcile.Request) (r
 func (a *Agent) setRollback(ctx context.Context, rb *kv1.SandboxRollback, fn func(*kv1.SandboxRollbackStatus)) error {
 	old := rb.DeepCopy()
 	fn(&rb.Status)
-	return a.Client.Status().Patch(ctx, rb, client.MergeFromWithOptions(old, client.MergeFromWithOptimisticLock{}))
+	if err := a.Client.Status().Patch(ctx, rb, client.MergeFromWithOptions(old, client.MergeFromWithOptimisticLock{})); err != nil {
+		return err
+	}
+	switch st := rb.Status; {
+	case st.Phase == old.Status.Phase:
+	case st.Phase == kv1.OperationSucceeded:
+		emit(a.Events, rb, false, "RolledBack", "Rollback", "to "+rb.Spec.CheckpointName+" ("+st.Tier+") on node "+a.Node)
+	case st.Phase == kv1.OperationFailed:
+		emit(a.Events, rb, true, "Failed", "Rollback", st.Message)
+	}
+	return nil
 }
 
 func (a *Agent) pokeHeartbeat() {

@@ -58,6 +58,9 @@ func NewControllerManager(cfg *rest.Config, s *Scheduler, o ManagerOptions) (ctr
 		return nil, err
 	}
 	s.Client = mgr.GetClient()
+	if s.Events == nil {
+		s.Events = mgr.GetEventRecorder(controllerEvents)
+	}
 	if err := s.SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
@@ -73,6 +76,9 @@ func NewAgentManager(cfg *rest.Config, a *Agent, o ManagerOptions) (ctrl.Manager
 		return nil, err
 	}
 	a.Client = mgr.GetClient()
+	if a.Events == nil {
+		a.Events = mgr.GetEventRecorder(agentEvents)
+	}
 	if err := a.SetupWithManager(mgr); err != nil {
 		return nil, err
 	}

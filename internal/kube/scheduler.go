@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"k8s.io/client-go/tools/events"
 	"slices"
 	"time"
 
@@ -53,6 +54,9 @@ type Scheduler struct {
 	Heartbeat time.Duration
 	// Now is the clock (tests); nil: time.Now.
 	Now func() time.Time
+	// Events records what the controller did as Kubernetes Events (nil:
+	// none).
+	Events events.EventRecorder
 }
 
 func (s *Scheduler) now() time.Time {
@@ -249,6 +253,11 @@ func (s *Scheduler) schedule(ctx context.Context, sb *kv1.Sandbox, now time.Time
 		return reconcile.Result{}, err
 	}
 	log.FromContext(ctx).Info("bound", "node", node, "checkpoint", p.checkpoint)
+	note := "bound to node " + node
+	if p.checkpoint != "" {
+		note += ", which holds checkpoint " + p.checkpoint
+	}
+	emit(s.Events, sb, false, "Scheduled", "Bind", note)
 	return reconcile.Result{}, s.setScheduled(ctx, sb, metav1.ConditionTrue, ReasonBound, "bound to "+node)
 }
 
@@ -269,6 +278,7 @@ func (s *Scheduler) unbind(ctx context.Context, sb *kv1.Sandbox) error {
 	if err := s.Client.Patch(ctx, sb, client.MergeFromWithOptions(old, client.MergeFromWithOptimisticLock{})); err != nil {
 		return err
 	}
+	emit(s.Events, sb, false, "Unbound", "Unbind", "in the object store; resumes on any node")
 	return s.setScheduled(ctx, sb, metav1.ConditionFalse, ReasonSuspended, "in the object store; resumes on any node")
 }
 

@@ -46,6 +46,9 @@ const (
 	// SandboxFinalizer keeps a Sandbox until its node agent has removed
 	// the molt sandbox.
 	SandboxFinalizer = "molt.sh/sandbox"
+	// CheckpointFinalizer keeps a SandboxCheckpoint until the node agent
+	// of its sandbox has deleted the molt checkpoint.
+	CheckpointFinalizer = "molt.sh/checkpoint"
 )
 
 // OperatingMode is what a Sandbox should be doing.
