@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -297,6 +298,29 @@ func TestKubernetes(t *testing.T) {
 	if ck.Status.NodeName != "node-a" || ck.Status.SandboxID != s1.Status.SandboxID || ck.Status.CheckpointID == "" {
 		t.Fatalf("checkpoint c1: %+v", ck.Status)
 	}
+	// What happened is in Events too: the binding (the controller's),
+	// the sandbox running and the checkpoint taken (node-a's agent's).
+	wait("events of s1 and c1", 30*time.Second, func() (bool, string) {
+		var evs eventsv1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		want := map[string]bool{"s1/Scheduled/molt.sh/controller": false, "s1/Running/molt.sh/node-agent": false, "c1/Taken/molt.sh/node-agent": false}
+		var seen []string
+		for _, e := range evs.Items {
+			k := e.Regarding.Name + "/" + e.Reason + "/" + e.ReportingController
+			seen = append(seen, k+": "+e.Note)
+			if _, ok := want[k]; ok && (e.Reason != "Taken" || strings.Contains(e.Note, ck.Status.CheckpointID)) {
+				want[k] = true
+			}
+		}
+		for _, ok := range want {
+			if !ok {
+				return false, strings.Join(seen, "; ")
+			}
+		}
+		return true, ""
+	})
 	wait("node-a reports c1 held", 30*time.Second, func() (bool, string) {
 		var n kv1.MoltNode
 		if err := c.Get(ctx, types.NamespacedName{Name: "node-a"}, &n); err != nil {
