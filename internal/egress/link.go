@@ -112,17 +112,28 @@ func (h *Host) Prepare(id string, netnsFile *os.File, bind netip.Addr) error {
 	return addBindOnly(netnsFile, bind)
 }
 
+// sandboxLink opens a netlink handle in netns and its sandbox interface;
+// the caller closes the handle.
+func sandboxLink(netnsFile *os.File) (*netlink.Handle, netlink.Link, error) {
+	sh, err := netlink.NewHandleAt(nsHandle(netnsFile))
+	if err != nil {
+		return nil, nil, err
+	}
+	in, err := sh.LinkByName(sandboxIface)
+	if err != nil {
+		sh.Close()
+		return nil, nil, err
+	}
+	return sh, in, nil
+}
+
 // addBindOnly adds a to the sandbox interface of netns with host scope.
 func addBindOnly(netnsFile *os.File, a netip.Addr) error {
-	sh, err := netlink.NewHandleAt(nsHandle(netnsFile))
+	sh, in, err := sandboxLink(netnsFile)
 	if err != nil {
 		return err
 	}
 	defer sh.Close()
-	in, err := sh.LinkByName(sandboxIface)
-	if err != nil {
-		return err
-	}
 	err = sh.AddrAdd(in, &netlink.Addr{IPNet: ipnet(a, 32), Scope: int(netlink.SCOPE_HOST)})
 	if err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("egress: the images' address %v: %w", a, err)
@@ -133,15 +144,11 @@ func addBindOnly(netnsFile *os.File, a netip.Addr) error {
 // dropBindOnly removes the host-scoped addresses of netns's sandbox
 // interface (Prepare's bind).
 func dropBindOnly(netnsFile *os.File) error {
-	sh, err := netlink.NewHandleAt(nsHandle(netnsFile))
-	if err != nil {
-		return err
-	}
-	defer sh.Close()
-	in, err := sh.LinkByName(sandboxIface)
+	sh, in, err := sandboxLink(netnsFile)
 	if err != nil {
 		return nil // no interface: nothing was added
 	}
+	defer sh.Close()
 	addrs, err := sh.AddrList(in, netlink.FAMILY_V4)
 	if err != nil {
 		return err
@@ -262,15 +269,11 @@ func (h *Host) prepare(id string, netnsFile *os.File) (*link, error) {
 // readdress gives the sandbox interface of netns the address to (and
 // its MAC) in place of from; its routes stay.
 func readdress(netnsFile *os.File, from, to netip.Addr) error {
-	sh, err := netlink.NewHandleAt(nsHandle(netnsFile))
+	sh, in, err := sandboxLink(netnsFile)
 	if err != nil {
 		return err
 	}
 	defer sh.Close()
-	in, err := sh.LinkByName(sandboxIface)
-	if err != nil {
-		return err
-	}
 	if err := sh.LinkSetHardwareAddr(in, MAC(to)); err != nil {
 		return err
 	}

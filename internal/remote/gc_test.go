@@ -57,21 +57,28 @@ func fetchesWhole(t *testing.T, b objstore.Bucket, k *ckstore.Keyring, id string
 	return r
 }
 
+// dirStore opens a store on a directory bucket of its own.
+func dirStore(t *testing.T) (objstore.Bucket, *ckstore.Keyring, *Store) {
+	t.Helper()
+	b, err := objstore.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := keyring(t)
+	s, err := Open(context.Background(), b, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, k, s
+}
+
 // TestGC: a pack only a deleted recipe named is condemned by one run,
 // kept through the grace period, deleted by a run after it; what live
 // recipes name stays and fetches whole; an uploader whose index knew
 // the deleted pack stores its chunks afresh.
 func TestGC(t *testing.T) {
 	ctx := context.Background()
-	b, err := objstore.NewDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := keyring(t)
-	s, err := Open(ctx, b, k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, k, s := dirStore(t)
 	if _, err := s.GC(ctx, GCOptions{Grace: time.Second}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("a grace of a second: %v, want invalid_argument", err)
 	}
