@@ -482,7 +482,8 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref string) error {
 	}
 	// Its recipe in the store goes, unless the sandbox is offloaded: its
 	// document there names the checkpoint, and another host may have
-	// resumed it.
+	// resumed it. (Whether or not the record says it is in the store:
+	// an upload may have just put it there.)
 	if sb.ID == ck.Sandbox && !sb.Offloaded {
 		m.dropStored(ck.Sandbox, sb.Head, []string{ck.ID}, false)
 	}
