@@ -31,12 +31,16 @@ import (
 
 const gcKey = "gc.json"
 
+// gcGenKey holds gc.json's generation alone, written after it: uploads
+// read it (a few bytes) and gc.json only when it changed.
+const gcGenKey = "gc-gen.json"
+
 // maxGCState bounds gc.json.
 const maxGCState = 64 << 20
 
 // deletedFor is how long gc.json remembers a deleted pack: a daemon that
-// last read it longer ago drops its whole index (syncGC).
-const deletedFor = 30 * 24 * time.Hour
+// last read it half as long ago drops its whole index (syncGC).
+const deletedFor = 7 * 24 * time.Hour
 
 // MinGCGrace bounds the grace period from below.
 const MinGCGrace = time.Minute
@@ -97,18 +101,56 @@ func (s *Store) readGC(ctx context.Context) (gcState, error) {
 	return st, nil
 }
 
+// readGCGen reads gc.json's generation (0 before any run).
+func (s *Store) readGCGen(ctx context.Context) (int64, error) {
+	var g struct {
+		Generation int64 `json:"generation"`
+	}
+	b, err := readAll(ctx, s.b, gcGenKey, 4096)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store: %s: %w", gcGenKey, err)
+	}
+	if err := json.Unmarshal(b, &g); err != nil {
+		return 0, bad("%s: %v", gcGenKey, err)
+	}
+	return g.Generation, nil
+}
+
+// changedGC reads gc.json if its generation is not the one last seen
+// (ok false: unchanged).
+func (s *Store) changedGC(ctx context.Context) (st gcState, ok bool, err error) {
+	g, err := s.readGCGen(ctx)
+	if err != nil {
+		return st, false, err
+	}
+	s.mu.Lock()
+	seen := s.gcGen
+	s.mu.Unlock()
+	if g == seen {
+		return st, false, nil
+	}
+	st, err = s.readGC(ctx)
+	return st, err == nil, err
+}
+
 // syncGC, at an upload's start, drops from the index the packs gc.json
 // condemns or deleted since the last look (all of it if that look is
 // too old for gc.json to still name every deletion), and loads it.
 func (s *Store) syncGC(ctx context.Context) error {
-	st, err := s.readGC(ctx)
+	st, changed, err := s.changedGC(ctx)
 	if err != nil {
 		return err
 	}
 	now := time.Now()
 	s.mu.Lock()
 	switch {
-	case st.Generation == s.gcGen:
+	case !changed:
+		s.gcSynced = now // nothing was missed
+		s.mu.Unlock()
+		return s.ensureIndex(ctx)
 	case s.loaded && now.Sub(s.gcSynced) > deletedFor/2:
 		s.packs, s.packIdx, s.chunks, s.loaded = nil, map[string]int32{}, map[[32]byte]loc{}, false
 	default:
@@ -144,11 +186,18 @@ func (s *Store) dropPacks(gone map[string]bool) {
 // naming them must not be written (the upload is retried, and shares
 // nothing of those packs).
 func (s *Store) checkGC(ctx context.Context, packs []string) error {
-	st, err := s.readGC(ctx)
+	st, changed, err := s.changedGC(ctx)
 	if err != nil {
 		return err
 	}
-	gone := st.gone()
+	var gone map[string]bool
+	if changed {
+		gone = st.gone()
+	} else {
+		s.mu.Lock()
+		gone = s.gcGone
+		s.mu.Unlock()
+	}
 	var hit []string
 	for _, p := range packs {
 		if gone[p] {
@@ -159,6 +208,9 @@ func (s *Store) checkGC(ctx context.Context, packs []string) error {
 		s.mu.Lock()
 		s.dropPacks(gone)
 		s.gcGone = gone
+		if changed {
+			s.gcGen = st.Generation
+		}
 		s.mu.Unlock()
 		return fmt.Errorf("store: a garbage collection condemned pack %s while this upload ran; it must be retried: %w", hit[0], errdefs.ErrUnavailable)
 	}
@@ -261,7 +313,11 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCReport, error) {
 	if o.DryRun {
 		return rep, errors.Join(errs...)
 	}
+	// gc.json, then its generation (uploads read that first).
 	if err := s.putJSON(ctx, gcKey, next); err != nil {
+		return rep, errors.Join(append(errs, err)...)
+	}
+	if err := s.putJSON(ctx, gcGenKey, map[string]int64{"generation": next.Generation}); err != nil {
 		errs = append(errs, err)
 	}
 	return rep, errors.Join(errs...)

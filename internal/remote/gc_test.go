@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -162,7 +163,7 @@ func TestGC(t *testing.T) {
 	fetchesWhole(t, b, k, "ck0000000003", p1)
 }
 
-// hookBucket runs hook before the n-th Stat of gc.json.
+// hookBucket runs hook before the n-th Stat of gc-gen.json.
 type hookBucket struct {
 	objstore.Bucket
 	n    int
@@ -171,7 +172,7 @@ type hookBucket struct {
 }
 
 func (h *hookBucket) Stat(ctx context.Context, key string) (int64, error) {
-	if key == gcKey {
+	if key == gcGenKey {
 		h.seen++
 		if h.seen == h.n {
 			h.hook()
@@ -238,5 +239,49 @@ func TestGCRefusesCommit(t *testing.T) {
 		if gone.gone()[p] {
 			t.Fatalf("the committed recipe names condemned pack %s", p)
 		}
+	}
+}
+
+// countBucket counts the reads of gc.json.
+type countBucket struct {
+	objstore.Bucket
+	reads int
+}
+
+func (c *countBucket) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if key == gcKey {
+		c.reads++
+	}
+	return c.Bucket.Get(ctx, key, off, n)
+}
+
+// TestGCStateReadOnChange: uploads read gc.json only when a run changed
+// its generation, not at every upload.
+func TestGCStateReadOnChange(t *testing.T) {
+	ctx := context.Background()
+	dir, k, gc := dirStore(t)
+	cb := &countBucket{Bucket: dir}
+	s, err := Open(ctx, cb, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upload := func(id string) {
+		t.Helper()
+		if _, _, err := s.Upload(ctx, artifact(t, id, randomPages(t, 4), id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	upload("ck0000000001")
+	upload("ck0000000002")
+	if cb.reads != 0 {
+		t.Fatalf("%d reads of gc.json before any run", cb.reads)
+	}
+	if _, err := gc.GC(ctx, GCOptions{Grace: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	upload("ck0000000003")
+	upload("ck0000000004")
+	if cb.reads != 1 {
+		t.Fatalf("%d reads of gc.json after one run, want 1", cb.reads)
 	}
 }
