@@ -2,6 +2,8 @@ package remote
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -258,6 +260,13 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCReport, error) {
 	if o.Now != nil {
 		now = o.Now
 	}
+	if !o.DryRun {
+		release, err := s.leaseGC(ctx)
+		if err != nil {
+			return rep, err
+		}
+		defer release()
+	}
 	st, err := s.readGC(ctx)
 	if err != nil {
 		return rep, err
@@ -321,6 +330,52 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCReport, error) {
 		errs = append(errs, err)
 	}
 	return rep, errors.Join(errs...)
+}
+
+const gcLeaseKey = "gc-lease.json"
+
+// gcLease bounds a run's lease: a run that died leaves one that ends.
+const gcLease = 30 * time.Minute
+
+type gcLeaseDoc struct {
+	Owner string    `json:"owner"` // the host's key
+	Run   string    `json:"run"`
+	Until time.Time `json:"until"`
+}
+
+// leaseGC takes the store's GC lease, refusing while another run holds
+// one. S3 has no compare-and-swap here: two runs that start within the
+// same few milliseconds may both proceed (each reads its own lease
+// back, which narrows that to a write and a read). The returned
+// release ends the lease.
+func (s *Store) leaseGC(ctx context.Context) (func(), error) {
+	var l gcLeaseDoc
+	found, err := s.gcRead(ctx, gcLeaseKey, 4096, &l)
+	if err != nil {
+		return nil, err
+	}
+	if found && time.Now().Before(l.Until) {
+		return nil, fmt.Errorf("store gc: a run of host %s holds the store's lease until %s (one run at a time per store): %w", l.Owner, l.Until.UTC().Format(time.RFC3339), errdefs.ErrConflict)
+	}
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	mine := gcLeaseDoc{Owner: s.k.KeyID(), Run: hex.EncodeToString(nonce[:]), Until: time.Now().Add(gcLease)}
+	if err := s.putJSON(ctx, gcLeaseKey, mine); err != nil {
+		return nil, err
+	}
+	if _, err := s.gcRead(ctx, gcLeaseKey, 4096, &l); err != nil {
+		return nil, err
+	}
+	if l.Run != mine.Run {
+		return nil, fmt.Errorf("store gc: a run of host %s took the store's lease at the same moment: %w", l.Owner, errdefs.ErrConflict)
+	}
+	return func() {
+		var cur gcLeaseDoc
+		dctx := context.WithoutCancel(ctx)
+		if found, err := s.gcRead(dctx, gcLeaseKey, 4096, &cur); err == nil && found && cur.Run == mine.Run {
+			_ = s.b.Delete(dctx, gcLeaseKey)
+		}
+	}, nil
 }
 
 // liveObjects lists what recipes and documents name. A recipe or a

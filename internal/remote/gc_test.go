@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -283,5 +284,36 @@ func TestGCStateReadOnChange(t *testing.T) {
 	upload("ck0000000004")
 	if cb.reads != 1 {
 		t.Fatalf("%d reads of gc.json after one run, want 1", cb.reads)
+	}
+}
+
+// TestGCLease: a run refuses while another holds the store's lease, and
+// runs once it is released or has ended.
+func TestGCLease(t *testing.T) {
+	ctx := context.Background()
+	_, _, s := dirStore(t)
+	release, err := s.leaseGC(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GC(ctx, GCOptions{Grace: time.Hour}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("a run under another's lease: %v, want conflict", err)
+	}
+	if _, err := s.GC(ctx, GCOptions{Grace: time.Hour, DryRun: true}); err != nil {
+		t.Fatalf("a dry run under another's lease: %v", err)
+	}
+	release()
+	if _, err := s.GC(ctx, GCOptions{Grace: time.Hour}); err != nil {
+		t.Fatalf("a run once the lease is released: %v", err)
+	}
+	// A lease that ended (its run died) does not stop the next.
+	if err := s.putJSON(ctx, gcLeaseKey, gcLeaseDoc{Owner: "ed25519:dead", Run: "x", Until: time.Now().Add(-time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GC(ctx, GCOptions{Grace: time.Hour}); err != nil {
+		t.Fatalf("a run after an ended lease: %v", err)
+	}
+	if _, err := s.b.Stat(ctx, gcLeaseKey); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the lease after a run: %v, want none", err)
 	}
 }
