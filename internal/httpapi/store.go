@@ -24,7 +24,7 @@ func StoreRoutes(st ObjectStore) []Route {
 				return
 			}
 			rep, err := st.StoreGC(r.Context(), remote.GCOptions{Grace: req.Grace(), DryRun: req.DryRun})
-			reply(w, v1.StoreGCReport(rep), err)
+			reply(w, rep, err)
 		})},
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
 )
 
@@ -230,25 +231,8 @@ type GCOptions struct {
 	Now func() time.Time
 }
 
-// GCReport says what a GC run found and did.
-type GCReport struct {
-	Recipes   int `json:"recipes"`
-	Sandboxes int `json:"sandboxes"`
-	Packs     int `json:"packs"`
-	// Condemned are newly condemned objects; Waiting those condemned by
-	// an earlier run, within the grace period; Revived those condemned
-	// before and named again.
-	Condemned int `json:"condemned"`
-	Waiting   int `json:"waiting"`
-	Revived   int `json:"revived"`
-	// Deleted counts packs and history objects deleted, DeletedBytes
-	// their bytes.
-	DeletedPacks   int   `json:"deleted_packs"`
-	DeletedHistory int   `json:"deleted_history"`
-	DeletedBytes   int64 `json:"deleted_bytes"`
-	Generation     int64 `json:"generation"`
-	DryRun         bool  `json:"dry_run,omitempty"`
-}
+// GCReport says what a GC run found and did (the API's report).
+type GCReport = v1.StoreGCReport
 
 // GC runs one garbage collection over the store.
 func (s *Store) GC(ctx context.Context, o GCOptions) (GCReport, error) {
