@@ -634,7 +634,8 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	if err == nil && rec.Network == v1.NetworkEgress {
 		// Before the tree runs (it was restored stopped, or is a fork
 		// that has run for microseconds at most).
-		if rerr := egress.ResetWorld(init.Pid); rerr != nil {
+		bound := rec.Egress != nil && egress.BindOnly(ck.EgressAddr, rec.Egress.Addr)
+		if rerr := egress.ResetWorld(init.Pid, bound); rerr != nil {
 			m.log.Warn("egress: cannot reset the restored tree's connections to the world", "sandbox", rec.ID, "err", rerr)
 		}
 	}

@@ -106,7 +106,7 @@ func (h *Host) Prepare(id string, netnsFile *os.File, bind netip.Addr) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	l, err := h.prepare(id, netnsFile)
-	if err != nil || !bind.Is4() || bind == l.addr {
+	if err != nil || !BindOnly(bind, l.addr) {
 		return err
 	}
 	return addBindOnly(netnsFile, bind)
@@ -126,6 +126,10 @@ func sandboxLink(netnsFile *os.File) (*netlink.Handle, netlink.Link, error) {
 	}
 	return sh, in, nil
 }
+
+// BindOnly reports whether a restore of images dumped with address
+// dumped, for a sandbox whose address is now own, needs Prepare's bind.
+func BindOnly(dumped, own netip.Addr) bool { return dumped.Is4() && dumped != own }
 
 // addBindOnly adds a to the sandbox interface of netns with host scope.
 func addBindOnly(netnsFile *os.File, a netip.Addr) error {
@@ -331,16 +335,20 @@ func (h *Host) ActivateNS(id string, f *os.File) error {
 // connections of the tree that was checkpointed, long gone, and a
 // process waiting on one would wait forever; it sees a reset
 // (ECONNABORTED) instead. Connections inside the sandbox (loopback) are
-// left alone. Then the address Prepare added for the images' sockets
-// alone goes. Call it before the tree runs (a standby, a tree restored
-// stopped), so no connection it makes afterwards is touched.
-func ResetWorld(pid int) error {
+// left alone. With bound (Prepare was given the images' address), that
+// address goes too. Call it before the tree runs (a standby, a tree
+// restored stopped), so no connection it makes afterwards is touched.
+func ResetWorld(pid int, bound bool) error {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	return errors.Join(resetWorldConns(f), dropBindOnly(f))
+	err = resetWorldConns(f)
+	if bound {
+		err = errors.Join(err, dropBindOnly(f))
+	}
+	return err
 }
 
 // resetWorldConns destroys the TCP sockets of network namespace netns

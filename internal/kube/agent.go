@@ -165,6 +165,10 @@ func (a *Agent) mine(ctx context.Context, ns, name string) (*kv1.Sandbox, bool, 
 // recording its ID finds it again instead of making a second.
 func moltName(sb *kv1.Sandbox) string { return "k8s-" + string(sb.UID) }
 
+// checkpointLabel is the molt label of a SandboxCheckpoint's checkpoint:
+// a retry after a lost status write finds it by this.
+func checkpointLabel(ck *kv1.SandboxCheckpoint) string { return "k8s-" + string(ck.UID) }
+
 // permanent says err is molt refusing the request as made (retrying it
 // would not help), not a failure to reach it.
 func permanent(err error) bool {
@@ -428,7 +432,7 @@ func (a *Agent) reconcileCheckpoint(ctx context.Context, req reconcile.Request) 
 		return reconcile.Result{RequeueAfter: time.Second}, nil // not yet
 	}
 	id := sb.Status.SandboxID
-	label := "k8s-" + string(ck.UID)
+	label := checkpointLabel(&ck)
 	// A checkpoint taken before a lost status write is found by label.
 	var taken *v1.Checkpoint
 	if l, err := a.Daemon.Checkpoints(ctx, id); err == nil {
@@ -489,7 +493,7 @@ func (a *Agent) deleteCheckpoint(ctx context.Context, ck *kv1.SandboxCheckpoint)
 		}
 		if l, err := a.Daemon.Checkpoints(ctx, sb.Status.SandboxID); err == nil {
 			for _, c := range l {
-				if c.Label == "k8s-"+string(ck.UID) && c.ID != ck.Status.CheckpointID {
+				if c.Label == checkpointLabel(ck) && c.ID != ck.Status.CheckpointID {
 					ids = append(ids, c.ID)
 				}
 			}

@@ -23,14 +23,15 @@ import (
 // moment. A GC run therefore only condemns such an object, publishing
 // it in gc.json with the time; a later run deletes it if it is still
 // named by nothing and was condemned at least the grace period before.
-// An upload reads gc.json when it starts (its index then leaves out
-// condemned and deleted packs) and again just before it writes its
-// recipe, and fails if the recipe names one: an upload that commits
-// names only packs no run has condemned, and the run that would delete
-// them must first condemn them, a grace period before, by which time it
-// sees the recipe. So an upload must write its recipe within the grace
-// period of that last check (a single PUT), and only one GC may run at
-// a time against a store (two would each write gc.json).
+// An upload reads gc.json (through gc-gen.json: only when a run changed
+// it) when it starts (its index then leaves out condemned and deleted
+// packs) and again just before it writes its recipe, and fails if the
+// recipe names one: an upload that commits names only packs no run has
+// condemned, and the run that would delete them must first condemn
+// them, a grace period before, by which time it sees the recipe. So an
+// upload must write its recipe within the grace period of that last
+// check (a single PUT), and only one GC may run at a time against a
+// store (two would each write gc.json): a run takes the store's lease.
 
 const gcKey = "gc.json"
 
@@ -147,7 +148,7 @@ func (s *Store) syncGC(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
+	now, gone := time.Now(), st.gone()
 	s.mu.Lock()
 	switch {
 	case !changed:
@@ -157,9 +158,9 @@ func (s *Store) syncGC(ctx context.Context) error {
 	case s.loaded && now.Sub(s.gcSynced) > deletedFor/2:
 		s.packs, s.packIdx, s.chunks, s.loaded = nil, map[string]int32{}, map[[32]byte]loc{}, false
 	default:
-		s.dropPacks(st.gone())
+		s.dropPacks(gone)
 	}
-	s.gcGen, s.gcSynced, s.gcGone = st.Generation, now, st.gone()
+	s.gcGen, s.gcSynced, s.gcGone = st.Generation, now, gone
 	s.mu.Unlock()
 	return s.ensureIndex(ctx)
 }
