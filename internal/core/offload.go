@@ -264,15 +264,44 @@ func (m *Manager) fetchCheckpoint(ctx context.Context, ck *checkpointRec) error 
 	return nil
 }
 
-// fetchTree extracts recipe r's file tree into a scratch subvolume of
-// checkpoint ck's artifact (device nodes made by the host) and snapshots
-// it read-only as the artifact's files.
+// fetchTree makes recipe r's file tree checkpoint ck's artifact's files
+// (device nodes made by the host), read-only: in a scratch subvolume
+// that is a snapshot of the image ck's sandbox was made from, if this
+// host has it (what the sandbox did not change stays, and what the image
+// holds is not fetched), else an empty one.
 func (m *Manager) fetchTree(ctx context.Context, ck checkpointRec, r remote.Recipe) error {
 	tree := filepath.Join(m.ckDir(ck.ID), "fs.fetch")
+	base, unlock, err := m.treeBase(ck.Sandbox, tree)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if base != nil {
+		st, err := m.store.FetchTreeOver(ctx, r, tree, *base)
+		if err == nil {
+			m.log.Info("file tree fetched over its image", "checkpoint", ck.ID, "entries", st.Entries, "kept", st.KeptEntries,
+				"kept_bytes", st.Kept, "fetched_bytes", st.Fetched, "base_bytes", st.FromBase)
+		}
+		if err == nil || ctx.Err() != nil || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			return m.sealTree(ck, tree, err)
+		}
+		// The tree's hash refused what the image gave (an image changed
+		// under its index): fetch it whole.
+		m.log.Warn("file tree: fetching it whole", "checkpoint", ck.ID, "err", err)
+		if err := removeTree(tree); err != nil {
+			return err
+		}
+	}
 	if err := fsnap.CreateSubvolume(tree); err != nil {
 		return err
 	}
-	if err := m.store.FetchTree(ctx, r, tree); err != nil {
+	return m.sealTree(ck, tree, m.store.FetchTree(ctx, r, tree))
+}
+
+// sealTree makes the fetched tree, once fetched without error, ck's
+// read-only files.
+func (m *Manager) sealTree(ck checkpointRec, tree string, err error) error {
+	if err != nil {
 		return err
 	}
 	if err := sandbox.MakeDevNodes(tree); err != nil {
@@ -282,6 +311,36 @@ func (m *Manager) fetchTree(ctx context.Context, ck checkpointRec, r remote.Reci
 		return err
 	}
 	return removeTree(tree)
+}
+
+// treeBase snapshots, as tree, the image sandbox sb was made from, and
+// returns it as a base to fetch its tree over, locked against its
+// removal until unlock: nil if this host has no such image (a read-only
+// subvolume), the tree then left to be made.
+func (m *Manager) treeBase(sb, tree string) (base *remote.Base, unlock func(), err error) {
+	none := func() {}
+	rec, ok := m.sandboxRecord(sb)
+	if !ok || rec.Image == "" || validName("image", rec.Image) != nil || m.opts.noTreeBase {
+		return nil, none, nil
+	}
+	unlock = m.lock("image/" + rec.Image)
+	dir := m.imageDir(rec.Image)
+	key, err := fsnap.SubvolumeUUID(dir)
+	if ro, rerr := fsnap.Readonly(dir); err != nil || rerr != nil || !ro {
+		unlock()
+		return nil, none, nil
+	}
+	if err := fsnap.Snapshot(dir, tree, false); err != nil {
+		unlock()
+		return nil, none, err
+	}
+	// The snapshot is of the image indexed under key, whatever renamed
+	// what meanwhile.
+	if of, err := fsnap.SnapshotOf(tree); err != nil || of != key {
+		unlock()
+		return nil, none, errors.Join(fmt.Errorf("file tree: the image's snapshot is of %q, not %s: %v", of, key, err), removeTree(tree))
+	}
+	return &remote.Base{Dir: dir, Key: key}, unlock, nil
 }
 
 // sameObjects reports whether recipe r lists exactly the objects objs.

@@ -182,3 +182,61 @@ func benchStoreResume(b *testing.B, size int64) {
 		units.Bytes(size), local1, eager, lazy, eager/lazy, whole, msPer(tUpload, uploads), uploads,
 		msPer(tDown, migrations), msPer(tMigUp, migrations), msPer(tMigResume, migrations), migrations, bucket.Stats())
 }
+
+// BenchmarkStoreResumeTree measures resuming from the object store, on
+// another daemon, an idle sandbox whose tree changed a little since its
+// image (a shell, 8 MiB of new files, /etc edited): its file tree
+// fetched whole (the baseline: every resume from the store did so) and
+// fetched over the image the target has (only what the sandbox changed
+// comes from the store; the image's files stay in place). Each
+// iteration moves the sandbox there and back, one move each way, the
+// order alternating between iterations; the resume is timed from the
+// call until it returns with the tree running.
+//
+//	go test -run XXX -bench StoreResumeTree -benchtime 6x ./internal/core
+func BenchmarkStoreResumeTree(b *testing.B) {
+	bucket := s3test.Start(b).OpenBucket(b, "")
+	m1, second := trustingHosts(b, bucket)
+	requireCRIU(b, m1)
+	m2 := second()
+	ctx := context.Background()
+	sb := newSandbox(b, m1)
+	run(b, m1, sb.ID, "head -c 8M /dev/urandom > /root/data; echo moved > /etc/motd; (sleep 1000 >/dev/null 2>&1 &)")
+	here, there := m1, m2
+	var took [2]time.Duration // whole, over the image
+	var moves [2]int
+	move := func(over int) {
+		if _, err := here.Hibernate(ctx, sb.ID); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := here.Offload(ctx, sb.ID); err != nil {
+			b.Fatal(err)
+		}
+		there.opts.noTreeBase = over == 0
+		start := time.Now()
+		if _, err := there.Resume(ctx, sb.ID); err != nil {
+			b.Fatal(err)
+		}
+		took[over] += time.Since(start)
+		moves[over]++
+		there.opts.noTreeBase = false
+		if err := here.Remove(ctx, sb.ID); err != nil {
+			b.Fatal(err)
+		}
+		here, there = there, here
+	}
+	move(1) // the store holds the tree, the image's index is built
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		move(i % 2)
+		move(1 - i%2)
+	}
+	b.StopTimer()
+	whole := took[0].Seconds() * 1000 / float64(moves[0])
+	over := took[1].Seconds() * 1000 / float64(moves[1])
+	b.ReportMetric(whole, "whole-tree-resume-ms")
+	b.ReportMetric(over, "over-image-resume-ms")
+	b.ReportMetric(whole/over, "whole/over")
+	b.Logf("resume from the store on another daemon: tree fetched whole %.0f ms, over the image %.0f ms (whole/over %.2f; %d moves each)",
+		whole, over, whole/over, moves[0])
+}

@@ -26,6 +26,9 @@ type options struct {
 	// noLazyResume makes a resume from the store fetch every page
 	// before the restore (lazy.go).
 	noLazyResume bool
+	// noTreeBase makes a fetch from the store take a file tree whole,
+	// not over the image the sandbox was made from (offload.go).
+	noTreeBase bool
 }
 
 // WithoutScheduler runs checkpoint background work unscheduled, each job

@@ -66,7 +66,8 @@ type subvolInfoArgs struct {
 	generation uint64
 	flags      uint64
 	uuid       [16]byte
-	rest       [504 - 312]byte
+	parentUUID [16]byte
+	rest       [504 - 328]byte
 }
 
 // The vol args structs must be exactly 4096 bytes, the fs info one 1024,
@@ -129,6 +130,24 @@ func SubvolumeUUID(path string) (string, error) {
 		return "", fmt.Errorf("uuid of %s: %w", path, err)
 	}
 	return hex.EncodeToString(args.uuid[:]), nil
+}
+
+// SnapshotOf returns the UUID of the subvolume the subvolume at path was
+// snapshotted from, in hex ("" for one that was created empty).
+func SnapshotOf(path string) (string, error) {
+	fd, err := openSubvolume(path)
+	if err != nil {
+		return "", fmt.Errorf("parent uuid of %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	var args subvolInfoArgs
+	if err := ioctl(fd, iocGetSubvolInfo, unsafe.Pointer(&args)); err != nil {
+		return "", fmt.Errorf("parent uuid of %s: %w", path, err)
+	}
+	if args.parentUUID == [16]byte{} {
+		return "", nil
+	}
+	return hex.EncodeToString(args.parentUUID[:]), nil
 }
 
 // IsBtrfs reports whether path is on a btrfs filesystem.

@@ -457,7 +457,7 @@ func BenchmarkSnapshot(b *testing.B) {
 }
 
 // TestSubvolumeUUID: the UUID is the one btrfs-progs shows, differs
-// between a subvolume and its snapshot, and follows a subvolume through
+// between a subvolume and its snapshot (which names it as its source), and follows a subvolume through
 // an exchange of two paths.
 func TestSubvolumeUUID(t *testing.T) {
 	dir := btrfsDir(t)
@@ -478,6 +478,12 @@ func TestSubvolumeUUID(t *testing.T) {
 	}
 	if len(ua) != 32 || ua == ub {
 		t.Fatalf("uuids %q and %q: want two different 32-digit ones", ua, ub)
+	}
+	if of, err := fsnap.SnapshotOf(b); err != nil || of != ua {
+		t.Fatalf("b is a snapshot of %q, %v; want %s", of, err, ua)
+	}
+	if of, err := fsnap.SnapshotOf(a); err != nil || of != "" {
+		t.Fatalf("a, created empty, is a snapshot of %q, %v; want none", of, err)
 	}
 	if path, err := exec.LookPath("btrfs"); err == nil {
 		out, err := exec.Command(path, "subvolume", "show", a).CombinedOutput()

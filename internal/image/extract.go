@@ -138,7 +138,7 @@ func (x *extractor) write(h *tar.Header, r io.Reader) error {
 	if err != nil {
 		return err
 	}
-	if x.layer != nil {
+	if x.layer != nil && !x.layer.update {
 		if done, err := x.whiteout(name); done || err != nil {
 			return err
 		}
@@ -158,6 +158,11 @@ func (x *extractor) write(h *tar.Header, r io.Reader) error {
 			return refusal("the root must be a directory")
 		}
 		x.dirs = append(x.dirs, dirEntry{name, h})
+		if x.layer != nil && x.layer.update {
+			if err := x.dropXattrs(x.root, h); err != nil {
+				return err
+			}
+		}
 		return x.own(x.root, "", x.root, h)
 	}
 	pfd, err := x.openDir(path.Dir(name))
@@ -308,6 +313,11 @@ func (x *extractor) mkdir(pfd int, base, name string, h *tar.Header) error {
 	}
 	defer unix.Close(fd)
 	x.dirs = append(x.dirs, dirEntry{name, h})
+	if x.layer != nil && x.layer.update {
+		if err := x.dropXattrs(fd, h); err != nil {
+			return err
+		}
+	}
 	return x.own(fd, "", fd, h)
 }
 
@@ -437,7 +447,7 @@ func (x *extractor) link(pfd int, base, name, target string) (byte, error) {
 		return 0, refusal(fmt.Sprintf("hard link target %q: %s", target, err))
 	}
 	kind, ok := x.seen[t]
-	if !ok && x.layer != nil {
+	if !ok && x.layer != nil && !x.layer.update {
 		kind, ok = x.lower(t)
 	}
 	switch {

@@ -31,6 +31,9 @@ type layerState struct {
 	// once the whole layer is written (the marker may come after the
 	// layer's own entries in the directory).
 	opaque []string
+	// update is set for an updater (update.go): no whiteouts, and
+	// directories that were there lose the xattrs their entry lacks.
+	update bool
 }
 
 // beginLayer starts a layer: hard links may name entries of this layer or

@@ -26,9 +26,17 @@ func NewExtractor(dst string) (*Extractor, error) {
 // Names are relative to dst; "./" is dst itself.
 func (e *Extractor) Put(h *tar.Header, r io.Reader) error { return e.x.put(h, r) }
 
-// Finish applies the directories' modes and times; call it once every
-// entry is written.
-func (e *Extractor) Finish() error { return e.x.finish() }
+// Finish applies the directories' modes and times (an updater's first
+// removes what was neither put nor kept); call it once every entry is
+// written.
+func (e *Extractor) Finish() error {
+	if e.x.layer != nil && e.x.layer.update {
+		if err := e.x.finishUpdate(); err != nil {
+			return err
+		}
+	}
+	return e.x.finish()
+}
 
 // Close releases dst.
 func (e *Extractor) Close() { e.x.close() }

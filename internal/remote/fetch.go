@@ -1,7 +1,6 @@
 package remote
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
-	"github.com/molt-sh/molt/internal/image"
 	"golang.org/x/sys/unix"
 )
 
@@ -52,8 +50,9 @@ type piece struct {
 }
 
 type fetched struct {
-	b   []byte
-	err error
+	b     []byte
+	err   error
+	first int // the first chunk of a tree's piece (fetchtree.go)
 }
 
 // read writes object o of r to w, fetching ahead.
@@ -176,51 +175,6 @@ func (s *Store) fetchObject(ctx context.Context, r Recipe, o Object, dir string)
 		return bad("fetched bytes of SHA-256 %s, the recipe says %s", got, o.SHA256)
 	}
 	return nil
-}
-
-// FetchTree extracts r's file tree into dst (an existing, empty
-// directory) through the hardened extractor, and checks the stream
-// against the recipe's SHA-256 (what was extracted stays in dst for the
-// caller to remove on failure).
-func (s *Store) FetchTree(ctx context.Context, r Recipe, dst string) error {
-	if r.Tree == nil {
-		return fmt.Errorf("store: checkpoint %s has no file tree: %w", r.Checkpoint, errdefs.ErrFailedPrecondition)
-	}
-	x, err := image.NewExtractor(dst)
-	if err != nil {
-		return err
-	}
-	defer x.Close()
-	cuts, err := decodeCuts(r.Tree.Cuts, r.Tree.Size)
-	if err != nil {
-		return err
-	}
-	pr, pw := io.Pipe()
-	h := newCutHasher(cuts)
-	go func() { pw.CloseWithError(s.read(ctx, r, *r.Tree, io.MultiWriter(pw, h))) }()
-	defer pr.Close()
-	tr := tar.NewReader(pr)
-	for n := 0; ; n++ {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("store: checkpoint %s: file tree: %w", r.Checkpoint, err)
-		}
-		if err := x.Put(hdr, tr); err != nil {
-			return fmt.Errorf("store: checkpoint %s: file tree: %w", r.Checkpoint, err)
-		}
-	}
-	// The end-of-archive marker read, the rest of the stream must be
-	// zero padding only: read it to the end so its hash is whole.
-	if _, err := io.Copy(zeroOnly{}, pr); err != nil {
-		return fmt.Errorf("store: checkpoint %s: file tree: %w", r.Checkpoint, err)
-	}
-	if got := h.Sum(); got != r.Tree.SHA256 {
-		return bad("checkpoint %s: file tree of SHA-256 %s, the recipe says %s", r.Checkpoint, got, r.Tree.SHA256)
-	}
-	return x.Finish()
 }
 
 type zeroOnly struct{}

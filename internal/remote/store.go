@@ -40,6 +40,7 @@ type Store struct {
 	gcGone map[string]bool
 
 	trees treeCache
+	bases baseCache
 }
 
 // Stats describes one upload.

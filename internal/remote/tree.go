@@ -161,44 +161,69 @@ func (w *treeWriter) reused(refs []chunkRef) bool {
 	return true
 }
 
-// entry stores one entry: its header blocks hdr (a chunk of their own,
-// so that a file's contents are shared whatever its metadata), then
-// size bytes of r and the padding to a block, a chunk per MiB; it
-// returns the chunks.
+// entry stores one entry (cutEntry) and returns its chunks.
 func (w *treeWriter) entry(hdr []byte, r io.Reader, size int64) ([]chunkRef, error) {
+	if w.buf == nil {
+		w.buf = make([]byte, maxChunk)
+	}
 	var refs []chunkRef
-	add := func(b []byte) error {
+	err := cutEntry(hdr, r, size, w.buf, func(b []byte, _ int) error {
 		sum, err := w.chunk(b)
 		if err == nil {
 			refs = append(refs, chunkRef{sum: sum, len: int32(len(b))})
 		}
 		return err
-	}
+	})
+	return refs, err
+}
+
+// cutEntry cuts one tree entry into its chunks: its header blocks hdr (a
+// chunk of their own, so that a file's contents are shared whatever its
+// metadata), then size bytes of r and the padding to a block, a chunk
+// per MiB (read into buf, maxChunk bytes). add gets each chunk and how
+// many of its bytes are r's (the rest is padding).
+func cutEntry(hdr []byte, r io.Reader, size int64, buf []byte, add func(b []byte, data int) error) error {
 	for b := hdr; len(b) > 0; b = b[min(len(b), maxChunk):] {
-		if err := add(b[:min(len(b), maxChunk)]); err != nil {
-			return nil, err
+		if err := add(b[:min(len(b), maxChunk)], 0); err != nil {
+			return err
 		}
 	}
 	if size == 0 {
-		return refs, nil
-	}
-	if w.buf == nil {
-		w.buf = make([]byte, maxChunk)
+		return nil
 	}
 	padded := size + (512-size%512)%512
 	for off := int64(0); off < padded; {
-		b := w.buf[:min(int64(maxChunk), padded-off)]
+		b := buf[:min(int64(maxChunk), padded-off)]
 		data := max(0, min(int64(len(b)), size-off))
 		if _, err := io.ReadFull(r, b[:data]); err != nil {
-			return nil, err
+			return err
 		}
 		clear(b[data:])
-		if err := add(b); err != nil {
-			return nil, err
+		if err := add(b, int(data)); err != nil {
+			return err
 		}
 		off += int64(len(b))
 	}
-	return refs, nil
+	return nil
+}
+
+// entryHeader writes h's header blocks, as a tree stores them, to hb
+// (reset first).
+func entryHeader(hb *bytes.Buffer, h *tar.Header) error {
+	hb.Reset()
+	if err := tar.NewWriter(hb).WriteHeader(h); err != nil {
+		return fmt.Errorf("%s: %w", h.Name, err)
+	}
+	return nil
+}
+
+// treeEntrySize is the size of the contents stored for the entry h, whose
+// contents WalkTree gave as r.
+func treeEntrySize(h *tar.Header, r io.Reader) int64 {
+	if r == nil {
+		return 0
+	}
+	return h.Size
 }
 
 // tree stores the file tree of src, reusing the chunks of the files its
@@ -213,7 +238,7 @@ func (p *packer) tree(ctx context.Context, src Source) (Object, []*Extent, error
 	limit := snapshot.Add(-racyWindow).UnixNano()
 	var hb bytes.Buffer
 	err := image.WalkTree(ctx, "store: file tree", root, func(h *tar.Header, r io.Reader) error {
-		if h.Typeflag == tar.TypeChar || h.Typeflag == tar.TypeBlock {
+		if !storedEntry(h) {
 			return nil
 		}
 		// A file whose name, inode, size, mode and times are those it
@@ -225,15 +250,10 @@ func (p *packer) tree(ctx context.Context, src Source) (Object, []*Extent, error
 				return nil
 			}
 		}
-		hb.Reset()
-		if err := tar.NewWriter(&hb).WriteHeader(h); err != nil {
-			return fmt.Errorf("%s: %w", h.Name, err)
+		if err := entryHeader(&hb, h); err != nil {
+			return err
 		}
-		size := h.Size
-		if r == nil {
-			size = 0
-		}
-		refs, err := w.entry(hb.Bytes(), r, size)
+		refs, err := w.entry(hb.Bytes(), r, treeEntrySize(h, r))
 		if err != nil {
 			return fmt.Errorf("%s: %w", h.Name, err)
 		}
