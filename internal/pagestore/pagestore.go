@@ -22,6 +22,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -192,15 +194,9 @@ func StoreSealed(src, dst string, x *Index, yield func(written int64) error, s S
 	self := r.addSelf(dst)
 
 	whole := sha256.New()
-	buf := make([]byte, PageSize)
+	buf := make([]byte, blockPages*PageSize)
 	var yielded int64
-	for page := int64(0); ; page++ {
-		if yield != nil && page%yieldEvery == yieldEvery-1 {
-			if err := yield(res.Written - yielded); err != nil {
-				return Result{}, err
-			}
-			yielded = res.Written
-		}
+	for first := int64(0); ; first += blockPages {
 		n, err := io.ReadFull(in, buf)
 		if errors.Is(err, io.EOF) {
 			break
@@ -208,35 +204,33 @@ func StoreSealed(src, dst string, x *Index, yield func(written int64) error, s S
 		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
 			return Result{}, err
 		}
+		b := buf[:n]
 		if s != nil {
-			if err := s.Seal(page, buf[:n], &seal); err != nil {
-				return Result{}, err
+			for i := 0; i < n; i += PageSize {
+				if err := s.Seal(first+int64(i/PageSize), b[i:min(n, i+PageSize)], &seal); err != nil {
+					return Result{}, err
+				}
+				res.Seals = append(res.Seals, seal[:]...)
 			}
-			res.Seals = append(res.Seals, seal[:]...)
 		}
-		whole.Write(buf[:n])
-		h := sha256.Sum256(buf[:n])
-		res.Hashes = append(res.Hashes, h[:]...)
-		res.Pages++
-		l, known := x.pages[h]
-		if n == PageSize && known {
-			if err := r.share(l, page); err != nil {
-				return Result{}, err
+		// The image's SHA-256 on one goroutine, the pages' on the others.
+		hashed := make(chan struct{})
+		go func() { whole.Write(b); close(hashed) }()
+		sums := pageSums(b)
+		err = storeBlock(b, first, sums, x, r, out, self, &res, func(page int64) error {
+			if yield != nil && page%yieldEvery == yieldEvery-1 {
+				if err := yield(res.Written - yielded); err != nil {
+					return err
+				}
+				yielded = res.Written
 			}
-			res.Shared++
-			continue
-		}
-		if err := r.flush(); err != nil {
+			return nil
+		})
+		<-hashed
+		if err != nil {
 			return Result{}, err
 		}
-		if _, err := out.WriteAt(buf[:n], page*PageSize); err != nil {
-			return Result{}, err
-		}
-		res.Written += int64(n)
-		if n == PageSize && !known {
-			x.pages[h] = loc{file: self, page: page}
-		}
-		if n < PageSize {
+		if n < len(buf) {
 			break
 		}
 	}
@@ -337,6 +331,74 @@ func (r *reflinker) close() {
 			f.Close()
 		}
 	}
+}
+
+// blockPages is how many pages a store reads at once.
+const blockPages = 1024
+
+// pageSums returns the SHA-256s of b's pages (the last may be short),
+// hashed on as many goroutines as there are CPUs.
+func pageSums(b []byte) [][HashSize]byte {
+	sums := make([][HashSize]byte, (len(b)+PageSize-1)/PageSize)
+	workers := min(runtime.GOMAXPROCS(0), len(sums))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(sums); i += workers {
+				sums[i] = sha256.Sum256(b[i*PageSize : min(len(b), (i+1)*PageSize)])
+			}
+		})
+	}
+	wg.Wait()
+	return sums
+}
+
+// storeBlock stores the pages b, from page first on, whose SHA-256s are
+// sums: each known page shared, runs of new ones written at once (before
+// anything shares them). yield is called before each page.
+func storeBlock(b []byte, first int64, sums [][HashSize]byte, x *Index, r *reflinker, out *os.File, self int32, res *Result, yield func(page int64) error) error {
+	run := -1 // the first new page not written yet
+	write := func(end int) error {
+		if run < 0 {
+			return nil
+		}
+		if err := r.flush(); err != nil {
+			return err
+		}
+		if _, err := out.WriteAt(b[run*PageSize:min(len(b), end*PageSize)], (first+int64(run))*PageSize); err != nil {
+			return err
+		}
+		run = -1
+		return nil
+	}
+	for i, h := range sums {
+		page := first + int64(i)
+		if err := yield(page); err != nil {
+			return err
+		}
+		n := min(PageSize, len(b)-i*PageSize)
+		res.Hashes = append(res.Hashes, h[:]...)
+		res.Pages++
+		l, known := x.pages[h]
+		if n == PageSize && known {
+			if err := write(i); err != nil {
+				return err
+			}
+			if err := r.share(l, page); err != nil {
+				return err
+			}
+			res.Shared++
+			continue
+		}
+		if run < 0 {
+			run = i
+		}
+		res.Written += int64(n)
+		if n == PageSize && !known {
+			x.pages[h] = loc{file: self, page: page}
+		}
+	}
+	return write(len(sums))
 }
 
 // storeSmall stores a file shorter than a page: shared whole with an

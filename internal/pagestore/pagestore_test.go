@@ -19,7 +19,7 @@ func randomPages(n int) []byte {
 }
 
 // usedBytes is the space the filesystem reports used, after a commit.
-func usedBytes(t *testing.T, dir string) int64 {
+func usedBytes(t testing.TB, dir string) int64 {
 	t.Helper()
 	f, err := os.Open(dir)
 	if err != nil {

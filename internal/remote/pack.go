@@ -49,7 +49,11 @@ type packer struct {
 // The extent's Pack is filled in when its pack closes, before flush
 // returns.
 func (p *packer) add(ctx context.Context, c []byte) (*Extent, [sha256.Size]byte, error) {
-	h := sha256.Sum256(c)
+	return p.addSum(ctx, c, sha256.Sum256(c))
+}
+
+// addSum is add for a chunk whose SHA-256 h is known.
+func (p *packer) addSum(ctx context.Context, c []byte, h [sha256.Size]byte) (*Extent, [sha256.Size]byte, error) {
 	p.stats.Chunks++
 	if e, ok := p.known(h, int32(len(c))); ok {
 		p.stats.SharedBytes += int64(len(c))

@@ -11,7 +11,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/molt-sh/molt/internal/ckstore"
@@ -164,8 +166,14 @@ func chunkSize(name string) int {
 	return maxChunk
 }
 
+// objectBlock is what an upload reads of an object at once.
+const objectBlock = 4 << 20
+
 // object cuts the file p (object o) into chunks, checking its size and
-// SHA-256 against o's.
+// SHA-256 against o's. Each block read is hashed whole (the object's
+// SHA-256) on one goroutine while its chunks are hashed on the others
+// and added in order: hashing is most of an upload of a checkpoint whose
+// pages the store has.
 func (p *packer) object(ctx context.Context, file string, o ckstore.Object) ([]*Extent, error) {
 	f, err := os.Open(file)
 	if err != nil {
@@ -173,19 +181,28 @@ func (p *packer) object(ctx context.Context, file string, o ckstore.Object) ([]*
 	}
 	defer f.Close()
 	h := sha256.New()
-	buf := make([]byte, chunkSize(o.Path))
+	chunk := chunkSize(o.Path)
+	buf := make([]byte, objectBlock/chunk*chunk)
 	var ex []*Extent
 	var n int64
-	for {
+	for n <= o.Size {
 		k, err := io.ReadFull(f, buf)
 		if k > 0 {
-			h.Write(buf[:k])
+			b := buf[:k]
 			n += int64(k)
-			e, _, aerr := p.add(ctx, buf[:k])
-			if aerr != nil {
-				return nil, aerr
+			whole := make(chan struct{})
+			go func() { h.Write(b); close(whole) }()
+			sums := chunkSums(b, chunk)
+			for i, sum := range sums {
+				c := b[i*chunk : min(len(b), (i+1)*chunk)]
+				e, _, aerr := p.addSum(ctx, c, sum)
+				if aerr != nil {
+					<-whole
+					return nil, aerr
+				}
+				ex = append(ex, e)
 			}
-			ex = append(ex, e)
+			<-whole
 		}
 		if err == io.EOF || err == io.ErrUnexpectedEOF {
 			break
@@ -193,14 +210,28 @@ func (p *packer) object(ctx context.Context, file string, o ckstore.Object) ([]*
 		if err != nil {
 			return nil, err
 		}
-		if n > o.Size {
-			break
-		}
 	}
 	if n != o.Size || hex.EncodeToString(h.Sum(nil)) != o.SHA256 {
 		return nil, fmt.Errorf("its %d bytes are not the %d bytes of SHA-256 %s the checkpoint lists: %w", n, o.Size, o.SHA256, errCorrupt)
 	}
 	return ex, nil
+}
+
+// chunkSums returns the SHA-256s of b's chunks of chunk bytes (the last
+// may be shorter), hashed on as many goroutines as there are CPUs.
+func chunkSums(b []byte, chunk int) [][sha256.Size]byte {
+	sums := make([][sha256.Size]byte, (len(b)+chunk-1)/chunk)
+	workers := min(runtime.GOMAXPROCS(0), len(sums))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(sums); i += workers {
+				sums[i] = sha256.Sum256(b[i*chunk : min(len(b), (i+1)*chunk)])
+			}
+		})
+	}
+	wg.Wait()
+	return sums
 }
 
 var errCorrupt = bad("local object damaged")

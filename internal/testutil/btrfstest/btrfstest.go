@@ -12,7 +12,7 @@ import (
 
 // Dir returns the directory of a fresh 512 MiB btrfs pool, unmounted when
 // the test ends. It needs root (testutil.RequireRoot).
-func Dir(t *testing.T) string {
+func Dir(t testing.TB) string {
 	t.Helper()
 	testutil.RequireRoot(t)
 	p, err := pool.Open(context.Background(), pool.Config{Root: t.TempDir(), Size: 512 << 20})
