@@ -141,6 +141,17 @@ func (m *Manager) ResumeWith(ctx context.Context, ref string, req v1.ResumeReque
 			}
 		}
 	}
+	if lf == nil {
+		// Here already: lazily too, for much memory (lazylocal.go).
+		var err error
+		if lf, err = m.startLocalLazy(ctx, ck); err != nil {
+			return meta.Sandbox{}, fmt.Errorf("resume %s: %w", rec.ID, err)
+		}
+		if lf != nil {
+			ctx = withLazy(ctx, lf)
+			defer lf.abandon() // unless the restore ran
+		}
+	}
 	m.enforceLimits(&rec, "restore")
 	progress.Report(ctx, progress.Step{Message: "restoring from checkpoint " + ck.ID})
 	if _, err := m.rollbackProcesses(ctx, &rec, ck, ck); err != nil {

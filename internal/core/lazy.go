@@ -85,6 +85,9 @@ type lazyFetch struct {
 	served   chan struct{} // closed when the page server is done
 	finished chan struct{} // closed when the fetch ended (done)
 
+	// local: the pages are the local copy's (lazylocal.go).
+	local bool
+
 	fetched atomic.Int64 // page bytes read from the store
 	asked   atomic.Int64 // page bytes the daemon asked for
 
@@ -606,7 +609,11 @@ func (lf *lazyFetch) started(init sandbox.Init) error {
 		lf.closeOurs()
 	}
 	// fill ends the fetch either way (a failed one at once).
-	go lf.fill()
+	if lf.local {
+		go lf.fillLocal()
+	} else {
+		go lf.fill()
+	}
 	return err
 }
 
@@ -630,6 +637,11 @@ func (lf *lazyFetch) abandon() {
 	lf.theirs.Close()
 	<-lf.served
 	lf.closeFiles()
+	if lf.local {
+		lf.m.metrics.localLazy.WithLabelValues("failed").Inc()
+		lf.done()
+		return
+	}
 	_ = lf.m.cks.Delete(lf.ck.ID)
 	lf.m.metrics.lazy.WithLabelValues("failed").Inc()
 	lf.m.fetchMu.Unlock()

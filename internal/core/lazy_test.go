@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -270,5 +271,50 @@ func TestLazyMarkerAtStart(t *testing.T) {
 	}
 	if _, err := os.Stat(m.lazyMarker(hit.ID)); !os.IsNotExist(err) {
 		t.Fatalf("the marker stays: %v", err)
+	}
+}
+
+// TestLazyResumeLocal resumes a hibernated sandbox holding 80 MiB of
+// random memory from the local pool, lazily: its memory reads back
+// exactly, the lazy-pages daemon ends with every page, and the sandbox
+// hibernates and resumes again (its next checkpoint taken from memory
+// that came lazily).
+func TestLazyResumeLocal(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	if !m.criu.Probe(ctx).LazyPages {
+		tu.Unavailable(t, "CRIU cannot restore lazily here (uffd-noncoop)")
+	}
+	sb := newSandbox(t, m)
+	if err := os.WriteFile(filepath.Join(m.sbRoot(sb.ID), "heap.py"), []byte(heapHolder), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "python3 /heap.py >/dev/null 2>&1 &")
+	waitHostFile(t, filepath.Join(m.sbRoot(sb.ID), "tmp", "pid"))
+	h0 := waitHostFile(t, filepath.Join(m.sbRoot(sb.ID), "tmp", "h0"))
+	for round := 1; round <= 2; round++ {
+		if _, err := m.Hibernate(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := m.Resume(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		run(t, m, sb.ID, "rm -f /tmp/h1; kill -USR1 $(cat /tmp/pid)")
+		if h1 := waitHostFile(t, filepath.Join(m.sbRoot(sb.ID), "tmp", "h1")); h1 != h0 {
+			t.Fatalf("round %d: the resumed process's memory hashes to %s, it was %s", round, h1, h0)
+		}
+		eventually(t, "the lazy-pages daemon has every page", func() bool {
+			return counterValue(m.metrics.localLazy.WithLabelValues("ok")) == float64(round)
+		})
+		if _, err := os.Stat(m.lazyMarker(sb.ID)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("round %d: the lazy marker stays: %v", round, err)
+		}
+		t.Logf("round %d: lazy resume from the pool: %v", round, took.Round(time.Millisecond))
+	}
+	if n := counterValue(m.metrics.localLazy.WithLabelValues("failed")); n != 0 {
+		t.Fatalf("%v local lazy resumes failed", n)
 	}
 }

@@ -31,6 +31,7 @@ type metrics struct {
 	fetches   prometheus.Counter
 	evictions prometheus.Counter
 	lazy      *prometheus.CounterVec // lazy resumes by result (lazy.go)
+	localLazy *prometheus.CounterVec // local lazy resumes by result (lazylocal.go)
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}
@@ -87,8 +88,11 @@ func newMetrics(m *Manager) *metrics {
 	x.lazy = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "molt_store_lazy_resumes_total", Help: "Resumes from the object store that restored before the memory was fetched, by result (ok: every page came and was checked; failed: the tree was killed or the restore failed).",
 	}, []string{"result"})
+	x.localLazy = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "molt_lazy_local_resumes_total", Help: "Resumes from the local pool that restored before the memory was in, by result (ok: the lazy-pages daemon had every page; failed: the tree was killed or the restore failed).",
+	}, []string{"result"})
 	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks, x.forksHot, x.decisions, x.captureWait, x.turnDecide,
-		x.uploads, x.storeSent, x.fetches, x.evictions, x.lazy)
+		x.uploads, x.storeSent, x.fetches, x.evictions, x.lazy, x.localLazy)
 	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "molt_pending_checkpoints", Help: "Full checkpoints captured and not yet committed (the persist queue).",
 	}, func() float64 {

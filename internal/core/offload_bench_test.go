@@ -22,7 +22,10 @@ import (
 // (versitygw, on this machine's disk); the sandbox moves from the first
 // to the second through the store. Per size, in alternating order:
 //
-//   - local: Hibernate then Resume on the first daemon (the resume timed);
+//   - local: Hibernate then Resume on the first daemon, eager (every
+//     page read before the tree runs) and lazy (lazylocal.go; also
+//     timed until the lazy-pages daemon has every page), in alternating
+//     order;
 //   - store: Hibernate, Offload (timed: the upload, with the store
 //     already holding what earlier checkpoints uploaded), then Resume on
 //     the second daemon, and back the same way, twice: eager (timed:
@@ -81,22 +84,39 @@ func benchStoreResume(b *testing.B, size int64) {
 			b.Fatal("the process did not fill its memory")
 		}
 	}
-	var tLocal, tUpload time.Duration
-	var uploads int
+	var tUpload time.Duration
+	var tLocal, tLocalWhole [2]time.Duration // eager, lazy
+	var uploads, locals int
 	// Resumes from the store, eager and lazy; for lazy ones also the
 	// time until every page is local.
 	var tStore, tWhole [2]time.Duration
 	var resumes [2]int
 	here, there := m1, m2
-	local := func() {
-		if _, err := here.Hibernate(ctx, sb.ID); err != nil {
-			b.Fatal(err)
+	// From the local pool, eager then lazy (lazy then eager on odd
+	// iterations); a lazy one also timed until the lazy-pages daemon
+	// has every page.
+	local := func(i int) {
+		for _, lazy := range [][]int{{0, 1}, {1, 0}}[i%2] {
+			here.opts.noLazyResume = lazy == 0
+			if _, err := here.Hibernate(ctx, sb.ID); err != nil {
+				b.Fatal(err)
+			}
+			before := counterValue(here.metrics.localLazy.WithLabelValues("ok"))
+			start := time.Now()
+			if _, err := here.Resume(ctx, sb.ID); err != nil {
+				b.Fatal(err)
+			}
+			tLocal[lazy] += time.Since(start)
+			for lazy == 1 && counterValue(here.metrics.localLazy.WithLabelValues("ok")) == before {
+				if time.Since(start) > 5*time.Minute {
+					b.Fatal("the local lazy resume did not end")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			tLocalWhole[lazy] += time.Since(start)
+			here.opts.noLazyResume = false
 		}
-		start := time.Now()
-		if _, err := here.Resume(ctx, sb.ID); err != nil {
-			b.Fatal(err)
-		}
-		tLocal += time.Since(start)
+		locals++
 	}
 	store := func() {
 		// There and back twice, the sandbox ends where it began: eager,
@@ -158,26 +178,28 @@ func benchStoreResume(b *testing.B, size int64) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if i%2 == 0 {
-			local()
+			local(i)
 			store()
 			migrate()
 		} else {
 			migrate()
 			store()
-			local()
+			local(i)
 		}
 	}
 	b.StopTimer()
 	msPer := func(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
-	local1 := msPer(tLocal, b.N)
+	local1, localLazy, localWhole := msPer(tLocal[0], locals), msPer(tLocal[1], locals), msPer(tLocalWhole[1], locals)
 	eager, lazy, whole := msPer(tStore[0], resumes[0]), msPer(tStore[1], resumes[1]), msPer(tWhole[1], resumes[1])
 	b.ReportMetric(local1, "local-resume-ms")
+	b.ReportMetric(localLazy, "local-lazy-resume-ms")
 	b.ReportMetric(eager, "store-eager-resume-ms")
 	b.ReportMetric(lazy, "store-lazy-resume-ms")
 	b.ReportMetric(whole, "store-lazy-whole-ms")
 	b.ReportMetric(eager/lazy, "eager/lazy")
 	b.ReportMetric(msPer(tUpload, uploads), "offload-ms")
 	b.ReportMetric(msPer(tDown, migrations), "migrate-downtime-ms")
+	b.Logf("%s: resume from the local pool eager %.0f ms, lazy %.0f ms (every page in after %.0f ms)", units.Bytes(size), local1, localLazy, localWhole)
 	b.Logf("%s: resume from the local pool %.0f ms; from the store eager %.0f ms, lazy %.0f ms (eager/lazy %.2f; every page local after %.0f ms); offload %.0f ms (%d offloads); migration downtime (lazy resume) %.0f ms (upload %.0f ms, target's resume %.0f ms; %d migrations); store traffic %+v",
 		units.Bytes(size), local1, eager, lazy, eager/lazy, whole, msPer(tUpload, uploads), uploads,
 		msPer(tDown, migrations), msPer(tMigUp, migrations), msPer(tMigResume, migrations), migrations, bucket.Stats())
