@@ -193,23 +193,31 @@ func (m *Manager) startFetch(ctx context.Context, ck *checkpointRec) (*lazyFetch
 		}
 		return nil, nil
 	}
-	// Until every page is here, a marker says so: a daemon that dies
-	// meanwhile takes CRIU's lazy-pages daemon with it (its socket
-	// closes), which lets the tree's tasks fault in zero pages; the next
-	// start kills such a tree (endLazyFetch).
-	if err := os.WriteFile(m.lazyMarker(ck.Sandbox), []byte(ck.ID), 0o600); err != nil {
+	if err := m.register(lf); err != nil {
 		lf.abandon()
 		return nil, err
 	}
+	ck.Offloaded = false
+	lf.ck.Offloaded = false
+	return lf, nil
+}
+
+// register lists lf among the fetches under way. Until every page is
+// in, a marker says so: a daemon that dies meanwhile takes CRIU's
+// lazy-pages daemon with it (its socket closes), which lets the tree's
+// tasks fault in zero pages; the next start kills such a tree
+// (endLazyFetch).
+func (m *Manager) register(lf *lazyFetch) error {
+	if err := os.WriteFile(m.lazyMarker(lf.ck.Sandbox), []byte(lf.ck.ID), 0o600); err != nil {
+		return err
+	}
 	m.lazyMu.Lock()
+	defer m.lazyMu.Unlock()
 	if m.lazies == nil {
 		m.lazies = map[*lazyFetch]bool{}
 	}
 	m.lazies[lf] = true
-	m.lazyMu.Unlock()
-	ck.Offloaded = false
-	lf.ck.Offloaded = false
-	return lf, nil
+	return nil
 }
 
 // lazyMarker is the file that says sandbox id's memory is being fetched.

@@ -17,6 +17,7 @@ import (
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/criu"
+	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/remote"
 	tu "github.com/molt-sh/molt/internal/testutil"
 )
@@ -38,6 +39,19 @@ put('pid', str(os.getpid()))
 while True:
     signal.pause()
 `
+
+// heapSandbox starts heapHolder in a new sandbox of m, and returns the
+// sandbox and the SHA-256 of the heap.
+func heapSandbox(t *testing.T, m *Manager) (meta.Sandbox, string) {
+	t.Helper()
+	sb := newSandbox(t, m)
+	if err := os.WriteFile(filepath.Join(m.sbRoot(sb.ID), "heap.py"), []byte(heapHolder), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, sb.ID, "python3 /heap.py >/dev/null 2>&1 &")
+	waitHostFile(t, filepath.Join(m.sbRoot(sb.ID), "tmp", "pid"))
+	return sb, waitHostFile(t, filepath.Join(m.sbRoot(sb.ID), "tmp", "h0"))
+}
 
 // waitFile waits for file p and returns its content.
 func waitHostFile(t *testing.T, p string) string {
@@ -76,13 +90,7 @@ func TestLazyResumeFromStore(t *testing.T) {
 	if !m.criu.Probe(ctx).LazyPages {
 		tu.Unavailable(t, "CRIU cannot restore lazily here (uffd-noncoop)")
 	}
-	sb := newSandbox(t, m)
-	if err := os.WriteFile(filepath.Join(m.sbRoot(sb.ID), "heap.py"), []byte(heapHolder), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run(t, m, sb.ID, "python3 /heap.py >/dev/null 2>&1 &")
-	waitHostFile(t, filepath.Join(m.sbRoot(sb.ID), "tmp", "pid"))
-	h0 := waitHostFile(t, filepath.Join(m.sbRoot(sb.ID), "tmp", "h0"))
+	sb, h0 := heapSandbox(t, m)
 	if _, err := m.Hibernate(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -286,13 +294,7 @@ func TestLazyResumeLocal(t *testing.T) {
 	if !m.criu.Probe(ctx).LazyPages {
 		tu.Unavailable(t, "CRIU cannot restore lazily here (uffd-noncoop)")
 	}
-	sb := newSandbox(t, m)
-	if err := os.WriteFile(filepath.Join(m.sbRoot(sb.ID), "heap.py"), []byte(heapHolder), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run(t, m, sb.ID, "python3 /heap.py >/dev/null 2>&1 &")
-	waitHostFile(t, filepath.Join(m.sbRoot(sb.ID), "tmp", "pid"))
-	h0 := waitHostFile(t, filepath.Join(m.sbRoot(sb.ID), "tmp", "h0"))
+	sb, h0 := heapSandbox(t, m)
 	for round := 1; round <= 2; round++ {
 		if _, err := m.Hibernate(ctx, sb.ID); err != nil {
 			t.Fatal(err)

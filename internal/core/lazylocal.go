@@ -75,17 +75,11 @@ func (m *Manager) startLocalLazy(ctx context.Context, ck checkpointRec) (*lazyFe
 	}
 	lf.ours, lf.theirs = os.NewFile(uintptr(fds[0]), "page server"), os.NewFile(uintptr(fds[1]), "lazy pages")
 	lf.served, lf.finished = make(chan struct{}), make(chan struct{})
-	if err := os.WriteFile(m.lazyMarker(ck.Sandbox), []byte(ck.ID), 0o600); err != nil {
+	if err := m.register(lf); err != nil {
 		lf.ours.Close()
 		lf.theirs.Close()
 		return nil, err
 	}
-	m.lazyMu.Lock()
-	if m.lazies == nil {
-		m.lazies = map[*lazyFetch]bool{}
-	}
-	m.lazies[lf] = true
-	m.lazyMu.Unlock()
 	rv.Success()
 	go lf.serve()
 	return lf, nil

@@ -216,7 +216,7 @@ func StoreSealed(src, dst string, x *Index, yield func(written int64) error, s S
 		// The image's SHA-256 on one goroutine, the pages' on the others.
 		hashed := make(chan struct{})
 		go func() { whole.Write(b); close(hashed) }()
-		sums := pageSums(b)
+		sums := Sums(b, PageSize)
 		err = storeBlock(b, first, sums, x, r, out, self, &res, func(page int64) error {
 			if yield != nil && page%yieldEvery == yieldEvery-1 {
 				if err := yield(res.Written - yielded); err != nil {
@@ -336,16 +336,16 @@ func (r *reflinker) close() {
 // blockPages is how many pages a store reads at once.
 const blockPages = 1024
 
-// pageSums returns the SHA-256s of b's pages (the last may be short),
-// hashed on as many goroutines as there are CPUs.
-func pageSums(b []byte) [][HashSize]byte {
-	sums := make([][HashSize]byte, (len(b)+PageSize-1)/PageSize)
+// Sums returns the SHA-256s of b's chunks of size bytes (the last may
+// be shorter), hashed on as many goroutines as there are CPUs.
+func Sums(b []byte, size int) [][HashSize]byte {
+	sums := make([][HashSize]byte, (len(b)+size-1)/size)
 	workers := min(runtime.GOMAXPROCS(0), len(sums))
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
 			for i := w; i < len(sums); i += workers {
-				sums[i] = sha256.Sum256(b[i*PageSize : min(len(b), (i+1)*PageSize)])
+				sums[i] = sha256.Sum256(b[i*size : min(len(b), (i+1)*size)])
 			}
 		})
 	}

@@ -11,9 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/molt-sh/molt/internal/ckstore"
@@ -192,7 +190,7 @@ func (p *packer) object(ctx context.Context, file string, o ckstore.Object) ([]*
 			n += int64(k)
 			whole := make(chan struct{})
 			go func() { h.Write(b); close(whole) }()
-			sums := chunkSums(b, chunk)
+			sums := pagestore.Sums(b, chunk)
 			for i, sum := range sums {
 				c := b[i*chunk : min(len(b), (i+1)*chunk)]
 				e, _, aerr := p.addSum(ctx, c, sum)
@@ -215,23 +213,6 @@ func (p *packer) object(ctx context.Context, file string, o ckstore.Object) ([]*
 		return nil, fmt.Errorf("its %d bytes are not the %d bytes of SHA-256 %s the checkpoint lists: %w", n, o.Size, o.SHA256, errCorrupt)
 	}
 	return ex, nil
-}
-
-// chunkSums returns the SHA-256s of b's chunks of chunk bytes (the last
-// may be shorter), hashed on as many goroutines as there are CPUs.
-func chunkSums(b []byte, chunk int) [][sha256.Size]byte {
-	sums := make([][sha256.Size]byte, (len(b)+chunk-1)/chunk)
-	workers := min(runtime.GOMAXPROCS(0), len(sums))
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for i := w; i < len(sums); i += workers {
-				sums[i] = sha256.Sum256(b[i*chunk : min(len(b), (i+1)*chunk)])
-			}
-		})
-	}
-	wg.Wait()
-	return sums
 }
 
 var errCorrupt = bad("local object damaged")
