@@ -129,6 +129,11 @@ func treeChunks(r Recipe) ([]tchunk, error) {
 	return chunks, nil
 }
 
+// maxTreeIdx bounds a pack index read for a tree's chunk sums (a
+// million chunks and more; a larger one leaves its chunks to be
+// fetched).
+const maxTreeIdx = 1 << 20 * idxEntry
+
 // chunkSums fills in the chunks' SHA-256s from their packs' indexes
 // (those it cannot read leave their chunks to be fetched).
 func (s *Store) chunkSums(ctx context.Context, r Recipe, chunks []tchunk) error {
@@ -149,7 +154,7 @@ func (s *Store) chunkSums(ctx context.Context, r Recipe, chunks []tchunk) error 
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			idx, err := readAll(ctx, s.b, idxKey(pack), int64(maxPackSize/minChunkForIdx*idxEntry))
+			idx, err := readAll(ctx, s.b, idxKey(pack), maxTreeIdx)
 			if err != nil || len(idx)%idxEntry != 0 {
 				return
 			}
