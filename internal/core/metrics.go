@@ -32,6 +32,9 @@ type metrics struct {
 	evictions prometheus.Counter
 	lazy      *prometheus.CounterVec // lazy resumes by result (lazy.go)
 	localLazy *prometheus.CounterVec // local lazy resumes by result (lazylocal.go)
+	// treeFetches counts file trees fetched from the store, by how
+	// (offload.go fetchTree).
+	treeFetches *prometheus.CounterVec
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}
@@ -91,8 +94,11 @@ func newMetrics(m *Manager) *metrics {
 	x.localLazy = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "molt_lazy_local_resumes_total", Help: "Resumes from the local pool that restored before the memory was in, by result (ok: the lazy-pages daemon had every page; failed: the tree was killed or the restore failed).",
 	}, []string{"result"})
+	x.treeFetches = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "molt_store_tree_fetches_total", Help: "File trees fetched from the object store, by how: image (over the image the sandbox was made from), whole (no such image here), image_refused (over the image, refused by the tree's hash; then fetched whole).",
+	}, []string{"how"})
 	x.reg.MustRegister(x.stall, x.capture, x.commit, x.bytes, x.checkpoint, x.rollback, x.forks, x.forksHot, x.decisions, x.captureWait, x.turnDecide,
-		x.uploads, x.storeSent, x.fetches, x.evictions, x.lazy, x.localLazy)
+		x.uploads, x.storeSent, x.fetches, x.evictions, x.lazy, x.localLazy, x.treeFetches)
 	x.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "molt_pending_checkpoints", Help: "Full checkpoints captured and not yet committed (the persist queue).",
 	}, func() float64 {

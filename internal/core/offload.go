@@ -281,6 +281,7 @@ func (m *Manager) fetchTree(ctx context.Context, ck checkpointRec, r remote.Reci
 		if err == nil {
 			m.log.Info("file tree fetched over its image", "checkpoint", ck.ID, "entries", st.Entries, "kept", st.KeptEntries,
 				"kept_bytes", st.Kept, "fetched_bytes", st.Fetched, "base_bytes", st.FromBase)
+			m.metrics.treeFetches.WithLabelValues("image").Inc()
 		}
 		if err == nil || ctx.Err() != nil || !errors.Is(err, errdefs.ErrFailedPrecondition) {
 			return m.sealTree(ck, tree, err)
@@ -288,6 +289,7 @@ func (m *Manager) fetchTree(ctx context.Context, ck checkpointRec, r remote.Reci
 		// The tree's hash refused what the image gave (an image changed
 		// under its index): fetch it whole.
 		m.log.Warn("file tree: fetching it whole", "checkpoint", ck.ID, "err", err)
+		m.metrics.treeFetches.WithLabelValues("image_refused").Inc()
 		if err := removeTree(tree); err != nil {
 			return err
 		}
@@ -295,6 +297,7 @@ func (m *Manager) fetchTree(ctx context.Context, ck checkpointRec, r remote.Reci
 	if err := fsnap.CreateSubvolume(tree); err != nil {
 		return err
 	}
+	m.metrics.treeFetches.WithLabelValues("whole").Inc()
 	return m.sealTree(ck, tree, m.store.FetchTree(ctx, r, tree))
 }
 

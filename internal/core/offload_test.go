@@ -16,6 +16,7 @@ import (
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/egress"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/objstore"
 	"github.com/molt-sh/molt/internal/objstore/s3test"
@@ -307,5 +308,63 @@ func TestHandedOver(t *testing.T) {
 	plain := meta.Egress{Addr: e.Addr}
 	if got, err := handedOver("sb", plain, nil); err != nil || got.CAKey != "" || got.Addr != plain.Addr {
 		t.Errorf("no inspection: %+v, %v", got, err)
+	}
+}
+
+// TestFetchTreeOverImage resumes from the store a sandbox whose tree
+// differs a little from its image: over the image, the file it changed
+// comes back as it left it. Then the image's bytes change under the
+// index the first fetch built: the tree's hash refuses what the image
+// gives, the fetch starts again whole, and the sandbox still resumes
+// with its own files.
+func TestFetchTreeOverImage(t *testing.T) {
+	m := openManagerStore(t, testBucket(t))
+	requireCRIU(t, m)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	// A mode changed: the file is written again, its bytes read from the
+	// image (no longer the same entry); a file of its own.
+	run(t, m, sb.ID, "chmod 0600 /etc/debian_version && echo mine > /root/mine")
+	want := string(readFile(t, filepath.Join(m.sbRoot(sb.ID), "etc/debian_version")))
+	resume := func() {
+		t.Helper()
+		if _, err := m.Hibernate(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Offload(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Resume(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		for p, w := range map[string]string{"etc/debian_version": want, "root/mine": "mine\n"} {
+			if got := string(readFile(t, filepath.Join(m.sbRoot(sb.ID), p))); got != w {
+				t.Fatalf("%s: %q after the resume, want %q", p, got, w)
+			}
+		}
+		fi, err := os.Stat(filepath.Join(m.sbRoot(sb.ID), "etc/debian_version"))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("etc/debian_version: %v, %v; want mode 0600", fi, err)
+		}
+	}
+	trees := func(how string) float64 { return counterValue(m.metrics.treeFetches.WithLabelValues(how)) }
+	resume()
+	if trees("image") != 1 || trees("whole") != 0 {
+		t.Fatalf("first resume: %v trees fetched over the image, %v whole; want 1 and 0", trees("image"), trees("whole"))
+	}
+	img := m.imageDir(testImage)
+	if err := fsnap.SetReadonly(img, false); err != nil {
+		t.Fatal(err)
+	}
+	tampered := strings.Repeat("x", len(want))
+	if err := os.WriteFile(filepath.Join(img, "etc/debian_version"), []byte(tampered), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsnap.SetReadonly(img, true); err != nil {
+		t.Fatal(err)
+	}
+	resume()
+	if trees("image_refused") != 1 || trees("whole") != 1 || trees("image") != 1 {
+		t.Fatalf("second resume: %v refused over the image, %v whole, %v over it; want 1, 1 and 1", trees("image_refused"), trees("whole"), trees("image"))
 	}
 }
