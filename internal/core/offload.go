@@ -328,8 +328,7 @@ func (m *Manager) treeBase(sb, tree string) (base *remote.Base, unlock func(), e
 	}
 	unlock = m.lock("image/" + rec.Image)
 	dir := m.imageDir(rec.Image)
-	key, err := fsnap.SubvolumeUUID(dir)
-	if ro, rerr := fsnap.Readonly(dir); err != nil || rerr != nil || !ro {
+	if ro, err := fsnap.Readonly(dir); err != nil || !ro {
 		unlock()
 		return nil, none, nil
 	}
@@ -337,11 +336,12 @@ func (m *Manager) treeBase(sb, tree string) (base *remote.Base, unlock func(), e
 		unlock()
 		return nil, none, err
 	}
-	// The snapshot is of the image indexed under key, whatever renamed
-	// what meanwhile.
-	if of, err := fsnap.SnapshotOf(tree); err != nil || of != key {
+	// The index's key is the UUID of the subvolume snapshotted, as the
+	// snapshot names it.
+	key, err := fsnap.SnapshotOf(tree)
+	if err != nil || key == "" {
 		unlock()
-		return nil, none, errors.Join(fmt.Errorf("file tree: the image's snapshot is of %q, not %s: %v", of, key, err), removeTree(tree))
+		return nil, none, errors.Join(fmt.Errorf("file tree: the image's snapshot names no source (%v)", err), removeTree(tree))
 	}
 	return &remote.Base{Dir: dir, Key: key}, unlock, nil
 }

@@ -120,14 +120,9 @@ func NodeSize(path string) (int, error) {
 // it tells a directory that was renamed into place from one that was
 // not.
 func SubvolumeUUID(path string) (string, error) {
-	fd, err := openSubvolume(path)
+	args, err := subvolInfo(path, "uuid")
 	if err != nil {
-		return "", fmt.Errorf("uuid of %s: %w", path, err)
-	}
-	defer unix.Close(fd)
-	var args subvolInfoArgs
-	if err := ioctl(fd, iocGetSubvolInfo, unsafe.Pointer(&args)); err != nil {
-		return "", fmt.Errorf("uuid of %s: %w", path, err)
+		return "", err
 	}
 	return hex.EncodeToString(args.uuid[:]), nil
 }
@@ -135,19 +130,26 @@ func SubvolumeUUID(path string) (string, error) {
 // SnapshotOf returns the UUID of the subvolume the subvolume at path was
 // snapshotted from, in hex ("" for one that was created empty).
 func SnapshotOf(path string) (string, error) {
-	fd, err := openSubvolume(path)
-	if err != nil {
-		return "", fmt.Errorf("parent uuid of %s: %w", path, err)
-	}
-	defer unix.Close(fd)
-	var args subvolInfoArgs
-	if err := ioctl(fd, iocGetSubvolInfo, unsafe.Pointer(&args)); err != nil {
-		return "", fmt.Errorf("parent uuid of %s: %w", path, err)
-	}
-	if args.parentUUID == [16]byte{} {
-		return "", nil
+	args, err := subvolInfo(path, "parent uuid")
+	if err != nil || args.parentUUID == [16]byte{} {
+		return "", err
 	}
 	return hex.EncodeToString(args.parentUUID[:]), nil
+}
+
+// subvolInfo reads what btrfs says of the subvolume whose root is path;
+// what names the caller's question in errors.
+func subvolInfo(path, what string) (subvolInfoArgs, error) {
+	var args subvolInfoArgs
+	fd, err := openSubvolume(path)
+	if err != nil {
+		return args, fmt.Errorf("%s of %s: %w", what, path, err)
+	}
+	defer unix.Close(fd)
+	if err := ioctl(fd, iocGetSubvolInfo, unsafe.Pointer(&args)); err != nil {
+		return args, fmt.Errorf("%s of %s: %w", what, path, err)
+	}
+	return args, nil
 }
 
 // IsBtrfs reports whether path is on a btrfs filesystem.

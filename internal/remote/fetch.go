@@ -50,9 +50,10 @@ type piece struct {
 }
 
 type fetched struct {
-	b     []byte
-	err   error
-	first int // the first chunk of a tree's piece (fetchtree.go)
+	b   []byte
+	err error
+	// first and last: the chunks of a tree's piece (fetchtree.go).
+	first, last int
 }
 
 // read writes object o of r to w, fetching ahead.

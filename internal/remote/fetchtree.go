@@ -195,11 +195,13 @@ type treeStream struct {
 	pos    int64
 	k      int    // the chunk at pos
 	buf    []byte // chunk k's bytes, once loaded
+	lbuf   []byte // where a chunk of the base is read
 	loaded bool
 
 	pieces <-chan chan fetched // the store's, in order
 	piece  []byte              // the piece being used
 	pfirst int                 // its first chunk
+	plast  int                 // and its last
 	cancel context.CancelFunc
 
 	sums     hash.Hash
@@ -281,7 +283,7 @@ func (ts *treeStream) fetchAhead() <-chan chan fetched {
 			}
 			go func() {
 				f := ts.s.fetch(ts.ctx, pc)
-				f.first = p[0]
+				f.first, f.last = p[0], p[1]
 				c <- f
 			}()
 		}
@@ -292,7 +294,7 @@ func (ts *treeStream) fetchAhead() <-chan chan fetched {
 // remote returns the bytes of chunk k, which the base lacks, from the
 // pieces fetched ahead.
 func (ts *treeStream) remote(k int) ([]byte, error) {
-	for ts.piece == nil || k > ts.pfirst+ts.piecesChunks()-1 {
+	for ts.piece == nil || k > ts.plast {
 		c, ok := <-ts.pieces
 		if !ok {
 			if err := ts.ctx.Err(); err != nil {
@@ -304,7 +306,7 @@ func (ts *treeStream) remote(k int) ([]byte, error) {
 		if f.err != nil {
 			return nil, f.err
 		}
-		ts.piece, ts.pfirst = f.b, f.first
+		ts.piece, ts.pfirst, ts.plast = f.b, f.first, f.last
 		ts.fetched += int64(len(f.b))
 	}
 	off := ts.chunks[k].off - ts.chunks[ts.pfirst].off
@@ -312,15 +314,6 @@ func (ts *treeStream) remote(k int) ([]byte, error) {
 		return nil, bad("file tree: chunk %d is not in its piece", k)
 	}
 	return ts.piece[off : off+int64(ts.chunks[k].len)], nil
-}
-
-// piecesChunks is the number of chunks the current piece holds.
-func (ts *treeStream) piecesChunks() int {
-	n, i := int64(0), ts.pfirst
-	for ; i < len(ts.chunks) && n < int64(len(ts.piece)); i++ {
-		n += int64(ts.chunks[i].len)
-	}
-	return i - ts.pfirst
 }
 
 // readBase reads len(p) bytes of the base's content chunk of SHA-256
@@ -360,10 +353,12 @@ func (ts *treeStream) readBase(sum [sha256.Size]byte, p []byte, off int64) error
 func (ts *treeStream) load() error {
 	c := &ts.chunks[ts.k]
 	if c.local {
-		if cap(ts.buf) < maxChunk {
-			ts.buf = make([]byte, maxChunk)
+		// A buffer of its own: ts.buf may be a piece's, whose later
+		// chunks are still to be read.
+		if ts.lbuf == nil {
+			ts.lbuf = make([]byte, maxChunk)
 		}
-		ts.buf = ts.buf[:c.len]
+		ts.buf = ts.lbuf[:c.len]
 		if err := ts.readBase(c.sum, ts.buf, 0); err != nil {
 			return err
 		}
