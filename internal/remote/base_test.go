@@ -13,12 +13,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/image"
+	"github.com/molt-sh/molt/internal/objstore"
 )
 
 // listing describes a tree as WalkTree sees it, one line per entry:
@@ -191,4 +194,50 @@ func diffLines(got, want []string) string {
 		}
 	}
 	return b.String()
+}
+
+// stuckBucket never answers a read of a pack.
+type stuckBucket struct{ objstore.Bucket }
+
+func (b stuckBucket) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if strings.HasPrefix(key, "packs/") && !strings.HasSuffix(key, ".idx") {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return b.Bucket.Get(ctx, key, off, n)
+}
+
+// TestFetchStuckStore: a store that stops answering fails a fetch of a
+// tree, over a base or not, and of an object, with its deadline, rather
+// than holding it.
+func TestFetchStuckStore(t *testing.T) {
+	ctx := context.Background()
+	b, k, s := dirStore(t)
+	base, changed := baseAndChanged(t)
+	src := artifact(t, "ck0000000001", randomPages(t, 4), "x")
+	src.Tree = changed
+	if _, _, err := s.Upload(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := Open(ctx, stuckBucket{b}, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := stuck.Recipe(ctx, "ck0000000001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { pieceTimeout = d }(pieceTimeout)
+	pieceTimeout = 100 * time.Millisecond
+	if err := stuck.FetchTree(ctx, r, t.TempDir()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("tree from a stuck store: %v", err)
+	}
+	dst := t.TempDir()
+	copyTree(t, base, dst)
+	if _, err := stuck.FetchTreeOver(ctx, r, dst, Base{Dir: base, Key: "b"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("tree over a base from a stuck store: %v", err)
+	}
+	if _, err := stuck.FetchObjects(ctx, r, t.TempDir()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("objects from a stuck store: %v", err)
+	}
 }

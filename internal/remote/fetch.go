@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -22,6 +23,11 @@ const (
 	fetchPiece = 8 << 20
 	fetchAhead = 4
 )
+
+// pieceTimeout bounds one ranged read (at most fetchPiece bytes): a
+// store that stops answering fails the fetch, with the deadline as its
+// error, rather than holding it for good.
+var pieceTimeout = 2 * time.Minute
 
 // Recipe reads and checks checkpoint id's recipe (see decodeRecipe).
 func (s *Store) Recipe(ctx context.Context, id string) (Recipe, error) {
@@ -89,6 +95,8 @@ func (s *Store) read(ctx context.Context, r Recipe, o Object, w io.Writer) error
 }
 
 func (s *Store) fetch(ctx context.Context, p piece) fetched {
+	ctx, cancel := context.WithTimeout(ctx, pieceTimeout)
+	defer cancel()
 	rc, err := s.b.Get(ctx, packKey(p.pack), p.off, p.len)
 	if err != nil {
 		return fetched{err: fmt.Errorf("store: pack %s: %w", p.pack, err)}
