@@ -82,11 +82,19 @@ type session struct {
 // state pipes.
 func sessionTag(name string) string { return "session:" + name }
 
+// sessionList lists the sessions with their digests. The digests are
+// taken outside the agent's lock: taking one runs a command in the
+// session, and a session whose shell ends meanwhile takes that lock to
+// forget itself (sessionEnded).
 func (s *Agent) sessionList() []SessionInfo {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	var l []SessionInfo
+	sessions := make([]*session, 0, len(s.sessions))
 	for _, ss := range s.sessions {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	var l []SessionInfo
+	for _, ss := range sessions {
 		l = append(l, SessionInfo{Name: ss.name, Pid: ss.pid, Digest: s.sessionDigest(ss)})
 	}
 	sort.Slice(l, func(i, j int) bool { return l[i].Name < l[j].Name })

@@ -177,3 +177,33 @@ func TestAgentTakesOverSessions(t *testing.T) {
 		t.Fatalf("pid1's table after close: %+v, %v", es, err)
 	}
 }
+
+// TestSessionListShellGone: a session whose shell is gone when the list
+// asks for its digest is dropped from the list's agent, not waited on:
+// the list must not hold the agent's lock while it runs a command in a
+// session (the session's end takes that lock).
+func TestSessionListShellGone(t *testing.T) {
+	if _, err := os.Stat("/bin/bash"); err != nil {
+		t.Skip("no bash")
+	}
+	s := testAgent(t)
+	if r := s.sessionRun(Request{Session: "t", Command: "true", TimeoutMS: 10000}); r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	ss := s.sessions["t"]
+	ss.p.signal(unix.SIGKILL, false)
+	<-ss.exited
+	done := make(chan []SessionInfo, 1)
+	go func() { done <- s.sessionList() }()
+	select {
+	case l := <-done:
+		if len(l) != 1 || !strings.HasPrefix(l[0].Digest, "unknown") {
+			t.Errorf("a session whose shell is gone: %+v, want it listed with no digest", l)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the session list waits for good on a session whose shell is gone")
+	}
+	if l := s.sessionList(); len(l) != 0 {
+		t.Errorf("after its end was seen: %+v, want no session", l)
+	}
+}
