@@ -46,8 +46,8 @@ demo: build
 # "Known flaky") is fixed: the race detector's slowdown makes it likely.
 # `make race-core` runs it.
 test: build lint
-	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -p 1 -count=1 -timeout 30m ./...
-	MOLT_REQUIRE_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 30m ./api/... ./client ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/turn ./internal/ns ./internal/pid1 ./internal/template ./internal/kube
+	MOLT_REQUIRE_PRIVILEGED=1 GO=$(GO) scripts/gotest.sh -p 1 -count=1 -timeout 30m ./...
+	MOLT_REQUIRE_PRIVILEGED=1 GO=$(GO) scripts/gotest.sh -race -p 1 -count=1 -timeout 30m ./api/... ./client ./internal/sbinit ./internal/pagestore ./internal/revert ./internal/sched ./internal/llmproxy ./internal/coord ./internal/inspect ./internal/turn ./internal/ns ./internal/pid1 ./internal/template ./internal/kube
 	MOLT_REQUIRE_PRIVILEGED=1 $(PYTHON) sdk/python/tests/live.py --molt bin/molt
 	MOLT_REQUIRE_PRIVILEGED=1 $(NODE) sdk/ts/test/live.mjs --molt bin/molt
 
