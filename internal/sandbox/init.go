@@ -378,6 +378,8 @@ func (i Init) Call(ctx context.Context, req sbinit.Request) (sbinit.Response, er
 			kind = errdefs.ErrNotFound
 		case v1.ErrKindInvalidArgument:
 			kind = errdefs.ErrInvalidArgument
+		case v1.ErrKindUnavailable:
+			kind = errdefs.ErrUnavailable
 		}
 		return resp, fmt.Errorf("%s: %w", resp.Error, kind)
 	}

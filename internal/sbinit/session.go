@@ -74,7 +74,11 @@ type session struct {
 	// Taken over: the next call syncs first.
 	resync bool // +checklocks:call
 	exited chan struct{}
-	status unix.WaitStatus // +checklocks:mu
+	// released is closed when the agent lets go of the session (Close):
+	// a call under way then returns, and the shell runs on.
+	released    chan struct{}
+	releaseOnce sync.Once
+	status      unix.WaitStatus // +checklocks:mu
 }
 
 // sessionTag is the tag pid1 keeps a session's pipes under: the write
@@ -160,7 +164,7 @@ func (s *Agent) startSession(name string) (*session, error) {
 // are the daemon's ends of its pipes, in sessionTag's order.
 func (s *Agent) watchSession(name string, p *proc, files []*os.File) *session {
 	ss := &session{name: name, pid: p.pid, p: p, ctl: files[0], readers: files[1:],
-		notify: make(chan struct{}, 1), exited: make(chan struct{})}
+		notify: make(chan struct{}, 1), exited: make(chan struct{}), released: make(chan struct{})}
 	outR, errR, stR := files[1], files[2], files[3]
 	var wg sync.WaitGroup
 	wg.Add(3)
@@ -193,10 +197,21 @@ func (s *Agent) watchSession(name string, p *proc, files []*os.File) *session {
 // release lets go of a session the agent no longer serves (the process
 // runs on; pid1 keeps its pipes).
 func (ss *session) release() {
-	ss.ctl.Close()
-	for _, r := range ss.readers {
-		r.SetReadDeadline(time.Now())
-	}
+	ss.releaseOnce.Do(func() {
+		close(ss.released)
+		ss.ctl.Close()
+		for _, r := range ss.readers {
+			r.SetReadDeadline(time.Now())
+		}
+	})
+}
+
+// errReleased answers a call on a session the agent let go of meanwhile
+// (the daemon is closing the sandbox's agent: a hibernate, a stop). The
+// shell runs on; the next agent takes it over (loadSessions).
+func errReleased(start time.Time) Response {
+	return Response{Error: "the sandbox's agent closed during the call (the session runs on)",
+		ErrorKind: v1.ErrKindUnavailable, DurationMS: time.Since(start).Milliseconds()}
 }
 
 // loadSessions takes over the sessions pid1 keeps: after a restore or a
@@ -345,7 +360,17 @@ func (s *Agent) runIn(ss *session, text string, timeoutMS int64, state bool) (Re
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
 	nonce := "molt" + hex.EncodeToString(nb[:])
+	select {
+	case <-ss.released:
+		return errReleased(start), ""
+	default:
+	}
 	if _, err := ss.ctl.Write([]byte(nonce + " " + text + "\x00")); err != nil {
+		select {
+		case <-ss.released:
+			return errReleased(start), ""
+		default:
+		}
 		return s.sessionEnded(ss, start, false), ""
 	}
 	var timeout <-chan time.Time
@@ -368,6 +393,8 @@ func (s *Agent) runIn(ss *session, text string, timeoutMS int64, state bool) (Re
 			case <-ss.notify:
 			case <-ss.exited:
 				return s.sessionEnded(ss, start, timedOut), ""
+			case <-ss.released:
+				return errReleased(start), ""
 			}
 			continue
 		}
@@ -408,6 +435,8 @@ func (s *Agent) runIn(ss *session, text string, timeoutMS int64, state bool) (Re
 		case <-ss.notify:
 		case <-ss.exited:
 			return s.sessionEnded(ss, start, timedOut), ""
+		case <-ss.released:
+			return errReleased(start), ""
 		case <-timeout:
 			// Kill what the command started; the shell then prints its
 			// marker. A shell busy in a builtin loop is killed after a

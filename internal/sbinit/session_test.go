@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/pid1"
 	"github.com/molt-sh/molt/internal/testutil"
 )
@@ -205,5 +206,60 @@ func TestSessionListShellGone(t *testing.T) {
 	}
 	if l := s.sessionList(); len(l) != 0 {
 		t.Errorf("after its end was seen: %+v, want no session", l)
+	}
+}
+
+// A call under way, or a digest, when the agent closes (a hibernate, a
+// stop) returns at once and leaves the shell running: it neither waits
+// for a shell that runs on nor kills it at its timeout. The next agent
+// takes the shell over with its state.
+func TestSessionCallAgentClosed(t *testing.T) {
+	if _, err := os.Stat("/bin/bash"); err != nil {
+		t.Skip("no bash")
+	}
+	a := testAgent(t)
+	if r := a.sessionRun(Request{Session: "t", Command: "X=7", TimeoutMS: 10000}); r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	ss := a.sessions["t"]
+	call := make(chan Response, 1)
+	go func() { call <- a.sessionRun(Request{Session: "t", Command: "sleep 3"}) }()
+	// A digest taken from a list that was made before the close.
+	digest := make(chan string, 1)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		a.Close()
+		digest <- a.sessionDigest(ss)
+	}()
+	select {
+	case r := <-call:
+		if r.ErrorKind != v1.ErrKindUnavailable {
+			t.Errorf("a call under way when the agent closed: %+v, want it unavailable", r)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a call under way waits for good once the agent closed")
+	}
+	select {
+	case d := <-digest:
+		if !strings.HasPrefix(d, "unknown") {
+			t.Errorf("digest of a released session: %q", d)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a digest of a released session waits for good")
+	}
+	select {
+	case <-ss.exited:
+		t.Fatal("the shell ended when the agent closed")
+	case <-time.After(100 * time.Millisecond):
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := NewAgent(ctx, a.hostPid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if r := b.sessionRun(Request{Session: "t", Command: "echo $X", TimeoutMS: 20000}); r.Stdout != "7\n" {
+		t.Fatalf("after take-over: %+v", r)
 	}
 }
