@@ -43,6 +43,9 @@ func openManager(t testing.TB) *Manager {
 func openManagerConfig(t testing.TB, cfg Config) *Manager {
 	t.Helper()
 	testutil.RequireRoot(t)
+	// No test of the package takes more than a minute or two, even on
+	// a machine four times slower than the one they were measured on.
+	testutil.Watchdog(t, 10*time.Minute)
 	if cfg.PoolSize == 0 {
 		cfg.PoolSize = 8 << 30
 	}
