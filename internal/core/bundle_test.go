@@ -126,8 +126,7 @@ func TestCheckpointBundle(t *testing.T) {
 	if _, _, err := a.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"sh", "-c", "echo $$ > /tmp/pid; exec sleep 100000"}}); err != nil {
 		t.Fatal(err)
 	}
-	for run(t, a, sb.ID, "test -s /tmp/pid && echo y").Stdout != "y\n" {
-	}
+	eventually(t, "the detached command wrote /tmp/pid", func() bool { return run(t, a, sb.ID, "test -s /tmp/pid && echo y").Stdout == "y\n" })
 	ck, err := a.Checkpoint(ctx, sb.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true})
 	if err != nil {
 		t.Fatal(err)

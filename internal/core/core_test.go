@@ -113,7 +113,10 @@ func newSandbox(t testing.TB, m *Manager) meta.Sandbox {
 
 func run(t testing.TB, m *Manager, sb, cmd string) meta.SessionRunResult {
 	t.Helper()
-	res, err := m.SessionRun(context.Background(), sb, "t", v1.SessionRunRequest{Command: cmd})
+	// Bounded: a command that never ends fails its test, not the package.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := m.SessionRun(ctx, sb, "t", v1.SessionRunRequest{Command: cmd})
 	if err != nil {
 		t.Fatalf("run %q: %v", cmd, err)
 	}
@@ -576,9 +579,7 @@ func TestDeletingCheckpointsReleasesSpace(t *testing.T) {
 		"import os, time\nb = bytearray(os.urandom(48 << 20))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)"}}); err != nil {
 		t.Fatal(err)
 	}
-	for run(t, m, sb.ID, "test -e /tmp/ready && echo y").Stdout != "y\n" {
-		time.Sleep(50 * time.Millisecond)
-	}
+	eventually(t, "the python wrote /tmp/ready", func() bool { return run(t, m, sb.ID, "test -e /tmp/ready && echo y").Stdout == "y\n" })
 	used := func() int64 {
 		var st unix.Statfs_t
 		if err := unix.Syncfs(mustOpen(t, m.pool.Dir)); err != nil {

@@ -67,7 +67,7 @@ func waitHostFile(t *testing.T, p string) string {
 }
 
 // eventually waits up to a minute for cond.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
