@@ -1,7 +1,10 @@
 package objstore
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +13,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/molt-sh/molt/internal/errdefs"
 )
 
 // Dir is a Bucket of files beneath a directory: an object is a file at
@@ -156,4 +164,99 @@ func (d *Dir) Delete(ctx context.Context, key string) error {
 		return err
 	}
 	return nil
+}
+
+// A Dir's versions are the SHA-256 of the content. PutIf's check and
+// rename run under an exclusive flock(2) of the object's directory, so
+// that writers on every host that shares the directory take turns.
+
+func (d *Dir) ReadVersion(ctx context.Context, key string, max int64) ([]byte, string, error) {
+	p, err := d.path(key)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, "", err
+	}
+	d.requests.Add(1)
+	b, err := readFileMax(p, max)
+	if err != nil {
+		return nil, "", fmt.Errorf("get %s: %w", key, err)
+	}
+	d.received.Add(int64(len(b)))
+	return b, contentVersion(b), nil
+}
+
+func (d *Dir) PutIf(ctx context.Context, key string, data []byte, version string) error {
+	p, err := d.path(key)
+	if err != nil {
+		return err
+	}
+	if len(data) > MaxConditional {
+		return fmt.Errorf("put %s: %d bytes, a conditional put holds %d at most: %w", key, len(data), MaxConditional, errdefs.ErrInvalidArgument)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(p))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	if err := flockCtx(ctx, int(dir.Fd())); err != nil {
+		return fmt.Errorf("put %s: lock: %w", key, err)
+	}
+	defer unix.Flock(int(dir.Fd()), unix.LOCK_UN)
+	cur, err := readFileMax(p, MaxConditional)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if version != "" {
+			return fmt.Errorf("put %s: %w (it is gone)", key, ErrChanged)
+		}
+	case err != nil:
+		return fmt.Errorf("put %s: %w", key, err)
+	case version == "" || contentVersion(cur) != version:
+		return fmt.Errorf("put %s: %w", key, ErrChanged)
+	}
+	return d.Put(ctx, key, bytes.NewReader(data), int64(len(data)))
+}
+
+// flockCtx takes an exclusive flock of fd, trying until ctx ends.
+func flockCtx(ctx context.Context, fd int) error {
+	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+func contentVersion(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// readFileMax reads file p, refusing one of more than max bytes.
+func readFileMax(p string, max int64) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("more than the %d bytes allowed: %w", max, errdefs.ErrFailedPrecondition)
+	}
+	return b, nil
 }

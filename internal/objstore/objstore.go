@@ -37,11 +37,29 @@ type Bucket interface {
 	List(ctx context.Context, prefix string) ([]string, error)
 	// Delete removes object key; a missing one is no error.
 	Delete(ctx context.Context, key string) error
+	// ReadVersion reads object key whole, refusing one of more than max
+	// bytes, with its version: the name the store gives that content of
+	// the object (an S3 ETag), which PutIf compares.
+	ReadVersion(ctx context.Context, key string, max int64) ([]byte, string, error)
+	// PutIf stores data as object key if the object is still at
+	// version, or, with version "", if there is no object key: the
+	// check and the write are one step for every writer of the store,
+	// on every host. Otherwise it stores nothing and fails with
+	// ErrChanged. It is for the small documents several hosts change
+	// (who owns a sandbox, who runs a collection).
+	PutIf(ctx context.Context, key string, data []byte, version string) error
 	// Stats reports the requests and bytes moved so far.
 	Stats() Stats
 	// String names the bucket for messages (never with credentials).
 	String() string
 }
+
+// ErrChanged fails a PutIf whose object is no longer at the version
+// given (another writer changed it, made it, or removed it).
+var ErrChanged = fmt.Errorf("the object changed since it was read: %w", errdefs.ErrConflict)
+
+// MaxConditional bounds what PutIf stores: one request, no multipart.
+const MaxConditional = 4 << 20
 
 // Stats counts a bucket's traffic.
 type Stats struct {

@@ -44,6 +44,8 @@ func Run(t *testing.T, open func(t *testing.T) objstore.Bucket) {
 		{"Concurrent", testConcurrent},
 		{"Cancelled", testCancelled},
 		{"CancelledDuringPut", testCancelledDuringPut},
+		{"Conditional", testConditional},
+		{"ConditionalRace", testConditionalRace},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
@@ -461,5 +463,93 @@ func testCancelledDuringPut(t *testing.T, b objstore.Bucket) {
 			t.Errorf("put of %d bytes cancelled half-way: %v", size, err)
 		}
 		absent(t, b, k)
+	}
+}
+
+// testConditional: PutIf writes only over the version read, or only
+// where there is no object, and ReadVersion names each content.
+func testConditional(t *testing.T, b objstore.Bucket) {
+	ctx := context.Background()
+	changed := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, objstore.ErrChanged) || !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("%s: %v, want the object changed", what, err)
+		}
+	}
+	if _, _, err := b.ReadVersion(ctx, "doc", 1<<10); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("version of a missing object: %v", err)
+	}
+	changed("put over a version of a missing object", b.PutIf(ctx, "doc", []byte("x"), "0123abcd"))
+	absent(t, b, "doc")
+	if err := b.PutIf(ctx, "doc", []byte("one"), ""); err != nil {
+		t.Fatal(err)
+	}
+	changed("put where no object may be", b.PutIf(ctx, "doc", []byte("two"), ""))
+	d, v1, err := b.ReadVersion(ctx, "doc", 1<<10)
+	if err != nil || string(d) != "one" || v1 == "" {
+		t.Fatalf("read: %q %q %v", d, v1, err)
+	}
+	if err := b.PutIf(ctx, "doc", []byte("three"), v1); err != nil {
+		t.Fatal(err)
+	}
+	changed("put over a version replaced", b.PutIf(ctx, "doc", []byte("four"), v1))
+	d, v3, err := b.ReadVersion(ctx, "doc", 1<<10)
+	if err != nil || string(d) != "three" || v3 == v1 {
+		t.Fatalf("after the puts: %q %q (first version %q) %v", d, v3, v1, err)
+	}
+	if _, _, err := b.ReadVersion(ctx, "doc", 4); err == nil {
+		t.Fatal("a read of more than the bytes allowed succeeded")
+	}
+	// A plain put changes the version too.
+	put(t, b, "doc", []byte("five"))
+	changed("put over a version a plain put replaced", b.PutIf(ctx, "doc", []byte("six"), v3))
+	if err := b.Delete(ctx, "doc"); err != nil {
+		t.Fatal(err)
+	}
+	changed("put over a version of a deleted object", b.PutIf(ctx, "doc", []byte("seven"), v3))
+	if err := b.PutIf(ctx, "doc", make([]byte, objstore.MaxConditional+1), ""); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("a conditional put over the limit: %v", err)
+	}
+}
+
+// testConditionalRace: of writers that read the same version and put
+// over it at once, exactly one wins, and the object is its bytes.
+func testConditionalRace(t *testing.T, b objstore.Bucket) {
+	ctx := context.Background()
+	if err := b.PutIf(ctx, "lease", []byte("start"), ""); err != nil {
+		t.Fatal(err)
+	}
+	_, v, err := b.ReadVersion(ctx, "lease", 1<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writers = 8
+	errs := make([]error, writers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range writers {
+		wg.Go(func() {
+			<-start
+			errs[i] = b.PutIf(ctx, "lease", []byte(fmt.Sprintf("writer %d", i)), v)
+		})
+	}
+	close(start)
+	wg.Wait()
+	won := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && won >= 0:
+			t.Fatalf("writers %d and %d both won", won, i)
+		case err == nil:
+			won = i
+		case !errors.Is(err, objstore.ErrChanged):
+			t.Fatalf("writer %d: %v", i, err)
+		}
+	}
+	if won < 0 {
+		t.Fatal("no writer won")
+	}
+	if d, _, err := b.ReadVersion(ctx, "lease", 1<<10); err != nil || string(d) != fmt.Sprintf("writer %d", won) {
+		t.Fatalf("the object after the race: %q %v, want writer %d's", d, err, won)
 	}
 }
