@@ -207,10 +207,7 @@ func (m *Manager) handOver(ctx context.Context, rec sandboxRec, head string) (in
 	if doc.Record, err = storedRecord(hib); err != nil {
 		return 0, err
 	}
-	if old, err := m.store.Sandbox(ctx, rec.ID); err == nil {
-		doc.Epoch = old.Epoch + 1
-	}
-	if err := m.store.PutSandbox(ctx, doc); err != nil {
+	if err := m.putOwnDoc(ctx, &doc); err != nil {
 		return 0, err
 	}
 	return len(doc.Checkpoints) + 1, nil
@@ -227,10 +224,12 @@ func (m *Manager) migrateFailed(ctx context.Context, rec sandboxRec, head string
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	me := m.cks.Keyring().KeyID()
-	doc, err := m.store.Sandbox(cctx, rec.ID)
+	doc, version, err := m.store.SandboxVersion(cctx, rec.ID)
 	if err == nil && (doc.Owner == "" || doc.Owner == me) {
+		// Over the version read: the target's claim and this one do not
+		// both succeed.
 		doc.Owner, doc.Epoch = me, doc.Epoch+1
-		if err = m.store.PutSandbox(cctx, doc); err == nil {
+		if err = m.store.PutSandbox(cctx, doc, version); err == nil {
 			return errors.Join(cause, m.thawSandbox(rec.ID))
 		}
 	}

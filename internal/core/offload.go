@@ -16,6 +16,7 @@ import (
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/fsnap"
 	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/objstore"
 	"github.com/molt-sh/molt/internal/progress"
 	"github.com/molt-sh/molt/internal/remote"
 	"github.com/molt-sh/molt/internal/revert"
@@ -172,10 +173,7 @@ func (m *Manager) Offload(ctx context.Context, ref string) (meta.Sandbox, error)
 	} else if err != nil {
 		return meta.Sandbox{}, fmt.Errorf("offload %s: %w", rec.ID, err)
 	}
-	if old, err := m.store.Sandbox(ctx, rec.ID); err == nil {
-		doc.Epoch = old.Epoch + 1
-	}
-	if err := m.store.PutSandbox(ctx, doc); err != nil {
+	if err := m.putOwnDoc(ctx, &doc); err != nil {
 		return meta.Sandbox{}, fmt.Errorf("offload %s: %w", rec.ID, err)
 	}
 	// The store has all a resume needs: the records say so before the
@@ -540,7 +538,7 @@ func (m *Manager) dropMovedOn(ctx context.Context, id string) (bool, error) {
 
 // claim records in the store that this host runs sandbox rec now.
 func (m *Manager) claim(ctx context.Context, rec sandboxRec) error {
-	doc, err := m.store.Sandbox(ctx, rec.ID)
+	doc, version, err := m.store.SandboxVersion(ctx, rec.ID)
 	if err != nil {
 		return err
 	}
@@ -552,7 +550,14 @@ func (m *Manager) claim(ctx context.Context, rec sandboxRec) error {
 		return fmt.Errorf("sandbox %s was resumed by host %s: %w", rec.ID, doc.Owner, errdefs.ErrConflict)
 	}
 	doc.Owner, doc.Epoch = me, doc.Epoch+1
-	return m.store.PutSandbox(ctx, doc)
+	// Written over the version read: of two hosts that resume it at
+	// once, one gets it.
+	if err := m.store.PutSandbox(ctx, doc, version); errors.Is(err, objstore.ErrChanged) {
+		return fmt.Errorf("sandbox %s: another host claimed it at the same moment: %w", rec.ID, errdefs.ErrConflict)
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // unclaim gives back this host's claim on sandbox id, which a resume
@@ -560,14 +565,33 @@ func (m *Manager) claim(ctx context.Context, rec sandboxRec) error {
 func (m *Manager) unclaim(ctx context.Context, id string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	doc, err := m.store.Sandbox(ctx, id)
+	doc, version, err := m.store.SandboxVersion(ctx, id)
 	if err == nil && doc.Owner == m.cks.Keyring().KeyID() {
 		doc.Owner, doc.Epoch = "", doc.Epoch+1
-		err = m.store.PutSandbox(ctx, doc)
+		err = m.store.PutSandbox(ctx, doc, version)
 	}
 	if err != nil {
 		m.log.Warn("store: a failed resume's claim stays", "sandbox", id, "err", err)
 	}
+}
+
+// putOwnDoc writes doc, the document of a sandbox this host runs (an
+// offload, a migration's hand-over), over the one in the store: with
+// the epoch after its, unless another host owns it (the sandbox must
+// not run in two places), or changed it meanwhile.
+func (m *Manager) putOwnDoc(ctx context.Context, doc *remote.SandboxDoc) error {
+	old, version, err := m.store.SandboxVersion(ctx, doc.Sandbox)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		version = ""
+	case err != nil:
+		return err
+	case old.Owner != "" && old.Owner != m.cks.Keyring().KeyID():
+		return fmt.Errorf("the store says host %s runs sandbox %s: %w", old.Owner, doc.Sandbox, errdefs.ErrConflict)
+	default:
+		doc.Epoch = old.Epoch + 1
+	}
+	return m.store.PutSandbox(ctx, *doc, version)
 }
 
 // setCheckpoint changes checkpoint id's record in one transaction.

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/molt-sh/molt/internal/meta"
 	"github.com/molt-sh/molt/internal/objstore"
 	"github.com/molt-sh/molt/internal/objstore/s3test"
+	"github.com/molt-sh/molt/internal/remote"
 )
 
 // openManagerStore opens a manager of a root of its own with object
@@ -367,4 +369,54 @@ func TestFetchTreeOverImage(t *testing.T) {
 	if trees("image_refused") != 1 || trees("whole") != 1 || trees("image") != 1 {
 		t.Fatalf("second resume: %v refused over the image, %v whole, %v over it; want 1, 1 and 1", trees("image_refused"), trees("whole"), trees("image"))
 	}
+}
+
+// TestClaimRace: two hosts that resume the same sandbox from the store
+// at the same moment do not both get it: each claim writes the
+// sandbox's document over the version it read, so one wins and the
+// other is refused (conflict), round after round.
+func TestClaimRace(t *testing.T) {
+	bucket := testBucket(t)
+	a, second := trustingHosts(t, bucket)
+	b := second()
+	ctx := context.Background()
+	var rec sandboxRec
+	rec.ID = "c1a1m0000001"
+	forceDoc(t, a, remote.SandboxDoc{Sandbox: rec.ID, Head: "ck0000000001", Record: []byte(`{}`)})
+	hosts := []*Manager{a, b}
+	wins := make([]int, 2)
+	for round := range 12 {
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i, m := range hosts {
+			wg.Go(func() {
+				<-start
+				errs[i] = m.claim(ctx, rec)
+			})
+		}
+		close(start)
+		wg.Wait()
+		winner := -1
+		for i, err := range errs {
+			switch {
+			case err == nil && winner >= 0:
+				t.Fatalf("round %d: both hosts claimed the sandbox", round)
+			case err == nil:
+				winner = i
+			case !errors.Is(err, errdefs.ErrConflict):
+				t.Fatalf("round %d: host %d: %v", round, i, err)
+			}
+		}
+		if winner < 0 {
+			t.Fatalf("round %d: no host claimed the sandbox: %v", round, errs)
+		}
+		wins[winner]++
+		doc, err := a.store.Sandbox(ctx, rec.ID)
+		if err != nil || doc.Owner != hosts[winner].cks.Keyring().KeyID() {
+			t.Fatalf("round %d: the document's owner is %q (%v), want the winner's", round, doc.Owner, err)
+		}
+		hosts[winner].unclaim(ctx, rec.ID)
+	}
+	t.Logf("claims won: %v", wins)
 }

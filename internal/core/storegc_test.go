@@ -177,9 +177,7 @@ func TestStoreDrops(t *testing.T) {
 	}
 	// Another host claimed the sandbox: its recipes are its.
 	doc := remote.SandboxDoc{Sandbox: sb.ID, Head: ck.ID, Record: []byte(`{}`), Owner: "ed25519:0000000000000000"}
-	if err := m.store.PutSandbox(ctx, doc); err != nil {
-		t.Fatal(err)
-	}
+	forceDoc(t, m, doc)
 	p := queue(storeDrop{Sandbox: sb.ID, Head: ck.ID, Recipes: []string{ck.ID}, Whole: true})
 	m.doDrops(ctx)
 	if !inStore() {
@@ -190,9 +188,7 @@ func TestStoreDrops(t *testing.T) {
 	}
 	// A store that fails: it stays queued.
 	doc.Owner = ""
-	if err := m.store.PutSandbox(ctx, doc); err != nil {
-		t.Fatal(err)
-	}
+	forceDoc(t, m, doc)
 	p = queue(storeDrop{Sandbox: sb.ID, Head: ck.ID, Recipes: []string{ck.ID}, Whole: true})
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
@@ -206,5 +202,18 @@ func TestStoreDrops(t *testing.T) {
 	}
 	if _, err := m.store.Sandbox(ctx, sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("its document: %v", err)
+	}
+}
+
+// forceDoc writes doc over whatever document the store holds.
+func forceDoc(t *testing.T, m *Manager, doc remote.SandboxDoc) {
+	t.Helper()
+	ctx := context.Background()
+	_, version, err := m.store.SandboxVersion(ctx, doc.Sandbox)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if err := m.store.PutSandbox(ctx, doc, version); err != nil {
+		t.Fatal(err)
 	}
 }

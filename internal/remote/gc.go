@@ -13,6 +13,7 @@ import (
 
 	v1 "github.com/molt-sh/molt/api/v1"
 	"github.com/molt-sh/molt/internal/errdefs"
+	"github.com/molt-sh/molt/internal/objstore"
 )
 
 // Garbage collection (docs/storage.md, "Garbage collection"). Recipes
@@ -329,38 +330,56 @@ type gcLeaseDoc struct {
 }
 
 // leaseGC takes the store's GC lease, refusing while another run holds
-// one. S3 has no compare-and-swap here: two runs that start within the
-// same few milliseconds may both proceed (each reads its own lease
-// back, which narrows that to a write and a read). The returned
-// release ends the lease.
+// one: the lease is written only over the version read (or where there
+// was none), so of two runs that start at once one gets it. The
+// returned release ends the lease the same way (an ended lease written
+// over this run's, if it is still this run's).
 func (s *Store) leaseGC(ctx context.Context) (func(), error) {
 	var l gcLeaseDoc
-	found, err := s.gcRead(ctx, gcLeaseKey, 4096, &l)
-	if err != nil {
-		return nil, err
-	}
-	if found && time.Now().Before(l.Until) {
-		return nil, fmt.Errorf("store gc: a run of host %s holds the store's lease until %s (one run at a time per store): %w", l.Owner, l.Until.UTC().Format(time.RFC3339), errdefs.ErrConflict)
+	b, version, err := s.b.ReadVersion(ctx, gcLeaseKey, 4096)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		version = ""
+	case err != nil:
+		return nil, fmt.Errorf("store gc: %s: %w", gcLeaseKey, err)
+	default:
+		if err := json.Unmarshal(b, &l); err != nil {
+			return nil, fmt.Errorf("store gc: %s cannot be read, so whether a run holds it is unknown: %v: %w", gcLeaseKey, err, errdefs.ErrFailedPrecondition)
+		}
+		if time.Now().Before(l.Until) {
+			return nil, fmt.Errorf("store gc: a run of host %s holds the store's lease until %s (one run at a time per store): %w", l.Owner, l.Until.UTC().Format(time.RFC3339), errdefs.ErrConflict)
+		}
 	}
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	mine := gcLeaseDoc{Owner: s.k.KeyID(), Run: hex.EncodeToString(nonce[:]), Until: time.Now().Add(gcLease)}
-	if err := s.putJSON(ctx, gcLeaseKey, mine); err != nil {
+	if err := s.putLease(ctx, mine, version); errors.Is(err, objstore.ErrChanged) {
+		return nil, fmt.Errorf("store gc: another run took the store's lease at the same moment: %w", errdefs.ErrConflict)
+	} else if err != nil {
 		return nil, err
-	}
-	if _, err := s.gcRead(ctx, gcLeaseKey, 4096, &l); err != nil {
-		return nil, err
-	}
-	if l.Run != mine.Run {
-		return nil, fmt.Errorf("store gc: a run of host %s took the store's lease at the same moment: %w", l.Owner, errdefs.ErrConflict)
 	}
 	return func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
 		var cur gcLeaseDoc
-		dctx := context.WithoutCancel(ctx)
-		if found, err := s.gcRead(dctx, gcLeaseKey, 4096, &cur); err == nil && found && cur.Run == mine.Run {
-			_ = s.b.Delete(dctx, gcLeaseKey)
+		b, version, err := s.b.ReadVersion(dctx, gcLeaseKey, 4096)
+		if err == nil && json.Unmarshal(b, &cur) == nil && cur.Run == mine.Run {
+			ended := mine
+			ended.Until = time.Now().Add(-time.Second)
+			_ = s.putLease(dctx, ended, version)
 		}
 	}, nil
+}
+
+func (s *Store) putLease(ctx context.Context, l gcLeaseDoc, version string) error {
+	b, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	if err := s.b.PutIf(ctx, gcLeaseKey, b, version); err != nil {
+		return fmt.Errorf("store gc: write %s: %w", gcLeaseKey, err)
+	}
+	return nil
 }
 
 // liveObjects lists what recipes and documents name. A recipe or a

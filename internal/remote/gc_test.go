@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -313,7 +312,29 @@ func TestGCLease(t *testing.T) {
 	if _, err := s.GC(ctx, GCOptions{Grace: time.Hour}); err != nil {
 		t.Fatalf("a run after an ended lease: %v", err)
 	}
-	if _, err := s.b.Stat(ctx, gcLeaseKey); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("the lease after a run: %v, want none", err)
+	var l gcLeaseDoc
+	if found, err := s.gcRead(ctx, gcLeaseKey, 4096, &l); err != nil || !found || time.Now().Before(l.Until) || l.Owner != s.k.KeyID() {
+		t.Fatalf("the lease after a run: %+v (found %v, %v), want this host's, ended", l, found, err)
+	}
+	// Of runs that start at once, one gets the lease.
+	const runs = 6
+	got := make(chan error, runs)
+	for range runs {
+		go func() {
+			_, err := s.leaseGC(ctx)
+			got <- err
+		}()
+	}
+	won := 0
+	for range runs {
+		switch err := <-got; {
+		case err == nil:
+			won++
+		case !errors.Is(err, errdefs.ErrConflict):
+			t.Fatal(err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d runs took the lease at once, want 1", won)
 	}
 }

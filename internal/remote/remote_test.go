@@ -338,12 +338,27 @@ func TestSandboxDoc(t *testing.T) {
 		t.Fatalf("missing sandbox: %v", err)
 	}
 	d := SandboxDoc{Sandbox: "sb0000000001", Head: "ck0000000001", Record: []byte(`{}`), Epoch: 3}
-	if err := s.PutSandbox(ctx, d); err != nil {
+	if err := s.PutSandbox(ctx, d, ""); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Sandbox(ctx, "sb0000000001")
-	if err != nil || got.Head != d.Head || got.Epoch != 3 {
-		t.Fatalf("%+v, %v", got, err)
+	got, v, err := s.SandboxVersion(ctx, "sb0000000001")
+	if err != nil || got.Head != d.Head || got.Epoch != 3 || v == "" {
+		t.Fatalf("%+v, %q, %v", got, v, err)
+	}
+	// A document is written only over the version read.
+	if err := s.PutSandbox(ctx, d, ""); !errors.Is(err, objstore.ErrChanged) {
+		t.Fatalf("a new document over one: %v, want the object changed", err)
+	}
+	got.Owner = "ed25519:one"
+	if err := s.PutSandbox(ctx, got, v); err != nil {
+		t.Fatal(err)
+	}
+	got.Owner = "ed25519:two"
+	if err := s.PutSandbox(ctx, got, v); !errors.Is(err, objstore.ErrChanged) || !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("a document over a version replaced: %v, want the object changed", err)
+	}
+	if cur, err := s.Sandbox(ctx, d.Sandbox); err != nil || cur.Owner != "ed25519:one" {
+		t.Fatalf("owner %q (%v), want the first writer's", cur.Owner, err)
 	}
 	if ids, err := s.Sandboxes(ctx); err != nil || len(ids) != 1 || ids[0] != d.Sandbox {
 		t.Fatalf("%v, %v", ids, err)

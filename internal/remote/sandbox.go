@@ -95,8 +95,12 @@ func (d SandboxDoc) signedBytes() ([]byte, error) {
 	return append([]byte("molt-sandbox-v1\x00"), b...), nil
 }
 
-// PutSandbox writes d, signed by this host.
-func (s *Store) PutSandbox(ctx context.Context, d SandboxDoc) error {
+// PutSandbox writes d, signed by this host, if the document is still
+// at version (what SandboxVersion read), or, with version "", if there
+// is none: several hosts change a sandbox's document (its owner, on a
+// resume or a migration), and of two that read the same version only
+// one writes. The other gets objstore.ErrChanged (errdefs.ErrConflict).
+func (s *Store) PutSandbox(ctx context.Context, d SandboxDoc, version string) error {
 	if !ckstore.IsName(d.Sandbox) || !ckstore.IsName(d.Head) || len(d.Checkpoints) > maxLineage {
 		return fmt.Errorf("store: sandbox %q at %q: not names, or more than %d checkpoints: %w", d.Sandbox, d.Head, maxLineage, errdefs.ErrInvalidArgument)
 	}
@@ -106,22 +110,42 @@ func (s *Store) PutSandbox(ctx context.Context, d SandboxDoc) error {
 		return err
 	}
 	d.Signature = sig
-	return s.putJSON(ctx, sandboxKey(d.Sandbox), d)
+	b, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	if err := s.b.PutIf(ctx, sandboxKey(d.Sandbox), b, version); err != nil {
+		return fmt.Errorf("store: write the document of sandbox %s: %w", d.Sandbox, err)
+	}
+	return nil
 }
 
 // Sandbox reads and checks sandbox id's document; a sandbox not in the
 // store is errdefs.ErrNotFound.
 func (s *Store) Sandbox(ctx context.Context, id string) (SandboxDoc, error) {
+	d, _, err := s.SandboxVersion(ctx, id)
+	return d, err
+}
+
+// SandboxVersion is Sandbox with the version of the document read, for
+// PutSandbox.
+func (s *Store) SandboxVersion(ctx context.Context, id string) (SandboxDoc, string, error) {
 	if !ckstore.IsName(id) {
-		return SandboxDoc{}, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+		return SandboxDoc{}, "", fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	b, err := readAll(ctx, s.b, sandboxKey(id), maxSandbox)
+	b, version, err := s.b.ReadVersion(ctx, sandboxKey(id), maxSandbox)
 	if errors.Is(err, fs.ErrNotExist) {
-		return SandboxDoc{}, fmt.Errorf("sandbox %s is not in the store %s: %w", id, s.b, errdefs.ErrNotFound)
+		return SandboxDoc{}, "", fmt.Errorf("sandbox %s is not in the store %s: %w", id, s.b, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		return SandboxDoc{}, fmt.Errorf("store: sandbox %s: %w", id, err)
+		return SandboxDoc{}, "", fmt.Errorf("store: sandbox %s: %w", id, err)
 	}
+	d, err := s.checkSandbox(id, b)
+	return d, version, err
+}
+
+// checkSandbox parses and checks sandbox id's document b.
+func (s *Store) checkSandbox(id string, b []byte) (SandboxDoc, error) {
 	var d SandboxDoc
 	if err := strictJSON(b, &d); err != nil {
 		return SandboxDoc{}, bad("sandbox %s: %v", id, err)
