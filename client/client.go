@@ -553,6 +553,14 @@ func (c *Client) StoreGC(ctx context.Context, req v1.StoreGCRequest) (v1.StoreGC
 	return rep, c.do(ctx, "POST", "/v1/store/gc", req, &rep)
 }
 
+// TrustKey makes the daemon trust another host's key (its host.pub, as
+// Host reports it): what that host signed is accepted from then on (the
+// host admin's).
+func (c *Client) TrustKey(ctx context.Context, publicKey string) (v1.TrustedKey, error) {
+	var k v1.TrustedKey
+	return k, c.do(ctx, "POST", "/v1/host/trusted-keys", v1.TrustKeyRequest{PublicKey: publicKey}, &k)
+}
+
 // Migrate moves a running sandbox to the daemon req.To, which shares
 // this daemon's object store and trusts its host key; the sandbox runs
 // there, and no longer here, when it returns without error. The host

@@ -57,3 +57,16 @@ type StoreGCReport struct {
 	Generation int64 `json:"generation"`
 	DryRun     bool  `json:"dry_run,omitempty"`
 }
+
+// TrustKeyRequest asks a host to trust another's key (POST
+// /v1/host/trusted-keys; the host admin's): PublicKey is the other
+// host's host.pub, as GET /v1/host reports it.
+type TrustKeyRequest struct {
+	PublicKey string `json:"public_key"`
+}
+
+// TrustedKey is a key the host trusts: Added says it did not before.
+type TrustedKey struct {
+	KeyID string `json:"key_id"`
+	Added bool   `json:"added"`
+}

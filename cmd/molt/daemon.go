@@ -195,7 +195,7 @@ func hostCmd(g *globals) *cobra.Command {
 				if h.Pool.Loop {
 					fmt.Printf(", loop file %s on %s", h.Pool.Backing, h.Pool.Device)
 				}
-				fmt.Printf("\n%d sandboxes\n", h.Sandboxes)
+				fmt.Printf("\n%d sandboxes; host key %s, %d keys trusted\n", h.Sandboxes, h.KeyID, len(h.TrustedKeys))
 				for _, f := range h.Features {
 					if f.Supported {
 						fmt.Printf("  + %-16s %s\n", f.Name, f.Detail)

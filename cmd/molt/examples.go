@@ -25,12 +25,13 @@ var examples = map[string]string{
 	"molt create": `  molt create debian
   molt create debian --name agent-1 --memory 2G --cpus 1.5 --disk 10G
   molt create debian --network egress --allow api.example.com --secret API_KEY=@./api-key`,
-	"molt ls":       "  molt ls\n  molt ls --json",
-	"molt store gc": "  molt store gc --dry-run\n  molt store gc --grace 6h",
-	"molt inspect":  "  molt inspect agent-1\n  molt inspect agent-1 --json",
-	"molt rm":       "  molt rm agent-1\n  molt rm $(molt ls --json | jq -r '.[].id')",
-	"molt stop":     "  molt stop agent-1",
-	"molt start":    "  molt start agent-1",
+	"molt ls":          "  molt ls\n  molt ls --json",
+	"molt store gc":    "  molt store gc --dry-run\n  molt store gc --grace 6h",
+	"molt store trust": "  molt store trust /mnt/other-host/keys/host.pub\n  ssh other-host cat /var/lib/molt/keys/host.pub | molt store trust -",
+	"molt inspect":     "  molt inspect agent-1\n  molt inspect agent-1 --json",
+	"molt rm":          "  molt rm agent-1\n  molt rm $(molt ls --json | jq -r '.[].id')",
+	"molt stop":        "  molt stop agent-1",
+	"molt start":       "  molt start agent-1",
 	"molt exec": `  molt exec agent-1 -- ls -la /
   molt exec agent-1 --session main -- 'cd /srv && export MODE=test'
   molt exec agent-1 --detach -- python3 -m http.server 8000

@@ -421,6 +421,39 @@ func storeCmd(g *globals) *cobra.Command {
 	}
 	gc.Flags().DurationVar(&grace, "grace", v1.DefaultStoreGCGrace, "how long what nothing names is kept after a run first finds it so (at least 1m; every upload must finish within it)")
 	gc.Flags().BoolVar(&dry, "dry-run", false, "report what would be deleted, and change nothing")
-	c.AddCommand(gc)
+	c.AddCommand(gc, storeTrustCmd(g))
 	return c
+}
+
+func storeTrustCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "trust HOST.PUB",
+		Short: "Trust another host's key (its host.pub, or - for standard input): the sandboxes and checkpoints it put in the store resume here",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var b []byte
+			var err error
+			if args[0] == "-" {
+				b, err = io.ReadAll(io.LimitReader(os.Stdin, 64<<10))
+			} else {
+				b, err = os.ReadFile(args[0])
+			}
+			if err != nil {
+				return err
+			}
+			ctx, cancel := ctx()
+			defer cancel()
+			k, err := g.client().TrustKey(ctx, string(b))
+			if err != nil {
+				return err
+			}
+			return g.print(k, func() {
+				if k.Added {
+					fmt.Printf("trusting %s\n", k.KeyID)
+				} else {
+					fmt.Printf("%s was trusted already\n", k.KeyID)
+				}
+			})
+		},
+	}
 }

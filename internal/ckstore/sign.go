@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/molt-sh/molt/internal/atomicfile"
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -80,11 +81,16 @@ func (mf Manifest) SignedBytes() []byte {
 	return []byte("molt-manifest-v1\x00" + mf.Digest() + "\x00" + mf.Parent + "\x00" + mf.ParentDigest)
 }
 
-// Keyring is a host's signing key and the keys it trusts.
+// Keyring is a host's signing key and the keys it trusts. Trust may
+// grow while it is in use (Trust); it never shrinks: a key trusted once
+// signed checkpoints that stay.
 type Keyring struct {
-	priv    ed25519.PrivateKey
-	id      string
-	trusted map[string]ed25519.PublicKey
+	priv ed25519.PrivateKey
+	id   string
+	dir  string // where host.key is; trusted/ beneath it
+
+	mu      sync.RWMutex
+	trusted map[string]ed25519.PublicKey // +checklocks:mu
 }
 
 // KeyID names a public key.
@@ -126,7 +132,7 @@ func LoadKeyring(dir string, extra []string) (*Keyring, error) {
 	}
 	priv := ed25519.NewKeyFromSeed(blk.Bytes)
 	pub := priv.Public().(ed25519.PublicKey)
-	k := &Keyring{priv: priv, id: KeyID(pub), trusted: map[string]ed25519.PublicKey{KeyID(pub): pub}}
+	k := &Keyring{priv: priv, id: KeyID(pub), dir: dir, trusted: map[string]ed25519.PublicKey{KeyID(pub): pub}}
 	if err := atomicfile.Write(filepath.Join(dir, "host.pub"), EncodePublicKey(pub), 0o644); err != nil {
 		return nil, fmt.Errorf("host public key: %w", err)
 	}
@@ -140,9 +146,39 @@ func LoadKeyring(dir string, extra []string) (*Keyring, error) {
 		if err != nil {
 			return nil, fmt.Errorf("trusted key %s: %w", f, err)
 		}
-		k.trusted[KeyID(pk)] = pk
+		k.trusted[KeyID(pk)] = pk // +checklocksignore: not shared yet
 	}
 	return k, nil
+}
+
+// PublicKey is the host key's public half, as host.pub holds it.
+func (k *Keyring) PublicKey() []byte {
+	return EncodePublicKey(k.priv.Public().(ed25519.PublicKey))
+}
+
+// Trust trusts the public key pemKey (EncodePublicKey's form) from now
+// on, and on every start: it is written to trusted/ as NAME.pub. It
+// returns the key's name, and whether it was not trusted before.
+func (k *Keyring) Trust(pemKey []byte) (string, bool, error) {
+	pub, err := DecodePublicKey(pemKey)
+	if err != nil {
+		return "", false, fmt.Errorf("trust: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	id := KeyID(pub)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.trusted[id]; ok {
+		return id, false, nil
+	}
+	if k.dir == "" {
+		return "", false, fmt.Errorf("trust %s: the keyring has no directory: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	file := filepath.Join(k.dir, "trusted", strings.TrimPrefix(id, "ed25519:")+".pub")
+	if err := atomicfile.Write(file, EncodePublicKey(pub), 0o644); err != nil {
+		return "", false, fmt.Errorf("trust %s: %w", id, err)
+	}
+	k.trusted[id] = pub
+	return id, true, nil
 }
 
 // EncodePublicKey is a public key as host.pub holds it.
@@ -164,6 +200,8 @@ func (k *Keyring) KeyID() string { return k.id }
 
 // Trusted lists the names of the keys k trusts, sorted.
 func (k *Keyring) Trusted() []string {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
 	out := make([]string, 0, len(k.trusted))
 	for id := range k.trusted {
 		out = append(out, id)
@@ -186,7 +224,7 @@ func (k *Keyring) Check(mf Manifest) error {
 	if s == nil {
 		return fmt.Errorf("checkpoint %s: %w", mf.ID, ErrUnsigned)
 	}
-	pub, ok := k.trusted[s.Key]
+	pub, ok := k.trustedKey(s.Key)
 	if !ok {
 		return fmt.Errorf("checkpoint %s: signed by %s, a key this host does not trust: %w", mf.ID, s.Key, errdefs.ErrFailedPrecondition)
 	}
@@ -274,7 +312,7 @@ func (k *Keyring) SignBytes(b []byte) Signature {
 // CheckBytes verifies s over b with a key k trusts. A key k does not
 // trust is refused with ErrUntrusted, "untrusted key NAME".
 func (k *Keyring) CheckBytes(s Signature, b []byte) error {
-	pub, ok := k.trusted[s.Key]
+	pub, ok := k.trustedKey(s.Key)
 	if !ok {
 		return fmt.Errorf("%w %s (this host trusts %s; trust another host by copying its keys/host.pub into ROOT/keys/trusted/): %w", ErrUntrusted, s.Key, strings.Join(k.Trusted(), ", "), errdefs.ErrFailedPrecondition)
 	}
@@ -283,4 +321,11 @@ func (k *Keyring) CheckBytes(s Signature, b []byte) error {
 		return fmt.Errorf("the signature by %s does not verify (edited after it was signed): %w", s.Key, errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+func (k *Keyring) trustedKey(id string) (ed25519.PublicKey, bool) {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	pub, ok := k.trusted[id]
+	return pub, ok
 }

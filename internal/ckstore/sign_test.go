@@ -2,6 +2,7 @@ package ckstore
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/errdefs"
 )
 
 // chainStore is a store with a keyring and a lineage a <- b <- c of
@@ -237,5 +239,47 @@ func TestRestoreChecksTheSignature(t *testing.T) {
 	}
 	if !bytes.Contains(EncodePublicKey(cs.k.trusted[cs.k.KeyID()]), []byte("MOLT PUBLIC KEY")) {
 		t.Fatal("public key encoding")
+	}
+}
+
+// TestTrust: a key trusted at run time checks signatures at once and
+// after a reload; trusting it again adds nothing; junk is refused.
+func TestTrust(t *testing.T) {
+	a, err := LoadKeyring(filepath.Join(t.TempDir(), "keys"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirB := filepath.Join(t.TempDir(), "keys")
+	b, err := LoadKeyring(dirB, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := []byte("molt-test\x00hello")
+	sig := a.SignBytes(msg)
+	if err := b.CheckBytes(sig, msg); err == nil {
+		t.Fatal("a key not trusted checked a signature")
+	}
+	id, added, err := b.Trust(a.PublicKey())
+	if err != nil || !added || id != a.KeyID() {
+		t.Fatalf("trust: %q %v %v, want %s added", id, added, err, a.KeyID())
+	}
+	if err := b.CheckBytes(sig, msg); err != nil {
+		t.Fatalf("after trust: %v", err)
+	}
+	if _, added, err := b.Trust(a.PublicKey()); err != nil || added {
+		t.Fatalf("trusted again: added %v, %v", added, err)
+	}
+	if _, _, err := b.Trust([]byte("not a key")); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("junk: %v", err)
+	}
+	again, err := LoadKeyring(dirB, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := again.CheckBytes(sig, msg); err != nil {
+		t.Fatalf("after a reload: %v", err)
+	}
+	if got := again.Trusted(); len(got) != 2 {
+		t.Fatalf("trusted after a reload: %v", got)
 	}
 }

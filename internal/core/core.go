@@ -609,6 +609,9 @@ func (m *Manager) Host() meta.Host {
 		Cgroup:  cgroup.Mode(),
 		Started: m.started,
 	}
+	if k := m.cks.Keyring(); k != nil {
+		h.KeyID, h.PublicKey, h.TrustedKeys = k.KeyID(), string(k.PublicKey()), k.Trusted()
+	}
 	var st unix.Statfs_t
 	if unix.Statfs(m.pool.Dir, &st) == nil {
 		h.Pool.SizeBytes = st.Blocks * uint64(st.Bsize)

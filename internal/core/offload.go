@@ -771,3 +771,15 @@ func (m *Manager) StoreGC(ctx context.Context, o remote.GCOptions) (remote.GCRep
 	}
 	return rep, err
 }
+
+// TrustKey trusts another host's public key (its host.pub) from now on:
+// its checkpoints and store documents are accepted here. Kept in
+// Root/keys/trusted across restarts; trust is never taken back (what
+// that host signed stays).
+func (m *Manager) TrustKey(pemKey []byte) (string, bool, error) {
+	id, added, err := m.cks.Keyring().Trust(pemKey)
+	if err == nil && added {
+		m.log.Info("host key trusted", "key", id)
+	}
+	return id, added, err
+}

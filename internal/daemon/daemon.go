@@ -79,6 +79,7 @@ func Run(ctx context.Context, cfg Config) error {
 	shred := func(name string) error { _, err := m.ShredDataKeys(name); return err }
 	admin := append(httpapi.TenantRoutes(tenants, ownsSandboxes(m), shred), httpapi.KeyRoutes(m)...)
 	admin = append(admin, httpapi.StoreRoutes(m)...)
+	admin = append(admin, httpapi.TrustRoutes(m)...)
 	stopGC := startStoreGC(m, cfg.StoreGCEvery, cfg.StoreGCGrace, log)
 	defer stopGC()
 	api := auditedAPI(m, co, alog, log, admin...)

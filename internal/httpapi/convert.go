@@ -195,6 +195,7 @@ func toHost(h meta.Host) v1.Host {
 		Cgroup:    h.Cgroup,
 		Features:  mapSlice(h.Features, func(x meta.Feature) v1.Feature { return v1.Feature(x) }),
 		Sandboxes: h.Sandboxes, Started: h.Started,
+		KeyID: h.KeyID, PublicKey: h.PublicKey, TrustedKeys: h.TrustedKeys,
 	}
 }
 

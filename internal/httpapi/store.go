@@ -28,3 +28,25 @@ func StoreRoutes(st ObjectStore) []Route {
 		})},
 	}
 }
+
+// KeyTruster is what the trusted-keys endpoint needs of the engine.
+type KeyTruster interface {
+	TrustKey(pemKey []byte) (id string, added bool, err error)
+}
+
+// TrustRoutes are the host admin's endpoints for the keys this host
+// trusts: what another host signed (its checkpoints, its documents in
+// the store) is accepted once its key is trusted.
+func TrustRoutes(k KeyTruster) []Route {
+	return []Route{
+		{"POST /v1/host/trusted-keys", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var req v1.TrustKeyRequest
+			if err := decode(w, r, &req); err != nil {
+				writeError(w, err)
+				return
+			}
+			id, added, err := k.TrustKey([]byte(req.PublicKey))
+			reply(w, v1.TrustedKey{KeyID: id, Added: added}, err)
+		})},
+	}
+}

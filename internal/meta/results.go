@@ -17,6 +17,14 @@ type Host struct {
 	Features  []Feature `json:"features"`
 	Sandboxes int       `json:"sandboxes"`
 	Started   time.Time `json:"started"`
+	// KeyID names the host key that signs this host's checkpoints and
+	// store documents; PublicKey is its public half (host.pub's PEM),
+	// what another host trusts (POST /v1/host/trusted-keys).
+	KeyID     string `json:"key_id"`
+	PublicKey string `json:"public_key"`
+	// TrustedKeys name the keys whose signatures this host accepts
+	// (its own among them).
+	TrustedKeys []string `json:"trusted_keys"`
 }
 
 // Pool describes the btrfs storage pool.
