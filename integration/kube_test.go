@@ -27,7 +27,6 @@ import (
 
 	kv1 "github.com/molt-sh/molt/api/kube/v1alpha1"
 	moltclient "github.com/molt-sh/molt/client"
-	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/kube"
 	"github.com/molt-sh/molt/internal/objstore/s3test"
 )
@@ -93,15 +92,11 @@ func TestKubernetes(t *testing.T) {
 	srv := s3test.Start(t)
 	creds := []string{"AWS_ACCESS_KEY_ID=" + srv.AccessKey, "AWS_SECRET_ACCESS_KEY=" + srv.SecretKey}
 	store := []string{"--store", "s3://" + srv.Bucket + "/it-kube", "--store-endpoint", srv.Endpoint}
+	// The daemons do not trust each other's keys: the node agents have
+	// them trust each other through their MoltNodes.
 	dirA, dirB := t.TempDir(), t.TempDir()
-	for _, d := range []string{dirA, dirB} {
-		if _, err := ckstore.LoadKeyring(filepath.Join(d, "root", "keys"), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pub := func(d string) string { return filepath.Join(d, "root", "keys", "host.pub") }
-	hostA := startHost(t, "ka", dirA, creds, append(store, "--trust-key", pub(dirB))...)
-	hostB := startHost(t, "kb", dirB, creds, append(store, "--trust-key", pub(dirA))...)
+	hostA := startHost(t, "ka", dirA, creds, store...)
+	hostB := startHost(t, "kb", dirB, creds, store...)
 	hosts := map[string]host{"node-a": hostA, "node-b": hostB}
 
 	logs := &lockedLog{}
@@ -219,6 +214,27 @@ func TestKubernetes(t *testing.T) {
 		a := &kube.Agent{Daemon: moltclient.New(h.socket), Node: node, Capacity: 4, Heartbeat: heartbeat}
 		mgr, err := kube.NewAgentManager(as("molt-node-agent", node), a, opts)
 		start("agent "+node, mgr, err)
+	}
+	for node, h := range hosts {
+		peer := hosts["node-a"]
+		if node == "node-a" {
+			peer = hosts["node-b"]
+		}
+		wait(node+"'s daemon trusts the other node's key", time.Minute, func() (bool, string) {
+			mine, err := moltclient.New(h.socket).Host(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			theirs, err := moltclient.New(peer.socket).Host(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			var mn kv1.MoltNode
+			if err := c.Get(ctx, types.NamespacedName{Name: node}, &mn); err != nil || mn.Status.HostKey != mine.PublicKey {
+				return false, fmt.Sprintf("MoltNode %s: host key %q (%v), want its daemon's", node, mn.Status.HostKey, err)
+			}
+			return slices.Contains(mine.TrustedKeys, theirs.KeyID), fmt.Sprintf("trusted %v, the other's %s", mine.TrustedKeys, theirs.KeyID)
+		})
 	}
 	sandbox := func(name string) kv1.Sandbox {
 		t.Helper()

@@ -47,6 +47,8 @@ type Daemon interface {
 	Offload(ctx context.Context, ref string) (v1.Sandbox, error)
 	Resume(ctx context.Context, ref string) (v1.Sandbox, error)
 	DeleteCheckpoint(ctx context.Context, ref string) error
+	Host(ctx context.Context) (v1.Host, error)
+	TrustKey(ctx context.Context, publicKey string) (v1.TrustedKey, error)
 }
 
 // Agent is the node agent: one per node, next to the node's molt daemon.
@@ -642,6 +644,19 @@ func (a *Agent) report(ctx context.Context) error {
 	if err != nil {
 		st.Message = "daemon: " + err.Error()
 		return a.Client.Status().Patch(ctx, &n, client.MergeFrom(old))
+	}
+	h, err := a.Daemon.Host(ctx)
+	if err != nil {
+		st.Message = "daemon: " + err.Error()
+		return a.Client.Status().Patch(ctx, &n, client.MergeFrom(old))
+	}
+	st.HostKey = h.PublicKey
+	var nodes kv1.MoltNodeList
+	if err := a.Client.List(ctx, &nodes); err != nil {
+		return err
+	}
+	if err := a.trustPeers(ctx, h, nodes.Items); err != nil {
+		st.Message = err.Error()
 	}
 	st.Sandboxes = 0
 	for _, s := range sbs {

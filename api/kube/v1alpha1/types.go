@@ -373,6 +373,11 @@ type MoltNodeStatus struct {
 	// resume there needs no fetch); at most 1024.
 	// +optional
 	Checkpoints []string `json:"checkpoints,omitempty"`
+	// HostKey is the public key (PEM) the node's daemon signs its
+	// checkpoints and store documents with: the other nodes' agents have
+	// their daemons trust it, so what is suspended here resumes there.
+	// +optional
+	HostKey string `json:"hostKey,omitempty"`
 	// Message says what the agent last failed at.
 	// +optional
 	Message string `json:"message,omitempty"`
