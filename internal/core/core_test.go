@@ -123,6 +123,14 @@ func run(t testing.TB, m *Manager, sb, cmd string) meta.SessionRunResult {
 	return res
 }
 
+// sbEntries lists sandbox id's directory, without the file the
+// records' copy writer may be writing at that moment (meta.Copies
+// writes sandbox.json in the background, through sandbox.json.tmp).
+func sbEntries(t *testing.T, m *Manager, id string) []string {
+	t.Helper()
+	return slices.DeleteFunc(entries(t, m.sbDir(id)), func(n string) bool { return n == sandboxFile+".tmp" })
+}
+
 func entries(t *testing.T, dir string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
@@ -336,7 +344,7 @@ func TestRollbackFailureKeepsSandbox(t *testing.T) {
 	if r := run(t, m, sb.ID, "cat /root/f; echo $y"); r.Stdout != "new\n9\n" {
 		t.Fatalf("failed rollback changed the sandbox: %q", r.Stdout)
 	}
-	if e := entries(t, m.sbDir(sb.ID)); strings.Join(e, ",") != "root,sandbox.json" {
+	if e := sbEntries(t, m, sb.ID); strings.Join(e, ",") != "root,sandbox.json" {
 		t.Fatalf("failed rollback left %v", e)
 	}
 	res, err := m.Rollback(ctx, sb.ID, ck.ID)
@@ -679,7 +687,7 @@ func TestStandbyBudget(t *testing.T) {
 	if s := m.standbyOf(sb.ID); s != nil {
 		t.Fatalf("standby survived stop: %+v", s)
 	}
-	if e := entries(t, m.sbDir(sb.ID)); strings.Join(e, ",") != "root,sandbox.json" {
+	if e := sbEntries(t, m, sb.ID); strings.Join(e, ",") != "root,sandbox.json" {
 		t.Fatalf("after stop the sandbox directory holds %v", e)
 	}
 }

@@ -233,7 +233,7 @@ func checkRollbackCrash(t *testing.T, m *Manager, id, x string) {
 	if len(others) > 0 {
 		t.Fatalf("processes outside the sandbox's tree left in its cgroup: %v (tree %v)", others, tree)
 	}
-	if dirs := entries(t, m.sbDir(id)); !slices.Equal(dirs, []string{"root", sandboxFile}) {
+	if dirs := sbEntries(t, m, id); !slices.Equal(dirs, []string{"root", sandboxFile}) {
 		t.Fatalf("sandbox directory holds %v, want its root only", dirs)
 	}
 	var left []string
