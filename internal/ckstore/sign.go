@@ -87,10 +87,11 @@ func (mf Manifest) SignedBytes() []byte {
 type Keyring struct {
 	priv ed25519.PrivateKey
 	id   string
-	dir  string // where host.key is; trusted/ beneath it
-
-	mu      sync.RWMutex
-	trusted map[string]ed25519.PublicKey // +checklocks:mu
+	// dir is where host.key is, trusted/ beneath it.
+	dir string
+	mu  sync.RWMutex
+	// +checklocks:mu
+	trusted map[string]ed25519.PublicKey
 }
 
 // KeyID names a public key.
@@ -165,15 +166,15 @@ func (k *Keyring) Trust(pemKey []byte) (string, bool, error) {
 		return "", false, fmt.Errorf("trust: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	id := KeyID(pub)
+	if k.dir == "" {
+		return "", false, fmt.Errorf("trust %s: the keyring has no directory: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	file := filepath.Join(k.dir, "trusted", strings.TrimPrefix(id, "ed25519:")+".pub")
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if _, ok := k.trusted[id]; ok {
 		return id, false, nil
 	}
-	if k.dir == "" {
-		return "", false, fmt.Errorf("trust %s: the keyring has no directory: %w", id, errdefs.ErrFailedPrecondition)
-	}
-	file := filepath.Join(k.dir, "trusted", strings.TrimPrefix(id, "ed25519:")+".pub")
 	if err := atomicfile.Write(file, EncodePublicKey(pub), 0o644); err != nil {
 		return "", false, fmt.Errorf("trust %s: %w", id, err)
 	}

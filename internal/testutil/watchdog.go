@@ -20,22 +20,14 @@ func Watchdog(t testing.TB, limit time.Duration) {
 	if !ok {
 		return
 	}
-	watched.Lock()
-	defer watched.Unlock()
-	if watched.m == nil {
-		watched.m = map[*testing.T]bool{}
-	}
-	if watched.m[tt] {
+	if _, dup := watched.LoadOrStore(tt, true); dup {
 		return
 	}
-	watched.m[tt] = true
 	done := make(chan struct{})
 	start := time.Now()
 	tt.Cleanup(func() {
 		close(done)
-		watched.Lock()
-		delete(watched.m, tt)
-		watched.Unlock()
+		watched.Delete(tt)
 	})
 	go func() {
 		select {
@@ -52,7 +44,5 @@ func Watchdog(t testing.TB, limit time.Duration) {
 	}()
 }
 
-var watched struct {
-	sync.Mutex
-	m map[*testing.T]bool
-}
+// watched holds the tests being watched.
+var watched sync.Map
