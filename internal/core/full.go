@@ -618,6 +618,9 @@ func (m *Manager) restoreTree(ctx context.Context, rec *sandboxRec, ck checkpoin
 	}
 	if lf != nil {
 		opts.LazyPages, opts.PageServer = true, lf.theirs
+		if err := lf.guardWith(m.cgroupName(rec.ID)); err != nil {
+			return sandbox.Init{}, err
+		}
 	}
 	res, err := tool.Restore(ctx, opts)
 	if lf != nil {

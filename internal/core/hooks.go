@@ -14,6 +14,9 @@ type hooks struct {
 	// external_net: CRIU runs in the daemon's network namespace and the
 	// images carry the sandbox's.
 	netnsInImages bool
+	// lazyRead is called before a lazy resume's page server reads pages
+	// for CRIU's lazy-pages daemon.
+	lazyRead func()
 }
 
 // crashpoint marks a step at which tests kill the daemon (hooks.crash).

@@ -109,6 +109,11 @@ type lazyFetch struct {
 	// closed: ours is closed.
 	// +checklocks:mu
 	closed bool
+	// guard kills the tree if the daemon dies before every page is in
+	// (lazyguard.go); set by the restore, before the tree exists, and
+	// released with ours.
+	// +checklocks:mu
+	guard *lazyGuard
 }
 
 // lazyImage is one page image filled lazily.
@@ -227,6 +232,7 @@ func (m *Manager) lazyMarker(id string) string { return filepath.Join(m.sbDir(id
 // m.lazies, then closes lf.finished.
 func (lf *lazyFetch) done() {
 	m := lf.m
+	lf.closeOurs()
 	_ = os.Remove(m.lazyMarker(lf.ck.Sandbox))
 	m.lazyMu.Lock()
 	delete(m.lazies, lf)
@@ -534,6 +540,9 @@ func (lf *lazyFetch) fetchRange(li *lazyImage, b, n int) error {
 // read is the page server's source: pages come from the local copy once
 // they are there.
 func (lf *lazyFetch) read(image string, index uint64, n int, buf []byte) error {
+	if h := lf.m.hooks.lazyRead; h != nil {
+		h()
+	}
 	li := lf.images[image]
 	if li == nil {
 		// A page image fetched whole.
@@ -595,6 +604,8 @@ func (lf *lazyFetch) failed() error {
 	return lf.err
 }
 
+// closeOurs lets CRIU's lazy-pages daemon go: the daemon's end of its
+// socket is closed, and the guard, which holds a copy, released.
 func (lf *lazyFetch) closeOurs() {
 	lf.mu.Lock()
 	defer lf.mu.Unlock()
@@ -602,6 +613,19 @@ func (lf *lazyFetch) closeOurs() {
 		lf.closed = true
 		lf.ours.Close()
 	}
+	lf.guard.release()
+}
+
+// guardWith starts the guard of the restore into cgroup cg.
+func (lf *lazyFetch) guardWith(cg string) error {
+	lf.mu.Lock()
+	defer lf.mu.Unlock()
+	if lf.closed || lf.guard != nil {
+		return fmt.Errorf("lazy resume of %s: the page server is closed already", lf.ck.ID)
+	}
+	var err error
+	lf.guard, err = lf.m.startLazyGuard(cg, lf.ours)
+	return err
 }
 
 // started is told the restored tree, and starts filling the rest. If

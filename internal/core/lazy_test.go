@@ -4,17 +4,22 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/criu"
 	"github.com/molt-sh/molt/internal/meta"
@@ -318,5 +323,96 @@ func TestLazyResumeLocal(t *testing.T) {
 	}
 	if n := counterValue(m.metrics.localLazy.WithLabelValues("failed")); n != 0 {
 		t.Fatalf("%v local lazy resumes failed", n)
+	}
+}
+
+// TestLazyResumeDaemonDies: a daemon that dies during a lazy resume
+// (here: its end of the page server's socket closed, and its guard's
+// pipe closed without the word that the resume is over, which is what
+// its death does) leaves no task of the tree running on memory that
+// never came: the guard kills the tree while CRIU's lazy-pages daemon
+// still holds the tree's memory, so the process that was hashing its
+// heap, its pages held back, never writes a hash.
+func TestLazyResumeDaemonDies(t *testing.T) {
+	m := openManager(t)
+	requireCRIU(t, m)
+	ctx := context.Background()
+	if !m.criu.Probe(ctx).LazyPages {
+		tu.Unavailable(t, "CRIU cannot restore lazily here (uffd-noncoop)")
+	}
+	sb, h0 := heapSandbox(t, m)
+	if _, err := m.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Pages are served until the test says stop: the tree resumes, and
+	// its heap, which it does not touch, stays in the lazy-pages daemon.
+	var holding atomic.Bool
+	release := make(chan struct{})
+	m.hooks.lazyRead = func() {
+		if holding.Load() {
+			<-release
+		}
+	}
+	defer close(release)
+	if _, err := m.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	var lf *lazyFetch
+	m.lazyMu.Lock()
+	for f := range m.lazies {
+		lf = f
+	}
+	m.lazyMu.Unlock()
+	if lf == nil {
+		t.Fatal("no lazy resume under way")
+	}
+	holding.Store(true)
+	h1 := filepath.Join(m.sbRoot(sb.ID), "tmp", "h1")
+	_ = os.Remove(h1)
+	cg, err := cgroup.Load(testCgroup(sb.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, err := cg.Pids()
+	if err != nil || len(pids) == 0 {
+		t.Fatalf("the resumed tree: %v %v", pids, err)
+	}
+	// The python hashes its heap: it faults on pages the lazy-pages
+	// daemon has not got yet.
+	py := 0
+	for _, p := range pids {
+		// (Its command line is in its memory, which is held back.)
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); strings.HasPrefix(string(b), "python3") {
+			py = p
+		}
+	}
+	if py == 0 {
+		var names []string
+		for _, p := range pids {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
+			names = append(names, strings.TrimSpace(string(b)))
+		}
+		t.Fatalf("no python among the tree's processes %v %q", pids, names)
+	}
+	if err := unix.Kill(py, unix.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	// The daemon dies.
+	lf.mu.Lock()
+	lf.closed = true
+	lf.ours.Close()
+	g := lf.guard
+	lf.mu.Unlock()
+	if g == nil {
+		t.Fatal("the lazy resume has no guard")
+	}
+	g.end(false)
+	eventually(t, "the guard killed the tree", func() bool {
+		p, err := cg.Pids()
+		return err == nil && len(p) == 0
+	})
+	if b, err := os.ReadFile(h1); err == nil && string(b) != h0 {
+		t.Fatalf("a task ran on memory that never came: its heap hashed to %s, it was %s", b, h0)
 	}
 }

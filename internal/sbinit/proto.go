@@ -105,5 +105,7 @@ func RunIfInit() {
 	case ArgHold:
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		os.Exit(0)
+	case ArgLazyGuard:
+		LazyGuard()
 	}
 }
