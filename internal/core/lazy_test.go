@@ -293,13 +293,8 @@ func TestLazyMarkerAtStart(t *testing.T) {
 // hibernates and resumes again (its next checkpoint taken from memory
 // that came lazily).
 func TestLazyResumeLocal(t *testing.T) {
-	m := openManager(t)
-	requireCRIU(t, m)
+	m, sb, h0 := lazyHeapSandbox(t)
 	ctx := context.Background()
-	if !m.criu.Probe(ctx).LazyPages {
-		tu.Unavailable(t, "CRIU cannot restore lazily here (uffd-noncoop)")
-	}
-	sb, h0 := heapSandbox(t, m)
 	for round := 1; round <= 2; round++ {
 		if _, err := m.Hibernate(ctx, sb.ID); err != nil {
 			t.Fatal(err)
@@ -334,13 +329,8 @@ func TestLazyResumeLocal(t *testing.T) {
 // still holds the tree's memory, so the process that was hashing its
 // heap, its pages held back, never writes a hash.
 func TestLazyResumeDaemonDies(t *testing.T) {
-	m := openManager(t)
-	requireCRIU(t, m)
+	m, sb, h0 := lazyHeapSandbox(t)
 	ctx := context.Background()
-	if !m.criu.Probe(ctx).LazyPages {
-		tu.Unavailable(t, "CRIU cannot restore lazily here (uffd-noncoop)")
-	}
-	sb, h0 := heapSandbox(t, m)
 	if _, err := m.Hibernate(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -415,4 +405,17 @@ func TestLazyResumeDaemonDies(t *testing.T) {
 	if b, err := os.ReadFile(h1); err == nil && string(b) != h0 {
 		t.Fatalf("a task ran on memory that never came: its heap hashed to %s, it was %s", b, h0)
 	}
+}
+
+// lazyHeapSandbox opens a manager whose CRIU restores lazily, with a
+// heapSandbox in it.
+func lazyHeapSandbox(t *testing.T) (*Manager, meta.Sandbox, string) {
+	t.Helper()
+	m := openManager(t)
+	requireCRIU(t, m)
+	if !m.criu.Probe(context.Background()).LazyPages {
+		tu.Unavailable(t, "CRIU cannot restore lazily here (uffd-noncoop)")
+	}
+	sb, h0 := heapSandbox(t, m)
+	return m, sb, h0
 }

@@ -192,10 +192,7 @@ func (d *Dir) PutIf(ctx context.Context, key string, data []byte, version string
 	if err != nil {
 		return err
 	}
-	if len(data) > MaxConditional {
-		return fmt.Errorf("put %s: %d bytes, a conditional put holds %d at most: %w", key, len(data), MaxConditional, errdefs.ErrInvalidArgument)
-	}
-	if err := ctx.Err(); err != nil {
+	if err := conditional(ctx, key, data); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {

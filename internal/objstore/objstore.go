@@ -115,3 +115,11 @@ func ValidKey(key string) bool {
 func badKey(key string) error {
 	return fmt.Errorf("object key %q is not a clean relative path: %w", key, errdefs.ErrInvalidArgument)
 }
+
+// conditional checks what a PutIf of data as key may store, and ctx.
+func conditional(ctx context.Context, key string, data []byte) error {
+	if len(data) > MaxConditional {
+		return fmt.Errorf("put %s: %d bytes, a conditional put holds %d at most: %w", key, len(data), MaxConditional, errdefs.ErrInvalidArgument)
+	}
+	return ctx.Err()
+}

@@ -58,10 +58,7 @@ func (s *S3) PutIf(ctx context.Context, key string, data []byte, version string)
 	if err != nil {
 		return err
 	}
-	if len(data) > MaxConditional {
-		return fmt.Errorf("put %s: %d bytes, a conditional put holds %d at most: %w", key, len(data), MaxConditional, errdefs.ErrInvalidArgument)
-	}
-	if err := ctx.Err(); err != nil {
+	if err := conditional(ctx, key, data); err != nil {
 		return err
 	}
 	var o minio.PutObjectOptions
