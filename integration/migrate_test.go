@@ -202,7 +202,7 @@ func TestMigrateEgress(t *testing.T) {
 	hs := startMigrationHosts(t, append([]string{"--egress-range", "10.210.0.0/16"}, lab...), append([]string{"--egress-range", "10.211.0.0/16"}, lab...))
 	a, b := hs.a, hs.b
 	sb := strings.TrimSpace(a.must(t, "--endpoint", "https://"+hs.listenA, "--token", hs.tokA, "--tls-ca", hs.ca,
-		"create", image, "--network", "egress", "--egress-inspect"))
+		"create", image, "--network", "egress", "--egress-inspect", "--allow", netlab.WebName, "--allow", netlab.PayName))
 	address := func(h host) netip.Addr {
 		t.Helper()
 		var info v1.Sandbox
@@ -222,6 +222,9 @@ func TestMigrateEgress(t *testing.T) {
 	if f := fetchAt(t, a.socket, sb, "GET", httpsHello, ""); f.Status != 200 || f.Body != hello || f.Ledger == "" {
 		t.Fatalf("inspected HTTPS on the source: %+v", f)
 	}
+	// An address the sandbox resolved on the source, which it keeps
+	// using after the move without asking again (a program's cache).
+	webIP := strings.TrimSpace(pyAt(t, a, sb, "import socket; print(socket.gethostbyname('"+netlab.WebName+"'))"))
 	before := strings.TrimSpace(a.must(t, "checkpoint", sb, "--kind", "full", "--wait"))
 	paid := env.lab.PayCount()
 	first := fetchAt(t, a.socket, sb, "POST", payURL, payBody(13))
@@ -244,12 +247,24 @@ func TestMigrateEgress(t *testing.T) {
 	if ip := address(b); !netip.MustParsePrefix("10.211.0.0/16").Contains(ip) {
 		t.Fatalf("address on the target %v, want one of its range", ip)
 	}
+	// The names the sandbox resolved moved with it: the allow list
+	// names domains, and the cached address is judged by its name
+	// (before anything here resolves the name again).
+	if out := pyAt(t, b, sb, `import urllib.request
+r = urllib.request.Request("http://`+webIP+`/hello", headers={"Host": "`+netlab.WebName+`"})
+try:
+    print(urllib.request.urlopen(r, timeout=10).status)
+except Exception as e:
+    print("refused", e)`); strings.TrimSpace(out) != "200" {
+		t.Fatalf("the address %s resolved on the source, on the target: %s", webIP, out)
+	}
 	if out := waitFileAt(t, b, sb, "/tmp/holder.out", 20*time.Second); !strings.HasPrefix(out, "reset") && out != "eof" {
 		t.Fatalf("the connection open at the migration: %q, want a reset", out)
 	}
 	if f := fetchAt(t, b.socket, sb, "GET", httpsHello, ""); f.Status != 200 || f.Body != hello || f.Ledger == "" {
 		t.Fatalf("inspected HTTPS on the target: %+v", f)
 	}
+
 	l := effectsAt(t, b.socket, sb)
 	pay, ok := findEffect(l, func(e v1.Effect) bool { return e.Method == "POST" && e.State == "completed" })
 	if !ok || pay.URL != payURL {
@@ -283,4 +298,15 @@ func waitFileAt(t *testing.T, h host, sb, path string, d time.Duration) string {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// pyAt runs a Python program in sandbox sb of host h and returns its
+// stdout.
+func pyAt(t *testing.T, h host, sb, code string) string {
+	t.Helper()
+	r := moltAt(t, h.socket, code, "exec", sb, "--", "python3", "-")
+	if r.code != 0 {
+		t.Fatalf("python in %s: exit %d\n%s\n%s", sb, r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
 }

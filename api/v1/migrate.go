@@ -1,6 +1,11 @@
 package v1
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+)
 
 // MigrateRequest moves a running sandbox to another daemon sharing the
 // object store (POST /v1/sandboxes/{id}/migrate; the host admin's).
@@ -52,12 +57,51 @@ type Handover struct {
 	// matches the certificate in the store's signed record of the
 	// sandbox, and only when it adopts the sandbox from the store.
 	EgressCAKey string `json:"egress_ca_key,omitempty"`
+	// Names are what the sandbox resolved through the source's DNS
+	// (egress), which the target judges the sandbox's connections by
+	// until they expire, as the source did. The source host signs them
+	// (NamesKey, its key's name, and NamesSignature, base64 ed25519 over
+	// "molt-names-v1\0", the sandbox's ID, "\0" and the JSON of Names):
+	// the target takes them only signed by the host that signed the
+	// sandbox's document in the store.
+	Names          []ResolvedName `json:"names,omitempty"`
+	NamesKey       string         `json:"names_key,omitempty"`
+	NamesSignature string         `json:"names_signature,omitempty"`
 }
+
+// ResolvedName is a name a sandbox resolved to an address, remembered
+// until Expires.
+type ResolvedName struct {
+	Name    string    `json:"name"`
+	Addr    string    `json:"addr"`
+	Expires time.Time `json:"expires"`
+}
+
+// MaxHandoverNames bounds the names a handover carries.
+const MaxHandoverNames = 16384
 
 // Validate bounds a resume request.
 func (r ResumeRequest) Validate() error {
-	if r.Handover != nil && len(r.Handover.EgressCAKey) > 64<<10 {
+	h := r.Handover
+	if h == nil {
+		return nil
+	}
+	if len(h.EgressCAKey) > 64<<10 {
 		return errors.New("handover: egress_ca_key: over 64 KiB")
+	}
+	if len(h.Names) > MaxHandoverNames {
+		return fmt.Errorf("handover: %d names, at most %d", len(h.Names), MaxHandoverNames)
+	}
+	for _, n := range h.Names {
+		if n.Name == "" || len(n.Name) > 253 {
+			return fmt.Errorf("handover: name %q: empty or over 253 bytes", n.Name)
+		}
+		if _, err := netip.ParseAddr(n.Addr); err != nil {
+			return fmt.Errorf("handover: name %s: address: %v", n.Name, err)
+		}
+	}
+	if len(h.NamesKey) > 256 || len(h.NamesSignature) > 1024 {
+		return errors.New("handover: names_key or names_signature too long")
 	}
 	return nil
 }

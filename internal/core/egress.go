@@ -15,6 +15,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/egress"
 	"github.com/molt-sh/molt/internal/egress/ledger"
 	"github.com/molt-sh/molt/internal/errdefs"
@@ -591,7 +592,7 @@ func (m *Manager) DeclareEffect(ctx context.Context, ref string, req v1.EffectDe
 // its egress here, and gives it its inspection CA's key from h (a
 // migration's source hands it over; the store never holds it). Its
 // address is given by netRegister.
-func (m *Manager) adoptEgress(rec *sandboxRec, h *v1.Handover) error {
+func (m *Manager) adoptEgress(rec *sandboxRec, h *v1.Handover, signer string) error {
 	if rec.Network != v1.NetworkEgress {
 		return nil
 	}
@@ -608,8 +609,38 @@ func (m *Manager) adoptEgress(rec *sandboxRec, h *v1.Handover) error {
 	if err != nil {
 		return err
 	}
+	names, err := m.handedNames(rec.ID, signer, h)
+	if err != nil {
+		return err
+	}
 	rec.Egress = &e
+	m.net.Names().Import(rec.ID, names)
 	return nil
+}
+
+// handedNames are the names sandbox id resolved on a migration's source,
+// from its handover h, if the host that signed the sandbox's document
+// in the store (signer) signed them.
+func (m *Manager) handedNames(id, signer string, h *v1.Handover) ([]egress.Resolved, error) {
+	if h == nil || len(h.Names) == 0 {
+		return nil, nil
+	}
+	if h.NamesKey != signer {
+		return nil, fmt.Errorf("sandbox %s: the handed-over names are signed by %q, not by %s, which signed its document: %w", id, h.NamesKey, signer, errdefs.ErrInvalidArgument)
+	}
+	sig := ckstore.Signature{Key: h.NamesKey, Sig: h.NamesSignature}
+	if err := m.cks.Keyring().CheckBytes(sig, namesSigned(id, h.Names)); err != nil {
+		return nil, fmt.Errorf("sandbox %s: the handed-over names: %v: %w", id, err, errdefs.ErrInvalidArgument)
+	}
+	out := make([]egress.Resolved, 0, len(h.Names))
+	for _, n := range h.Names {
+		a, err := netip.ParseAddr(n.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: handed-over name %s: %v: %w", id, n.Name, err, errdefs.ErrInvalidArgument)
+		}
+		out = append(out, egress.Resolved{Name: n.Name, Addr: a, Expires: n.Expires})
+	}
+	return out, nil
 }
 
 // handedOver is egress e of sandbox id, adopted from the store, with its

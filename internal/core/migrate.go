@@ -86,7 +86,7 @@ func (m *Manager) Migrate(ctx context.Context, ref string, to MigrateTarget) (me
 	progress.Report(ctx, progress.Step{Message: "resuming on " + to.String()})
 	m.crashpoint("migrate:handed-over")
 	res := time.Now()
-	state, err := to.Resume(ctx, rec.ID, handover(rec))
+	state, err := to.Resume(ctx, rec.ID, m.handover(rec))
 	if err == nil && state != v1.StateRunning {
 		err = fmt.Errorf("the target reports the sandbox %s: %w", state, errdefs.ErrUnavailable)
 	}
@@ -132,13 +132,39 @@ func (m *Manager) migratable(rec sandboxRec) error {
 }
 
 // handover is what the target of sandbox rec's migration gets with its
-// resume, over the migration's TLS channel: the private key of its
-// egress proxy's CA, which the store never holds.
-func handover(rec sandboxRec) v1.ResumeRequest {
-	if rec.Egress == nil || rec.Egress.CAKey == "" {
+// resume, over the migration's TLS channel, and the store never holds:
+// the private key of its egress proxy's CA, and the names it resolved
+// through this host's DNS, signed by this host.
+func (m *Manager) handover(rec sandboxRec) v1.ResumeRequest {
+	var h v1.Handover
+	if rec.Egress != nil {
+		h.EgressCAKey = rec.Egress.CAKey
+	}
+	if rec.Network == v1.NetworkEgress && m.net != nil {
+		for _, r := range m.net.Names().Export(rec.ID) {
+			if len(h.Names) == v1.MaxHandoverNames {
+				break
+			}
+			h.Names = append(h.Names, v1.ResolvedName{Name: r.Name, Addr: r.Addr.String(), Expires: r.Expires.UTC()})
+		}
+		if len(h.Names) > 0 {
+			sig := m.cks.Keyring().SignBytes(namesSigned(rec.ID, h.Names))
+			h.NamesKey, h.NamesSignature = sig.Key, sig.Sig
+		}
+	}
+	if h.EgressCAKey == "" && len(h.Names) == 0 {
 		return v1.ResumeRequest{}
 	}
-	return v1.ResumeRequest{Handover: &v1.Handover{EgressCAKey: rec.Egress.CAKey}}
+	return v1.ResumeRequest{Handover: &h}
+}
+
+// namesSigned is what a handover's names are signed over.
+func namesSigned(id string, names []v1.ResolvedName) []byte {
+	b := []byte("molt-names-v1\x00" + id + "\x00")
+	for _, n := range names {
+		b = fmt.Appendf(b, "%s\x00%s\x00%d\n", n.Name, n.Addr, n.Expires.UnixNano())
+	}
+	return b
 }
 
 // uploadLineage uploads sandbox id's committed checkpoints the store

@@ -399,7 +399,11 @@ func (m *Manager) adopt(ctx context.Context, ref string, h *v1.Handover) error {
 			return fmt.Errorf("sandbox %s: the name %q is sandbox %s's here: %w", rec.ID, rec.Name, other.ID, errdefs.ErrAlreadyExists)
 		}
 	}
-	if err := m.adoptEgress(&rec, h); err != nil {
+	signer := ""
+	if doc.Signature != nil {
+		signer = doc.Signature.Key
+	}
+	if err := m.adoptEgress(&rec, h, signer); err != nil {
 		return err
 	}
 	if rec.IDs.Enabled() {

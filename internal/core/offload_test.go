@@ -420,3 +420,45 @@ func TestClaimRace(t *testing.T) {
 	}
 	t.Logf("claims won: %v", wins)
 }
+
+// TestHandedNames: the names a migration's source hands over are taken
+// only signed by the host that signed the sandbox's document, and only
+// as signed.
+func TestHandedNames(t *testing.T) {
+	m := openManager(t)
+	me := m.cks.Keyring().KeyID()
+	names := []v1.ResolvedName{
+		{Name: "pypi.org", Addr: "192.0.2.1", Expires: time.Now().Add(time.Hour).UTC()},
+		{Name: "files.example", Addr: "2001:db8::1", Expires: time.Now().Add(time.Minute).UTC()},
+	}
+	sign := func(id string, ns []v1.ResolvedName) *v1.Handover {
+		sig := m.cks.Keyring().SignBytes(namesSigned(id, ns))
+		return &v1.Handover{Names: ns, NamesKey: sig.Key, NamesSignature: sig.Sig}
+	}
+	h := sign("sb0000000001", names)
+	got, err := m.handedNames("sb0000000001", me, h)
+	if err != nil || len(got) != 2 || got[0].Name != "pypi.org" || got[1].Addr != netip.MustParseAddr("2001:db8::1") {
+		t.Fatalf("signed names: %+v, %v", got, err)
+	}
+	if got, err := m.handedNames("sb0000000001", me, nil); err != nil || got != nil {
+		t.Fatalf("no handover: %+v %v", got, err)
+	}
+	if _, err := m.handedNames("sb0000000001", "ed25519:0123456789abcdef", h); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("names signed by another host than the document's: %v", err)
+	}
+	if _, err := m.handedNames("sb0000000002", me, h); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("names signed for another sandbox: %v", err)
+	}
+	forged := *h
+	forged.Names = append([]v1.ResolvedName(nil), names...)
+	forged.Names[0].Addr = "198.51.100.7"
+	if _, err := m.handedNames("sb0000000001", me, &forged); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("an address changed after signing: %v", err)
+	}
+	later := *h
+	later.Names = append([]v1.ResolvedName(nil), names...)
+	later.Names[1].Expires = later.Names[1].Expires.Add(time.Hour)
+	if _, err := m.handedNames("sb0000000001", me, &later); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("an expiry moved after signing: %v", err)
+	}
+}

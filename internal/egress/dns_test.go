@@ -518,3 +518,38 @@ func TestDNSPerSandboxLimit(t *testing.T) {
 		t.Errorf("Close took %v with exchanges in flight", el)
 	}
 }
+
+// TestNamesExportImport: what a sandbox resolved moves to another
+// host's memory (a migration): each entry for at most minNameTTL there,
+// expired ones not at all, and what the sandbox resolved there stays.
+func TestNamesExportImport(t *testing.T) {
+	var src, dst Names
+	a, b, c := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")
+	src.Add("sb", "Pypi.org.", []netip.Addr{a}, time.Hour)
+	src.Add("sb", "files.example", []netip.Addr{b}, 0)
+	src.Add("other", "x.example", []netip.Addr{c}, time.Hour)
+	out := src.Export("sb")
+	if len(out) != 2 || out[0].Addr != a || out[0].Name != "pypi.org" || out[1].Addr != b {
+		t.Fatalf("export: %+v", out)
+	}
+	dst.Add("sb", "here.example", []netip.Addr{b}, time.Hour)
+	expired := Resolved{Name: "old.example", Addr: c, Expires: time.Now().Add(-time.Second)}
+	dst.Import("sb", append(out, expired))
+	if got := dst.Lookup("sb", a); got != "pypi.org" {
+		t.Errorf("imported name: %q", got)
+	}
+	if got := dst.Lookup("sb", b); got != "here.example" {
+		t.Errorf("what the sandbox resolved here: %q, want it kept", got)
+	}
+	if got := dst.Lookup("sb", c); got != "" {
+		t.Errorf("an expired entry was imported: %q", got)
+	}
+	for _, r := range dst.Export("sb") {
+		if r.Addr == a && r.Expires.After(time.Now().Add(minNameTTL+time.Second)) {
+			t.Errorf("%s kept until %v, past minNameTTL", r.Name, r.Expires)
+		}
+	}
+	if dst.Lookup("other", c) != "" {
+		t.Error("another sandbox's name")
+	}
+}

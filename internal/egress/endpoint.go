@@ -2,6 +2,7 @@ package egress
 
 import (
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 )
@@ -86,6 +87,57 @@ func (n *Names) Copy(from, to string) {
 		dst[k] = v
 	}
 	n.m[to] = dst
+}
+
+// Resolved is a name a sandbox resolved to an address, remembered until
+// Expires.
+type Resolved struct {
+	Name    string
+	Addr    netip.Addr
+	Expires time.Time
+}
+
+// Export lists what sandbox sb resolved and is not expired, by address.
+func (n *Names) Export(sb string) []Resolved {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	now := time.Now()
+	var out []Resolved
+	for a, e := range n.m[sb] {
+		if now.Before(e.expires) {
+			out = append(out, Resolved{Name: e.name, Addr: a, Expires: e.expires})
+		}
+	}
+	slices.SortFunc(out, func(x, y Resolved) int { return x.Addr.Compare(y.Addr) })
+	return out
+}
+
+// Import gives sandbox sb what another host's DNS remembered of it (a
+// migration's source): each entry until it expires, and never longer
+// than minNameTTL from now; what sb resolved here stays.
+func (n *Names) Import(sb string, rs []Resolved) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil {
+		n.m = make(map[string]map[netip.Addr]nameEntry)
+	}
+	by := n.m[sb]
+	if by == nil {
+		by = make(map[netip.Addr]nameEntry)
+		n.m[sb] = by
+	}
+	now := time.Now()
+	for _, r := range rs {
+		a := r.Addr.Unmap()
+		if _, ok := by[a]; ok || !r.Addr.IsValid() || !now.Before(r.Expires) {
+			continue
+		}
+		exp := r.Expires
+		if limit := now.Add(minNameTTL); exp.After(limit) {
+			exp = limit
+		}
+		by[a] = nameEntry{name: normDomain(r.Name), expires: exp}
+	}
 }
 
 // Forget drops what sandbox sb resolved.
