@@ -1,6 +1,7 @@
 package remote
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -246,12 +247,13 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCReport, error) {
 	if o.Now != nil {
 		now = o.Now
 	}
+	var lease *gcLeaseHeld
 	if !o.DryRun {
-		release, err := s.leaseGC(ctx)
-		if err != nil {
+		var err error
+		if lease, err = s.leaseGC(ctx); err != nil {
 			return rep, err
 		}
-		defer release()
+		defer lease.release(ctx)
 	}
 	st, err := s.readGC(ctx)
 	if err != nil {
@@ -289,6 +291,9 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCReport, error) {
 		default:
 			size := s.gcSize(ctx, k)
 			if !o.DryRun {
+				if err := lease.hold(ctx); err != nil {
+					return rep, errors.Join(append(errs, err)...)
+				}
 				if err := s.gcDelete(ctx, k); err != nil {
 					errs = append(errs, err)
 					next.Condemned[k] = at
@@ -308,7 +313,11 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCReport, error) {
 	if o.DryRun {
 		return rep, errors.Join(errs...)
 	}
-	// gc.json, then its generation (uploads read that first).
+	// gc.json, then its generation (uploads read that first), by the
+	// run that holds the lease.
+	if err := lease.hold(ctx); err != nil {
+		return rep, errors.Join(append(errs, err)...)
+	}
 	if err := s.putJSON(ctx, gcKey, next); err != nil {
 		return rep, errors.Join(append(errs, err)...)
 	}
@@ -329,12 +338,24 @@ type gcLeaseDoc struct {
 	Until time.Time `json:"until"`
 }
 
+// gcRenewEvery is how often a run renews its lease, at most: before a
+// deletion, and before it writes gc.json.
+var gcRenewEvery = gcLease / 3
+
+// gcLeaseHeld is a run's lease: its document as written and the version
+// the store gave it.
+type gcLeaseHeld struct {
+	s       *Store
+	mine    gcLeaseDoc
+	version string
+	renewed time.Time
+}
+
 // leaseGC takes the store's GC lease, refusing while another run holds
 // one: the lease is written only over the version read (or where there
-// was none), so of two runs that start at once one gets it. The
-// returned release ends the lease the same way (an ended lease written
-// over this run's, if it is still this run's).
-func (s *Store) leaseGC(ctx context.Context) (func(), error) {
+// was none), so of two runs that start at once one gets it. The run
+// renews it as it goes (hold), and release ends it the same way.
+func (s *Store) leaseGC(ctx context.Context) (*gcLeaseHeld, error) {
 	var l gcLeaseDoc
 	b, version, err := s.b.ReadVersion(ctx, gcLeaseKey, 4096)
 	switch {
@@ -352,34 +373,59 @@ func (s *Store) leaseGC(ctx context.Context) (func(), error) {
 	}
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
-	mine := gcLeaseDoc{Owner: s.k.KeyID(), Run: hex.EncodeToString(nonce[:]), Until: time.Now().Add(gcLease)}
-	if err := s.putLease(ctx, mine, version); errors.Is(err, objstore.ErrChanged) {
+	h := &gcLeaseHeld{s: s, mine: gcLeaseDoc{Owner: s.k.KeyID(), Run: hex.EncodeToString(nonce[:])}, version: version}
+	if err := h.write(ctx, time.Now().Add(gcLease)); errors.Is(err, objstore.ErrChanged) {
 		return nil, fmt.Errorf("store gc: another run took the store's lease at the same moment: %w", errdefs.ErrConflict)
 	} else if err != nil {
 		return nil, err
 	}
-	return func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		var cur gcLeaseDoc
-		b, version, err := s.b.ReadVersion(dctx, gcLeaseKey, 4096)
-		if err == nil && json.Unmarshal(b, &cur) == nil && cur.Run == mine.Run {
-			ended := mine
-			ended.Until = time.Now().Add(-time.Second)
-			_ = s.putLease(dctx, ended, version)
-		}
-	}, nil
+	return h, nil
 }
 
-func (s *Store) putLease(ctx context.Context, l gcLeaseDoc, version string) error {
+// write writes the run's lease, until until, over the version it holds,
+// and notes the version the store gave it.
+func (h *gcLeaseHeld) write(ctx context.Context, until time.Time) error {
+	l := h.mine
+	l.Until = until
 	b, err := json.Marshal(l)
 	if err != nil {
 		return err
 	}
-	if err := s.b.PutIf(ctx, gcLeaseKey, b, version); err != nil {
+	if err := h.s.b.PutIf(ctx, gcLeaseKey, b, h.version); err != nil {
 		return fmt.Errorf("store gc: write %s: %w", gcLeaseKey, err)
 	}
+	got, version, err := h.s.b.ReadVersion(ctx, gcLeaseKey, 4096)
+	if err != nil {
+		return fmt.Errorf("store gc: %s: %w", gcLeaseKey, err)
+	}
+	if !bytes.Equal(got, b) {
+		return fmt.Errorf("store gc: %s: %w", gcLeaseKey, objstore.ErrChanged)
+	}
+	h.version, h.renewed = version, time.Now()
 	return nil
+}
+
+// hold renews the lease if it was last written gcRenewEvery ago or
+// more: a run that lost it (another took it after it ran out) stops.
+func (h *gcLeaseHeld) hold(ctx context.Context) error {
+	if h == nil || time.Since(h.renewed) < gcRenewEvery {
+		return nil
+	}
+	if err := h.write(ctx, time.Now().Add(gcLease)); err != nil {
+		if errors.Is(err, objstore.ErrChanged) {
+			return fmt.Errorf("store gc: this run lost the store's lease (it ran out, and another run took it); it stops: %w", errdefs.ErrConflict)
+		}
+		return err
+	}
+	return nil
+}
+
+// release ends the lease: an ended lease over this run's, if it is
+// still this run's.
+func (h *gcLeaseHeld) release(ctx context.Context) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	_ = h.write(dctx, time.Now().Add(-time.Second))
 }
 
 // liveObjects lists what recipes and documents name. A recipe or a

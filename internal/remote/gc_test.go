@@ -291,7 +291,7 @@ func TestGCStateReadOnChange(t *testing.T) {
 func TestGCLease(t *testing.T) {
 	ctx := context.Background()
 	_, _, s := dirStore(t)
-	release, err := s.leaseGC(ctx)
+	held, err := s.leaseGC(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func TestGCLease(t *testing.T) {
 	if _, err := s.GC(ctx, GCOptions{Grace: time.Hour, DryRun: true}); err != nil {
 		t.Fatalf("a dry run under another's lease: %v", err)
 	}
-	release()
+	held.release(ctx)
 	if _, err := s.GC(ctx, GCOptions{Grace: time.Hour}); err != nil {
 		t.Fatalf("a run once the lease is released: %v", err)
 	}
@@ -336,5 +336,73 @@ func TestGCLease(t *testing.T) {
 	}
 	if won != 1 {
 		t.Fatalf("%d runs took the lease at once, want 1", won)
+	}
+}
+
+// deleteHook runs hook with the key before each Delete.
+type deleteHook struct {
+	objstore.Bucket
+	hook func(key string)
+}
+
+func (d *deleteHook) Delete(ctx context.Context, key string) error {
+	d.hook(key)
+	return d.Bucket.Delete(ctx, key)
+}
+
+// TestGCLostLease: a run whose lease another run took (it ran out)
+// stops before its next deletion and does not write gc.json.
+func TestGCLostLease(t *testing.T) {
+	defer func(d time.Duration) { gcRenewEvery = d }(gcRenewEvery)
+	gcRenewEvery = 0 // renew before every deletion
+	ctx := context.Background()
+	dir, err := objstore.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dh := &deleteHook{Bucket: dir, hook: func(string) {}}
+	k := keyring(t)
+	s, err := Open(ctx, dh, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"ck0000000001", "ck0000000002"} {
+		if _, _, err := s.Upload(ctx, artifact(t, id, randomPages(t, 64+i), "x")); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := s.GC(ctx, GCOptions{Grace: time.Hour})
+	if err != nil || rep.Condemned < 2 {
+		t.Fatalf("first run: %+v, %v", rep, err)
+	}
+	deleted := map[string]bool{} // objects, a pack's data and index as one
+	dh.hook = func(key string) {
+		deleted[strings.TrimSuffix(key, ".idx")] = true
+		if len(deleted) == 1 {
+			// Another run takes the lease, as if this one's had run out.
+			other := gcLeaseDoc{Owner: "ed25519:other", Run: "other", Until: time.Now().Add(time.Hour)}
+			if err := s.putJSON(ctx, gcLeaseKey, other); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
+	_, err = s.GC(ctx, GCOptions{Grace: time.Hour, Now: later})
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "lost the store's lease") {
+		t.Fatalf("a run that lost its lease: %v, want it stopped", err)
+	}
+	if len(deleted) != 1 {
+		t.Fatalf("a run that lost its lease at its first deletion deleted %v, want that one only", deleted)
+	}
+	st, err := s.readGC(ctx)
+	if err != nil || st.Generation != rep.Generation {
+		t.Fatalf("gc.json at generation %d (%v) after the stopped run, want %d", st.Generation, err, rep.Generation)
+	}
+	var l gcLeaseDoc
+	if found, err := s.gcRead(ctx, gcLeaseKey, 4096, &l); err != nil || !found || l.Run != "other" {
+		t.Fatalf("the lease after the stopped run: %+v (%v), want the other run's", l, err)
 	}
 }
