@@ -621,7 +621,7 @@ func (lf *lazyFetch) guardWith(cg string) error {
 	lf.mu.Lock()
 	defer lf.mu.Unlock()
 	if lf.closed || lf.guard != nil {
-		return fmt.Errorf("lazy resume of %s: the page server is closed already", lf.ck.ID)
+		return fmt.Errorf("lazy resume of %s: a guard runs already, or the page server is closed", lf.ck.ID)
 	}
 	var err error
 	lf.guard, err = lf.m.startLazyGuard(cg, lf.ours)
