@@ -49,6 +49,16 @@ func (n *Names) Add(sb, name string, ips []netip.Addr, ttl time.Duration) {
 	exp := time.Now().Add(ttl)
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	by := n.of(sb)
+	for _, ip := range ips {
+		by[ip.Unmap()] = nameEntry{name: normDomain(name), expires: exp}
+	}
+}
+
+// of returns sandbox sb's names, made if it has none.
+//
+// +checklocks:n.mu
+func (n *Names) of(sb string) map[netip.Addr]nameEntry {
 	if n.m == nil {
 		n.m = make(map[string]map[netip.Addr]nameEntry)
 	}
@@ -57,9 +67,7 @@ func (n *Names) Add(sb, name string, ips []netip.Addr, ttl time.Duration) {
 		by = make(map[netip.Addr]nameEntry)
 		n.m[sb] = by
 	}
-	for _, ip := range ips {
-		by[ip.Unmap()] = nameEntry{name: normDomain(name), expires: exp}
-	}
+	return by
 }
 
 // Lookup returns the name sandbox sb last resolved to ip, or "".
@@ -118,14 +126,7 @@ func (n *Names) Export(sb string) []Resolved {
 func (n *Names) Import(sb string, rs []Resolved) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.m == nil {
-		n.m = make(map[string]map[netip.Addr]nameEntry)
-	}
-	by := n.m[sb]
-	if by == nil {
-		by = make(map[netip.Addr]nameEntry)
-		n.m[sb] = by
-	}
+	by := n.of(sb)
 	now := time.Now()
 	for _, r := range rs {
 		a := r.Addr.Unmap()
