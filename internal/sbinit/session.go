@@ -360,11 +360,6 @@ func (s *Agent) runIn(ss *session, text string, timeoutMS int64, state bool) (Re
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
 	nonce := "molt" + hex.EncodeToString(nb[:])
-	select {
-	case <-ss.released:
-		return errReleased(start), ""
-	default:
-	}
 	if _, err := ss.ctl.Write([]byte(nonce + " " + text + "\x00")); err != nil {
 		select {
 		case <-ss.released:
