@@ -419,3 +419,23 @@ func lazyHeapSandbox(t *testing.T) (*Manager, meta.Sandbox, string) {
 	sb, h0 := heapSandbox(t, m)
 	return m, sb, h0
 }
+
+// BenchmarkLazyGuard: what a lazy resume's guard adds to the resume:
+// its start (fork and exec of the daemon's binary) and its release.
+func BenchmarkLazyGuard(b *testing.B) {
+	m := openManager(b)
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sock := os.NewFile(uintptr(fds[0]), "page server")
+	defer sock.Close()
+	defer unix.Close(fds[1])
+	for b.Loop() {
+		g, err := m.startLazyGuard("molt-bench-none", sock)
+		if err != nil {
+			b.Fatal(err)
+		}
+		g.release()
+	}
+}
