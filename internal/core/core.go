@@ -408,7 +408,24 @@ func (m *Manager) Close() error {
 	}
 	m.closeEgress()
 	m.closeViews()
+	m.releaseInits()
 	return m.db.Close()
+}
+
+// releaseInits lets go of the agents this process keeps for its
+// sandboxes' inits, once nothing of the manager runs: a call under way
+// ends, and the sessions run on for the next daemon. An agent left
+// behind would go on reading the sessions' output, and a daemon started
+// after this one (a restart in the same process, or in a test) would
+// lose the markers it waits for to whichever agent read them first.
+func (m *Manager) releaseInits() {
+	recs, err := meta.List[sandboxRec](m.db, meta.Sandboxes)
+	if err != nil {
+		return
+	}
+	for _, r := range recs {
+		sandbox.Forget(r.Init)
+	}
 }
 
 // Pool returns the storage pool.

@@ -17,6 +17,7 @@ import (
 	"github.com/molt-sh/molt/internal/cgroup"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/meta"
+	"github.com/molt-sh/molt/internal/sandbox"
 	"github.com/molt-sh/molt/internal/sbinit"
 	"github.com/molt-sh/molt/internal/testutil"
 	"golang.org/x/sys/unix"
@@ -722,6 +723,35 @@ func TestReopenThawsFrozenSandbox(t *testing.T) {
 	res, err := m.SessionRun(cctx, sb.ID, "t", v1.SessionRunRequest{Command: "echo alive"})
 	if err != nil || res.Stdout != "alive\n" {
 		t.Fatalf("sandbox after reopen: %+v %v", res, err)
+	}
+}
+
+// TestCloseReleasesInits: a closed manager keeps no agent of its
+// sandboxes' inits, whose collectors would race the next daemon's for
+// the sessions' output; the next one takes the sessions over.
+func TestCloseReleasesInits(t *testing.T) {
+	m := openManager(t)
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	run(t, m, sb.ID, "export X=kept")
+	if _, err := m.Sandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	in := record(t, m, sb.ID).Init
+	if !sandbox.Held(in) {
+		t.Fatal("no agent for the init after a session call")
+	}
+	m.Close()
+	if sandbox.Held(in) {
+		t.Fatal("the closed manager still keeps an agent for the init")
+	}
+	m, err := Open(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeManager(t, m)
+	if got := run(t, m, sb.ID, "echo $X").Stdout; got != "kept\n" {
+		t.Fatalf("session after reopen: X=%q, want kept", got)
 	}
 }
 

@@ -15,8 +15,6 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
-	"github.com/molt-sh/molt/internal/meta"
-	"github.com/molt-sh/molt/internal/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,7 +52,6 @@ func TestCrashListedMeansRestorable(t *testing.T) {
 	ctx := context.Background()
 	sb := newSandbox(t, m)
 	cfg := m.cfg
-	forgetInit(m, sb.ID)
 	m.Close()
 	var cur *Manager
 	closeLast(t, &cur)
@@ -135,9 +132,6 @@ func TestCrashListedMeansRestorable(t *testing.T) {
 				}
 			}
 			cur = nil
-			for _, s := range sbs {
-				forgetInit(m, s.ID)
-			}
 			m.Close()
 		})
 		if t.Failed() {
@@ -147,15 +141,6 @@ func TestCrashListedMeansRestorable(t *testing.T) {
 	var err error
 	if cur, err = Open(ctx, cfg); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// forgetInit drops the agent this process keeps for a sandbox's init,
-// as a daemon that exits does.
-func forgetInit(m *Manager, id string) {
-	var rec sandboxRec
-	if m.db.Get(meta.Sandboxes, id, &rec) == nil {
-		sandbox.Forget(rec.Init)
 	}
 }
 

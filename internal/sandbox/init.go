@@ -287,6 +287,14 @@ func (e *agentEntry) close() {
 	}
 }
 
+// Held reports whether this process keeps an agent for i.
+func Held(i Init) bool {
+	agents.mu.Lock()
+	defer agents.mu.Unlock()
+	_, ok := agents.m[i]
+	return ok
+}
+
 // Forget drops the agent of an init that was stopped or replaced.
 func Forget(i Init) {
 	agents.mu.Lock()
