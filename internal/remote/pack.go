@@ -89,6 +89,16 @@ func (p *packer) known(h [sha256.Size]byte, n int32) (*Extent, bool) {
 	return nil, false
 }
 
+// has reports whether the store or the pack being filled has the chunk
+// of SHA-256 h and length n (known, without taking an extent).
+func (p *packer) has(h [sha256.Size]byte, n int32) bool {
+	if l, ok := p.s.lookup(h); ok && l.len == n {
+		return true
+	}
+	l, ok := p.cur[h]
+	return ok && l.len == n
+}
+
 // flush uploads the pack being filled (index after pack: an index names
 // only a pack that exists) and indexes its chunks.
 func (p *packer) flush(ctx context.Context) error {

@@ -16,9 +16,10 @@ import (
 	"github.com/molt-sh/molt/internal/ckstore"
 	"github.com/molt-sh/molt/internal/errdefs"
 	"github.com/molt-sh/molt/internal/objstore"
+	"github.com/molt-sh/molt/internal/pagestore"
 )
 
-func keyring(t *testing.T) *ckstore.Keyring {
+func keyring(t testing.TB) *ckstore.Keyring {
 	t.Helper()
 	k, err := ckstore.LoadKeyring(t.TempDir(), nil)
 	if err != nil {
@@ -36,7 +37,15 @@ func artifact(t testing.TB, id string, pages []byte, note string) Source {
 		t.Fatal(err)
 	}
 	var objs []ckstore.Object
-	for name, b := range map[string][]byte{"images/pages-1.img": pages, "images/core-1.img": []byte("core " + id)} {
+	// The pages' hashes, as a full checkpoint keeps them.
+	var hashes []byte
+	for _, h := range pagestore.Sums(pages, pagestore.PageSize) {
+		hashes = append(hashes, h[:]...)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, ckstore.PageHashDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"images/pages-1.img": pages, "images/core-1.img": []byte("core " + id), ckstore.PageHashDir + "/pages-1.img": hashes} {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
 			t.Fatal(err)
 		}

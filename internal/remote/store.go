@@ -41,6 +41,9 @@ type Store struct {
 
 	trees treeCache
 	bases baseCache
+	// readWhole has uploads read and hash every page, as before the
+	// hash files were used (the baseline of BenchmarkUploadKnownPages).
+	readWhole bool
 }
 
 // Stats describes one upload.
@@ -55,6 +58,9 @@ type Stats struct {
 	// ReusedBytes are the bytes of the file tree's unchanged files,
 	// neither read nor hashed (their chunks remembered).
 	ReusedBytes int64 `json:"reused_bytes"`
+	// ReadBytes are the bytes of the checkpoint's objects read (a page
+	// the store has, named by its hash file, is not).
+	ReadBytes int64 `json:"read_bytes"`
 }
 
 type layoutDoc struct {

@@ -62,8 +62,18 @@ func (s *Store) Upload(ctx context.Context, src Source) (Recipe, Stats, error) {
 	r := Recipe{Layout: Layout, Checkpoint: src.Checkpoint, Sandbox: src.Sandbox, Record: src.Record, Manifest: src.Manifest}
 	objs := make([]Object, 0, len(src.Objects))
 	var exts [][]*Extent
+	hashes, err := s.pageHashes(src)
+	if err != nil {
+		return Recipe{}, st, fmt.Errorf("store: upload of checkpoint %s: page hashes %w", src.Checkpoint, err)
+	}
 	for _, o := range src.Objects {
-		ex, err := p.object(ctx, filepath.Join(src.Dir, o.Path), o)
+		var ex []*Extent
+		var err error
+		if h, ok := hashes[o.Path]; ok {
+			ex, err = p.objectByHashes(ctx, filepath.Join(src.Dir, o.Path), o, h)
+		} else {
+			ex, err = p.object(ctx, filepath.Join(src.Dir, o.Path), o)
+		}
 		if err != nil {
 			return Recipe{}, st, fmt.Errorf("store: upload %s of checkpoint %s: %w", o.Path, src.Checkpoint, err)
 		}
@@ -188,6 +198,7 @@ func (p *packer) object(ctx context.Context, file string, o ckstore.Object) ([]*
 		if k > 0 {
 			b := buf[:k]
 			n += int64(k)
+			p.stats.ReadBytes += int64(k)
 			whole := make(chan struct{})
 			go func() { h.Write(b); close(whole) }()
 			sums := pagestore.Sums(b, chunk)
