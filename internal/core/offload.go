@@ -278,7 +278,7 @@ func (m *Manager) fetchTree(ctx context.Context, ck checkpointRec, r remote.Reci
 		st, err := m.store.FetchTreeOver(ctx, r, tree, *base)
 		if err == nil {
 			m.log.Info("file tree fetched over its image", "checkpoint", ck.ID, "entries", st.Entries, "kept", st.KeptEntries,
-				"kept_bytes", st.Kept, "fetched_bytes", st.Fetched, "base_bytes", st.FromBase)
+				"kept_bytes", st.Kept, "fetched_bytes", st.Fetched, "base_bytes", st.FromBase, "remembered", st.Remembered)
 			m.metrics.treeFetches.WithLabelValues("image").Inc()
 		}
 		if err == nil || ctx.Err() != nil || !errors.Is(err, errdefs.ErrFailedPrecondition) {

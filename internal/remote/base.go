@@ -34,6 +34,11 @@ type Base struct {
 // chunks, then contents).
 type baseEntry struct {
 	chunks [][sha256.Size]byte
+	// key is a regular file's (keyed): a tree fetched over the base that
+	// keeps the file has it with this key (a snapshot keeps inodes and
+	// times), which seeds the memory of its files (seedTree).
+	key   fileKey
+	keyed bool
 }
 
 // baseData is where the base has the bytes of a content chunk: data
@@ -120,6 +125,9 @@ func indexBase(ctx context.Context, dir string) (*baseIndex, error) {
 			return err
 		}
 		var e baseEntry
+		if h.Typeflag == tar.TypeReg {
+			e.key, e.keyed = fileKeyOf(h.Name, r)
+		}
 		var off int64
 		name := path.Clean(h.Name)
 		headers := (hb.Len() + maxChunk - 1) / maxChunk

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -26,6 +27,9 @@ type TreeStats struct {
 	Fetched, FromBase, Kept int64
 	// Entries is the tree's entries; KeptEntries those left in place.
 	Entries, KeptEntries int
+	// Remembered is the files whose chunks the next upload of the
+	// sandbox's tree from this host takes unread (seedTree).
+	Remembered int
 }
 
 // FetchTree extracts r's file tree into dst (an existing, empty
@@ -54,6 +58,7 @@ func (s *Store) fetchTree(ctx context.Context, r Recipe, dst string, base *Base)
 	if err != nil {
 		return st, err
 	}
+	start := s.now()
 	var bi *baseIndex
 	var x *image.Extractor
 	if base != nil {
@@ -83,7 +88,45 @@ func (s *Store) fetchTree(ctx context.Context, r Recipe, dst string, base *Base)
 		return st, bad("checkpoint %s: file tree of SHA-256 %s, the recipe says %s", r.Checkpoint, got, r.Tree.SHA256)
 	}
 	st.Fetched, st.FromBase = ts.fetched, ts.fromBase
-	return st, x.Finish()
+	if err := x.Finish(); err != nil {
+		return st, err
+	}
+	st.Remembered = s.seedTree(r, ts.kept, start)
+	return st, nil
+}
+
+// keptFile is a base's file a fetched tree keeps, with the tree's
+// chunks of it (header, then contents).
+type keptFile struct {
+	key  fileKey
+	refs []chunkRef
+}
+
+// seedTree has the store remember the files a fetch of r's tree kept
+// from its base, as an upload of that tree from this host would have:
+// the sandbox's next upload here, of a child of r's checkpoint, then
+// takes their chunks unread, where it read and hashed the whole tree
+// (most of the upload of a migration's way back). Only the base's files
+// are remembered, and only those that changed well before the fetch
+// began (racyWindow): those written by the fetch are read next time.
+// What the store remembers of the sandbox at r's checkpoint already (an
+// upload from here) stays. It returns how many files it remembered.
+func (s *Store) seedTree(r Recipe, kept []keptFile, start time.Time) int {
+	if len(kept) == 0 || s.trees.get(r.Sandbox, r.Checkpoint) != nil {
+		return 0
+	}
+	limit := start.Add(-racyWindow).UnixNano()
+	files := make(map[fileKey][]chunkRef, len(kept))
+	for _, k := range kept {
+		if k.key.ctime < limit && k.key.mtime < limit {
+			files[k.key] = k.refs
+		}
+	}
+	if len(files) == 0 {
+		return 0
+	}
+	s.trees.put(r.Sandbox, r.Checkpoint, files)
+	return len(files)
 }
 
 // tchunk is one chunk of a stored tree: where it is in the stream and
@@ -207,6 +250,7 @@ type treeStream struct {
 	sums     hash.Hash
 	fetched  int64
 	fromBase int64
+	kept     []keptFile // the base's regular files kept, in order
 }
 
 func newTreeStream(ctx context.Context, s *Store, chunks []tchunk, base *baseIndex) (*treeStream, error) {
@@ -503,6 +547,13 @@ func (ts *treeStream) keeps(h *tar.Header) bool {
 		if !c.local || c.sum != sum {
 			return false
 		}
+	}
+	if e.keyed && h.Typeflag == tar.TypeReg {
+		k := keptFile{key: e.key, refs: make([]chunkRef, len(e.chunks))}
+		for i, sum := range e.chunks {
+			k.refs[i] = chunkRef{sum: sum, len: ts.chunks[first+i].len}
+		}
+		ts.kept = append(ts.kept, k)
 	}
 	return true
 }

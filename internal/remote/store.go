@@ -44,6 +44,15 @@ type Store struct {
 	// readWhole has uploads read and hash every page, as before the
 	// hash files were used (the baseline of BenchmarkUploadKnownPages).
 	readWhole bool
+	// clock, if set, is the time (tests move it on).
+	clock func() time.Time
+}
+
+func (s *Store) now() time.Time {
+	if s.clock != nil {
+		return s.clock()
+	}
+	return time.Now()
 }
 
 // Stats describes one upload.
