@@ -57,6 +57,10 @@ func decompress(r io.Reader) (io.Reader, func(), error) {
 	switch {
 	case bytes.HasPrefix(magic, gzipMagic):
 		zr, err := gzip.NewReader(br)
+		if err == io.EOF {
+			// The magic bytes and then the end: a truncated header.
+			err = io.ErrUnexpectedEOF
+		}
 		if err != nil {
 			return nil, nil, archiveError(err)
 		}
