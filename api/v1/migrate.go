@@ -34,6 +34,11 @@ type MigrateResult struct {
 	DowntimeMS float64 `json:"downtime_ms"`
 	UploadMS   float64 `json:"upload_ms"`
 	ResumeMS   float64 `json:"resume_ms"`
+	// PrecopyMS is the time spent, before the final checkpoint and while
+	// the sandbox ran, sending the store the pages of its memory it
+	// lacked; PrecopySentBytes is what that sent.
+	PrecopyMS        float64 `json:"precopy_ms"`
+	PrecopySentBytes int64   `json:"precopy_sent_bytes"`
 	// LLMEndpoint is the sandbox's LLM endpoint on the target, with its
 	// token (the one it had here): give the agent this URL. Nil if the
 	// sandbox had none, or if it could not be moved (Note says why).

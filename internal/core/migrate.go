@@ -64,6 +64,7 @@ func (m *Manager) Migrate(ctx context.Context, ref string, to MigrateTarget) (me
 	if _, err := m.uploadLineage(ctx, rec.ID, true); err != nil {
 		return meta.Migration{}, fmt.Errorf("migrate %s: %w", rec.ID, err)
 	}
+	sent, took := m.precopy(ctx, rec)
 	progress.Report(ctx, progress.Step{Message: "capturing processes and files"})
 	start := time.Now()
 	ck, err := m.checkpoint(ctx, rec.ID, v1.CheckpointRequest{Kind: v1.KindFull, Wait: true}, true)
@@ -75,7 +76,7 @@ func (m *Manager) Migrate(ctx context.Context, ref string, to MigrateTarget) (me
 		return meta.Migration{}, errors.Join(err, m.thawSandbox(ck.Sandbox))
 	}
 	defer unlock()
-	mg := meta.Migration{Sandbox: rec.ID, Target: to.String(), Checkpoint: ck.ID}
+	mg := meta.Migration{Sandbox: rec.ID, Target: to.String(), Checkpoint: ck.ID, PrecopyMS: ms(took), PrecopySentBytes: sent}
 	up := time.Now()
 	n, err := m.handOver(ctx, rec, ck.ID)
 	if err != nil {

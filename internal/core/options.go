@@ -29,6 +29,9 @@ type options struct {
 	// noTreeBase makes a fetch from the store take a file tree whole,
 	// not over the image the sandbox was made from (offload.go).
 	noTreeBase bool
+	// noPrecopy keeps a migration from sending the sandbox's memory to
+	// the store before freezing it (precopy.go).
+	noPrecopy bool
 }
 
 // WithoutScheduler runs checkpoint background work unscheduled, each job

@@ -214,7 +214,8 @@ func toRollbackResult(r meta.RollbackResult) v1.RollbackResult {
 
 func toMigrateResult(r meta.Migration) v1.MigrateResult {
 	return v1.MigrateResult{Sandbox: r.Sandbox, Target: r.Target, Checkpoint: r.Checkpoint, Checkpoints: r.Checkpoints,
-		DowntimeMS: r.DowntimeMS, UploadMS: r.UploadMS, ResumeMS: r.ResumeMS}
+		DowntimeMS: r.DowntimeMS, UploadMS: r.UploadMS, ResumeMS: r.ResumeMS,
+		PrecopyMS: r.PrecopyMS, PrecopySentBytes: r.PrecopySentBytes}
 }
 
 func toRecoverResult(r meta.RecoverResult) v1.RecoverResult {

@@ -71,6 +71,10 @@ type Migration struct {
 	DowntimeMS  float64
 	UploadMS    float64
 	ResumeMS    float64
+	// PrecopyMS and PrecopySentBytes: the memory sent to the store before
+	// the freeze (the time, and the bytes it lacked).
+	PrecopyMS        float64
+	PrecopySentBytes int64
 }
 
 // RollbackResult reports how the rollback was done.

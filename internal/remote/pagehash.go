@@ -144,3 +144,48 @@ func (p *packer) objectByHashes(ctx context.Context, file string, o ckstore.Obje
 	}
 	return ex, nil
 }
+
+// A Warmer sends the store pages ahead of the checkpoint that will hold
+// them: pages read from a running sandbox's memory (internal/procmem)
+// before a migration freezes it. They go into packs no recipe names
+// yet, so that the final checkpoint's upload, in the frozen window,
+// finds them known and sends only what changed since. Packs nothing
+// comes to name are a GC's to delete, as those of a failed upload are.
+type Warmer struct {
+	p  *packer
+	st Stats
+}
+
+// Warmer starts sending pages ahead.
+func (s *Store) Warmer(ctx context.Context) (*Warmer, error) {
+	if err := s.syncGC(ctx); err != nil {
+		return nil, err
+	}
+	w := &Warmer{}
+	w.p = &packer{s: s, stats: &w.st}
+	return w, nil
+}
+
+// Add sends the pages of b (whole pages) the store lacks.
+func (w *Warmer) Add(ctx context.Context, b []byte) error {
+	if len(b)%pagestore.PageSize != 0 {
+		return fmt.Errorf("store: %d bytes are not whole pages", len(b))
+	}
+	for i, sum := range pagestore.Sums(b, pagestore.PageSize) {
+		if w.p.has(sum, pagestore.PageSize) {
+			w.st.Chunks++
+			w.st.SharedBytes += pagestore.PageSize
+			continue
+		}
+		if _, _, err := w.p.addSum(ctx, b[i*pagestore.PageSize:(i+1)*pagestore.PageSize], sum); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close sends the last pack and reports what went.
+func (w *Warmer) Close(ctx context.Context) (Stats, error) {
+	err := w.p.flush(ctx)
+	return w.st, err
+}
