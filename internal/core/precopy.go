@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/molt-sh/molt/internal/procmem"
@@ -57,13 +58,18 @@ func (m *Manager) sendPages(ctx context.Context, rec sandboxRec) (remote.Stats, 
 	var pages int64
 	var werr error
 	for _, pid := range pids {
-		st, err := procmem.Pages(pid, buf, func(b []byte) error { return w.Add(ctx, b) })
+		var addErr error
+		st, _ := procmem.Pages(pid, buf, func(b []byte) error {
+			addErr = w.Add(ctx, b)
+			return addErr
+		})
 		pages += st.Pages
-		if err != nil && ctx.Err() != nil {
-			werr = err
+		if addErr != nil || ctx.Err() != nil {
+			werr = errors.Join(addErr, ctx.Err())
 			break
 		}
-		// A process that exited meanwhile has nothing to send.
+		// An error of the process's own: it exited meanwhile, and has
+		// nothing to send.
 	}
 	st, err := w.Close(ctx)
 	if werr == nil {
