@@ -15,6 +15,7 @@ package procmem
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -89,11 +90,17 @@ func mappings(pid int) ([]mapping, error) {
 	return out, sc.Err()
 }
 
+// scanPages is how many pagemap entries are read at once: 64 MiB of
+// address space per 128 KiB read.
+const scanPages = 16 << 10
+
 // Pages calls fn with runs of process pid's own pages (see the package
 // comment), each run at most len(buf) bytes (a multiple of PageSize),
 // read into buf. A run the process unmapped meanwhile is skipped. fn's
-// error ends the read.
-func Pages(pid int, buf []byte, fn func(b []byte) error) (Stats, error) {
+// error ends the read, as ctx's end does: a process that maps terabytes
+// of address space it never touches costs a scan of their pagemap
+// entries, which the caller bounds in time.
+func Pages(ctx context.Context, pid int, buf []byte, fn func(b []byte) error) (Stats, error) {
 	var st Stats
 	if len(buf) < PageSize {
 		return st, errors.New("procmem: buffer smaller than a page")
@@ -115,26 +122,30 @@ func Pages(pid int, buf []byte, fn func(b []byte) error) (Stats, error) {
 	}
 	defer mem.Close()
 	maxRun := uint64(len(buf) / PageSize)
-	ents := make([]byte, 8*maxRun)
+	ents := make([]byte, 8*scanPages)
 	for _, m := range maps {
 		if !m.private || m.special {
 			continue
 		}
 		st.Mappings++
 		for at := m.start; at < m.end; {
-			n := min((m.end-at)/PageSize, maxRun)
+			if err := ctx.Err(); err != nil {
+				return st, err
+			}
+			n := min((m.end-at)/PageSize, scanPages)
 			e := ents[:8*n]
 			if _, err := pm.ReadAt(e, int64(at/PageSize*8)); err != nil {
 				break // unmapped meanwhile, or beyond what pagemap covers
 			}
-			// Runs of selected pages within these n.
+			// Runs of selected pages within these n, each at most
+			// maxRun pages.
 			for i := uint64(0); i < n; {
 				if !own(e, i) {
 					i++
 					continue
 				}
 				j := i + 1
-				for j < n && own(e, j) {
+				for j < n && j-i < maxRun && own(e, j) {
 					j++
 				}
 				b := buf[:(j-i)*PageSize]

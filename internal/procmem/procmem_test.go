@@ -1,12 +1,15 @@
 package procmem
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -77,7 +80,7 @@ func TestPages(t *testing.T) {
 	fill(shared[5*PageSize:], "shared", 5)
 
 	seen := map[[32]byte]bool{}
-	st, err := Pages(os.Getpid(), make([]byte, 1<<20), func(b []byte) error {
+	st, err := Pages(context.Background(), os.Getpid(), make([]byte, 1<<20), func(b []byte) error {
 		for i := 0; i < len(b); i += PageSize {
 			seen[sha256.Sum256(b[i:i+PageSize])] = true
 		}
@@ -109,7 +112,28 @@ func TestPages(t *testing.T) {
 // TestPagesGone: a process that does not exist is an error, not an
 // empty read.
 func TestPagesGone(t *testing.T) {
-	if _, err := Pages(1<<22+12345, make([]byte, PageSize), func([]byte) error { return nil }); err == nil {
+	if _, err := Pages(context.Background(), 1<<22+12345, make([]byte, PageSize), func([]byte) error { return nil }); err == nil {
 		t.Fatal("read the pages of no process")
+	}
+}
+
+// TestPagesBounded: a process that maps a vast region it never touches
+// costs a scan the caller's context ends.
+func TestPagesBounded(t *testing.T) {
+	const vast = 64 << 40 // 64 TiB of address space
+	m, err := unix.Mmap(-1, 0, vast, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		t.Skipf("cannot map 64 TiB: %v", err)
+	}
+	defer unix.Munmap(m)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = Pages(ctx, os.Getpid(), make([]byte, 1<<20), func([]byte) error { return nil })
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the read went on %v after its context ended", took)
 	}
 }
