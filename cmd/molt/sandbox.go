@@ -376,6 +376,9 @@ func migrateCmd(g *globals) *cobra.Command {
 			}
 			return g.print(res, func() {
 				fmt.Printf("%s migrated to %s at checkpoint %s (%d checkpoints there), down %.0f ms\n", res.Sandbox, res.Target, res.Checkpoint, res.Checkpoints, res.DowntimeMS)
+				if res.PrecopyMS > 0 {
+					fmt.Printf("memory sent ahead while it ran: %s in %.0f ms\n", units.Bytes(res.PrecopySentBytes), res.PrecopyMS)
+				}
 				if res.LLMEndpoint != nil {
 					fmt.Printf("its LLM endpoint there (same token): %s\n", res.LLMEndpoint.URL)
 				}
