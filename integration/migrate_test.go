@@ -94,7 +94,11 @@ func TestMigrateBetweenDaemons(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("migrate: %q: %v", out, err)
 	}
-	t.Logf("migrated: %d checkpoints, downtime %.0f ms (upload %.0f ms, target's resume %.0f ms)", res.Checkpoints, res.DowntimeMS, res.UploadMS, res.ResumeMS)
+	t.Logf("migrated: %d checkpoints, downtime %.0f ms (upload %.0f ms, target's resume %.0f ms); memory sent ahead: %d bytes in %.0f ms",
+		res.Checkpoints, res.DowntimeMS, res.UploadMS, res.ResumeMS, res.PrecopySentBytes, res.PrecopyMS)
+	if res.PrecopyMS <= 0 {
+		t.Fatalf("the migration sent no memory ahead: %+v", res)
+	}
 	if r := a.molt(t, "inspect", sb); r.code == 0 {
 		t.Fatalf("the source still lists the migrated sandbox: %s", r.stdout)
 	}
