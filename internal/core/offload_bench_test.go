@@ -10,6 +10,7 @@ import (
 	"time"
 
 	v1 "github.com/molt-sh/molt/api/v1"
+	"github.com/molt-sh/molt/internal/objstore"
 	"github.com/molt-sh/molt/internal/objstore/s3test"
 	"github.com/molt-sh/molt/internal/units"
 )
@@ -39,9 +40,15 @@ import (
 //
 //	MOLT_BENCH_SIZES=100M,1G,4G go test -run XXX -bench StoreResume -benchtime 1x -timeout 60m ./internal/core
 func BenchmarkStoreResume(b *testing.B) {
+	benchSizes(b, "100M,1G", benchStoreResume)
+}
+
+// benchSizes runs fn for each memory size MOLT_BENCH_SIZES names
+// ("100M,1G,4G"), else for those of def.
+func benchSizes(b *testing.B, def string, fn func(b *testing.B, size int64)) {
 	sizes := os.Getenv("MOLT_BENCH_SIZES")
 	if sizes == "" {
-		sizes = "100M,1G"
+		sizes = def
 	}
 	for _, s := range strings.Split(sizes, ",") {
 		var n int64
@@ -52,38 +59,49 @@ func BenchmarkStoreResume(b *testing.B) {
 		if n <<= 20; unit == "G" {
 			n <<= 10
 		}
-		b.Run(s, func(b *testing.B) { benchStoreResume(b, n) })
+		b.Run(s, func(b *testing.B) { fn(b, n) })
 	}
 }
 
-func benchStoreResume(b *testing.B, size int64) {
-	// Room for a hibernation, a migration's checkpoint and fetched
-	// copies, pages shared by content between them.
-	testPoolSize = max(8<<30, 3*size+4<<30)
-	defer func() { testPoolSize = 0 }()
-	bucket := s3test.Start(b).OpenBucket(b, "")
-	m1, second := trustingHosts(b, bucket)
-	requireCRIU(b, m1)
-	m2 := second()
-	ctx := context.Background()
-	sb, err := m1.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{MemoryBytes: size + 1<<30}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	// Filled 16 MiB at a time: randbytes of the whole would hold the
-	// bytes twice (as an int first).
+// startRandomHeap starts in sandbox id a Python process that holds size
+// random bytes, and waits until it does. It fills them 16 MiB at a time:
+// randbytes of the whole would hold the bytes twice (as an int first).
+func startRandomHeap(b *testing.B, m *Manager, id string, size int64) {
 	script := fmt.Sprintf("import random, time\nn = %d\nb = bytearray(n)\nfor i in range(0, n, 1 << 24): b[i:i + (1 << 24)] = random.randbytes(min(1 << 24, n - i))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)", size)
-	if _, _, err := m1.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", script}}); err != nil {
+	if _, _, err := m.Exec(context.Background(), id, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", script}}); err != nil {
 		b.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if _, err := os.Stat(filepath.Join(m1.sbRoot(sb.ID), "tmp/ready")); err == nil {
-			break
+		if _, err := os.Stat(filepath.Join(m.sbRoot(id), "tmp/ready")); err == nil {
+			return
 		}
 		if time.Now().After(deadline) {
 			b.Fatal("the process did not fill its memory")
 		}
 	}
+}
+
+// twoHosts makes two daemons sharing a bucket of the tests' S3 server,
+// the second trusting the first, with pools room for sandboxes of size
+// bytes of memory: a hibernation, a migration's checkpoint and fetched
+// copies, pages shared by content between them.
+func twoHosts(b *testing.B, size int64) (m1, m2 *Manager, bucket *objstore.S3) {
+	testPoolSize = max(8<<30, 3*size+4<<30)
+	b.Cleanup(func() { testPoolSize = 0 })
+	bucket = s3test.Start(b).OpenBucket(b, "")
+	m1, second := trustingHosts(b, bucket)
+	requireCRIU(b, m1)
+	return m1, second(), bucket
+}
+
+func benchStoreResume(b *testing.B, size int64) {
+	m1, m2, bucket := twoHosts(b, size)
+	ctx := context.Background()
+	sb, err := m1.Create(ctx, v1.SandboxCreateRequest{Image: testImage, Resources: v1.Resources{MemoryBytes: size + 1<<30}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	startRandomHeap(b, m1, sb.ID, size)
 	var tUpload time.Duration
 	var tLocal, tLocalWhole [2]time.Duration // eager, lazy
 	var uploads, locals int

@@ -2,17 +2,12 @@ package core
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	v1 "github.com/molt-sh/molt/api/v1"
-	"github.com/molt-sh/molt/internal/objstore/s3test"
 )
 
 // BenchmarkMigratePrecopy migrates a sandbox with no full checkpoint,
@@ -26,32 +21,12 @@ import (
 //
 //	MOLT_BENCH_SIZES=256M,1G go test -run XXX -bench MigratePrecopy -benchtime 2x -timeout 40m ./internal/core
 func BenchmarkMigratePrecopy(b *testing.B) {
-	sizes := os.Getenv("MOLT_BENCH_SIZES")
-	if sizes == "" {
-		sizes = "256M,1G"
-	}
-	for _, s := range strings.Split(sizes, ",") {
-		var n int64
-		var unit string
-		if _, err := fmt.Sscanf(s, "%d%s", &n, &unit); err != nil || (unit != "M" && unit != "G") {
-			b.Fatalf("MOLT_BENCH_SIZES: %q: want sizes such as 256M or 1G", s)
-		}
-		if n <<= 20; unit == "G" {
-			n <<= 10
-		}
-		b.Run(s, func(b *testing.B) { benchMigratePrecopy(b, n) })
-	}
+	benchSizes(b, "256M,1G", benchMigratePrecopy)
 }
 
 func benchMigratePrecopy(b *testing.B, size int64) {
-	testPoolSize = max(8<<30, 3*size+4<<30)
-	defer func() { testPoolSize = 0 }()
-	bucket := s3test.Start(b).OpenBucket(b, "")
-	m1, second := trustingHosts(b, bucket)
-	requireCRIU(b, m1)
-	m2 := second()
+	m1, m2, _ := twoHosts(b, size)
 	ctx := context.Background()
-	script := fmt.Sprintf("import random, time\nn = %d\nb = bytearray(n)\nfor i in range(0, n, 1 << 24): b[i:i + (1 << 24)] = random.randbytes(min(1 << 24, n - i))\nopen('/tmp/ready', 'w').close()\nwhile True: time.sleep(1)", size)
 	var down, upload, pre [2]time.Duration // without, with
 	var n [2]int
 	b.ResetTimer()
@@ -62,17 +37,7 @@ func benchMigratePrecopy(b *testing.B, size int64) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, _, err := m1.Exec(ctx, sb.ID, v1.ExecRequest{Detach: true, Args: []string{"python3", "-c", script}}); err != nil {
-				b.Fatal(err)
-			}
-			for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-				if _, err := os.Stat(filepath.Join(m1.sbRoot(sb.ID), "tmp/ready")); err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					b.Fatal("the process did not fill its memory")
-				}
-			}
+			startRandomHeap(b, m1, sb.ID, size)
 			// The disk settled: the fill's and the sandbox's writes
 			// written back before the migration is timed.
 			unix.Sync()
