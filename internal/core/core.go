@@ -170,9 +170,13 @@ type Manager struct {
 	ledger   *ledger.Ledger // every sandbox's effects
 	netMu    sync.Mutex     // address allocation
 	compWG   sync.WaitGroup // compensations resumed at start-up (compensate.go)
-	// The worker deleting from the store what removed checkpoints and
-	// sandboxes had there (storedrop.go).
-	dropWG   sync.WaitGroup
+	// The store's workers: the one deleting from the store what removed
+	// checkpoints and sandboxes had there (storedrop.go), and the one
+	// indexing images ahead of resumes (indexImages).
+	dropWG sync.WaitGroup
+	// indexQ queues images for the store to index ahead (indexImages);
+	// nil without a store. Set before Open returns.
+	indexQ   chan string
 	dropWake chan struct{}
 
 	idBlocks idBlocks // user namespace blocks being handed out
@@ -369,6 +373,7 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 	}
 	m.resumeCompensations()
 	m.startDrops()
+	m.indexImages()
 	return m, nil
 }
 

@@ -177,6 +177,7 @@ func (m *Manager) makeImage(ctx context.Context, rec meta.Image, force, reuse bo
 		return meta.Image{}, err
 	}
 	r.Success()
+	m.queueIndex(name)
 	return rec, nil
 }
 

@@ -462,3 +462,28 @@ func TestHandedNames(t *testing.T) {
 		t.Errorf("an expiry moved after signing: %v", err)
 	}
 }
+
+// TestImagesIndexedAhead: a daemon with a store indexes its images in
+// the background as it starts, under the key a resume's fetch over the
+// image looks up (the UUID its snapshot names), so that the first
+// resume here does not build the index.
+func TestImagesIndexedAhead(t *testing.T) {
+	m := openManagerStore(t, testBucket(t))
+	ctx := context.Background()
+	sb := newSandbox(t, m)
+	cfg := m.cfg
+	m.Close()
+	m, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeManager(t, m)
+	tree := m.path("tmp", "tree-probe")
+	base, unlock, err := m.treeBase(sb.ID, tree)
+	if err != nil || base == nil {
+		t.Fatalf("no base for the sandbox's image: %v", err)
+	}
+	unlock()
+	defer removeTree(tree)
+	eventually(t, "the image indexed", func() bool { return m.store.Indexed(base.Key) })
+}

@@ -67,9 +67,9 @@ func (b *baseIndex) has(sum [sha256.Size]byte, n int32) bool {
 	return ok && d.len == n
 }
 
-// maxBases bounds the bases a store keeps indexed (a few MiB each for a
+// MaxBases bounds the bases a store keeps indexed (a few MiB each for a
 // Debian image).
-const maxBases = 4
+const MaxBases = 4
 
 type baseCache struct {
 	mu sync.Mutex
@@ -96,11 +96,26 @@ func (s *Store) baseIndexOf(ctx context.Context, base Base) (*baseIndex, error) 
 	}
 	c.byKey[base.Key] = b
 	c.order = append(c.order, base.Key)
-	for len(c.order) > maxBases {
+	for len(c.order) > MaxBases {
 		delete(c.byKey, c.order[0])
 		c.order = c.order[1:]
 	}
 	return b, nil
+}
+
+// IndexBase indexes base ahead of the fetches over it (a daemon's
+// start-up does, so that its first resume does not).
+func (s *Store) IndexBase(ctx context.Context, base Base) error {
+	_, err := s.baseIndexOf(ctx, base)
+	return err
+}
+
+// Indexed reports whether the base named key is indexed.
+func (s *Store) Indexed(key string) bool {
+	s.bases.mu.Lock()
+	defer s.bases.mu.Unlock()
+	_, ok := s.bases.byKey[key]
+	return ok
 }
 
 // storedEntry reports whether a tree stores the entry h: device nodes
