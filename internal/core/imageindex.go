@@ -29,15 +29,7 @@ func (m *Manager) indexImages() {
 			m.queueIndex(img.Name)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	m.dropWG.Add(2)
-	go func() {
-		defer m.dropWG.Done()
-		<-m.closing
-		cancel()
-	}()
-	go func() {
-		defer m.dropWG.Done()
+	m.goStoreWorker(func(ctx context.Context) {
 		for {
 			select {
 			case <-ctx.Done():
@@ -46,7 +38,7 @@ func (m *Manager) indexImages() {
 				m.indexImage(ctx, name)
 			}
 		}
-	}()
+	})
 }
 
 // queueIndex queues image name for indexImages (dropped when the queue

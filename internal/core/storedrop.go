@@ -67,15 +67,7 @@ func (m *Manager) startDrops() {
 	if m.store == nil {
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	m.dropWG.Add(2)
-	go func() {
-		defer m.dropWG.Done()
-		<-m.closing
-		cancel()
-	}()
-	go func() {
-		defer m.dropWG.Done()
+	m.goStoreWorker(func(ctx context.Context) {
 		for {
 			m.doDrops(ctx)
 			select {
@@ -85,6 +77,22 @@ func (m *Manager) startDrops() {
 			case <-time.After(dropRetry): // retry what failed
 			}
 		}
+	})
+}
+
+// goStoreWorker runs work on a goroutine of the store's workers (Close
+// waits for them), with a context that ends as the manager closes.
+func (m *Manager) goStoreWorker(work func(ctx context.Context)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	m.dropWG.Add(2)
+	go func() {
+		defer m.dropWG.Done()
+		<-m.closing
+		cancel()
+	}()
+	go func() {
+		defer m.dropWG.Done()
+		work(ctx)
 	}()
 }
 
